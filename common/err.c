@@ -1,0 +1,111 @@
+/* err.c - error names, logging, invariant failures. */
+#include "common/strata.h"
+
+#include <errno.h>
+#include <execinfo.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *strata_strerror(int err)
+{
+    switch (err) {
+    case STRATA_OK: return "ok";
+    case STRATA_EINVAL_INPUT: return "invalid input";
+    case STRATA_EFORMAT: return "malformed data";
+    case STRATA_EUNSUPPORTED: return "unsupported";
+    case STRATA_ENOMEM: return "out of memory";
+    case STRATA_EIO: return "i/o error";
+    case STRATA_EEXISTS: return "already exists";
+    case STRATA_ECUDA: return "cuda error";
+    case STRATA_EZMQ: return "zeromq error";
+    case STRATA_EBUSY: return "busy";
+    case STRATA_ETIMEOUT: return "timed out";
+    case STRATA_EVERSION: return "version mismatch";
+    case STRATA_ECANCELED: return "canceled";
+    case STRATA_ETOOLARGE: return "too large";
+    default: break;
+    }
+    if (err < 0 && err > -4096) return strerror(-err);
+    return "unknown error";
+}
+
+static const char *s_role = "strata";
+static log_level_t s_level = (log_level_t)-1;
+
+void log_set_role(const char *role) { s_role = role; }
+void log_set_level(log_level_t lvl) { s_level = lvl; }
+
+static log_level_t s_get_level(void)
+{
+    if ((int)s_level < 0) {
+        const char *e = getenv("STRATA_LOG");
+        s_level = LOG_INFO;
+        if (e) {
+            if (!strcmp(e, "debug")) s_level = LOG_DEBUG;
+            else if (!strcmp(e, "warn")) s_level = LOG_WARN;
+            else if (!strcmp(e, "error")) s_level = LOG_ERROR;
+        }
+    }
+    return s_level;
+}
+
+bool log_enabled(log_level_t lvl) { return lvl >= s_get_level(); }
+
+void log_msg(log_level_t lvl, const char *file, int line, const char *fmt, ...)
+{
+    static const char *names[] = {"debug", "info", "warn", "error"};
+    if (!log_enabled(lvl)) return;
+    char buf[2048];
+    int n = snprintf(buf, sizeof buf, "%s[%d] %s: ", s_role, (int)getpid(), names[lvl]);
+    va_list ap;
+    va_start(ap, fmt);
+    n += vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
+    va_end(ap);
+    if (n >= (int)sizeof buf - 40) n = (int)sizeof buf - 40;
+    if (lvl >= LOG_ERROR || s_get_level() == LOG_DEBUG)
+        n += snprintf(buf + n, sizeof buf - (size_t)n, " (%s:%d)", file, line);
+    buf[n++] = '\n';
+    (void)!write(2, buf, (size_t)n);
+}
+
+void strata_backtrace(void)
+{
+    void *frames[64];
+    int n = backtrace(frames, 64);
+    backtrace_symbols_fd(frames, n, 2);
+}
+
+void strata_assert_fail(const char *expr, const char *file, int line)
+{
+    fprintf(stderr, "%s[%d]: assertion failed: %s (%s:%d)\n", s_role, (int)getpid(), expr, file, line);
+    strata_backtrace();
+    abort();
+}
+
+int strata_seterr(strata_errbuf_t *eb, int code, const char *fmt, ...)
+{
+    if (eb) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(eb->msg, sizeof eb->msg, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+double strata_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+uint64_t strata_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}

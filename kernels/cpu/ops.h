@@ -1,0 +1,56 @@
+/* ops.h - the CPU op interface (fp32 activations, fp32 accumulation).
+ *
+ * Every op has a plain reference implementation; matmul-like ops also have AVX2 and
+ * AVX-512 paths chosen at run time by cpu_ops_init() (STRATA_CPU_ISA=ref|avx2|avx512 forces
+ * one). Ops that take a pool run on its threads; pool may be NULL for single-threaded.
+ */
+#ifndef STRATA_CPU_OPS_H
+#define STRATA_CPU_OPS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/cpu/qmat.h"
+#include "kernels/cpu/threadpool.h"
+
+typedef enum { CPU_ISA_REF = 0, CPU_ISA_AVX2 = 1, CPU_ISA_AVX512 = 2 } cpu_isa_t;
+
+/* Pick the best ISA this CPU supports (or STRATA_CPU_ISA). Idempotent. */
+cpu_isa_t cpu_ops_init(void);
+/* Force an ISA (tests). Returns the ISA in effect (falls back if unsupported). */
+cpu_isa_t cpu_ops_set_isa(cpu_isa_t isa);
+const char *cpu_isa_name(cpu_isa_t isa);
+
+/* y[n][w->rows] = x[n][w->cols] @ W^T (+ bias[w->rows] if bias != NULL). */
+void cpu_matmul(tpool_t *pool, float *y, const float *x, int n, const qmat_t *w, const float *bias);
+
+/* y[n][dim] = x / rms(x) * w, rms over dim with eps. y may alias x. */
+void cpu_rmsnorm(float *y, const float *x, const float *w, int n, int dim, float eps);
+
+/* Rotary embedding, NeoX / HF rotate_half form, in place on x[n][n_heads][head_dim],
+ * over the first rot_dim dims of each head; inv_freq[rot_dim/2]; pos[n]. */
+void cpu_rope(float *x, int n, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
+              const float *inv_freq, float attn_factor);
+
+/* Causal attention of one query token over paged KV.
+ * q[n_heads][head_dim]; k_cache, v_cache: one layer, [n_blocks][n_kv_heads][block_size][head_dim];
+ * the token attends to positions 0..n_ctx-1 of its sequence, whose blocks are block_table[].
+ * GQA: head h reads kv head h / (n_heads / n_kv_heads). out[n_heads][head_dim]. scratch >= n_ctx floats. */
+void cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
+                   const int32_t *block_table, int n_ctx, int n_heads, int n_kv_heads, int head_dim,
+                   int block_size, float scale, float *scratch);
+
+/* Gate: probs = softmax(logits[n_experts]); pick top_k (ties to lower index);
+ * if renorm, weights sum to 1. Writes idx[top_k], weight[top_k]. */
+void cpu_gate_topk(const float *logits, int n_experts, int top_k, bool renorm, int32_t *idx, float *weight);
+
+/* SwiGLU FFN for n tokens through one expert: out[n][hidden] = down(silu(gate(x)) * up(x)).
+ * scratch >= 2*n*inter floats. If accumulate, out += scale[t] * result (scale may be NULL = 1). */
+void cpu_ffn_swiglu(tpool_t *pool, float *out, const float *x, int n, const qmat_t *gate, const qmat_t *up,
+                    const qmat_t *down, float *scratch, const float *scale, bool accumulate);
+
+/* Sampling. logits[vocab] (may be modified). temperature <= 0 means greedy (argmax, ties to
+ * the lower id); top_k <= 0 disables; top_p >= 1 disables. u is a uniform [0,1) draw. */
+int32_t cpu_sample(float *logits, int vocab, float temperature, int top_k, float top_p, double u);
+
+#endif

@@ -1,0 +1,59 @@
+/* qmat.h - weight matrices in the formats Strata stores and computes with.
+ *
+ * Shared by the CPU kernels, the CUDA kernels, the packer and the loaders, so the byte
+ * layout below is the contract. All matrices are HF Linear layout: [rows = out_features]
+ * [cols = in_features]; y = x @ W^T.
+ */
+#ifndef STRATA_QMAT_H
+#define STRATA_QMAT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    WF_F32 = 0,  /* data: float[rows][cols] */
+    WF_BF16 = 1, /* data: uint16_t bf16 bits [rows][cols] */
+    WF_INT8 = 2, /* data: int8_t[rows][cols]; scales: float[rows]; w = q * scale */
+    WF_FP8 = 3,  /* data: uint8_t OCP fp8-e4m3fn bits [rows][cols]; scales: float[rows]; w = fp8(q) * scale */
+    WF_INT4 = 4, /* data: uint8_t[rows][cols/2]; scales: uint16_t fp16 bits [rows][cols/group];
+                  * symmetric: w = (nibble - 8) * scale. Within each row, every run of 32
+                  * columns c0..c0+31 takes 16 bytes; byte j holds column c0+j in its low
+                  * nibble and column c0+16+j in its high nibble (the llama.cpp Q4_0 order,
+                  * so SIMD code needs no interleave). group is a multiple of 32. */
+    WF_COUNT
+} wfmt_t;
+
+typedef struct {
+    wfmt_t fmt;
+    int32_t rows, cols;
+    int32_t group;       /* INT4: columns per scale (32, 64 or 128); 0 otherwise */
+    const void *data;    /* layout per fmt, rows contiguous */
+    const void *scales;  /* INT8/FP8: float[rows]; INT4: uint16_t fp16[rows][cols/group]; else NULL */
+} qmat_t;
+
+/* Bytes of `data` for a rows x cols matrix in fmt. */
+size_t qmat_data_bytes(wfmt_t fmt, int64_t rows, int64_t cols);
+/* Bytes of `scales` (0 for F32/BF16). */
+size_t qmat_scale_bytes(wfmt_t fmt, int64_t rows, int64_t cols, int group);
+/* Name ("f32", "bf16", "int8", "fp8", "int4") and parse; parse returns -1 if unknown. */
+const char *wfmt_name(wfmt_t fmt);
+int wfmt_parse(const char *s);
+
+/* Scalar conversions (exact, round-to-nearest-even where narrowing). */
+float bf16_to_f32(uint16_t h);
+uint16_t f32_to_bf16(float f);
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+float fp8e4m3_to_f32(uint8_t v);
+uint8_t f32_to_fp8e4m3(float f); /* saturates to +-448 */
+
+/* Dequantize row r of w into out[cols] (fp32). The reference every kernel is tested against. */
+void qmat_dequant_row(const qmat_t *w, int32_t r, float *out);
+
+/* Quantize a row-major fp32 matrix src[rows][cols] into fmt. data/scales are caller-allocated
+ * with qmat_data_bytes / qmat_scale_bytes. Each row is scaled on its own (per channel for
+ * INT8/FP8, per group for INT4). Returns 0, or -EINVAL if cols does not fit the format. */
+int qmat_quantize(wfmt_t fmt, int group, const float *src, int32_t rows, int32_t cols,
+                  void *data, void *scales);
+
+#endif

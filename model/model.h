@@ -1,0 +1,128 @@
+/* model.h - model configuration, weights and the forward pass.
+ *
+ * A model_t is loaded either from a Hugging Face checkpoint folder (config.json plus
+ * *.safetensors) or from a packed folder (see docs/PACKED_FORMAT.md). Both yield the same
+ * in-memory structure: every matrix is a qmat_t pointing into mmapped files or owned
+ * buffers; the forward pass does not know where the weights came from.
+ */
+#ifndef STRATA_MODEL_H
+#define STRATA_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/strata.h"
+#include "kernels/cpu/qmat.h"
+#include "kernels/cpu/threadpool.h"
+
+typedef enum { ARCH_MIXTRAL = 0, ARCH_QWEN2_MOE = 1, ARCH_QWEN3_MOE = 2, ARCH_OLMOE = 3 } arch_t;
+
+typedef enum {
+    QK_NORM_NONE = 0,
+    QK_NORM_HEAD = 1, /* Qwen3-MoE: RMSNorm over head_dim, weight [head_dim], per head */
+    QK_NORM_FULL = 2, /* OLMoE: RMSNorm over the whole projection, weight [n_heads*head_dim] */
+} qk_norm_t;
+
+typedef struct {
+    arch_t arch;
+    char arch_name[64];       /* "MixtralForCausalLM", ... */
+    int32_t vocab;
+    int32_t hidden;
+    int32_t n_layers;
+    int32_t n_heads;
+    int32_t n_kv_heads;
+    int32_t head_dim;         /* hidden / n_heads unless the config says otherwise */
+    int32_t max_pos;          /* max_position_embeddings */
+    float rms_eps;
+    /* RoPE */
+    float rope_theta;
+    int32_t rot_dim;          /* rotary dims per head (head_dim * partial_rotary_factor) */
+    float inv_freq[512];      /* [rot_dim/2], scaling already applied */
+    float attn_factor;        /* multiplies cos/sin (1 unless a scaling type says otherwise) */
+    /* attention */
+    bool qkv_bias;
+    bool o_bias;
+    qk_norm_t qk_norm;
+    /* MoE */
+    int32_t n_experts;
+    int32_t top_k;
+    bool norm_topk;
+    int32_t moe_inter;        /* expert intermediate size */
+    int32_t shared_inter;     /* shared expert intermediate size; 0 = none */
+    int32_t dense_inter;      /* intermediate size of dense MLP layers */
+    bool layer_sparse[256];   /* [n_layers] true = MoE layer, false = dense MLP */
+    bool tie_embeddings;
+    int32_t bos_id, eos_id;   /* -1 if absent */
+} model_config_t;
+
+/* Parse config.json at path into c. Every field of a real config is honoured or refused:
+ * on error returns <0 and eb names the file and the field. */
+int model_config_load(model_config_t *c, const char *path, strata_errbuf_t *eb);
+/* Same, from a JSON text (for fuzzing and tests); `name` is used in messages. */
+int model_config_parse(model_config_t *c, const char *json, size_t len, const char *name, strata_errbuf_t *eb);
+
+typedef struct {
+    qmat_t gate, up, down; /* gate/up: [inter][hidden]; down: [hidden][inter] */
+} ffn_t;
+
+typedef struct {
+    float *attn_norm;            /* [hidden] */
+    qmat_t wq, wk, wv, wo;       /* [n_heads*hd][hidden], [n_kv*hd][hidden] x2, [hidden][n_heads*hd] */
+    float *bq, *bk, *bv, *bo;    /* biases or NULL */
+    float *q_norm, *k_norm;      /* [head_dim] (HEAD) or [n_heads*hd] / [n_kv*hd] (FULL), or NULL */
+    float *ffn_norm;             /* [hidden] */
+    /* MoE layer */
+    qmat_t router;               /* [n_experts][hidden], F32 */
+    ffn_t *experts;              /* [n_experts] */
+    ffn_t shared;                /* shared expert (if cfg.shared_inter) */
+    qmat_t shared_gate;          /* [1][hidden] F32, sigmoid gate of the shared expert */
+    /* dense layer */
+    ffn_t dense;
+} layer_t;
+
+typedef struct model {
+    model_config_t cfg;
+    qmat_t embed;                /* [vocab][hidden], F32 or BF16 */
+    float *final_norm;           /* [hidden] */
+    qmat_t lm_head;              /* [vocab][hidden]; same data as embed when tied */
+    layer_t *layers;             /* [n_layers] */
+    /* ownership: mmaps and buffers, freed by model_free */
+    void *priv;
+} model_t;
+
+/* Load from an HF folder or a packed folder (detected by its manifest). On error returns <0
+ * and eb holds one line naming the file and the field. */
+int model_load(model_t *m, const char *dir, strata_errbuf_t *eb);
+void model_free(model_t *m);
+
+/* Paged KV cache, fp32. Block b of layer l: k[l][b][n_kv_heads][block_size][head_dim]. */
+typedef struct {
+    int32_t n_layers, n_blocks, block_size, n_kv_heads, head_dim;
+    float *k, *v;
+} kv_cache_t;
+
+int kv_cache_init(kv_cache_t *kv, const model_config_t *c, int32_t n_blocks, int32_t block_size);
+void kv_cache_free(kv_cache_t *kv);
+
+/* One step's tokens. Tokens of one sequence appear in increasing position order; every token
+ * first writes its K/V at (seq, pos), then attends over positions 0..pos of its sequence, so a
+ * prefill chunk, decode tokens of many sequences, or a mix of both share one step. */
+typedef struct {
+    int32_t n_tokens;
+    const int32_t *tokens;             /* [n_tokens] */
+    const int32_t *pos;                /* [n_tokens] position in its sequence */
+    const int32_t *seq;                /* [n_tokens] index into block_tables */
+    const int32_t *const *block_tables;/* [n_seqs] -> block ids, enough for pos/block_size+1 */
+    int32_t n_logits;                  /* rows that need logits */
+    const int32_t *logit_rows;         /* [n_logits] indices into tokens */
+} batch_t;
+
+typedef struct forward_ctx forward_ctx_t;
+
+/* Scratch buffers for up to max_tokens tokens a step. pool may be NULL. */
+forward_ctx_t *forward_ctx_create(const model_t *m, int32_t max_tokens, tpool_t *pool);
+void forward_ctx_free(forward_ctx_t *f);
+/* Run one step. logits: [n_logits][vocab]. Returns 0 or <0. */
+int model_forward(forward_ctx_t *f, kv_cache_t *kv, const batch_t *b, float *logits);
+
+#endif

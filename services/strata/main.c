@@ -1,0 +1,43 @@
+/* main.c - the `strata` command-line tool: dispatches to one subcommand per file. */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/strata.h"
+#include "services/strata/cmd.h"
+
+/* Subcommands: add one line here and one cmd_NAME.c file. */
+static const strata_cmd_t s_cmds[] = {
+    {NULL, NULL, NULL},
+};
+
+static void s_usage(FILE *f)
+{
+    fprintf(f, "usage: strata COMMAND [ARGS...]\n\nCommands:\n");
+    for (const strata_cmd_t *c = s_cmds; c->name; c++) fprintf(f, "  %-10s %s\n", c->name, c->summary);
+    fprintf(f, "\nRun `strata COMMAND --help` for a command's options.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        s_usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        s_usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("strata %s\n", STRATA_VERSION);
+        return 0;
+    }
+    for (const strata_cmd_t *c = s_cmds; c->name; c++) {
+        if (!strcmp(argv[1], c->name)) {
+            log_set_role("strata");
+            return c->fn(argc - 1, argv + 1);
+        }
+    }
+    fprintf(stderr, "strata: unknown command '%s'\n", argv[1]);
+    s_usage(stderr);
+    return 2;
+}
