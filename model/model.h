@@ -9,6 +9,7 @@
 #define STRATA_MODEL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/strata.h"
@@ -94,6 +95,14 @@ typedef struct model {
  * and eb holds one line naming the file and the field. */
 int model_load(model_t *m, const char *dir, strata_errbuf_t *eb);
 void model_free(model_t *m);
+
+/* Hand a malloc'd buffer, or a mapping, to the model; model_free releases it. 0 or -ENOMEM. */
+int model_own_buffer(model_t *m, void *p);
+int model_own_mmap(model_t *m, void *addr, size_t len);
+
+/* Implemented by the packed-format loader (model/packed.c); model_load calls it when dir
+ * holds a packed manifest. */
+int model_load_packed(model_t *m, const char *dir, strata_errbuf_t *eb);
 
 /* Paged KV cache, fp32. Block b of layer l: k[l][b][n_kv_heads][block_size][head_dim]. */
 typedef struct {
