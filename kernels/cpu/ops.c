@@ -1,0 +1,146 @@
+/* ops.c - ISA selection and the threaded drivers of the matmul-like ops (cpu_matmul,
+ * cpu_ffn_swiglu). The per-ISA row kernels live in ops_ref.c / ops_avx2.c / ops_avx512.c. */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/strata.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/ops_impl.h"
+
+static _Atomic int s_isa = -1; /* cpu_isa_t in effect; -1 until cpu_ops_init */
+
+static bool s_supported(cpu_isa_t isa)
+{
+    __builtin_cpu_init();
+    switch (isa) {
+    case CPU_ISA_REF: return true;
+#ifdef STRATA_CPU_AVX2
+    case CPU_ISA_AVX2:
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+#endif
+#ifdef STRATA_CPU_AVX512
+    case CPU_ISA_AVX512:
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+#endif
+    default: return false;
+    }
+}
+
+const char *cpu_isa_name(cpu_isa_t isa)
+{
+    switch (isa) {
+    case CPU_ISA_REF: return "ref";
+    case CPU_ISA_AVX2: return "avx2";
+    case CPU_ISA_AVX512: return "avx512";
+    default: return "?";
+    }
+}
+
+cpu_isa_t cpu_ops_set_isa(cpu_isa_t isa)
+{
+    while ((int)isa > CPU_ISA_REF && !s_supported(isa)) isa = (cpu_isa_t)(isa - 1);
+    atomic_store(&s_isa, (int)isa);
+    return isa;
+}
+
+static pthread_once_t s_once = PTHREAD_ONCE_INIT;
+
+static void s_init_once(void)
+{
+    cpu_isa_t want = CPU_ISA_AVX512;
+    const char *e = getenv("STRATA_CPU_ISA");
+    if (e && *e) {
+        if (strcmp(e, "ref") == 0) want = CPU_ISA_REF;
+        else if (strcmp(e, "avx2") == 0) want = CPU_ISA_AVX2;
+        else if (strcmp(e, "avx512") == 0) want = CPU_ISA_AVX512;
+        else log_warn("STRATA_CPU_ISA=%s is not ref|avx2|avx512; choosing automatically", e);
+    }
+    cpu_isa_t got = cpu_ops_set_isa(want);
+    if (e && *e && got != want)
+        log_warn("STRATA_CPU_ISA=%s is not supported by this CPU; using %s", e, cpu_isa_name(got));
+    log_debug("cpu ops: isa %s", cpu_isa_name(got));
+}
+
+cpu_isa_t cpu_ops_init(void)
+{
+    if (atomic_load(&s_isa) < 0) pthread_once(&s_once, s_init_once);
+    return (cpu_isa_t)atomic_load(&s_isa);
+}
+
+static mm_rows_fn s_rows_fn(void)
+{
+    switch (cpu_ops_init()) {
+#ifdef STRATA_CPU_AVX2
+    case CPU_ISA_AVX2: return cpu_avx2_mm_rows;
+#endif
+#ifdef STRATA_CPU_AVX512
+    case CPU_ISA_AVX512: return cpu_avx512_mm_rows;
+#endif
+    default: return cpu_ref_mm_rows;
+    }
+}
+
+/* Several matmuls over one row space: item i is row i - off[k] of jobs[k]. One pool
+ * dispatch covers them all (e.g. the gate and up projections of an FFN). */
+typedef struct {
+    const mm_job_t *jobs;
+    int n_jobs;
+    int64_t off[4];   /* [n_jobs + 1] first item of each job */
+    mm_rows_fn fn;
+} s_multi_t;
+
+static void s_multi_chunk(void *ctx, int64_t i0, int64_t i1, int tid)
+{
+    const s_multi_t *m = ctx;
+    for (int k = 0; k < m->n_jobs && i0 < i1; k++) {
+        int64_t a = i0 > m->off[k] ? i0 : m->off[k];
+        int64_t b = i1 < m->off[k + 1] ? i1 : m->off[k + 1];
+        if (a < b) m->fn(&m->jobs[k], (int32_t)(a - m->off[k]), (int32_t)(b - m->off[k]));
+    }
+}
+
+static void s_run_jobs(tpool_t *pool, const mm_job_t *jobs, int n_jobs)
+{
+    STRATA_ASSERT(n_jobs >= 1 && n_jobs <= 3);
+    s_multi_t m = {.jobs = jobs, .n_jobs = n_jobs, .fn = s_rows_fn()};
+    int64_t maxcols = 1;
+    for (int k = 0; k < n_jobs; k++) {
+        m.off[k + 1] = m.off[k] + jobs[k].w->rows;
+        if (jobs[k].w->cols > maxcols) maxcols = jobs[k].w->cols;
+    }
+    /* A chunk should stream at least ~16K weights, so per-chunk overhead stays small. */
+    int64_t grain = (16384 + maxcols - 1) / maxcols;
+    grain = (grain + 3) & ~(int64_t)3;
+    tpool_run(pool, m.off[n_jobs], grain, s_multi_chunk, &m);
+}
+
+void cpu_matmul(tpool_t *pool, float *y, const float *x, int n, const qmat_t *w, const float *bias)
+{
+    if (n <= 0 || w->rows <= 0) return;
+    mm_job_t j = {.w = w, .x = x, .y = y, .n = n, .ldx = w->cols, .ldy = w->rows, .bias = bias};
+    s_run_jobs(pool, &j, 1);
+}
+
+void cpu_ffn_swiglu(tpool_t *pool, float *out, const float *x, int n, const qmat_t *gate, const qmat_t *up,
+                    const qmat_t *down, float *scratch, const float *scale, bool accumulate)
+{
+    if (n <= 0) return;
+    const int inter = gate->rows, hidden = down->rows;
+    STRATA_ASSERT(up->rows == inter && up->cols == gate->cols && down->cols == inter);
+    float *g = scratch, *u = scratch + (int64_t)n * inter; /* [n][inter] each */
+    mm_job_t gu[2] = {
+        {.w = gate, .x = x, .y = g, .n = n, .ldx = gate->cols, .ldy = inter},
+        {.w = up, .x = x, .y = u, .n = n, .ldx = up->cols, .ldy = inter},
+    };
+    s_run_jobs(pool, gu, 2);
+    for (int64_t i = 0; i < (int64_t)n * inter; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    mm_job_t dj = {.w = down, .x = g, .y = out, .n = n, .ldx = inter, .ldy = hidden,
+                   .yscale = scale, .acc = accumulate};
+    s_run_jobs(pool, &dj, 1);
+}

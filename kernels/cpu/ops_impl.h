@@ -1,0 +1,44 @@
+/* ops_impl.h - private to kernels/cpu: the row kernel every ISA implements for cpu_matmul
+ * and cpu_ffn_swiglu. Not part of the op interface (ops.h). */
+#ifndef STRATA_CPU_OPS_IMPL_H
+#define STRATA_CPU_OPS_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/cpu/qmat.h"
+
+/* One matmul: for tokens t < n and rows r of w,
+ *   y[t*ldy + r] = (acc ? y[t*ldy + r] : 0) + ys[t] * (dot(x[t*ldx ..], W[r]) + bias[r])
+ * with ys[t] = 1 when yscale is NULL and bias[r] = 0 when bias is NULL. Dots accumulate in
+ * fp32 or wider over the weights dequantized exactly as qmat_dequant_row does. */
+typedef struct {
+    const qmat_t *w;
+    const float *x;      /* [n][ldx] fp32 activations, ldx >= w->cols */
+    float *y;            /* [n][ldy] fp32 outputs, ldy >= w->rows */
+    int n, ldx, ldy;
+    const float *bias;   /* [w->rows] or NULL */
+    const float *yscale; /* [n] or NULL */
+    bool acc;
+} mm_job_t;
+
+/* Compute rows [r0, r1) of job j, for all its tokens. */
+typedef void (*mm_rows_fn)(const mm_job_t *j, int32_t r0, int32_t r1);
+
+/* The plain reference (ops_ref.c). */
+void cpu_ref_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1);
+/* AVX2 + FMA + F16C (ops_avx2.c, compiled with those flags; call only if the CPU has them). */
+void cpu_avx2_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1);
+/* AVX-512 F/BW/VL (ops_avx512.c; call only if the CPU has them). */
+void cpu_avx512_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1);
+
+/* Shared epilogue for one output element. */
+static inline void mm_store(const mm_job_t *j, int t, int32_t r, float dot)
+{
+    float v = dot + (j->bias ? j->bias[r] : 0.0f);
+    if (j->yscale) v *= j->yscale[t];
+    float *o = &j->y[(int64_t)t * j->ldy + r];
+    *o = j->acc ? *o + v : v;
+}
+
+#endif

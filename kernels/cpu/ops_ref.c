@@ -1,0 +1,219 @@
+/* ops_ref.c - the plain C reference of every CPU op. Obviously correct first: the fast
+ * paths (ops_avx2.c, ops_avx512.c) and the CUDA kernels are tested against this file. The
+ * non-matmul ops have only this implementation. Dots accumulate in double. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/strata.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/ops_impl.h"
+
+void cpu_ref_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1)
+{
+    const int cols = j->w->cols;
+    float stackbuf[4096];
+    float *wr = cols <= 4096 ? stackbuf : malloc((size_t)cols * sizeof(float));
+    STRATA_ASSERT(wr != NULL);
+    for (int32_t r = r0; r < r1; r++) {
+        qmat_dequant_row(j->w, r, wr);
+        for (int t = 0; t < j->n; t++) {
+            const float *x = j->x + (int64_t)t * j->ldx;
+            double acc = 0;
+            for (int c = 0; c < cols; c++) acc += (double)x[c] * wr[c];
+            mm_store(j, t, r, (float)acc);
+        }
+    }
+    if (wr != stackbuf) free(wr);
+}
+
+void cpu_rmsnorm(float *y, const float *x, const float *w, int n, int dim, float eps)
+{
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (int64_t)t * dim;
+        float *yt = y + (int64_t)t * dim;
+        double ss = 0;
+        for (int i = 0; i < dim; i++) ss += (double)xt[i] * xt[i];
+        float inv = (float)(1.0 / sqrt(ss / dim + (double)eps));
+        for (int i = 0; i < dim; i++) yt[i] = xt[i] * inv * w[i]; /* y may alias x */
+    }
+}
+
+void cpu_rope(float *x, int n, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
+              const float *inv_freq, float attn_factor)
+{
+    STRATA_ASSERT(rot_dim % 2 == 0 && rot_dim <= head_dim);
+    const int half = rot_dim / 2;
+    for (int t = 0; t < n; t++) {
+        for (int i = 0; i < half; i++) {
+            /* As HF: the angle is an fp32 product, cos/sin are scaled by attn_factor. */
+            float ang = (float)pos[t] * inv_freq[i];
+            float c = cosf(ang) * attn_factor, s = sinf(ang) * attn_factor;
+            for (int h = 0; h < n_heads; h++) {
+                float *xh = x + ((int64_t)t * n_heads + h) * head_dim;
+                float x1 = xh[i], x2 = xh[i + half];
+                xh[i] = x1 * c - x2 * s;
+                xh[i + half] = x2 * c + x1 * s;
+            }
+        }
+    }
+}
+
+void cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
+                   const int32_t *block_table, int n_ctx, int n_heads, int n_kv_heads, int head_dim,
+                   int block_size, float scale, float *scratch)
+{
+    STRATA_ASSERT(n_ctx >= 1 && n_kv_heads >= 1 && n_heads % n_kv_heads == 0);
+    const int group = n_heads / n_kv_heads;
+    for (int h = 0; h < n_heads; h++) {
+        const int kvh = h / group;
+        const float *qh = q + (int64_t)h * head_dim;
+        float *oh = out + (int64_t)h * head_dim;
+        float mx = -INFINITY;
+        for (int p = 0; p < n_ctx; p++) {
+            int64_t blk = block_table[p / block_size];
+            const float *k = k_cache + ((blk * n_kv_heads + kvh) * block_size + p % block_size) * head_dim;
+            float d = 0;
+            for (int i = 0; i < head_dim; i++) d += qh[i] * k[i];
+            scratch[p] = d * scale;
+            if (scratch[p] > mx) mx = scratch[p];
+        }
+        double sum = 0;
+        for (int p = 0; p < n_ctx; p++) {
+            scratch[p] = expf(scratch[p] - mx);
+            sum += scratch[p];
+        }
+        float inv = (float)(1.0 / sum);
+        for (int i = 0; i < head_dim; i++) oh[i] = 0;
+        for (int p = 0; p < n_ctx; p++) {
+            int64_t blk = block_table[p / block_size];
+            const float *v = v_cache + ((blk * n_kv_heads + kvh) * block_size + p % block_size) * head_dim;
+            float a = scratch[p] * inv;
+            for (int i = 0; i < head_dim; i++) oh[i] += a * v[i];
+        }
+    }
+}
+
+void cpu_gate_topk(const float *logits, int n_experts, int top_k, bool renorm, int32_t *idx, float *weight)
+{
+    STRATA_ASSERT(top_k >= 1 && top_k <= n_experts && n_experts <= 4096);
+    float probs[4096];
+    bool taken[4096];
+    float mx = -INFINITY;
+    for (int e = 0; e < n_experts; e++) mx = logits[e] > mx ? logits[e] : mx;
+    double sum = 0;
+    for (int e = 0; e < n_experts; e++) {
+        probs[e] = expf(logits[e] - mx);
+        sum += probs[e];
+        taken[e] = false;
+    }
+    for (int e = 0; e < n_experts; e++) probs[e] = (float)(probs[e] / sum);
+    double wsum = 0;
+    for (int k = 0; k < top_k; k++) {
+        int best = -1;
+        for (int e = 0; e < n_experts; e++) /* strict > keeps the lower index on ties */
+            if (!taken[e] && (best < 0 || probs[e] > probs[best])) best = e;
+        taken[best] = true;
+        idx[k] = best;
+        weight[k] = probs[best];
+        wsum += probs[best];
+    }
+    if (renorm)
+        for (int k = 0; k < top_k; k++) weight[k] = (float)(weight[k] / wsum);
+}
+
+typedef struct {
+    float v;
+    int32_t id;
+} s_cand_t;
+
+/* Descending value, ascending id on ties: a total order, so the result is deterministic. */
+static int s_cand_cmp(const void *a, const void *b)
+{
+    const s_cand_t *x = a, *y = b;
+    if (x->v != y->v) return x->v > y->v ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static int32_t s_argmax(const float *v, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best]) best = i;
+    return best;
+}
+
+/* Keep the k best candidates (s_cand_cmp order) in c[0..k) sorted; returns how many. Most
+ * logits fail the first comparison against the current k-th best, so this is ~O(vocab). */
+static int s_topk_select(const float *logits, int vocab, int k, s_cand_t *c)
+{
+    int nc = 0;
+    for (int i = 0; i < vocab; i++) {
+        s_cand_t x = {logits[i], i};
+        if (nc == k && s_cand_cmp(&x, &c[k - 1]) >= 0) continue;
+        int j = nc < k ? nc++ : k - 1;
+        while (j > 0 && s_cand_cmp(&x, &c[j - 1]) < 0) {
+            c[j] = c[j - 1];
+            j--;
+        }
+        c[j] = x;
+    }
+    return nc;
+}
+
+int32_t cpu_sample(float *logits, int vocab, float temperature, int top_k, float top_p, double u)
+{
+    STRATA_ASSERT(vocab >= 1);
+    if (temperature <= 0 || top_k == 1) return s_argmax(logits, vocab);
+    for (int i = 0; i < vocab; i++) logits[i] /= temperature;
+    const float mx = logits[s_argmax(logits, vocab)];
+    s_cand_t *c = malloc((size_t)vocab * sizeof(*c));
+    double *p = malloc((size_t)vocab * sizeof(double));
+    STRATA_ASSERT(c != NULL && p != NULL);
+    int nc = 0;
+    double z = 0; /* softmax denominator over the candidates that survive top-k */
+    if (top_k > 0 && top_k < vocab) {
+        nc = s_topk_select(logits, vocab, top_k, c);
+        for (int i = 0; i < nc; i++) z += exp((double)c[i].v - mx);
+    } else {
+        for (int i = 0; i < vocab; i++) z += exp((double)logits[i] - mx);
+        /* With top-p, a token whose probability is below (1 - top_p) / (vocab - 1) cannot be
+         * in the nucleus (all such tokens together hold less than 1 - top_p), so it is
+         * dropped before the sort; half that cutoff leaves margin for rounding. */
+        double cut = (top_p < 1 && vocab > 1) ? 0.5 * (1.0 - top_p) / (vocab - 1) : 0;
+        for (int i = 0; i < vocab; i++) {
+            if (cut > 0 && exp((double)logits[i] - mx) / z < cut) continue;
+            c[nc].v = logits[i];
+            c[nc].id = i;
+            nc++;
+        }
+        qsort(c, (size_t)nc, sizeof(*c), s_cand_cmp);
+    }
+    for (int i = 0; i < nc; i++) p[i] = exp((double)c[i].v - mx) / z;
+    /* top-p: the smallest prefix of the sorted softmax whose mass reaches top_p (>= 1 token) */
+    int keep = nc;
+    if (top_p < 1) {
+        double cum = 0;
+        for (int i = 0; i < nc; i++) {
+            cum += p[i];
+            if (cum >= top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+    }
+    double mass = 0;
+    for (int i = 0; i < keep; i++) mass += p[i];
+    double r = u * mass, cum = 0;
+    int32_t pick = c[keep - 1].id;
+    for (int i = 0; i < keep; i++) {
+        cum += p[i];
+        if (r < cum) {
+            pick = c[i].id;
+            break;
+        }
+    }
+    free(p);
+    free(c);
+    return pick;
+}

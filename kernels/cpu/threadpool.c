@@ -1,0 +1,192 @@
+/* threadpool.c - persistent worker threads with low-latency dispatch.
+ *
+ * Dispatch protocol. The pool has one job slot (fn, ctx, n, chunk) and a generation counter
+ * `gen`, which is also the futex word. tpool_run fills the slot, resets the chunk counter,
+ * then publishes with a release increment of `gen`. Workers spin on `gen` for a short while
+ * (SPIN_NS) and then sleep in futex_wait(gen, seen). Each worker, and the caller, grabs
+ * chunks with fetch_add on `next` until it runs past n, then increments `done`. The caller
+ * returns once `done` == number of workers, so no worker is still inside the old job when
+ * the slot is rewritten for the next one.
+ *
+ * Lost wake-ups: a worker increments `sleepers` and then futex_waits on the generation it
+ * has seen; the caller stores the new generation and then reads `sleepers`. Both sides use
+ * seq_cst, so either the caller sees the sleeper and wakes it, or futex_wait sees the new
+ * generation and returns at once (EAGAIN).
+ */
+#include "kernels/cpu/threadpool.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "common/strata.h"
+
+#define SPIN_NS 100000 /* spin this long before sleeping: decode issues a job every few us */
+
+struct tpool {
+    int n;              /* threads including the caller */
+    pthread_t *th;      /* [n - 1] workers */
+    int n_started;
+    /* job slot, written by the caller before publishing gen */
+    tpool_fn_t fn;
+    void *ctx;
+    int64_t n_items, chunk;
+    _Alignas(64) _Atomic uint32_t gen;   /* futex word: job generation */
+    _Atomic int sleepers;                /* workers inside futex_wait */
+    _Atomic int stop;
+    _Alignas(64) _Atomic int64_t next;   /* next unclaimed item */
+    _Alignas(64) _Atomic int done;       /* workers finished with the current generation */
+    _Atomic int busy;                    /* a tpool_run is in progress (not reentrant) */
+};
+
+typedef struct {
+    tpool_t *p;
+    int tid;
+} s_worker_arg_t;
+
+static long s_futex(_Atomic uint32_t *addr, int op, uint32_t val)
+{
+    return syscall(SYS_futex, (uint32_t *)addr, op, val, NULL, NULL, 0);
+}
+
+static inline void s_pause(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void s_work(tpool_t *p, int tid)
+{
+    const int64_t n = p->n_items, chunk = p->chunk;
+    for (;;) {
+        int64_t i0 = atomic_fetch_add_explicit(&p->next, chunk, memory_order_relaxed);
+        if (i0 >= n) break;
+        int64_t i1 = i0 + chunk < n ? i0 + chunk : n;
+        p->fn(p->ctx, i0, i1, tid);
+    }
+}
+
+static void *s_worker(void *arg)
+{
+    s_worker_arg_t a = *(s_worker_arg_t *)arg;
+    free(arg);
+    tpool_t *p = a.p;
+    uint32_t seen = 0;
+    for (;;) {
+        uint32_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
+        if (g == seen) {
+            uint64_t t0 = strata_now_ns();
+            for (int i = 1; g == seen; i++) {
+                s_pause();
+                g = atomic_load_explicit(&p->gen, memory_order_acquire);
+                if ((i & 255) == 0 && strata_now_ns() - t0 > SPIN_NS) break;
+            }
+            if (g == seen) {
+                atomic_fetch_add(&p->sleepers, 1);
+                s_futex(&p->gen, FUTEX_WAIT_PRIVATE, seen);
+                atomic_fetch_sub(&p->sleepers, 1);
+                continue;
+            }
+        }
+        seen = g;
+        if (atomic_load_explicit(&p->stop, memory_order_acquire)) break;
+        s_work(p, a.tid);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+    }
+    return NULL;
+}
+
+static int s_default_threads(void)
+{
+    const char *e = getenv("STRATA_THREADS");
+    if (e && *e) {
+        char *end;
+        long v = strtol(e, &end, 10);
+        if (*end == 0 && v > 0 && v <= 4096) return (int)v;
+        log_warn("STRATA_THREADS=%s is not a thread count in 1..4096; using all cpus", e);
+    }
+    long c = sysconf(_SC_NPROCESSORS_ONLN);
+    return c > 0 ? (int)c : 1;
+}
+
+tpool_t *tpool_create(int n)
+{
+    if (n <= 0) n = s_default_threads();
+    tpool_t *p = calloc(1, sizeof(*p));
+    if (!p) return NULL;
+    p->n = n;
+    if (n > 1) {
+        p->th = calloc((size_t)n - 1, sizeof(pthread_t));
+        if (!p->th) goto fail;
+    }
+    for (int i = 1; i < n; i++) {
+        s_worker_arg_t *a = malloc(sizeof(*a));
+        if (!a) goto fail;
+        a->p = p;
+        a->tid = i;
+        int rc = pthread_create(&p->th[i - 1], NULL, s_worker, a);
+        if (rc != 0) {
+            free(a);
+            log_error("pthread_create: %s", strata_strerror(-rc));
+            goto fail;
+        }
+        p->n_started++;
+    }
+    return p;
+fail:
+    tpool_destroy(p);
+    return NULL;
+}
+
+void tpool_destroy(tpool_t *p)
+{
+    if (!p) return;
+    atomic_store(&p->stop, 1);
+    atomic_fetch_add(&p->gen, 1);
+    s_futex(&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX);
+    for (int i = 0; i < p->n_started; i++) pthread_join(p->th[i], NULL);
+    free(p->th);
+    free(p);
+}
+
+int tpool_size(const tpool_t *p)
+{
+    return p ? p->n : 1;
+}
+
+void tpool_run(tpool_t *p, int64_t n, int64_t grain, tpool_fn_t fn, void *ctx)
+{
+    if (n <= 0) return;
+    if (grain < 1) grain = 1;
+    if (!p || p->n == 1 || n <= grain) {
+        fn(ctx, 0, n, 0);
+        return;
+    }
+    STRATA_ASSERT(atomic_exchange(&p->busy, 1) == 0); /* not reentrant */
+    /* About 4 chunks per thread balances a core that is busy elsewhere, without making the
+     * chunks so small that the per-chunk overhead shows. */
+    int64_t chunk = (n + (int64_t)p->n * 4 - 1) / ((int64_t)p->n * 4);
+    if (chunk < grain) chunk = grain;
+    p->fn = fn;
+    p->ctx = ctx;
+    p->n_items = n;
+    p->chunk = chunk;
+    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    atomic_fetch_add(&p->gen, 1); /* seq_cst: publishes the slot, then read sleepers */
+    if (atomic_load(&p->sleepers) > 0) s_futex(&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX);
+    s_work(p, 0);
+    const int workers = p->n - 1;
+    for (int i = 1; atomic_load_explicit(&p->done, memory_order_acquire) < workers; i++) {
+        s_pause();
+        if ((i & 1023) == 0) sched_yield(); /* a worker may be descheduled on a busy machine */
+    }
+    atomic_store_explicit(&p->busy, 0, memory_order_release);
+}
