@@ -16,6 +16,7 @@
  *   [prefetcher.N]  (one per NUMA node N) endpoint = ipc://{run_dir}/prefetcher-N.sock
  *                numa_node = N   cpus =   threads = 0
  *   [launcher]   restart_backoff_ms = 200   restart_backoff_max_ms = 10000   ready_timeout_s = 60
+ *                watchdog_s = 30 (WATCHDOG_USEC given to services; 0 = off)
  *
  * cpus is a cpulist ("0-3,8"); empty means no pinning. numa_node -1 means no memory policy.
  */
@@ -78,6 +79,7 @@ typedef struct {
         int restart_backoff_ms;
         int restart_backoff_max_ms;
         int ready_timeout_s;
+        int watchdog_s;   /* a READY service silent for this long is killed and restarted; 0 = off */
     } launcher;
 } strata_config_t;
 

@@ -1,0 +1,372 @@
+/* config.c - the group config file (INI) parsed with inih, validated key by key.
+ *
+ * inih calls s_on_key for every "key = value"; the handler validates the value and on error
+ * keeps the first message and returns 0. inih is set to stop at the first error and returns
+ * its line number, so every error reads "FILE:LINE: [section] key: what is wrong". Checks that
+ * span keys (backoff min <= max, endpoint lengths after {run_dir} substitution) run after
+ * parsing and name the section and key.
+ */
+#include "common/config.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/placement.h"
+
+/* inih's line buffer is 200 bytes including "\r\n\0"; longer lines would be split silently,
+ * so they are refused up front. */
+#define CONFIG_MAX_LINE 196
+#define CONFIG_MAX_FILE (1 << 20)
+
+typedef struct {
+    strata_config_t *c;
+    char err[400];          /* first error, without file and line */
+    bool saw_prefetcher;    /* the first [prefetcher.N] replaces the default list */
+    bool saw_run_dir, saw_tokenizer;
+} s_ctx_t;
+
+void config_defaults(strata_config_t *c)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->name, sizeof c->name, "strata");
+    /* run_dir and tokenizer are derived after parsing when not given */
+    snprintf(c->router.endpoint, sizeof c->router.endpoint, "tcp://127.0.0.1:7757");
+    c->router.max_frame_bytes = 1048576;
+    c->router.max_queue = 1024;
+    c->router.max_inflight_per_client = 64;
+    snprintf(c->router.place.cpus, sizeof c->router.place.cpus, "0-1");
+    c->router.place.numa_node = -1;
+
+    snprintf(c->scheduler.endpoint, sizeof c->scheduler.endpoint, "ipc://{run_dir}/scheduler.sock");
+    c->scheduler.max_batch_tokens = 256;
+    c->scheduler.max_seqs = 64;
+    c->scheduler.kv_blocks = 2048;
+    c->scheduler.block_size = 16;
+    c->scheduler.max_context = 0;
+    c->scheduler.place.numa_node = -1;
+
+    snprintf(c->executor.endpoint, sizeof c->executor.endpoint, "ipc://{run_dir}/executor.sock");
+    snprintf(c->executor.backend, sizeof c->executor.backend, "cpu");
+    c->executor.threads = 0;
+    c->executor.gpu_mem = 0;
+    c->executor.place.numa_node = -1;
+
+    c->n_prefetchers = 1;
+    c->prefetcher[0].node = 0;
+    snprintf(c->prefetcher[0].endpoint, sizeof c->prefetcher[0].endpoint, "ipc://{run_dir}/prefetcher-0.sock");
+    c->prefetcher[0].threads = 0;
+    c->prefetcher[0].place.numa_node = 0;
+
+    c->launcher.restart_backoff_ms = 200;
+    c->launcher.restart_backoff_max_ms = 10000;
+    c->launcher.ready_timeout_s = 60;
+    c->launcher.watchdog_s = 30;
+}
+
+static int s_err(s_ctx_t *x, const char *section, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int s_err(s_ctx_t *x, const char *section, const char *key, const char *fmt, ...)
+{
+    if (x->err[0]) return 0;
+    int n = snprintf(x->err, sizeof x->err, "[%s] %s: ", section, key);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(x->err + n, sizeof x->err - (size_t)n, fmt, ap);
+    va_end(ap);
+    return 0; /* inih: 0 = error */
+}
+
+static int s_int(s_ctx_t *x, const char *sec, const char *key, const char *v, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (!*v || *end || errno)
+        return s_err(x, sec, key, "'%s' is not an integer", v);
+    if (n < lo || n > hi) return s_err(x, sec, key, "%ld is out of range [%ld, %ld]", n, lo, hi);
+    *out = (int)n;
+    return 1;
+}
+
+/* Bytes with an optional binary suffix: K, M, G, T, optionally followed by "B" or "iB". */
+static int s_bytes(s_ctx_t *x, const char *sec, const char *key, const char *v, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long n = strtoll(v, &end, 10);
+    if (end == v || errno || n < 0) return s_err(x, sec, key, "'%s' is not a byte count (e.g. 1048576, 512M, 16GiB)", v);
+    int shift = 0;
+    switch (*end) {
+    case 'K': case 'k': shift = 10; end++; break;
+    case 'M': case 'm': shift = 20; end++; break;
+    case 'G': case 'g': shift = 30; end++; break;
+    case 'T': case 't': shift = 40; end++; break;
+    default: break;
+    }
+    if (shift && (!strcmp(end, "iB") || !strcmp(end, "B"))) end += strlen(end);
+    if (*end) return s_err(x, sec, key, "'%s' is not a byte count (suffixes: K M G T, KiB MiB GiB TiB)", v);
+    if (shift && n > (INT64_MAX >> shift)) return s_err(x, sec, key, "'%s' is too large", v);
+    int64_t b = (int64_t)n << shift;
+    if (b < lo || b > hi) return s_err(x, sec, key, "%lld bytes is out of range [%lld, %lld]", (long long)b, (long long)lo, (long long)hi);
+    *out = b;
+    return 1;
+}
+
+static int s_str(s_ctx_t *x, const char *sec, const char *key, const char *v, char *dst, size_t cap)
+{
+    size_t n = strlen(v);
+    if (n >= cap) return s_err(x, sec, key, "value is %zu characters, at most %zu allowed", n, cap - 1);
+    memcpy(dst, v, n + 1);
+    return 1;
+}
+
+static int s_endpoint(s_ctx_t *x, const char *sec, const char *key, const char *v, char *dst, size_t cap)
+{
+    if (strncmp(v, "tcp://", 6) && strncmp(v, "ipc://", 6))
+        return s_err(x, sec, key, "'%s' must start with tcp:// or ipc://", v);
+    if (strlen(v) <= 6) return s_err(x, sec, key, "'%s' has no address", v);
+    return s_str(x, sec, key, v, dst, cap);
+}
+
+static int s_place(s_ctx_t *x, const char *sec, const char *key, const char *v, config_placement_t *p, int *handled)
+{
+    *handled = 1;
+    if (!strcmp(key, "cpus")) {
+        cpu_set_t set;
+        strata_errbuf_t eb = {{0}};
+        if (cpulist_parse(v, &set, &eb) < 0) return s_err(x, sec, key, "%s", eb.msg);
+        return s_str(x, sec, key, v, p->cpus, sizeof p->cpus);
+    }
+    if (!strcmp(key, "numa_node")) return s_int(x, sec, key, v, -1, 1023, &p->numa_node);
+    *handled = 0;
+    return 1;
+}
+
+static int s_name_ok(const char *v)
+{
+    if (!*v) return 0;
+    for (const char *p = v; *p; p++) {
+        char ch = *p;
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' || ch == '_' || ch == '.'))
+            return 0;
+    }
+    return 1;
+}
+
+static int s_on_key(void *user, const char *sec, const char *key, const char *v)
+{
+    s_ctx_t *x = user;
+    strata_config_t *c = x->c;
+    int handled;
+    if (!*sec) return s_err(x, "(none)", key, "key outside any section");
+
+    if (!strcmp(sec, "group")) {
+        if (!strcmp(key, "name")) {
+            if (!s_name_ok(v) || strlen(v) > 40)
+                return s_err(x, sec, key, "'%s' must be 1-40 characters of [A-Za-z0-9._-] (it names shm segments)", v);
+            return s_str(x, sec, key, v, c->name, sizeof c->name);
+        }
+        if (!strcmp(key, "run_dir")) {
+            if (!*v) return s_err(x, sec, key, "empty");
+            x->saw_run_dir = true;
+            return s_str(x, sec, key, v, c->run_dir, sizeof c->run_dir);
+        }
+        if (!strcmp(key, "model")) return s_str(x, sec, key, v, c->model, sizeof c->model);
+        if (!strcmp(key, "tokenizer")) {
+            x->saw_tokenizer = true;
+            return s_str(x, sec, key, v, c->tokenizer, sizeof c->tokenizer);
+        }
+    } else if (!strcmp(sec, "router")) {
+        if (!strcmp(key, "endpoint")) return s_endpoint(x, sec, key, v, c->router.endpoint, sizeof c->router.endpoint);
+        if (!strcmp(key, "max_frame_bytes")) return s_bytes(x, sec, key, v, 64, 1 << 30, &c->router.max_frame_bytes);
+        if (!strcmp(key, "max_queue")) return s_int(x, sec, key, v, 1, 1000000, &c->router.max_queue);
+        if (!strcmp(key, "max_inflight_per_client")) return s_int(x, sec, key, v, 1, 1000000, &c->router.max_inflight_per_client);
+        int r = s_place(x, sec, key, v, &c->router.place, &handled);
+        if (handled) return r;
+    } else if (!strcmp(sec, "scheduler")) {
+        if (!strcmp(key, "endpoint")) return s_endpoint(x, sec, key, v, c->scheduler.endpoint, sizeof c->scheduler.endpoint);
+        if (!strcmp(key, "max_batch_tokens")) return s_int(x, sec, key, v, 1, 1 << 20, &c->scheduler.max_batch_tokens);
+        if (!strcmp(key, "max_seqs")) return s_int(x, sec, key, v, 1, 65536, &c->scheduler.max_seqs);
+        if (!strcmp(key, "kv_blocks")) return s_int(x, sec, key, v, 1, 1 << 24, &c->scheduler.kv_blocks);
+        if (!strcmp(key, "block_size")) return s_int(x, sec, key, v, 1, 4096, &c->scheduler.block_size);
+        if (!strcmp(key, "max_context")) return s_int(x, sec, key, v, 0, 1 << 24, &c->scheduler.max_context);
+        int r = s_place(x, sec, key, v, &c->scheduler.place, &handled);
+        if (handled) return r;
+    } else if (!strcmp(sec, "executor")) {
+        if (!strcmp(key, "endpoint")) return s_endpoint(x, sec, key, v, c->executor.endpoint, sizeof c->executor.endpoint);
+        if (!strcmp(key, "backend")) {
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) return s_err(x, sec, key, "'%s' must be cpu or cuda", v);
+            return s_str(x, sec, key, v, c->executor.backend, sizeof c->executor.backend);
+        }
+        if (!strcmp(key, "threads")) return s_int(x, sec, key, v, 0, 4096, &c->executor.threads);
+        if (!strcmp(key, "gpu_mem")) return s_bytes(x, sec, key, v, 0, INT64_MAX, &c->executor.gpu_mem);
+        int r = s_place(x, sec, key, v, &c->executor.place, &handled);
+        if (handled) return r;
+    } else if (!strncmp(sec, "prefetcher.", 11)) {
+        const char *ns = sec + 11;
+        char *end;
+        errno = 0;
+        long node = strtol(ns, &end, 10);
+        if (!*ns || *end || errno || node < 0 || node > 1023 || (ns[0] == '0' && ns[1]))
+            return s_err(x, sec, key, "section must be [prefetcher.N] with N a NUMA node number 0-1023");
+        if (!x->saw_prefetcher) {
+            x->saw_prefetcher = true;
+            c->n_prefetchers = 0;
+        }
+        int i;
+        for (i = 0; i < c->n_prefetchers; i++)
+            if (c->prefetcher[i].node == (int)node) break;
+        if (i == c->n_prefetchers) {
+            if (i == CONFIG_MAX_PREFETCHERS) return s_err(x, sec, key, "more than %d prefetcher sections", CONFIG_MAX_PREFETCHERS);
+            c->n_prefetchers++;
+            memset(&c->prefetcher[i], 0, sizeof c->prefetcher[i]);
+            c->prefetcher[i].node = (int)node;
+            snprintf(c->prefetcher[i].endpoint, sizeof c->prefetcher[i].endpoint, "ipc://{run_dir}/prefetcher-%ld.sock", node);
+            c->prefetcher[i].place.numa_node = (int)node;
+        }
+        if (!strcmp(key, "endpoint")) return s_endpoint(x, sec, key, v, c->prefetcher[i].endpoint, sizeof c->prefetcher[i].endpoint);
+        if (!strcmp(key, "threads")) return s_int(x, sec, key, v, 0, 4096, &c->prefetcher[i].threads);
+        int r = s_place(x, sec, key, v, &c->prefetcher[i].place, &handled);
+        if (handled) return r;
+    } else if (!strcmp(sec, "launcher")) {
+        if (!strcmp(key, "restart_backoff_ms")) return s_int(x, sec, key, v, 1, 3600000, &c->launcher.restart_backoff_ms);
+        if (!strcmp(key, "restart_backoff_max_ms")) return s_int(x, sec, key, v, 1, 3600000, &c->launcher.restart_backoff_max_ms);
+        if (!strcmp(key, "ready_timeout_s")) return s_int(x, sec, key, v, 1, 86400, &c->launcher.ready_timeout_s);
+        if (!strcmp(key, "watchdog_s")) return s_int(x, sec, key, v, 0, 86400, &c->launcher.watchdog_s);
+    } else {
+        return s_err(x, sec, key, "unknown section [%s] (known: group router scheduler executor prefetcher.N launcher)", sec);
+    }
+    return s_err(x, sec, key, "unknown key");
+}
+
+/* Replace every "{run_dir}" in s (capacity cap) with run_dir. */
+static int s_subst(char *s, size_t cap, const char *run_dir)
+{
+    char out[1024];
+    size_t o = 0, rl = strlen(run_dir);
+    for (const char *p = s; *p;) {
+        if (!strncmp(p, "{run_dir}", 9)) {
+            if (o + rl >= sizeof out) return -1;
+            memcpy(out + o, run_dir, rl);
+            o += rl;
+            p += 9;
+        } else {
+            if (o + 1 >= sizeof out) return -1;
+            out[o++] = *p++;
+        }
+    }
+    if (o >= cap) return -1;
+    memcpy(s, out, o);
+    s[o] = 0;
+    return 0;
+}
+
+/* After parsing: derived defaults, substitution and checks that span keys. */
+static int s_finish(s_ctx_t *x, const char *name, strata_errbuf_t *eb)
+{
+    strata_config_t *c = x->c;
+    if (!x->saw_run_dir) snprintf(c->run_dir, sizeof c->run_dir, "/tmp/strata-%s", c->name);
+    if (!x->saw_tokenizer && c->model[0]) {
+        if ((size_t)snprintf(c->tokenizer, sizeof c->tokenizer, "%s/tokenizer.json", c->model) >= sizeof c->tokenizer)
+            return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: [group] model: path too long to derive tokenizer", name);
+    }
+    if (c->launcher.restart_backoff_max_ms < c->launcher.restart_backoff_ms)
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: [launcher] restart_backoff_max_ms: %d is less than restart_backoff_ms %d",
+                             name, c->launcher.restart_backoff_max_ms, c->launcher.restart_backoff_ms);
+    struct {
+        const char *sec;
+        char *ep;
+        size_t cap;
+    } eps[3 + CONFIG_MAX_PREFETCHERS];
+    int n = 0;
+    eps[n++] = (typeof(eps[0])){"router", c->router.endpoint, sizeof c->router.endpoint};
+    eps[n++] = (typeof(eps[0])){"scheduler", c->scheduler.endpoint, sizeof c->scheduler.endpoint};
+    eps[n++] = (typeof(eps[0])){"executor", c->executor.endpoint, sizeof c->executor.endpoint};
+    char pf_names[CONFIG_MAX_PREFETCHERS][24];
+    for (int i = 0; i < c->n_prefetchers; i++) {
+        snprintf(pf_names[i], sizeof pf_names[i], "prefetcher.%d", c->prefetcher[i].node);
+        eps[n++] = (typeof(eps[0])){pf_names[i], c->prefetcher[i].endpoint, sizeof c->prefetcher[i].endpoint};
+    }
+    for (int i = 0; i < n; i++) {
+        if (s_subst(eps[i].ep, eps[i].cap, c->run_dir) < 0)
+            return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: [%s] endpoint: too long after replacing {run_dir}", name, eps[i].sec);
+        /* an ipc:// endpoint is a unix socket path: at most 107 bytes (sun_path) */
+        if (!strncmp(eps[i].ep, "ipc://", 6) && strlen(eps[i].ep + 6) > 107)
+            return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: [%s] endpoint: ipc path '%s' is longer than 107 bytes (shorten run_dir)",
+                                 name, eps[i].sec, eps[i].ep + 6);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(eps[i].ep, eps[j].ep))
+                return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: [%s] endpoint: '%s' is also [%s]'s endpoint", name, eps[i].sec,
+                                     eps[i].ep, eps[j].sec);
+    }
+    return 0;
+}
+
+int config_parse(strata_config_t *c, const char *text, const char *name, strata_errbuf_t *eb)
+{
+    s_ctx_t x = {.c = c};
+    config_defaults(c);
+    if (!name) name = "(config)";
+    /* refuse lines inih would split */
+    int line = 1;
+    size_t col = 0;
+    for (const char *p = text; *p; p++) {
+        if (*p == '\n') {
+            line++;
+            col = 0;
+        } else if (++col > CONFIG_MAX_LINE) {
+            return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s:%d: line longer than %d characters", name, line, CONFIG_MAX_LINE);
+        }
+    }
+    /* inih settings (process-wide; config parsing happens at start-up, single-threaded) */
+    ini_stop_on_first_error = true;
+    ini_allow_multiline = false;
+    int r = ini_parse_string(text, s_on_key, &x);
+    if (r != 0) {
+        if (r < 0) return strata_seterr(eb, STRATA_ENOMEM, "%s: parser failed (%d)", name, r);
+        if (x.err[0]) return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s:%d: %s", name, r, x.err);
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s:%d: syntax error (expected [section] or key = value)", name, r);
+    }
+    return s_finish(&x, name, eb);
+}
+
+int config_load(strata_config_t *c, const char *path, strata_errbuf_t *eb)
+{
+    int rc;
+    char *text = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        rc = -errno;
+        config_defaults(c);
+        return strata_seterr(eb, rc, "%s: cannot open config: %s", path, strerror(-rc));
+    }
+    text = malloc(CONFIG_MAX_FILE + 1);
+    if (!text) {
+        rc = STRATA_ENOMEM;
+        goto fail;
+    }
+    size_t n = fread(text, 1, CONFIG_MAX_FILE + 1, f);
+    if (ferror(f)) {
+        rc = strata_seterr(eb, STRATA_EIO, "%s: read error", path);
+        goto fail;
+    }
+    if (n > CONFIG_MAX_FILE) {
+        rc = strata_seterr(eb, STRATA_ETOOLARGE, "%s: config larger than %d bytes", path, CONFIG_MAX_FILE);
+        goto fail;
+    }
+    if (memchr(text, 0, n)) {
+        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: config contains a NUL byte", path);
+        goto fail;
+    }
+    text[n] = 0;
+    rc = config_parse(c, text, path, eb);
+fail:
+    free(text);
+    fclose(f);
+    return rc;
+}
