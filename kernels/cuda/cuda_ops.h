@@ -1,0 +1,88 @@
+/* cuda_ops.h - the CUDA op set, behind a C interface (no CUDA headers leak out).
+ *
+ * All tensor pointers are device pointers; every op is enqueued on the context's stream and
+ * returns at once (0, or STRATA_ECUDA after logging the failing call). Activations are fp32,
+ * accumulation fp32; weights are qmat_t (kernels/cpu/qmat.h) whose data/scales point to device
+ * memory, in exactly the byte layout the CPU kernels read, so one packed expert is copied
+ * over PCIe as-is and computed without a conversion pass.
+ */
+#ifndef STRATA_CUDA_OPS_H
+#define STRATA_CUDA_OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cpu/qmat.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cuda_ctx cuda_ctx_t;
+
+/* Create a context on `device`: its own non-blocking stream and cuBLAS handle. */
+int cuda_ctx_create(cuda_ctx_t **out, int device);
+void cuda_ctx_destroy(cuda_ctx_t *c);
+/* Number of visible CUDA devices (0 when there is no driver or GPU). */
+int cuda_device_count(void);
+/* Free and total device memory in bytes. */
+int cuda_mem_info(size_t *free_b, size_t *total_b);
+
+int cuda_malloc(void **p, size_t bytes);
+void cuda_free(void *p);
+int cuda_memset(cuda_ctx_t *c, void *p, int byte, size_t bytes);
+/* Copies on the context's stream. h2d/d2h from pageable memory are synchronous for the host. */
+int cuda_h2d(cuda_ctx_t *c, void *dst, const void *src, size_t bytes);
+int cuda_d2h(cuda_ctx_t *c, void *dst, const void *src, size_t bytes);
+int cuda_sync(cuda_ctx_t *c);
+
+/* y[n][w->rows] = x[n][w->cols] @ W^T (+ bias). Any n; fused dequantization for every format. */
+int cuda_matmul(cuda_ctx_t *c, float *y, const float *x, int n, const qmat_t *w, const float *bias);
+
+/* Grouped expert FFN with fused dequantization and SwiGLU, tokens regrouped by expert:
+ * for every token t and k < top_k with e = idx[t][k]:
+ *   out[t] += weight[t][k] * down_e(silu(gate_e(x[t])) * up_e(x[t]))
+ * experts_dev[e] (a device array) holds qmats {gate, up, down} whose data/scales are device
+ * pointers, 16-byte aligned; all experts share format `fmt` and one shape. An expert with
+ * gate.data == NULL is skipped (not resident: the caller adds its contribution elsewhere).
+ * idx/weight are device arrays [n][top_k]. out must be initialised by the caller.
+ * scratch: device workspace of cuda_moe_scratch_bytes(n, top_k, inter) bytes. */
+typedef struct {
+    qmat_t gate, up, down;
+} cuda_expert_t;
+size_t cuda_moe_scratch_bytes(int n, int top_k, int hidden, int inter, int n_experts);
+int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, int hidden, int inter, wfmt_t fmt,
+                 const cuda_expert_t *experts_dev, int n_experts, const int32_t *idx, const float *weight,
+                 int top_k, void *scratch);
+
+/* y[n][dim] = rmsnorm(x) * w; y may alias x. */
+int cuda_rmsnorm(cuda_ctx_t *c, float *y, const float *x, const float *w, int n, int dim, float eps);
+/* In-place RoPE (HF rotate_half form) on x[n][n_heads][head_dim]; pos[n] and inv_freq[rot_dim/2] on device. */
+int cuda_rope(cuda_ctx_t *c, float *x, int n, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
+              const float *inv_freq, float attn_factor);
+/* Gate: softmax over n_experts then top-k (ties to the lower index), optional renorm.
+ * logits[n][n_experts] -> idx[n][top_k], weight[n][top_k]. */
+int cuda_gate_topk(cuda_ctx_t *c, const float *logits, int n, int n_experts, int top_k, bool renorm,
+                   int32_t *idx, float *weight);
+/* Write k/v rows [n][n_kv_heads][head_dim] into the paged caches ([block][kv_head][block_size][head_dim])
+ * at (seq[t], pos[t]) through block tables bt[seq][max_blocks]. */
+int cuda_kv_write(cuda_ctx_t *c, float *k_cache, float *v_cache, const float *k, const float *v, int n,
+                  const int32_t *seq, const int32_t *pos, const int32_t *bt, int max_blocks, int n_kv_heads,
+                  int head_dim, int block_size);
+/* Causal paged attention: token t attends positions 0..pos[t] of sequence seq[t].
+ * q[n][n_heads][head_dim] -> out[n][n_heads][head_dim]. */
+int cuda_attention(cuda_ctx_t *c, float *out, const float *q, const float *k_cache, const float *v_cache,
+                   int n, const int32_t *seq, const int32_t *pos, const int32_t *bt, int max_blocks,
+                   int n_heads, int n_kv_heads, int head_dim, int block_size, float scale);
+/* out[n][dim] = embed[tokens[t]] (embed is F32 or BF16 qmat [vocab][dim]). */
+int cuda_embed(cuda_ctx_t *c, float *out, const qmat_t *embed, const int32_t *tokens, int n);
+/* y += x (n elements); y = silu(a) * b. */
+int cuda_add(cuda_ctx_t *c, float *y, const float *x, size_t n);
+/* Greedy argmax per row (ties to the lower id): logits[n][vocab] -> ids[n]. */
+int cuda_argmax(cuda_ctx_t *c, const float *logits, int n, int vocab, int32_t *ids);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
