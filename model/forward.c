@@ -1,0 +1,418 @@
+/* forward.c - one step of the model over a batch of tokens (CPU backend, fp32 activations).
+ *
+ * Per step: embed -> for each layer { h = x + attn(rmsnorm(x)); x = h + ffn(rmsnorm(h)) }
+ * -> final rmsnorm -> lm_head for the rows that need logits. Semantics follow HF
+ * transformers (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) in fp32.
+ *
+ * MoE layers group the step's tokens by expert: every expert with at least one routed token
+ * runs once over its tokens (inputs gathered contiguous, outputs scatter-added with the gate
+ * weight), which is the shape the GPU grouped GEMM shares.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/ops.h"
+#include "model/model.h"
+
+struct forward_ctx {
+    const model_t *m;
+    tpool_t *pool;            /* may be NULL */
+    int32_t max_tokens;       /* T: most tokens one step may carry */
+    int n_threads;            /* tpool_size(pool), 1 without a pool */
+    int32_t max_inter;        /* largest FFN intermediate size over all layers */
+    /* activations, row-major, fp32 */
+    float *x;                 /* [T][hidden] residual stream */
+    float *xn;                /* [T][hidden] normed input of the current sublayer */
+    float *q;                 /* [T][n_heads*head_dim] */
+    float *k;                 /* [T][n_kv_heads*head_dim] */
+    float *v;                 /* [T][n_kv_heads*head_dim] */
+    float *att;               /* [T][n_heads*head_dim] attention output before wo */
+    float *y;                 /* [T][hidden] sublayer output */
+    /* MoE routing */
+    float *rlog;              /* [T][n_experts] router logits */
+    int32_t *top_idx;         /* [T][top_k] chosen experts */
+    float *top_w;             /* [T][top_k] their weights */
+    int32_t *e_off;           /* [n_experts+1] start of each expert's run in e_tok/e_w */
+    int32_t *e_fill;          /* [n_experts] fill cursor while grouping */
+    int32_t *e_tok;           /* [T*top_k] token index, grouped by expert, tokens ascending */
+    float *e_w;               /* [T*top_k] gate weight of that (token, expert) pair */
+    float *xg;                /* [T][hidden] one expert's gathered inputs; also the logit rows */
+    float *yg;                /* [T][hidden] one expert's outputs */
+    float *ffn_scratch;       /* [2*T*max_inter] for cpu_ffn_swiglu */
+    float *sg;                /* [T] shared-expert gate logit */
+    /* attention scratch: one row per thread, att_cap floats each (grown on demand) */
+    float *att_scratch;       /* [n_threads][att_cap] */
+    int64_t att_cap;
+};
+
+static int32_t s_ffn_inter(const ffn_t *f) { return f->gate.data ? f->gate.rows : 0; }
+
+/* Check the weights the forward pass touches against the config; log what is wrong. */
+static int s_check_model(const model_t *m, int32_t *max_inter)
+{
+    const model_config_t *c = &m->cfg;
+    int32_t mi = 0;
+    if (c->hidden <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 || c->head_dim <= 0 ||
+        c->vocab <= 0 || c->n_heads % c->n_kv_heads != 0 || c->n_layers > 256 || c->rot_dim < 0 ||
+        c->rot_dim > c->head_dim || c->rot_dim % 2 != 0 || c->rot_dim / 2 > 512) {
+        log_error("forward: inconsistent model config (hidden %d layers %d heads %d/%d head_dim %d rot_dim %d)",
+                  c->hidden, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->rot_dim);
+        return STRATA_EINVAL_INPUT;
+    }
+    if (m->embed.rows != c->vocab || m->embed.cols != c->hidden || m->lm_head.rows != c->vocab ||
+        m->lm_head.cols != c->hidden || !m->final_norm || !m->layers) {
+        log_error("forward: embed/lm_head/final_norm do not match vocab %d hidden %d", c->vocab, c->hidden);
+        return STRATA_EINVAL_INPUT;
+    }
+    int32_t qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
+    for (int l = 0; l < c->n_layers; l++) {
+        const layer_t *L = &m->layers[l];
+        if (L->wq.rows != qd || L->wq.cols != c->hidden || L->wk.rows != kd || L->wk.cols != c->hidden ||
+            L->wv.rows != kd || L->wv.cols != c->hidden || L->wo.rows != c->hidden || L->wo.cols != qd ||
+            !L->attn_norm || !L->ffn_norm || (c->qk_norm != QK_NORM_NONE && (!L->q_norm || !L->k_norm))) {
+            log_error("forward: layer %d attention weights do not match the config", l);
+            return STRATA_EINVAL_INPUT;
+        }
+        if (c->layer_sparse[l]) {
+            if (!L->experts || c->n_experts <= 0 || c->top_k <= 0 || c->top_k > c->n_experts ||
+                L->router.rows != c->n_experts || L->router.cols != c->hidden) {
+                log_error("forward: layer %d MoE weights do not match the config", l);
+                return STRATA_EINVAL_INPUT;
+            }
+            for (int e = 0; e < c->n_experts; e++) {
+                int32_t r = s_ffn_inter(&L->experts[e]);
+                if (r <= 0) {
+                    log_error("forward: layer %d expert %d has no weights", l, e);
+                    return STRATA_EINVAL_INPUT;
+                }
+                if (r > mi) mi = r;
+            }
+            if (c->shared_inter > 0) {
+                if (s_ffn_inter(&L->shared) <= 0 || L->shared_gate.rows != 1 || L->shared_gate.cols != c->hidden) {
+                    log_error("forward: layer %d shared expert weights missing", l);
+                    return STRATA_EINVAL_INPUT;
+                }
+                if (s_ffn_inter(&L->shared) > mi) mi = s_ffn_inter(&L->shared);
+            }
+        } else {
+            if (s_ffn_inter(&L->dense) <= 0) {
+                log_error("forward: layer %d dense MLP weights missing", l);
+                return STRATA_EINVAL_INPUT;
+            }
+            if (s_ffn_inter(&L->dense) > mi) mi = s_ffn_inter(&L->dense);
+        }
+    }
+    *max_inter = mi;
+    return 0;
+}
+
+static void *s_alloc(size_t n, size_t size, int *fail)
+{
+    void *p = calloc(n ? n : 1, size);
+    if (!p) *fail = 1;
+    return p;
+}
+
+/* Scratch buffers for up to max_tokens tokens a step; NULL on bad model or no memory. */
+forward_ctx_t *forward_ctx_create(const model_t *m, int32_t max_tokens, tpool_t *pool)
+{
+    int32_t mi = 0;
+    if (max_tokens <= 0 || s_check_model(m, &mi) < 0) return NULL;
+    const model_config_t *c = &m->cfg;
+    cpu_ops_init();
+    forward_ctx_t *f = calloc(1, sizeof(*f));
+    if (!f) return NULL;
+    f->m = m;
+    f->pool = pool;
+    f->max_tokens = max_tokens;
+    f->n_threads = pool ? tpool_size(pool) : 1;
+    if (f->n_threads < 1) f->n_threads = 1;
+    f->max_inter = mi;
+    size_t T = (size_t)max_tokens, H = (size_t)c->hidden;
+    size_t qd = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t ne = c->n_experts > 0 ? (size_t)c->n_experts : 1, tk = c->top_k > 0 ? (size_t)c->top_k : 1;
+    int fail = 0;
+    f->x = s_alloc(T * H, sizeof(float), &fail);
+    f->xn = s_alloc(T * H, sizeof(float), &fail);
+    f->q = s_alloc(T * qd, sizeof(float), &fail);
+    f->k = s_alloc(T * kd, sizeof(float), &fail);
+    f->v = s_alloc(T * kd, sizeof(float), &fail);
+    f->att = s_alloc(T * qd, sizeof(float), &fail);
+    f->y = s_alloc(T * H, sizeof(float), &fail);
+    f->rlog = s_alloc(T * ne, sizeof(float), &fail);
+    f->top_idx = s_alloc(T * tk, sizeof(int32_t), &fail);
+    f->top_w = s_alloc(T * tk, sizeof(float), &fail);
+    f->e_off = s_alloc(ne + 1, sizeof(int32_t), &fail);
+    f->e_fill = s_alloc(ne, sizeof(int32_t), &fail);
+    f->e_tok = s_alloc(T * tk, sizeof(int32_t), &fail);
+    f->e_w = s_alloc(T * tk, sizeof(float), &fail);
+    f->xg = s_alloc(T * H, sizeof(float), &fail);
+    f->yg = s_alloc(T * H, sizeof(float), &fail);
+    f->ffn_scratch = s_alloc(2 * T * (size_t)mi, sizeof(float), &fail);
+    f->sg = s_alloc(T, sizeof(float), &fail);
+    if (fail) {
+        log_error("forward: out of memory for %d tokens", max_tokens);
+        forward_ctx_free(f);
+        return NULL;
+    }
+    return f;
+}
+
+/* Free the scratch buffers (f may be NULL). */
+void forward_ctx_free(forward_ctx_t *f)
+{
+    if (!f) return;
+    free(f->x);
+    free(f->xn);
+    free(f->q);
+    free(f->k);
+    free(f->v);
+    free(f->att);
+    free(f->y);
+    free(f->rlog);
+    free(f->top_idx);
+    free(f->top_w);
+    free(f->e_off);
+    free(f->e_fill);
+    free(f->e_tok);
+    free(f->e_w);
+    free(f->xg);
+    free(f->yg);
+    free(f->ffn_scratch);
+    free(f->sg);
+    free(f->att_scratch);
+    free(f);
+}
+
+/* Validate a batch from outside the forward pass (scheduler, CLI) before touching memory. */
+static int s_check_batch(const forward_ctx_t *f, const kv_cache_t *kv, const batch_t *b, int64_t *max_ctx)
+{
+    const model_config_t *c = &f->m->cfg;
+    if (b->n_tokens < 0 || b->n_tokens > f->max_tokens) {
+        log_error("forward: batch of %d tokens, context holds %d", b->n_tokens, f->max_tokens);
+        return STRATA_EINVAL_INPUT;
+    }
+    if (kv->n_layers != c->n_layers || kv->n_kv_heads != c->n_kv_heads || kv->head_dim != c->head_dim ||
+        kv->block_size <= 0 || kv->n_blocks <= 0 || !kv->k || !kv->v) {
+        log_error("forward: KV cache geometry does not match the model");
+        return STRATA_EINVAL_INPUT;
+    }
+    if (b->n_tokens > 0 && (!b->tokens || !b->pos || !b->seq || !b->block_tables)) {
+        log_error("forward: batch arrays missing");
+        return STRATA_EINVAL_INPUT;
+    }
+    int64_t mc = 0;
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        int32_t tok = b->tokens[t], pos = b->pos[t], s = b->seq[t];
+        if (tok < 0 || tok >= c->vocab) {
+            log_error("forward: token %d at row %d outside vocab %d", tok, t, c->vocab);
+            return STRATA_EINVAL_INPUT;
+        }
+        if (pos < 0 || s < 0 || !b->block_tables[s]) {
+            log_error("forward: row %d has position %d, sequence %d", t, pos, s);
+            return STRATA_EINVAL_INPUT;
+        }
+        const int32_t *bt = b->block_tables[s];
+        for (int32_t j = 0; j <= pos / kv->block_size; j++) {
+            if (bt[j] < 0 || bt[j] >= kv->n_blocks) {
+                log_error("forward: row %d (seq %d pos %d) uses block %d of %d", t, s, pos, bt[j], kv->n_blocks);
+                return STRATA_EINVAL_INPUT;
+            }
+        }
+        if (pos + 1 > mc) mc = pos + 1;
+    }
+    if (b->n_logits < 0 || b->n_logits > b->n_tokens || (b->n_logits > 0 && !b->logit_rows)) {
+        log_error("forward: %d logit rows for %d tokens", b->n_logits, b->n_tokens);
+        return STRATA_EINVAL_INPUT;
+    }
+    for (int32_t i = 0; i < b->n_logits; i++) {
+        if (b->logit_rows[i] < 0 || b->logit_rows[i] >= b->n_tokens) {
+            log_error("forward: logit row %d outside the batch of %d", b->logit_rows[i], b->n_tokens);
+            return STRATA_EINVAL_INPUT;
+        }
+    }
+    *max_ctx = mc;
+    return 0;
+}
+
+typedef struct {
+    forward_ctx_t *f;
+    const kv_cache_t *kv;
+    const batch_t *b;
+    int layer;
+} s_attn_job_t;
+
+/* Attention for tokens [i0, i1): each attends over 0..pos of its own sequence. */
+static void s_attn_fn(void *ctx, int64_t i0, int64_t i1, int tid)
+{
+    s_attn_job_t *j = ctx;
+    forward_ctx_t *f = j->f;
+    const model_config_t *c = &f->m->cfg;
+    const kv_cache_t *kv = j->kv;
+    STRATA_ASSERT(tid >= 0 && tid < f->n_threads);
+    size_t layer_elems = (size_t)kv->n_blocks * kv->n_kv_heads * kv->block_size * kv->head_dim;
+    const float *kl = kv->k + (size_t)j->layer * layer_elems;
+    const float *vl = kv->v + (size_t)j->layer * layer_elems;
+    size_t qd = (size_t)c->n_heads * c->head_dim;
+    float scale = 1.0f / sqrtf((float)c->head_dim);
+    float *scratch = f->att_scratch + (size_t)tid * (size_t)f->att_cap;
+    for (int64_t t = i0; t < i1; t++) {
+        const int32_t *bt = j->b->block_tables[j->b->seq[t]];
+        cpu_attention(f->att + t * qd, f->q + t * qd, kl, vl, bt, j->b->pos[t] + 1, c->n_heads, c->n_kv_heads,
+                      c->head_dim, kv->block_size, scale, scratch);
+    }
+}
+
+/* x += attn(rmsnorm(x)) for layer l. */
+static void s_attention(forward_ctx_t *f, kv_cache_t *kv, const batch_t *b, int l)
+{
+    const model_t *m = f->m;
+    const model_config_t *c = &m->cfg;
+    const layer_t *L = &m->layers[l];
+    int n = b->n_tokens, H = c->hidden, hd = c->head_dim;
+    int qd = c->n_heads * hd, kd = c->n_kv_heads * hd;
+
+    cpu_rmsnorm(f->xn, f->x, L->attn_norm, n, H, c->rms_eps);
+    cpu_matmul(f->pool, f->q, f->xn, n, &L->wq, c->qkv_bias ? L->bq : NULL);
+    cpu_matmul(f->pool, f->k, f->xn, n, &L->wk, c->qkv_bias ? L->bk : NULL);
+    cpu_matmul(f->pool, f->v, f->xn, n, &L->wv, c->qkv_bias ? L->bv : NULL);
+    if (c->qk_norm == QK_NORM_HEAD) {
+        cpu_rmsnorm(f->q, f->q, L->q_norm, n * c->n_heads, hd, c->rms_eps);
+        cpu_rmsnorm(f->k, f->k, L->k_norm, n * c->n_kv_heads, hd, c->rms_eps);
+    } else if (c->qk_norm == QK_NORM_FULL) {
+        cpu_rmsnorm(f->q, f->q, L->q_norm, n, qd, c->rms_eps);
+        cpu_rmsnorm(f->k, f->k, L->k_norm, n, kd, c->rms_eps);
+    }
+    if (c->rot_dim > 0) {
+        cpu_rope(f->q, n, c->n_heads, hd, c->rot_dim, b->pos, c->inv_freq, c->attn_factor);
+        cpu_rope(f->k, n, c->n_kv_heads, hd, c->rot_dim, b->pos, c->inv_freq, c->attn_factor);
+    }
+    /* Every token writes its K/V before any token attends, so a token sees the earlier
+     * tokens of its own sequence from this same step (prefill) as well as older steps. */
+    size_t layer_elems = (size_t)kv->n_blocks * kv->n_kv_heads * kv->block_size * hd;
+    float *kl = kv->k + (size_t)l * layer_elems, *vl = kv->v + (size_t)l * layer_elems;
+    for (int t = 0; t < n; t++) {
+        int32_t pos = b->pos[t];
+        int32_t blk = b->block_tables[b->seq[t]][pos / kv->block_size], off = pos % kv->block_size;
+        for (int h = 0; h < c->n_kv_heads; h++) {
+            size_t dst = (((size_t)blk * kv->n_kv_heads + h) * kv->block_size + off) * hd;
+            memcpy(kl + dst, f->k + (size_t)t * kd + (size_t)h * hd, (size_t)hd * sizeof(float));
+            memcpy(vl + dst, f->v + (size_t)t * kd + (size_t)h * hd, (size_t)hd * sizeof(float));
+        }
+    }
+    s_attn_job_t job = {f, kv, b, l};
+    tpool_run(f->pool, n, 1, s_attn_fn, &job);
+    cpu_matmul(f->pool, f->y, f->att, n, &L->wo, c->o_bias ? L->bo : NULL);
+    for (size_t i = 0; i < (size_t)n * H; i++) f->x[i] += f->y[i];
+}
+
+/* y = sum over routed experts of w * expert(xn) (+ the gated shared expert), grouped by expert. */
+static void s_moe(forward_ctx_t *f, const layer_t *L, int n)
+{
+    const model_config_t *c = &f->m->cfg;
+    int H = c->hidden, ne = c->n_experts, tk = c->top_k;
+    /* Mixtral always renormalises its top-k weights (HF MixtralSparseMoeBlock). */
+    bool renorm = c->norm_topk || c->arch == ARCH_MIXTRAL;
+
+    cpu_matmul(f->pool, f->rlog, f->xn, n, &L->router, NULL);
+    memset(f->e_off, 0, (size_t)(ne + 1) * sizeof(int32_t));
+    for (int t = 0; t < n; t++) {
+        int32_t *idx = f->top_idx + (size_t)t * tk;
+        cpu_gate_topk(f->rlog + (size_t)t * ne, ne, tk, renorm, idx, f->top_w + (size_t)t * tk);
+        for (int i = 0; i < tk; i++) {
+            STRATA_ASSERT(idx[i] >= 0 && idx[i] < ne);
+            f->e_off[idx[i] + 1]++;
+        }
+    }
+    for (int e = 0; e < ne; e++) {
+        f->e_off[e + 1] += f->e_off[e];
+        f->e_fill[e] = f->e_off[e];
+    }
+    for (int t = 0; t < n; t++) {
+        for (int i = 0; i < tk; i++) {
+            int32_t e = f->top_idx[(size_t)t * tk + i];
+            int32_t p = f->e_fill[e]++;
+            f->e_tok[p] = t;
+            f->e_w[p] = f->top_w[(size_t)t * tk + i];
+        }
+    }
+    memset(f->y, 0, (size_t)n * H * sizeof(float));
+    for (int e = 0; e < ne; e++) {
+        int32_t p0 = f->e_off[e], cnt = f->e_off[e + 1] - p0;
+        if (cnt == 0) continue;
+        for (int32_t i = 0; i < cnt; i++)
+            memcpy(f->xg + (size_t)i * H, f->xn + (size_t)f->e_tok[p0 + i] * H, (size_t)H * sizeof(float));
+        const ffn_t *E = &L->experts[e];
+        cpu_ffn_swiglu(f->pool, f->yg, f->xg, cnt, &E->gate, &E->up, &E->down, f->ffn_scratch, NULL, false);
+        for (int32_t i = 0; i < cnt; i++) {
+            float w = f->e_w[p0 + i];
+            float *dst = f->y + (size_t)f->e_tok[p0 + i] * H;
+            const float *src = f->yg + (size_t)i * H;
+            for (int d = 0; d < H; d++) dst[d] += w * src[d];
+        }
+    }
+    if (c->shared_inter > 0) {
+        /* Qwen2-MoE: + sigmoid(x @ shared_gate^T) * shared_ffn(x) */
+        cpu_matmul(f->pool, f->sg, f->xn, n, &L->shared_gate, NULL);
+        for (int t = 0; t < n; t++) f->sg[t] = 1.0f / (1.0f + expf(-f->sg[t]));
+        cpu_ffn_swiglu(f->pool, f->y, f->xn, n, &L->shared.gate, &L->shared.up, &L->shared.down, f->ffn_scratch,
+                       f->sg, true);
+    }
+}
+
+/* x += ffn(rmsnorm(x)) for layer l (MoE or dense). */
+static void s_ffn(forward_ctx_t *f, int l, int n)
+{
+    const model_config_t *c = &f->m->cfg;
+    const layer_t *L = &f->m->layers[l];
+    int H = c->hidden;
+    cpu_rmsnorm(f->xn, f->x, L->ffn_norm, n, H, c->rms_eps);
+    if (c->layer_sparse[l])
+        s_moe(f, L, n);
+    else
+        cpu_ffn_swiglu(f->pool, f->y, f->xn, n, &L->dense.gate, &L->dense.up, &L->dense.down, f->ffn_scratch, NULL,
+                       false);
+    for (size_t i = 0; i < (size_t)n * H; i++) f->x[i] += f->y[i];
+}
+
+/* Run one step over b, writing K/V into kv and logits[n_logits][vocab]. Returns 0 or <0. */
+int model_forward(forward_ctx_t *f, kv_cache_t *kv, const batch_t *b, float *logits)
+{
+    int rc = 0;
+    int64_t max_ctx = 0;
+    if ((rc = s_check_batch(f, kv, b, &max_ctx)) < 0) return rc; /* logged what was wrong */
+    if (b->n_tokens == 0) return 0;
+    if (b->n_logits > 0 && !logits) return STRATA_EINVAL_INPUT;
+    const model_t *m = f->m;
+    const model_config_t *c = &m->cfg;
+    int n = b->n_tokens, H = c->hidden;
+
+    if (max_ctx > f->att_cap) {
+        /* grow the per-thread attention scratch to the longest context of this step */
+        int64_t cap = f->att_cap ? f->att_cap : 256;
+        while (cap < max_ctx) cap *= 2;
+        float *p = realloc(f->att_scratch, (size_t)cap * (size_t)f->n_threads * sizeof(float));
+        if (!p) {
+            rc = STRATA_ENOMEM;
+            goto fail;
+        }
+        f->att_scratch = p;
+        f->att_cap = cap;
+    }
+    for (int t = 0; t < n; t++) qmat_dequant_row(&m->embed, b->tokens[t], f->x + (size_t)t * H);
+    for (int l = 0; l < c->n_layers; l++) {
+        s_attention(f, kv, b, l);
+        s_ffn(f, l, n);
+    }
+    if (b->n_logits > 0) {
+        for (int i = 0; i < b->n_logits; i++)
+            memcpy(f->xg + (size_t)i * H, f->x + (size_t)b->logit_rows[i] * H, (size_t)H * sizeof(float));
+        cpu_rmsnorm(f->xg, f->xg, m->final_norm, b->n_logits, H, c->rms_eps);
+        cpu_matmul(f->pool, logits, f->xg, b->n_logits, &m->lm_head, NULL);
+    }
+    return 0;
+fail:
+    return rc;
+}
