@@ -197,7 +197,7 @@ static uint16_t s_int4_scale(const float *x, int n)
             vmax = x[i];
         }
     }
-    return f32_to_f16(vmax / -8.0f);
+    return amax > 0 ? f32_to_f16(vmax / -8.0f) : 0;
 }
 
 static inline uint8_t s_int4_q(float x, float d)

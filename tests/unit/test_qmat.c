@@ -1,0 +1,328 @@
+/* test_qmat.c - weight formats: sizes and names, scalar conversions (exhaustive where the
+ * domain is small, against independent oracles otherwise), the INT4 byte layout against a
+ * hand-written expectation, quantize/dequantize round trips with per-element error bounds,
+ * and the matmul error of each format on Gaussian weights (printed). */
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cpu/qmat.h"
+#include "tests/unit/check.h"
+
+static uint32_t f2u(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float u2f(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static float t_gauss(uint64_t *s)
+{
+    double u1 = (t_rng_next(s) >> 11) * 0x1p-53, u2 = (t_rng_next(s) >> 11) * 0x1p-53;
+    if (u1 < 1e-300) u1 = 1e-300;
+    return (float)(sqrt(-2 * log(u1)) * cos(2 * M_PI * u2));
+}
+
+/* A random float with a random exponent in [emin, emax] and random sign and mantissa. */
+static float t_rand_wide(uint64_t *s, int emin, int emax)
+{
+    uint64_t r = t_rng_next(s);
+    int e = emin + (int)(r % (uint64_t)(emax - emin + 1));
+    uint32_t m = (uint32_t)(r >> 20) & 0x7fffffu;
+    uint32_t sign = (uint32_t)(r >> 63) << 31;
+    return u2f(sign | ((uint32_t)(e + 127) << 23) | m);
+}
+
+static void test_names_sizes(void)
+{
+    T_CHECK(qmat_data_bytes(WF_F32, 3, 5) == 60, "f32");
+    T_CHECK(qmat_data_bytes(WF_BF16, 3, 5) == 30, "bf16");
+    T_CHECK(qmat_data_bytes(WF_INT8, 3, 5) == 15, "int8");
+    T_CHECK(qmat_data_bytes(WF_FP8, 3, 5) == 15, "fp8");
+    T_CHECK(qmat_data_bytes(WF_INT4, 3, 64) == 96, "int4");
+    T_CHECK(qmat_scale_bytes(WF_F32, 3, 64, 0) == 0 && qmat_scale_bytes(WF_BF16, 3, 64, 0) == 0, "no scales");
+    T_CHECK(qmat_scale_bytes(WF_INT8, 3, 64, 0) == 12 && qmat_scale_bytes(WF_FP8, 3, 64, 0) == 12, "row scales");
+    T_CHECK(qmat_scale_bytes(WF_INT4, 3, 256, 32) == 3 * 8 * 2, "int4 g32 scales");
+    T_CHECK(qmat_scale_bytes(WF_INT4, 3, 256, 128) == 3 * 2 * 2, "int4 g128 scales");
+    /* 4.5 bits per weight at group 32, like Q4_0 */
+    T_CHECK((qmat_data_bytes(WF_INT4, 1, 4096) + qmat_scale_bytes(WF_INT4, 1, 4096, 32)) * 8 == 4096 * 9 / 2, "4.5 bpw");
+    for (int f = 0; f < WF_COUNT; f++) T_CHECK(wfmt_parse(wfmt_name((wfmt_t)f)) == f, "name round trip %d", f);
+    T_CHECK(wfmt_parse("q4") == -1 && wfmt_parse("") == -1 && wfmt_parse(NULL) == -1, "unknown names");
+    T_CHECK(strcmp(wfmt_name(WF_INT4), "int4") == 0 && strcmp(wfmt_name(WF_FP8), "fp8") == 0, "names");
+}
+
+static void test_bf16(uint64_t *seed)
+{
+    /* every bf16 value survives bf16 -> f32 -> bf16; NaNs stay NaN */
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = bf16_to_f32((uint16_t)h);
+        T_CHECK(f2u(f) == h << 16, "bf16_to_f32 is a shift (%04x)", h);
+        uint16_t back = f32_to_bf16(f);
+        if (isnan(f)) bad += !isnan(bf16_to_f32(back)) || (back & 0x8000) != (h & 0x8000);
+        else bad += back != h;
+    }
+    T_CHECK(bad == 0, "%d bf16 round trips failed", bad);
+    /* known values and ties */
+    T_CHECK(f32_to_bf16(1.0f) == 0x3f80, "1.0");
+    T_CHECK(f32_to_bf16(u2f(0x3f808000)) == 0x3f80, "tie to even (down)");
+    T_CHECK(f32_to_bf16(u2f(0x3f818000)) == 0x3f82, "tie to even (up)");
+    T_CHECK(f32_to_bf16(u2f(0x3f808001)) == 0x3f81, "above half");
+    T_CHECK(f32_to_bf16(u2f(0x3f807fff)) == 0x3f80, "below half");
+    T_CHECK(f32_to_bf16(u2f(0x7f7fffff)) == 0x7f80, "max float rounds to inf");
+    T_CHECK(f32_to_bf16(INFINITY) == 0x7f80 && f32_to_bf16(-INFINITY) == 0xff80, "inf");
+    T_CHECK(f32_to_bf16(u2f(0x00010000)) == 0x0001, "subnormal");
+    T_CHECK(f32_to_bf16(u2f(0x00008000)) == 0x0000, "subnormal tie to zero");
+    T_CHECK(f32_to_bf16(u2f(0x00018000)) == 0x0002, "subnormal tie to even");
+    T_CHECK(f32_to_bf16(-0.0f) == 0x8000, "-0");
+    T_CHECK(isnan(bf16_to_f32(f32_to_bf16(u2f(0x7f800001)))), "signalling NaN stays NaN, not inf");
+    T_CHECK(isnan(bf16_to_f32(f32_to_bf16(u2f(0xffc00000)))) && (f32_to_bf16(u2f(0xffc00000)) & 0x8000), "-NaN");
+    /* oracle: nearest of the two neighbours, ties to the even one */
+    bad = 0;
+    for (int i = 0; i < 200000; i++) {
+        float f = (i & 7) ? t_rand_wide(seed, -126, 127) : u2f((uint32_t)t_rng_next(seed) & 0x807fffffu);
+        uint32_t u = f2u(f), lo = u & 0xffff0000u, hi = lo + 0x10000u;
+        double dlo = fabs((double)f - u2f(lo)), dhi = fabs((double)u2f(hi) - f);
+        if (isinf(u2f(hi))) dhi = fabs(ldexp(1.0, 128) - fabs((double)f)); /* overflow threshold */
+        uint16_t want = (uint16_t)((dlo < dhi || (dlo == dhi && !((lo >> 16) & 1))) ? lo >> 16 : hi >> 16);
+        bad += f32_to_bf16(f) != want;
+    }
+    T_CHECK(bad == 0, "%d bf16 roundings differ from the nearest-even oracle", bad);
+}
+
+static void test_f16(uint64_t *seed)
+{
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = f16_to_f32((uint16_t)h);
+        uint16_t back = f32_to_f16(f);
+        if (isnan(f)) bad += !isnan(f16_to_f32(back)) || (back & 0x8000) != (h & 0x8000);
+        else bad += back != h;
+    }
+    T_CHECK(bad == 0, "%d f16 round trips failed", bad);
+    T_CHECK(f16_to_f32(0x3c00) == 1.0f && f16_to_f32(0x7bff) == 65504.0f && f16_to_f32(0x0001) == 0x1p-24f, "f16 values");
+    T_CHECK(f16_to_f32(0x0400) == 0x1p-14f && f16_to_f32(0xc000) == -2.0f && isinf(f16_to_f32(0x7c00)), "f16 values 2");
+    T_CHECK(f32_to_f16(65504.0f) == 0x7bff && f32_to_f16(65519.0f) == 0x7bff, "f16 max");
+    T_CHECK(f32_to_f16(65520.0f) == 0x7c00 && f32_to_f16(1e10f) == 0x7c00 && f32_to_f16(-1e10f) == 0xfc00, "f16 overflow to inf");
+    T_CHECK(f32_to_f16(0x1p-25f) == 0x0000, "f16 half of min subnormal ties to 0");
+    T_CHECK(f32_to_f16(0x1.8p-24f) == 0x0002, "f16 subnormal tie to even");
+    T_CHECK(f32_to_f16(0x1.000002p-25f) == 0x0001, "f16 just above half");
+    T_CHECK(f32_to_f16(u2f(0x3f801000)) == 0x3c00 && f32_to_f16(u2f(0x3f803000)) == 0x3c02, "f16 ties to even");
+    T_CHECK(isnan(f16_to_f32(f32_to_f16(NAN))), "f16 NaN");
+#if defined(__FLT16_MAX__)
+    /* oracle: the compiler's own _Float16 conversion (round to nearest even) */
+    bad = 0;
+    for (int i = 0; i < 200000; i++) {
+        float f = t_rand_wide(seed, -27, 17);
+        _Float16 h = (_Float16)f;
+        uint16_t hb;
+        memcpy(&hb, &h, 2);
+        bad += f32_to_f16(f) != hb;
+    }
+    T_CHECK(bad == 0, "%d f16 roundings differ from _Float16", bad);
+    fprintf(stderr, "f16: checked against _Float16\n");
+#else
+    (void)seed;
+    fprintf(stderr, "f16: no _Float16 in this compiler; exhaustive round trip and known values only\n");
+#endif
+}
+
+/* fp8 e4m3fn decoded from the definition, independently of qmat.c */
+static double t_fp8_value(int v)
+{
+    int s = v >> 7, e = (v >> 3) & 15, m = v & 7;
+    double x = e == 0 ? ldexp(m / 8.0, -6) : ldexp(1 + m / 8.0, e - 7);
+    return s ? -x : x;
+}
+
+static void test_fp8(uint64_t *seed)
+{
+    int bad = 0;
+    for (int v = 0; v < 256; v++) {
+        float f = fp8e4m3_to_f32((uint8_t)v);
+        if ((v & 0x7f) == 0x7f) {
+            T_CHECK(isnan(f), "0x%02x is NaN", v);
+            T_CHECK(f32_to_fp8e4m3(f) == (v & 0x80 ? 0xff : 0x7f), "NaN 0x%02x keeps its sign", v);
+            continue;
+        }
+        bad += (double)f != t_fp8_value(v);
+        bad += f32_to_fp8e4m3(f) != v;
+    }
+    T_CHECK(bad == 0, "%d fp8 values or round trips wrong", bad);
+    T_CHECK(fp8e4m3_to_f32(0x7e) == 448.0f && fp8e4m3_to_f32(0xfe) == -448.0f, "max");
+    T_CHECK(fp8e4m3_to_f32(0x08) == 0x1p-6f && fp8e4m3_to_f32(0x01) == 0x1p-9f && fp8e4m3_to_f32(0x07) == 7 * 0x1p-9f, "subnormals");
+    T_CHECK(fp8e4m3_to_f32(0x38) == 1.0f && fp8e4m3_to_f32(0x80) == 0.0f && signbit(fp8e4m3_to_f32(0x80)), "1, -0");
+    T_CHECK(f32_to_fp8e4m3(1.5f * 0x1p-9f) == 0x02, "subnormal tie to even (up)");
+    T_CHECK(f32_to_fp8e4m3(2.5f * 0x1p-9f) == 0x02, "subnormal tie to even (down)");
+    T_CHECK(f32_to_fp8e4m3(0.5f * 0x1p-9f) == 0x00 && f32_to_fp8e4m3(-0.5f * 0x1p-9f) == 0x80, "half min subnormal -> 0");
+    T_CHECK(f32_to_fp8e4m3(0.51f * 0x1p-9f) == 0x01, "above half of min subnormal");
+    T_CHECK(f32_to_fp8e4m3(7.5f * 0x1p-9f) == 0x08, "subnormal rounds up to min normal");
+    T_CHECK(f32_to_fp8e4m3(1.0625f) == 0x38 && f32_to_fp8e4m3(1.1875f) == 0x3a, "normal ties to even");
+    T_CHECK(f32_to_fp8e4m3(432.0f) == 0x7e, "tie between 416 and 448 goes to even (448)");
+    T_CHECK(f32_to_fp8e4m3(431.0f) == 0x7d, "416");
+    T_CHECK(f32_to_fp8e4m3(464.0f) == 0x7e && f32_to_fp8e4m3(1e9f) == 0x7e && f32_to_fp8e4m3(-1e9f) == 0xfe, "saturate");
+    T_CHECK(f32_to_fp8e4m3(INFINITY) == 0x7e && f32_to_fp8e4m3(-INFINITY) == 0xfe, "inf saturates");
+    T_CHECK(f32_to_fp8e4m3(NAN) == 0x7f && f32_to_fp8e4m3(-NAN) == 0xff, "NaN");
+    T_CHECK(f32_to_fp8e4m3(1e-30f) == 0x00 && f32_to_fp8e4m3(-1e-30f) == 0x80, "underflow keeps sign");
+    /* oracle: the nearest finite fp8 value by search, ties to the even code, saturating */
+    bad = 0;
+    for (int i = 0; i < 100000; i++) {
+        float f = t_rand_wide(seed, -12, 9);
+        double a = fabs((double)f);
+        int best = 0;
+        for (int v = 1; v <= 0x7e; v++) {
+            double d = fabs(t_fp8_value(v) - a), db = fabs(t_fp8_value(best) - a);
+            if (d < db || (d == db && !(v & 1))) best = v;
+        }
+        if (a > 448) best = 0x7e;
+        if (f < 0) best |= 0x80;
+        bad += f32_to_fp8e4m3(f) != best;
+    }
+    T_CHECK(bad == 0, "%d fp8 roundings differ from the search oracle", bad);
+}
+
+static void test_int4_layout(void)
+{
+    /* group 32, 64 columns. Group 0: x = -8..7 in the low half, 7..-8 in the high half; the
+     * value of largest magnitude is -8, so d = 1 and q = x + 8. Group 1: all zero. */
+    float x[64];
+    for (int c = 0; c < 16; c++) {
+        x[c] = (float)(c - 8);
+        x[16 + c] = (float)(7 - c);
+    }
+    for (int c = 32; c < 64; c++) x[c] = 0;
+    uint8_t data[32];
+    uint16_t sc[2];
+    memset(data, 0xaa, sizeof(data));
+    T_CHECK(qmat_quantize(WF_INT4, 32, x, 1, 64, data, sc) == 0, "quantize");
+    static const uint8_t want[32] = {
+        0xF0, 0xE1, 0xD2, 0xC3, 0xB4, 0xA5, 0x96, 0x87, 0x78, 0x69, 0x5A, 0x4B, 0x3C, 0x2D, 0x1E, 0x0F,
+        0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88,
+    };
+    T_CHECK(memcmp(data, want, 32) == 0, "int4 bytes: got %02x %02x %02x .. %02x", data[0], data[1], data[2], data[31]);
+    T_CHECK(sc[0] == 0x3c00 && sc[1] == 0x0000, "int4 scales %04x %04x", sc[0], sc[1]);
+    /* group 64: one scale for both runs of 32; max +4 maps to -8, so d = -0.5 (0xb800) */
+    float x2[64];
+    for (int c = 0; c < 64; c++) x2[c] = 0;
+    x2[0] = 4.0f;   /* q = 4 / -0.5 + 8 = 0  -> byte 0 low nibble */
+    x2[17] = -3.5f; /* q = 7 + 8 = 15        -> byte 1 high nibble */
+    x2[33] = 0.5f;  /* q = -1 + 8 = 7        -> byte 17 low nibble */
+    x2[63] = -1.0f; /* q = 2 + 8 = 10        -> byte 31 high nibble */
+    memset(data, 0, sizeof(data));
+    T_CHECK(qmat_quantize(WF_INT4, 64, x2, 1, 64, data, sc) == 0, "quantize g64");
+    uint8_t want2[32];
+    memset(want2, 0x88, 32);
+    want2[0] = 0x80;
+    want2[1] = 0xF8;
+    want2[17] = 0x87;
+    want2[31] = 0xA8;
+    T_CHECK(memcmp(data, want2, 32) == 0, "int4 g64 bytes: got %02x %02x .. %02x .. %02x", data[0], data[1], data[17], data[31]);
+    T_CHECK(sc[0] == 0xb800, "int4 g64 scale %04x", sc[0]);
+    /* and dequantization reads the same layout back */
+    qmat_t w = {.fmt = WF_INT4, .rows = 1, .cols = 64, .group = 64, .data = want2, .scales = sc};
+    float out[64];
+    qmat_dequant_row(&w, 0, out);
+    T_CHECK(out[0] == 4.0f && out[17] == -3.5f && out[33] == 0.5f && out[63] == -1.0f && out[5] == 0.0f,
+            "int4 dequant %g %g %g %g", out[0], out[17], out[33], out[63]);
+}
+
+static void test_bad_input(void)
+{
+    float x[96] = {0};
+    uint8_t d[96 * 4];
+    uint16_t s[16];
+    T_CHECK(qmat_quantize(WF_INT4, 32, x, 1, 48, d, s) == -EINVAL, "cols not a multiple of the group");
+    T_CHECK(qmat_quantize(WF_INT4, 64, x, 1, 96, d, s) == -EINVAL, "96 cols, group 64");
+    T_CHECK(qmat_quantize(WF_INT4, 16, x, 1, 96, d, s) == -EINVAL, "group 16");
+    T_CHECK(qmat_quantize(WF_INT4, 0, x, 1, 96, d, s) == -EINVAL, "group 0");
+    T_CHECK(qmat_quantize(WF_INT4, 32, x, 1, 96, d, s) == 0, "96 cols, group 32");
+    x[5] = NAN;
+    T_CHECK(qmat_quantize(WF_INT8, 0, x, 1, 96, d, s) == -EINVAL, "NaN input");
+    x[5] = INFINITY;
+    T_CHECK(qmat_quantize(WF_FP8, 0, x, 1, 96, d, s) == -EINVAL, "inf input");
+    x[5] = 1e6f;
+    T_CHECK(qmat_quantize(WF_INT4, 32, x, 1, 96, d, s) == -EINVAL, "int4 scale overflows fp16");
+}
+
+/* Quantize a random Gaussian matrix, dequantize it, check per-element bounds, and report
+ * the relative error of y = W x against the fp32 weights. */
+static void test_round_trip(uint64_t *seed, wfmt_t fmt, int group, int rows, int cols)
+{
+    float *w = malloc(sizeof(float) * rows * cols), *dq = malloc(sizeof(float) * rows * cols);
+    float *x = malloc(sizeof(float) * cols);
+    void *data = malloc(qmat_data_bytes(fmt, rows, cols));
+    void *sc = malloc(qmat_scale_bytes(fmt, rows, cols, group) + 1);
+    for (int i = 0; i < rows * cols; i++) w[i] = t_gauss(seed) * 0.02f;
+    for (int i = 0; i < 7; i++) w[(t_rng_next(seed) % rows) * cols + t_rng_next(seed) % cols] *= 10; /* outliers */
+    for (int c = 0; c < cols; c++) x[c] = t_gauss(seed);
+    T_CHECK(qmat_quantize(fmt, group, w, rows, cols, data, sc) == 0, "quantize %s", wfmt_name(fmt));
+    qmat_t q = {.fmt = fmt, .rows = rows, .cols = cols, .group = group, .data = data, .scales = sc};
+    int bad = 0;
+    for (int r = 0; r < rows; r++) {
+        float *o = dq + (int64_t)r * cols;
+        for (int c = 0; c < cols; c++) o[c] = NAN;
+        qmat_dequant_row(&q, r, o);
+        float amax = 0;
+        for (int c = 0; c < cols; c++) amax = fmaxf(amax, fabsf(w[r * cols + c]));
+        for (int c = 0; c < cols; c++) {
+            float a = w[r * cols + c], b = o[c], err = fabsf(a - b), lim;
+            switch (fmt) {
+            case WF_F32: lim = 0; break;
+            case WF_BF16: lim = fabsf(a) * 0x1p-8f; break;
+            case WF_INT8: lim = amax / 127 * 0.5001f; break;
+            case WF_FP8: lim = fmaxf(fabsf(a) * 0x1p-4f, amax / 448 * 0x1p-10f) * 1.0001f; break;
+            default: { /* INT4: half a step inside [-8d, 7d]; beyond 7d the distance to 7d */
+                float d = fabsf(f16_to_f32(((uint16_t *)sc)[r * (cols / group) + c / group]));
+                lim = fmaxf(d * 0.5f, fabsf(a) - 7 * d) * 1.0001f + 1e-7f;
+                break;
+            }
+            }
+            if (!(err <= lim)) {
+                if (bad < 5) fprintf(stderr, "  %s r%d c%d: w %g dq %g err %g lim %g\n", wfmt_name(fmt), r, c, a, b, err, lim);
+                bad++;
+            }
+        }
+    }
+    T_CHECK(bad == 0, "%s g%d: %d elements outside the bound", wfmt_name(fmt), group, bad);
+    float *y0 = malloc(sizeof(float) * rows), *y1 = malloc(sizeof(float) * rows);
+    for (int r = 0; r < rows; r++) {
+        double a = 0, b = 0;
+        for (int c = 0; c < cols; c++) {
+            a += (double)w[r * cols + c] * x[c];
+            b += (double)dq[r * cols + c] * x[c];
+        }
+        y0[r] = (float)a;
+        y1[r] = (float)b;
+    }
+    double rel = t_relerr(y1, y0, rows), wrel = t_relerr(dq, w, (size_t)rows * cols);
+    fprintf(stderr, "error %-4s g%-3d %dx%d: matmul rel err %.5f, weight rel err %.5f\n", wfmt_name(fmt), group, rows, cols, rel, wrel);
+    double lim = fmt == WF_F32 ? 0 : fmt == WF_BF16 ? 0.005 : fmt == WF_INT8 ? 0.02 : fmt == WF_FP8 ? 0.05 : 0.15;
+    T_CHECK(rel <= lim, "%s g%d matmul rel err %g > %g", wfmt_name(fmt), group, rel, lim);
+    free(w); free(dq); free(x); free(data); free(sc); free(y0); free(y1);
+}
+
+int main(void)
+{
+    uint64_t seed = t_seed();
+    test_names_sizes();
+    test_bf16(&seed);
+    test_f16(&seed);
+    test_fp8(&seed);
+    test_int4_layout();
+    test_bad_input();
+    test_round_trip(&seed, WF_F32, 0, 64, 512);
+    test_round_trip(&seed, WF_BF16, 0, 64, 512);
+    test_round_trip(&seed, WF_INT8, 0, 64, 512);
+    test_round_trip(&seed, WF_FP8, 0, 64, 512);
+    test_round_trip(&seed, WF_INT4, 32, 256, 2048);
+    test_round_trip(&seed, WF_INT4, 64, 256, 2048);
+    test_round_trip(&seed, WF_INT4, 128, 256, 2048);
+    return t_done("test_qmat");
+}
