@@ -1,0 +1,314 @@
+/* cpu_decode.c - CPU batch-1 decode speed on a synthetic model with real MoE layer shapes.
+ *
+ * Builds a random model in memory (model/synth.c) with Qwen3-30B-A3B layer shapes by default
+ * (hidden 2048, 32 q / 4 kv heads of 128, 128 experts top-8, expert inter 768) but only a few
+ * layers, in each requested weight format; prefills a short prompt, then times one-token
+ * decode steps. Decode on a CPU is bound by memory reads, so next to tok/s it reports the
+ * weight bytes one token reads (attention, router, the top_k active experts of every layer,
+ * the embedding row and lm_head), the bytes/s that implies, and the bound: measured memory
+ * read bandwidth / bytes per token. ratio = measured tok/s / bound tok/s.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/cpu/ops.h"
+#include "model/generate.h"
+#include "model/synth.h"
+
+typedef struct {
+    int layers, threads, steps, prompt, group;
+    int32_t vocab, hidden, heads, kv_heads, head_dim, experts, top_k, inter;
+    const char *formats;
+    const char *json;
+    double bw_gib; /* probe size */
+} s_opts_t;
+
+typedef struct {
+    const uint64_t *buf;
+    int64_t n;   /* uint64 words */
+    uint64_t *sums; /* [threads * 8] one cache line per thread */
+} s_bw_job_t;
+
+static void s_bw_fn(void *ctx, int64_t i0, int64_t i1, int tid)
+{
+    s_bw_job_t *j = ctx;
+    /* items are 4 KiB pages; 8 independent accumulators let the compiler vectorise */
+    uint64_t a[8] = {0};
+    for (int64_t p = i0; p < i1; p++) {
+        const uint64_t *w = j->buf + p * 512;
+        for (int i = 0; i < 512; i += 8)
+            for (int k = 0; k < 8; k++) a[k] += w[i + k];
+    }
+    uint64_t s = 0;
+    for (int k = 0; k < 8; k++) s += a[k];
+    j->sums[tid * 8] += s;
+}
+
+/* Best-of-5 read bandwidth, bytes/s, over a buffer much larger than the caches. */
+static double s_measure_bw(tpool_t *pool, size_t bytes)
+{
+    bytes = bytes / 4096 * 4096;
+    uint64_t *buf = aligned_alloc(4096, bytes);
+    int nt = tpool_size(pool);
+    uint64_t *sums = calloc((size_t)nt * 8, sizeof(uint64_t));
+    if (!buf || !sums) {
+        free(buf);
+        free(sums);
+        return 0;
+    }
+    for (size_t i = 0; i < bytes / 8; i++) buf[i] = i * 0x9E3779B97F4A7C15ull;
+    s_bw_job_t j = {buf, (int64_t)(bytes / 8), sums};
+    double best = 0;
+    for (int r = 0; r < 6; r++) {
+        double t0 = strata_now();
+        tpool_run(pool, (int64_t)(bytes / 4096), 64, s_bw_fn, &j);
+        double dt = strata_now() - t0;
+        if (r > 0 && bytes / dt > best) best = bytes / dt; /* first pass warms up */
+    }
+    uint64_t s = 0;
+    for (int i = 0; i < nt; i++) s += sums[i * 8];
+    if (s == 42) fprintf(stderr, " "); /* keep the sums observable */
+    free(buf);
+    free(sums);
+    return best;
+}
+
+static size_t s_qbytes(const qmat_t *q)
+{
+    return qmat_data_bytes(q->fmt, q->rows, q->cols) + qmat_scale_bytes(q->fmt, q->rows, q->cols, q->group);
+}
+
+static size_t s_ffn_bytes(const ffn_t *f) { return s_qbytes(&f->gate) + s_qbytes(&f->up) + s_qbytes(&f->down); }
+
+/* Weight bytes one decode token reads (expert sizes are equal, so any top_k of them). */
+static void s_bytes_per_token(const model_t *m, size_t *attn, size_t *experts, size_t *other)
+{
+    const model_config_t *c = &m->cfg;
+    size_t a = 0, e = 0, o = 0, H = (size_t)c->hidden;
+    for (int l = 0; l < c->n_layers; l++) {
+        const layer_t *L = &m->layers[l];
+        a += s_qbytes(&L->wq) + s_qbytes(&L->wk) + s_qbytes(&L->wv) + s_qbytes(&L->wo);
+        a += 2 * H * sizeof(float);
+        if (c->layer_sparse[l]) {
+            o += s_qbytes(&L->router);
+            e += (size_t)c->top_k * s_ffn_bytes(&L->experts[0]);
+            if (c->shared_inter) e += s_ffn_bytes(&L->shared) + s_qbytes(&L->shared_gate);
+        } else {
+            e += s_ffn_bytes(&L->dense);
+        }
+    }
+    o += s_qbytes(&m->lm_head) + qmat_data_bytes(m->embed.fmt, 1, c->hidden) + H * sizeof(float);
+    *attn = a;
+    *experts = e;
+    *other = o;
+}
+
+static void s_help(FILE *f)
+{
+    fprintf(f,
+            "usage: cpu_decode [options]\n"
+            "\n"
+            "CPU batch-1 decode tok/s on a random model with Qwen3-30B-A3B layer shapes, against the\n"
+            "memory-bandwidth bound (weight bytes per token / measured read bandwidth).\n"
+            "\n"
+            "  --formats LIST   weight formats, comma-separated: f32 bf16 int8 fp8 int4 (default int4,bf16)\n"
+            "  --layers N       layers (default 4)\n"
+            "  --steps N        timed decode steps (default 32)\n"
+            "  --prompt N       prompt tokens prefilled first (default 16)\n"
+            "  --threads T      worker threads, 0 = all CPUs (default 0)\n"
+            "  --group G        int4 columns per scale (default 32)\n"
+            "  --vocab V        vocabulary (default 151936)\n"
+            "  --hidden H --heads Q --kv-heads K --head-dim D --experts E --top-k K --inter I\n"
+            "                   shapes (defaults 2048 32 4 128 128 8 768)\n"
+            "  --bw-gib G       bandwidth probe buffer in GiB (default 1)\n"
+            "  --json FILE      also write the results as JSON\n"
+            "  -h, --help       this help\n");
+}
+
+static int s_parse(int argc, char **argv, s_opts_t *o)
+{
+    *o = (s_opts_t){4, 0, 32, 16, 32, 151936, 2048, 32, 4, 128, 128, 8, 768, "int4,bf16", NULL, 1.0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            s_help(stdout);
+            exit(0);
+        }
+        if (i + 1 >= argc) goto bad;
+        const char *v = argv[++i];
+        char *end;
+        long x = strtol(v, &end, 10);
+        bool num = *v && !*end && x >= 0 && x <= (1L << 30);
+        if (!strcmp(a, "--formats")) o->formats = v;
+        else if (!strcmp(a, "--json")) o->json = v;
+        else if (!strcmp(a, "--bw-gib")) o->bw_gib = atof(v);
+        else if (!num) goto bad;
+        else if (!strcmp(a, "--layers")) o->layers = (int)x;
+        else if (!strcmp(a, "--steps")) o->steps = (int)x;
+        else if (!strcmp(a, "--prompt")) o->prompt = (int)x;
+        else if (!strcmp(a, "--threads")) o->threads = (int)x;
+        else if (!strcmp(a, "--group")) o->group = (int)x;
+        else if (!strcmp(a, "--vocab")) o->vocab = (int32_t)x;
+        else if (!strcmp(a, "--hidden")) o->hidden = (int32_t)x;
+        else if (!strcmp(a, "--heads")) o->heads = (int32_t)x;
+        else if (!strcmp(a, "--kv-heads")) o->kv_heads = (int32_t)x;
+        else if (!strcmp(a, "--head-dim")) o->head_dim = (int32_t)x;
+        else if (!strcmp(a, "--experts")) o->experts = (int32_t)x;
+        else if (!strcmp(a, "--top-k")) o->top_k = (int32_t)x;
+        else if (!strcmp(a, "--inter")) o->inter = (int32_t)x;
+        else goto bad;
+        continue;
+    bad:
+        fprintf(stderr, "cpu_decode: bad option or value near '%s' (see --help)\n", a);
+        return 2;
+    }
+    if (o->layers < 1 || o->layers > 256 || o->steps < 1 || o->prompt < 1 || o->heads < 1 || o->kv_heads < 1 ||
+        o->heads % o->kv_heads || o->top_k < 1 || o->top_k > o->experts || o->bw_gib <= 0) {
+        fprintf(stderr, "cpu_decode: inconsistent shape options (see --help)\n");
+        return 2;
+    }
+    return 0;
+}
+
+static void s_cpu_name(char *out, size_t n)
+{
+    snprintf(out, n, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof(line), f)) {
+        if (!strncmp(line, "model name", 10)) {
+            char *p = strchr(line, ':');
+            if (p) {
+                p++;
+                while (*p == ' ') p++;
+                p[strcspn(p, "\n")] = 0;
+                snprintf(out, n, "%s", p);
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+int main(int argc, char **argv)
+{
+    s_opts_t o;
+    int rc = s_parse(argc, argv, &o);
+    if (rc) return rc;
+    cpu_isa_t isa = cpu_ops_init();
+    tpool_t *pool = tpool_create(o.threads);
+    if (!pool) {
+        fprintf(stderr, "cpu_decode: cannot start threads\n");
+        return 1;
+    }
+    char cpu[256];
+    s_cpu_name(cpu, sizeof(cpu));
+    printf("machine: %s, %ld cpus online, %d threads, isa %s\n", cpu, sysconf(_SC_NPROCESSORS_ONLN), tpool_size(pool),
+           cpu_isa_name(isa));
+    double bw = s_measure_bw(pool, (size_t)(o.bw_gib * (1u << 30)));
+    printf("memory read bandwidth: %.2f GB/s (best of 5 over %.2f GiB)\n", bw / 1e9, o.bw_gib);
+    printf("shape: %d layers, hidden %d, heads %d/%d x %d, %d experts top-%d inter %d, vocab %d; prompt %d, %d "
+           "decode steps\n\n",
+           o.layers, o.hidden, o.heads, o.kv_heads, o.head_dim, o.experts, o.top_k, o.inter, o.vocab, o.prompt,
+           o.steps);
+    printf("%-6s %10s %12s %12s %10s %12s %8s\n", "format", "tok/s", "MB/token", "GB/s", "bound", "bound tok/s",
+           "ratio");
+
+    json_t *jres = json_array();
+    char fmts[256];
+    snprintf(fmts, sizeof(fmts), "%s", o.formats);
+    for (char *save = NULL, *tok = strtok_r(fmts, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int fmt = wfmt_parse(tok);
+        if (fmt < 0) {
+            fprintf(stderr, "cpu_decode: unknown format '%s'\n", tok);
+            rc = 2;
+            break;
+        }
+        model_config_t c;
+        synth_config(&c, ARCH_QWEN3_MOE, o.vocab, o.hidden, o.layers, o.heads, o.kv_heads, o.head_dim, o.experts,
+                     o.top_k, o.inter);
+        c.rope_theta = 1e6f;
+        synth_config_rope(&c);
+        model_t m;
+        double tb = strata_now();
+        int err = synth_model(&m, &c, (wfmt_t)fmt, o.group, 1234);
+        if (err < 0) {
+            fprintf(stderr, "cpu_decode: building the %s model failed: %s\n", tok, strata_strerror(err));
+            rc = 1;
+            break;
+        }
+        double build_s = strata_now() - tb;
+        seq_t s;
+        err = seq_init(&s, &m, pool, o.prompt + o.steps + 2, o.prompt);
+        float *logits = malloc((size_t)o.vocab * sizeof(float));
+        int32_t *prompt = malloc((size_t)o.prompt * sizeof(int32_t));
+        if (err < 0 || !logits || !prompt) {
+            fprintf(stderr, "cpu_decode: setting up decode failed\n");
+            free(logits);
+            free(prompt);
+            if (err >= 0) seq_free(&s);
+            model_free(&m);
+            rc = 1;
+            break;
+        }
+        for (int i = 0; i < o.prompt; i++) prompt[i] = (int32_t)((i * 7919 + 13) % o.vocab);
+        err = seq_feed(&s, prompt, o.prompt, false, logits);
+        int32_t t = cpu_sample(logits, o.vocab, 0, 0, 1, 0);
+        for (int w = 0; w < 2 && err >= 0; w++) { /* warm-up steps */
+            err = seq_feed(&s, &t, 1, false, logits);
+            t = cpu_sample(logits, o.vocab, 0, 0, 1, 0);
+        }
+        double t0 = strata_now();
+        for (int i = 0; i < o.steps && err >= 0; i++) {
+            err = seq_feed(&s, &t, 1, false, logits);
+            t = cpu_sample(logits, o.vocab, 0, 0, 1, 0);
+        }
+        double dt = strata_now() - t0;
+        if (err < 0) {
+            fprintf(stderr, "cpu_decode: forward failed: %s\n", strata_strerror(err));
+            rc = 1;
+        } else {
+            size_t ab, eb, ob;
+            s_bytes_per_token(&m, &ab, &eb, &ob);
+            double bpt = (double)(ab + eb + ob);
+            double tps = o.steps / dt, bound = bw / bpt;
+            printf("%-6s %10.2f %12.2f %12.2f %10s %12.2f %8.3f\n", tok, tps, bpt / 1e6, tps * bpt / 1e9, "mem-bw",
+                   bound, tps / bound);
+            json_t *r = json_pack("{s:s, s:s, s:f, s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "format", tok,
+                                  "figure", "decode_tok_s", "value", tps, "bound", "mem_read_bw / weight_bytes_per_token",
+                                  "bound_tok_s", bound, "ratio", tps / bound, "weight_bytes_per_token", bpt,
+                                  "attn_bytes", (double)ab, "expert_bytes", (double)eb, "other_bytes", (double)ob,
+                                  "bytes_per_s", tps * bpt, "build_s", build_s);
+            json_array_append_new(jres, r);
+        }
+        free(logits);
+        free(prompt);
+        seq_free(&s);
+        model_free(&m);
+        if (rc) break;
+    }
+    if (o.json && rc == 0) {
+        json_t *root = json_pack(
+            "{s:s, s:{s:s, s:i, s:i, s:s, s:f}, s:{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i}, s:o}",
+            "bench", "cpu_decode", "machine", "cpu", cpu, "cpus_online", (int)sysconf(_SC_NPROCESSORS_ONLN), "threads",
+            tpool_size(pool), "isa", cpu_isa_name(isa), "mem_read_bw_bytes_per_s", bw, "shape", "like",
+            "Qwen3-30B-A3B layers", "layers", o.layers, "hidden", o.hidden, "heads", o.heads, "kv_heads", o.kv_heads,
+            "head_dim", o.head_dim, "experts", o.experts, "top_k", o.top_k, "moe_inter", o.inter, "vocab", o.vocab,
+            "prompt", o.prompt, "steps", o.steps, "results", jres);
+        jres = NULL;
+        if (!root || json_dump_file(root, o.json, JSON_INDENT(2)) != 0) {
+            fprintf(stderr, "cpu_decode: cannot write %s\n", o.json);
+            rc = 1;
+        }
+        json_decref(root);
+    }
+    json_decref(jres);
+    tpool_destroy(pool);
+    return rc;
+}
