@@ -12,6 +12,10 @@
 #include <stdbool.h>
 #include <stdarg.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum {
     STRATA_OK = 0,
     /* Project errors live below -1000 so they never collide with -errno. */
@@ -88,5 +92,9 @@ int strata_seterr(strata_errbuf_t *eb, int code, const char *fmt, ...) __attribu
 /* Monotonic clock in seconds / nanoseconds. */
 double strata_now(void);
 uint64_t strata_now_ns(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

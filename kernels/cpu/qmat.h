@@ -10,6 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum {
     WF_F32 = 0,  /* data: float[rows][cols] */
     WF_BF16 = 1, /* data: uint16_t bf16 bits [rows][cols] */
@@ -55,5 +59,9 @@ void qmat_dequant_row(const qmat_t *w, int32_t r, float *out);
  * INT8/FP8, per group for INT4). Returns 0, or -EINVAL if cols does not fit the format. */
 int qmat_quantize(wfmt_t fmt, int group, const float *src, int32_t rows, int32_t cols,
                   void *data, void *scales);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -1,0 +1,339 @@
+/* test_cuda_ops.c - every CUDA op against its CPU reference op, on fresh random inputs, with
+ * the device output poisoned (NaN) before each call so unwritten elements show.
+ * Needs a GPU; part of the GPU suite (tests/gpu/run), never of the CPU CI run. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "tests/unit/check.h"
+
+static uint64_t rng;
+static cuda_ctx_t *ctx;
+
+static void s_fill(float *a, size_t n, float scale)
+{
+    for (size_t i = 0; i < n; i++) a[i] = t_randf(&rng) * scale;
+}
+
+static void *s_up(const void *h, size_t bytes)
+{
+    void *d = NULL;
+    if (cuda_malloc(&d, bytes) || (bytes && cuda_h2d(ctx, d, h, bytes))) {
+        fprintf(stderr, "upload failed\n");
+        exit(1);
+    }
+    return d;
+}
+
+/* device buffer poisoned with 0xff bytes (NaN as float) */
+static float *s_poisoned(size_t n)
+{
+    void *d = NULL;
+    if (cuda_malloc(&d, n * sizeof(float)) || cuda_memset(ctx, d, 0xff, n * sizeof(float))) exit(1);
+    return d;
+}
+
+static float *s_down(const float *d, size_t n)
+{
+    float *h = malloc(n * sizeof(float));
+    if (cuda_d2h(ctx, h, d, n * sizeof(float))) exit(1);
+    return h;
+}
+
+typedef struct {
+    qmat_t host, dev;
+    void *hdata, *hscales;
+} tmat_t;
+
+static void s_mat(tmat_t *m, wfmt_t fmt, int rows, int cols, int group)
+{
+    float *w = malloc((size_t)rows * cols * sizeof(float));
+    s_fill(w, (size_t)rows * cols, 1.0f);
+    size_t db = qmat_data_bytes(fmt, rows, cols), sb = qmat_scale_bytes(fmt, rows, cols, group);
+    m->hdata = malloc(db);
+    m->hscales = sb ? malloc(sb) : NULL;
+    T_CHECK(qmat_quantize(fmt, group, w, rows, cols, m->hdata, m->hscales) == 0, "quantize %s %dx%d", wfmt_name(fmt),
+            rows, cols);
+    m->host = (qmat_t){fmt, rows, cols, fmt == WF_INT4 ? group : 0, m->hdata, m->hscales};
+    m->dev = m->host;
+    m->dev.data = s_up(m->hdata, db);
+    m->dev.scales = sb ? s_up(m->hscales, sb) : NULL;
+    free(w);
+}
+
+static void s_mat_free(tmat_t *m)
+{
+    cuda_free((void *)m->dev.data);
+    cuda_free((void *)m->dev.scales);
+    free(m->hdata);
+    free(m->hscales);
+}
+
+static void test_matmul(void)
+{
+    static const int shapes[][2] = {{96, 128}, {257, 256}, {64, 2048}, {33, 64}, {40, 50}};
+    static const int ns[] = {1, 3, 16, 37};
+    for (int f = 0; f < WF_COUNT; f++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+            for (size_t k = 0; k < sizeof ns / sizeof *ns; k++) {
+                int rows = shapes[s][0], cols = shapes[s][1], n = ns[k];
+                if (f == WF_INT4 && cols % 32) continue; /* int4 rows are whole 32-column blocks */
+                int group = cols % 128 == 0 ? 128 : cols % 64 == 0 ? 64 : 32;
+                tmat_t m;
+                s_mat(&m, (wfmt_t)f, rows, cols, group);
+                float *x = malloc((size_t)n * cols * sizeof(float)), *bias = malloc(rows * sizeof(float));
+                float *ref = malloc((size_t)n * rows * sizeof(float));
+                s_fill(x, (size_t)n * cols, 1.f);
+                s_fill(bias, rows, 1.f);
+                cpu_ops_set_isa(CPU_ISA_REF);
+                cpu_matmul(NULL, ref, x, n, &m.host, (k & 1) ? bias : NULL);
+                float *dx = s_up(x, (size_t)n * cols * 4), *db = s_up(bias, rows * 4), *dy = s_poisoned((size_t)n * rows);
+                T_CHECK(cuda_matmul(ctx, dy, dx, n, &m.dev, (k & 1) ? db : NULL) == 0, "launch");
+                float *y = s_down(dy, (size_t)n * rows);
+                double e = t_relerr(y, ref, (size_t)n * rows);
+                T_CHECK(e < 1e-5, "matmul %s %dx%d n=%d rel err %.3g", wfmt_name((wfmt_t)f), rows, cols, n, e);
+                free(y), free(x), free(bias), free(ref);
+                cuda_free(dx), cuda_free(db), cuda_free(dy);
+                s_mat_free(&m);
+            }
+}
+
+static void test_moe(void)
+{
+    static const int ns[] = {1, 2, 5, 16, 40};
+    const int E = 8, K = 2, H = 128, I = 96;
+    for (int f = 0; f < WF_COUNT; f++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+            for (int missing = 0; missing < 2; missing++) {
+                int n = ns[ni];
+                tmat_t g[8], u[8], d[8];
+                cuda_expert_t ex[8];
+                for (int e = 0; e < E; e++) {
+                    s_mat(&g[e], (wfmt_t)f, I, H, 32);
+                    s_mat(&u[e], (wfmt_t)f, I, H, 32);
+                    s_mat(&d[e], (wfmt_t)f, H, I, 32);
+                    ex[e] = (cuda_expert_t){g[e].dev, u[e].dev, d[e].dev};
+                }
+                if (missing) ex[3].gate.data = NULL; /* expert 3 not resident: skipped */
+                float *x = malloc((size_t)n * H * 4), *base = malloc((size_t)n * H * 4), *ref = malloc((size_t)n * H * 4);
+                int32_t *idx = malloc((size_t)n * K * 4);
+                float *wt = malloc((size_t)n * K * 4), *logits = malloc(E * 4);
+                s_fill(x, (size_t)n * H, 1.f);
+                s_fill(base, (size_t)n * H, 1.f);
+                memcpy(ref, base, (size_t)n * H * 4);
+                float *scratch = malloc(2 * (size_t)I * 4);
+                for (int t = 0; t < n; t++) {
+                    s_fill(logits, E, 3.f);
+                    cpu_gate_topk(logits, E, K, true, idx + t * K, wt + t * K);
+                    for (int k = 0; k < K; k++) {
+                        int e = idx[t * K + k];
+                        if (missing && e == 3) continue;
+                        cpu_ffn_swiglu(NULL, ref + (size_t)t * H, x + (size_t)t * H, 1, &g[e].host, &u[e].host, &d[e].host,
+                                       scratch, wt + t * K + k, true);
+                    }
+                }
+                float *dx = s_up(x, (size_t)n * H * 4), *dout = s_up(base, (size_t)n * H * 4);
+                int32_t *didx = s_up(idx, (size_t)n * K * 4);
+                float *dw = s_up(wt, (size_t)n * K * 4);
+                cuda_expert_t *dex = s_up(ex, sizeof ex);
+                void *dscr = NULL;
+                size_t sb = cuda_moe_scratch_bytes(n, K, H, I, E);
+                cuda_malloc(&dscr, sb);
+                cuda_memset(ctx, dscr, 0xff, sb);
+                T_CHECK(cuda_moe_ffn(ctx, dout, dx, n, H, I, (wfmt_t)f, dex, E, didx, dw, K, dscr) == 0, "moe launch");
+                float *out = s_down(dout, (size_t)n * H);
+                double e = t_relerr(out, ref, (size_t)n * H);
+                T_CHECK(e < 1e-5, "moe %s n=%d missing=%d rel err %.3g", wfmt_name((wfmt_t)f), n, missing, e);
+                free(out), free(x), free(base), free(ref), free(idx), free(wt), free(logits), free(scratch);
+                cuda_free(dx), cuda_free(dout), cuda_free(didx), cuda_free(dw), cuda_free(dex), cuda_free(dscr);
+                for (int e2 = 0; e2 < E; e2++) s_mat_free(&g[e2]), s_mat_free(&u[e2]), s_mat_free(&d[e2]);
+            }
+}
+
+static void test_rmsnorm_rope(void)
+{
+    const int n = 7, dim = 320;
+    float *x = malloc(n * dim * 4), *w = malloc(dim * 4), *ref = malloc(n * dim * 4);
+    s_fill(x, n * dim, 2.f);
+    s_fill(w, dim, 1.f);
+    cpu_rmsnorm(ref, x, w, n, dim, 1e-6f);
+    float *dx = s_up(x, n * dim * 4), *dw = s_up(w, dim * 4), *dy = s_poisoned(n * dim);
+    cuda_rmsnorm(ctx, dy, dx, dw, n, dim, 1e-6f);
+    float *y = s_down(dy, n * dim);
+    double e = t_relerr(y, ref, n * dim);
+    T_CHECK(e < 1e-6, "rmsnorm rel err %.3g", e);
+    free(y);
+    cuda_free(dy);
+
+    static const int hds[][2] = {{128, 128}, {48, 48}, {64, 32}}; /* head_dim, rot_dim */
+    for (int c = 0; c < 3; c++) {
+        int hd = hds[c][0], rd = hds[c][1], nh = 5;
+        float *q = malloc(n * nh * hd * 4), *qr = malloc(n * nh * hd * 4), inv[128];
+        int32_t pos[7];
+        for (int i = 0; i < rd / 2; i++) inv[i] = powf(10000.f, -2.f * i / rd);
+        for (int t = 0; t < n; t++) pos[t] = t * 37 + 3;
+        s_fill(q, n * nh * hd, 1.f);
+        memcpy(qr, q, n * nh * hd * 4);
+        cpu_rope(qr, n, nh, hd, rd, pos, inv, 1.0f);
+        float *dq = s_up(q, n * nh * hd * 4), *dinv = s_up(inv, sizeof inv);
+        int32_t *dpos = s_up(pos, sizeof pos);
+        cuda_rope(ctx, dq, n, nh, hd, rd, dpos, dinv, 1.0f);
+        float *g = s_down(dq, n * nh * hd);
+        e = t_relerr(g, qr, n * nh * hd);
+        T_CHECK(e < 1e-5, "rope hd=%d rot=%d rel err %.3g", hd, rd, e);
+        free(q), free(qr), free(g);
+        cuda_free(dq), cuda_free(dinv), cuda_free(dpos);
+    }
+    free(x), free(w), free(ref);
+    cuda_free(dx), cuda_free(dw);
+}
+
+static void test_gate(void)
+{
+    static const int cfg[][2] = {{8, 2}, {60, 4}, {128, 8}, {64, 6}};
+    for (int c = 0; c < 4; c++)
+        for (int renorm = 0; renorm < 2; renorm++) {
+            int E = cfg[c][0], K = cfg[c][1], n = 9;
+            float *l = malloc(n * E * 4), *rw = malloc(n * K * 4);
+            int32_t *ri = malloc(n * K * 4);
+            s_fill(l, n * E, 4.f);
+            for (int t = 0; t < n; t++) cpu_gate_topk(l + t * E, E, K, renorm, ri + t * K, rw + t * K);
+            float *dl = s_up(l, n * E * 4), *dw = s_poisoned(n * K);
+            int32_t *di = (int32_t *)s_poisoned(n * K);
+            cuda_gate_topk(ctx, dl, n, E, K, renorm, di, dw);
+            float *w = s_down(dw, n * K);
+            int32_t *gi = (int32_t *)s_down((float *)di, n * K);
+            int same = !memcmp(gi, ri, n * K * 4);
+            T_CHECK(same, "gate E=%d K=%d idx differ", E, K);
+            double e = t_relerr(w, rw, n * K);
+            T_CHECK(e < 1e-5, "gate E=%d K=%d renorm=%d weight rel err %.3g", E, K, renorm, e);
+            free(l), free(rw), free(ri), free(w), free(gi);
+            cuda_free(dl), cuda_free(dw), cuda_free(di);
+        }
+}
+
+static void test_attention(void)
+{
+    static const int cfg[][3] = {{8, 2, 128}, {4, 4, 48}, {6, 2, 64}}; /* heads, kv heads, head_dim */
+    for (int c = 0; c < 3; c++) {
+        const int nh = cfg[c][0], nkv = cfg[c][1], hd = cfg[c][2], bs = 16, nblk = 40, maxb = 12, nseq = 3;
+        /* block tables: a random permutation of blocks shared out to sequences */
+        int32_t bt[3 * 12], perm[40];
+        for (int i = 0; i < nblk; i++) perm[i] = i;
+        for (int i = nblk - 1; i > 0; i--) {
+            int j = (int)(t_rng_next(&rng) % (uint64_t)(i + 1)), tmp = perm[i];
+            perm[i] = perm[j];
+            perm[j] = tmp;
+        }
+        for (int i = 0; i < nseq * maxb; i++) bt[i] = perm[i];
+        /* a step: seq 0 prefills 37 tokens, seq 1 decodes at pos 150, seq 2 prefill chunk 20..29 */
+        int n = 0;
+        int32_t seq[64], pos[64];
+        for (int p = 0; p < 37; p++) seq[n] = 0, pos[n++] = p;
+        seq[n] = 1, pos[n++] = 150;
+        for (int p = 20; p < 30; p++) seq[n] = 2, pos[n++] = p;
+        size_t kvn = (size_t)nblk * nkv * bs * hd;
+        float *kc = calloc(kvn, 4), *vc = calloc(kvn, 4);
+        /* earlier positions already in the cache (seq 1 < 150, seq 2 < 20) */
+        for (int s2 = 1; s2 < 3; s2++) {
+            int upto = s2 == 1 ? 150 : 20;
+            for (int p = 0; p < upto; p++)
+                for (int h = 0; h < nkv; h++) {
+                    size_t o = (((size_t)bt[s2 * maxb + p / bs] * nkv + h) * bs + p % bs) * hd;
+                    s_fill(kc + o, hd, 1.f);
+                    s_fill(vc + o, hd, 1.f);
+                }
+        }
+        float *q = malloc((size_t)n * nh * hd * 4), *k = malloc((size_t)n * nkv * hd * 4), *v = malloc((size_t)n * nkv * hd * 4);
+        s_fill(q, (size_t)n * nh * hd, 1.f);
+        s_fill(k, (size_t)n * nkv * hd, 1.f);
+        s_fill(v, (size_t)n * nkv * hd, 1.f);
+        float *dkc = s_up(kc, kvn * 4), *dvc = s_up(vc, kvn * 4);
+        /* CPU reference: write K/V then attend */
+        for (int t = 0; t < n; t++)
+            for (int h = 0; h < nkv; h++) {
+                size_t o = (((size_t)bt[seq[t] * maxb + pos[t] / bs] * nkv + h) * bs + pos[t] % bs) * hd;
+                memcpy(kc + o, k + ((size_t)t * nkv + h) * hd, hd * 4);
+                memcpy(vc + o, v + ((size_t)t * nkv + h) * hd, hd * 4);
+            }
+        float *ref = malloc((size_t)n * nh * hd * 4), *scr = malloc(200 * 4);
+        float scale = 1.f / sqrtf((float)hd);
+        for (int t = 0; t < n; t++)
+            cpu_attention(ref + (size_t)t * nh * hd, q + (size_t)t * nh * hd, kc, vc, bt + seq[t] * maxb, pos[t] + 1, nh,
+                          nkv, hd, bs, scale, scr);
+        float *dq = s_up(q, (size_t)n * nh * hd * 4), *dk = s_up(k, (size_t)n * nkv * hd * 4),
+              *dv = s_up(v, (size_t)n * nkv * hd * 4), *dout = s_poisoned((size_t)n * nh * hd);
+        int32_t *dseq = s_up(seq, n * 4), *dpos = s_up(pos, n * 4), *dbt = s_up(bt, sizeof bt);
+        cuda_kv_write(ctx, dkc, dvc, dk, dv, n, dseq, dpos, dbt, maxb, nkv, hd, bs);
+        cuda_attention(ctx, dout, dq, dkc, dvc, n, dseq, dpos, dbt, maxb, nh, nkv, hd, bs, scale);
+        float *out = s_down(dout, (size_t)n * nh * hd);
+        double e = t_relerr(out, ref, (size_t)n * nh * hd);
+        T_CHECK(e < 1e-5, "attention h=%d kv=%d hd=%d rel err %.3g", nh, nkv, hd, e);
+        float *gkc = s_down(dkc, kvn);
+        T_CHECK(!memcmp(gkc, kc, kvn * 4), "kv_write: k cache differs");
+        free(gkc), free(out), free(kc), free(vc), free(q), free(k), free(v), free(ref), free(scr);
+        cuda_free(dkc), cuda_free(dvc), cuda_free(dq), cuda_free(dk), cuda_free(dv), cuda_free(dout);
+        cuda_free(dseq), cuda_free(dpos), cuda_free(dbt);
+    }
+}
+
+static void test_embed_argmax_add(void)
+{
+    for (int f = WF_F32; f <= WF_BF16; f++) {
+        tmat_t m;
+        s_mat(&m, (wfmt_t)f, 300, 96, 0);
+        int32_t toks[5] = {0, 299, 17, 17, 150};
+        float *ref = malloc(5 * 96 * 4);
+        for (int t = 0; t < 5; t++) qmat_dequant_row(&m.host, toks[t], ref + t * 96);
+        int32_t *dt = s_up(toks, sizeof toks);
+        float *dout = s_poisoned(5 * 96);
+        cuda_embed(ctx, dout, &m.dev, dt, 5);
+        float *out = s_down(dout, 5 * 96);
+        T_CHECK(!memcmp(out, ref, 5 * 96 * 4), "embed %s differs", wfmt_name((wfmt_t)f));
+        free(out), free(ref);
+        cuda_free(dt), cuda_free(dout);
+        s_mat_free(&m);
+    }
+    const int n = 4, V = 5000;
+    float *l = malloc(n * V * 4);
+    s_fill(l, n * V, 1.f);
+    l[1 * V + 77] = 9.f, l[1 * V + 33] = 9.f; /* tie: lower id wins */
+    int32_t want[4];
+    for (int t = 0; t < n; t++) want[t] = cpu_sample(l + t * V, V, 0.f, 0, 1.f, 0.5);
+    float *dl = s_up(l, n * V * 4);
+    int32_t *di = (int32_t *)s_poisoned(n);
+    cuda_argmax(ctx, dl, n, V, di);
+    int32_t *got = (int32_t *)s_down((float *)di, n);
+    T_CHECK(!memcmp(got, want, sizeof want), "argmax differs (row1 got %d want %d)", got[1], want[1]);
+    float *a = malloc(1000 * 4), *b = malloc(1000 * 4);
+    s_fill(a, 1000, 1.f);
+    s_fill(b, 1000, 1.f);
+    float *da = s_up(a, 4000), *db = s_up(b, 4000);
+    cuda_add(ctx, da, db, 1000);
+    float *sum = s_down(da, 1000);
+    int ok = 1;
+    for (int i = 0; i < 1000; i++) ok &= sum[i] == a[i] + b[i];
+    T_CHECK(ok, "add differs");
+    free(l), free(got), free(a), free(b), free(sum);
+    cuda_free(dl), cuda_free(di), cuda_free(da), cuda_free(db);
+}
+
+int main(void)
+{
+    rng = t_seed();
+    if (cuda_device_count() < 1) {
+        fprintf(stderr, "test_cuda_ops: no CUDA device (this is a GPU test)\n");
+        return 1;
+    }
+    if (cuda_ctx_create(&ctx, 0)) return 1;
+    test_matmul();
+    test_moe();
+    test_rmsnorm_rope();
+    test_gate();
+    test_attention();
+    test_embed_argmax_add();
+    cuda_ctx_destroy(ctx);
+    return t_done("test_cuda_ops");
+}
