@@ -58,6 +58,7 @@ void msg_init(msg_t *m, msg_type_t type)
         m->u.generate.samp.top_p = 1.0f;
         m->u.generate.stream = true;
         break;
+    case MSG_RESUME: m->u.resume.stream = true; break;
     case MSG_SUBMIT: m->u.submit.samp.top_p = 1.0f; break;
     case MSG_SCHED_HELLO_REPLY:
     case MSG_EXEC_HELLO_REPLY:
@@ -200,6 +201,13 @@ static const fdesc_t s_f_generate[] = {
     END_FIELDS};
 
 static const fdesc_t s_f_resume[] = {
+    {"from", F_I64, FL_REQ, offsetof(msg_resume_t, from), 0, 0, I64MAX, 0, 0, NULL, 0},
+    {"text_from", F_I64, 0, offsetof(msg_resume_t, text_from), 0, 0, I64MAX, 0, 0, NULL, 0},
+    {"stop", F_STRS, 0, offsetof(msg_resume_t, stop), offsetof(msg_resume_t, n_stop), 0, MSG_MAX_STOP, 1, MSG_MAX_STOP_LEN, NULL, 0},
+    {"stream", F_BOOL, 0, offsetof(msg_resume_t, stream), 0, 0, 0, 0, 0, NULL, 0},
+    END_FIELDS};
+
+static const fdesc_t s_f_sched_resume[] = {
     {"from", F_I64, FL_REQ, offsetof(msg_resume_t, from), 0, 0, I64MAX, 0, 0, NULL, 0},
     END_FIELDS};
 
@@ -344,7 +352,7 @@ static const tdesc_t s_types[] = {
     {MSG_MODELS_REPLY, MSG_FAM_REPLY, "models", s_f_models, false},
     {MSG_SUBMIT, MSG_FAM_SCHED_IN, "submit", s_f_submit, true},
     {MSG_SCHED_CANCEL, MSG_FAM_SCHED_IN, "cancel", s_f_none, true},
-    {MSG_SCHED_RESUME, MSG_FAM_SCHED_IN, "resume", s_f_resume, true},
+    {MSG_SCHED_RESUME, MSG_FAM_SCHED_IN, "resume", s_f_sched_resume, true},
     {MSG_SCHED_STATS, MSG_FAM_SCHED_IN, "stats", s_f_none, false},
     {MSG_SCHED_HELLO, MSG_FAM_SCHED_IN, "hello", s_f_none, false},
     {MSG_SCHED_TOKENS, MSG_FAM_SCHED_OUT, "tokens", s_f_tokens, true},
@@ -444,6 +452,12 @@ static int s_check_type(msg_type_t t, const void *body, const char *ctx, msg_err
             return s_fail(err, MSG_E_INVALID_PARAM, "%s: field 'prompt': not valid UTF-8", ctx);
         for (int i = 0; i < g->n_stop; i++)
             if (!s_utf8_valid((const unsigned char *)g->stop[i].s, g->stop[i].len))
+                return s_fail(err, MSG_E_INVALID_PARAM, "%s: field 'stop[%d]': not valid UTF-8", ctx, i);
+    }
+    if (t == MSG_RESUME) {
+        const msg_resume_t *r = body;
+        for (int i = 0; i < r->n_stop; i++)
+            if (!s_utf8_valid((const unsigned char *)r->stop[i].s, r->stop[i].len))
                 return s_fail(err, MSG_E_INVALID_PARAM, "%s: field 'stop[%d]': not valid UTF-8", ctx, i);
     }
     return 0;

@@ -143,9 +143,14 @@ typedef struct {
     bool stream;                /* default true: token events; false: one done with text */
 } msg_generate_t;
 
-/* resume (client and scheduler families): send the request's tokens from index `from`. */
+/* resume: send the rest of a request. Client family: after a router restart the client
+ * re-sends what it knows (PROTOCOL.md, "Resume"); scheduler family: only `from` is used. */
 typedef struct {
     int64_t from;               /* generated tokens the client already has, >= 0 */
+    int64_t text_from;          /* client only: bytes of text it already has, >= 0 (default 0) */
+    int32_t n_stop;             /* client only: the request's stop strings again */
+    const msg_str_t *stop;      /* [n_stop] */
+    bool stream;                /* client only: default true */
 } msg_resume_t;
 
 /* token (router -> client) and tokens (scheduler -> router). */
