@@ -907,9 +907,9 @@ int msg_decode(msg_family_t fam, const void *buf, size_t len, msg_t *m, msg_err_
                           s_obj_type_name(id));
         goto fail;
     }
-    if (td->id_required && !id) { rc = s_fail(err, MSG_E_MISSING_FIELD, "%s: missing field 'id'", td->name); goto fail; }
     rc = s_decode_fields(&d, o, td->fields, (char *)&m->u, td->name, true);
     if (rc < 0) goto fail;
+    if (td->id_required && !id) { rc = s_fail(err, MSG_E_MISSING_FIELD, "%s: missing field 'id'", td->name); goto fail; }
     rc = s_check_type(td->type, &m->u, td->name, err);
     if (rc < 0) goto fail;
     msgpack_unpacked_destroy(&up);

@@ -1,0 +1,488 @@
+/* test_msg.c - proto/msg.c codecs: round trips of every message type, and refusals with the
+ * right code and a message naming the field for each kind of bad input. */
+#include <math.h>
+#include <msgpack.h>
+#include <string.h>
+
+#include "proto/msg.h"
+#include "tests/unit/check.h"
+
+/* ---- a tiny msgpack builder for hand-made frames ---- */
+
+typedef struct {
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+} mb_t;
+
+static void mb_init(mb_t *b)
+{
+    msgpack_sbuffer_init(&b->sb);
+    msgpack_packer_init(&b->pk, &b->sb, msgpack_sbuffer_write);
+}
+static void mb_free(mb_t *b) { msgpack_sbuffer_destroy(&b->sb); }
+static void mb_str(mb_t *b, const char *s) { msgpack_pack_str_with_body(&b->pk, s, strlen(s)); }
+static void mb_head(mb_t *b, size_t n_extra, const char *type)
+{
+    msgpack_pack_map(&b->pk, 2 + n_extra);
+    mb_str(b, "v");
+    msgpack_pack_int(&b->pk, PROTO_VERSION);
+    mb_str(b, "type");
+    mb_str(b, type);
+}
+
+/* Decode b in fam; expect failure with code and (if want_text) a substring of the error text. */
+static void s_expect_fail(msg_family_t fam, const void *buf, size_t len, msg_errcode_t code, const char *want_text,
+                          const char *what)
+{
+    msg_t m;
+    msg_err_t err;
+    int rc = msg_decode(fam, buf, len, &m, &err);
+    T_CHECK(rc < 0, "%s: decoded but should fail", what);
+    T_CHECK(err.code == code, "%s: code %s, want %s (%s)", what, msg_errcode_name(err.code), msg_errcode_name(code), err.text);
+    if (want_text) T_CHECK(strstr(err.text, want_text) != NULL, "%s: text '%s' lacks '%s'", what, err.text, want_text);
+    msg_free(&m);
+}
+
+/* encode -> decode -> encode: both encodings equal; returns the decoded message in out. */
+static void s_roundtrip(const msg_t *m, msg_t *out, const char *what)
+{
+    msg_buf_t b1 = {0}, b2 = {0};
+    msg_err_t err;
+    int rc = msg_encode(m, &b1);
+    T_CHECK(rc == 0, "%s: encode failed %d", what, rc);
+    rc = msg_decode(msg_type_family(m->type), b1.data, b1.size, out, &err);
+    T_CHECK(rc == 0, "%s: decode failed: %s", what, err.text);
+    T_CHECK(out->type == m->type, "%s: type %d != %d", what, out->type, m->type);
+    T_CHECK(out->has_id == m->has_id && out->id == m->id, "%s: id lost", what);
+    rc = msg_encode(out, &b2);
+    T_CHECK(rc == 0 && b1.size == b2.size && !memcmp(b1.data, b2.data, b1.size), "%s: re-encoding differs", what);
+    msg_buf_free(&b1);
+    msg_buf_free(&b2);
+}
+
+static void test_roundtrips(void)
+{
+    msg_t m, d;
+    int32_t toks[] = {1, 2, 3, 40000};
+    msg_str_t stops[] = {msg_str("\n\n"), msg_str("User:")};
+
+    msg_init(&m, MSG_GENERATE);
+    m.has_id = true;
+    m.id = 42;
+    m.u.generate.prompt = msg_str("héllo wörld");
+    m.u.generate.max_tokens = 17;
+    m.u.generate.samp = (msg_sampling_t){0.7f, 0.9f, 40, 123456789012345ull};
+    m.u.generate.stop = stops;
+    m.u.generate.n_stop = 2;
+    m.u.generate.stream = false;
+    s_roundtrip(&m, &d, "generate");
+    T_CHECK(d.u.generate.prompt.len == strlen("héllo wörld") && !strcmp(d.u.generate.prompt.s, "héllo wörld"), "prompt");
+    T_CHECK(d.u.generate.max_tokens == 17 && d.u.generate.samp.top_k == 40 && d.u.generate.samp.seed == 123456789012345ull,
+            "generate scalars");
+    T_CHECK(fabsf(d.u.generate.samp.temperature - 0.7f) < 1e-6f && fabsf(d.u.generate.samp.top_p - 0.9f) < 1e-6f, "floats");
+    T_CHECK(d.u.generate.n_stop == 2 && !strcmp(d.u.generate.stop[1].s, "User:") && !d.u.generate.stream, "stop/stream");
+    T_CHECK(d.u.generate.tokens == NULL, "tokens absent");
+    msg_free(&d);
+
+    msg_init(&m, MSG_GENERATE);
+    m.has_id = true;
+    m.id = 1;
+    m.u.generate.tokens = toks;
+    m.u.generate.n_tokens = 4;
+    m.u.generate.max_tokens = 1;
+    s_roundtrip(&m, &d, "generate tokens");
+    T_CHECK(d.u.generate.n_tokens == 4 && d.u.generate.tokens[3] == 40000 && d.u.generate.prompt.s == NULL, "token prompt");
+    T_CHECK(d.u.generate.stream && d.u.generate.samp.top_p == 1.0f, "defaults");
+    msg_free(&d);
+
+    msg_init(&m, MSG_TOKEN);
+    m.has_id = true;
+    m.id = 9;
+    m.u.tokens.index = 5;
+    m.u.tokens.tokens = toks;
+    m.u.tokens.n_tokens = 2;
+    m.u.tokens.text = msg_str("ab");
+    s_roundtrip(&m, &d, "token");
+    T_CHECK(d.u.tokens.index == 5 && d.u.tokens.n_tokens == 2 && d.u.tokens.text.len == 2, "token fields");
+    msg_free(&d);
+
+    msg_init(&m, MSG_DONE);
+    m.has_id = true;
+    m.id = 9;
+    m.u.done.finish = MSG_FINISH_LENGTH;
+    m.u.done.prompt_tokens = 3;
+    m.u.done.completion_tokens = 4;
+    m.u.done.queue_ms = 1.5;
+    m.u.done.ttft_ms = 2.5;
+    m.u.done.total_ms = 10;
+    m.u.done.text = msg_str("xyz");
+    m.u.done.tokens = toks;
+    m.u.done.n_tokens = 4;
+    s_roundtrip(&m, &d, "done");
+    T_CHECK(d.u.done.finish == MSG_FINISH_LENGTH && d.u.done.completion_tokens == 4 && d.u.done.ttft_ms == 2.5, "done");
+    T_CHECK(d.u.done.n_tokens == 4 && !strcmp(d.u.done.text.s, "xyz"), "done text");
+    msg_free(&d);
+
+    msg_init(&m, MSG_SCHED_DONE);
+    m.has_id = true;
+    m.id = 9;
+    m.u.done.finish = MSG_FINISH_STOP;
+    s_roundtrip(&m, &d, "sched done");
+    msg_free(&d);
+
+    msg_init(&m, MSG_ERROR);
+    m.u.error.code = MSG_E_BUSY;
+    m.u.error.message = msg_str("queue full");
+    s_roundtrip(&m, &d, "error");
+    T_CHECK(d.u.error.code == MSG_E_BUSY && !d.has_id, "error code");
+    msg_free(&d);
+
+    msg_stat_t st[] = {{msg_str("router.requests"), 12}, {msg_str("router.busy"), 0.5}};
+    msg_init(&m, MSG_STATS_REPLY);
+    m.u.stats.items = st;
+    m.u.stats.n = 2;
+    s_roundtrip(&m, &d, "stats");
+    T_CHECK(d.u.stats.n == 2 && d.u.stats.items[1].value == 0.5 && !strcmp(d.u.stats.items[0].name.s, "router.requests"),
+            "stats");
+    msg_free(&d);
+
+    msg_model_t mod = {msg_str("demo"), 512, 1024};
+    msg_init(&m, MSG_MODELS_REPLY);
+    m.u.models.models = &mod;
+    m.u.models.n = 1;
+    s_roundtrip(&m, &d, "models");
+    T_CHECK(d.u.models.n == 1 && d.u.models.models[0].max_context == 1024, "models");
+    msg_free(&d);
+
+    msg_init(&m, MSG_HEALTH_REPLY);
+    m.u.health.status = msg_str("ok");
+    m.u.health.scheduler = true;
+    m.u.health.uptime_s = 3;
+    s_roundtrip(&m, &d, "health");
+    msg_free(&d);
+
+    unsigned char client[] = {0, 1, 2, 255};
+    msg_init(&m, MSG_SUBMIT);
+    m.has_id = true;
+    m.id = msg_request_id(client, 4, 42);
+    m.u.submit.client.s = (const char *)client;
+    m.u.submit.client.len = 4;
+    m.u.submit.cid = 42;
+    m.u.submit.prompt = toks;
+    m.u.submit.n_prompt = 3;
+    m.u.submit.max_tokens = 8;
+    s_roundtrip(&m, &d, "submit");
+    T_CHECK(d.u.submit.client.len == 4 && !memcmp(d.u.submit.client.s, client, 4) && d.u.submit.n_prompt == 3, "submit");
+    msg_free(&d);
+
+    msg_init(&m, MSG_SCHED_HELLO_REPLY);
+    m.u.hello.instance = 77;
+    m.u.hello.pid = 100;
+    m.u.hello.model = msg_str("m");
+    m.u.hello.vocab = 300;
+    m.u.hello.max_context = 256;
+    s_roundtrip(&m, &d, "hello");
+    T_CHECK(d.u.hello.eos_id == -1 && d.u.hello.vocab == 300, "hello defaults");
+    msg_free(&d);
+
+    int32_t blocks[] = {0, 5};
+    msg_step_seq_t seqs[2] = {
+        {.req = 1, .pos0 = 0, .n_tokens = 3, .tokens = toks, .n_blocks = 1, .blocks = blocks, .sample = true,
+         .samp = {0.5f, 1.0f, 0, 9}, .n_sampled = 0},
+        {.req = 2, .pos0 = 20, .n_tokens = 1, .tokens = toks + 3, .n_blocks = 2, .blocks = blocks, .sample = false,
+         .samp = {0, 1.0f, 0, 0}, .n_sampled = 7},
+    };
+    msg_init(&m, MSG_STEP);
+    m.has_id = true;
+    m.id = 1000;
+    m.u.step.instance = 5;
+    m.u.step.seqs = seqs;
+    m.u.step.n_seqs = 2;
+    s_roundtrip(&m, &d, "step");
+    T_CHECK(d.u.step.n_seqs == 2 && d.u.step.seqs[1].pos0 == 20 && d.u.step.seqs[1].n_sampled == 7 &&
+                d.u.step.seqs[1].blocks[1] == 5 && d.u.step.seqs[0].sample,
+            "step");
+    msg_free(&d);
+
+    uint64_t reqs[] = {1, 2};
+    int32_t out[] = {17, -1};
+    msg_init(&m, MSG_STEP_RESULT);
+    m.has_id = true;
+    m.id = 1000;
+    m.u.result.instance = 5;
+    m.u.result.reqs = reqs;
+    m.u.result.tokens = out;
+    m.u.result.n_seqs = 2;
+    m.u.result.forward_us = 12.5;
+    s_roundtrip(&m, &d, "result");
+    T_CHECK(d.u.result.n_seqs == 2 && d.u.result.tokens[1] == -1 && d.u.result.reqs[1] == 2, "result");
+    msg_free(&d);
+
+    msg_init(&m, MSG_PF_STATUS_REPLY);
+    m.u.pf_status.node = 1;
+    m.u.pf_status.arena = msg_str("/strata-x-arena-1");
+    m.u.pf_status.bytes = 1ull << 33;
+    m.u.pf_status.state = msg_str("ready");
+    m.u.pf_status.reattached = true;
+    s_roundtrip(&m, &d, "pf status");
+    T_CHECK(d.u.pf_status.bytes == 1ull << 33 && d.u.pf_status.reattached, "pf");
+    msg_free(&d);
+
+    msg_type_t bare[] = {MSG_CANCEL, MSG_HEALTH, MSG_STATS, MSG_MODELS, MSG_SCHED_CANCEL, MSG_SCHED_STATS,
+                         MSG_SCHED_HELLO, MSG_EXEC_HELLO, MSG_PF_STATUS};
+    for (size_t i = 0; i < sizeof bare / sizeof bare[0]; i++) {
+        msg_init(&m, bare[i]);
+        m.has_id = true;
+        m.id = i;
+        s_roundtrip(&m, &d, msg_type_name(bare[i]));
+        msg_free(&d);
+    }
+
+    /* the encoder refuses what the decoder would refuse */
+    msg_buf_t b = {0};
+    msg_init(&m, MSG_GENERATE);
+    m.has_id = true;
+    m.u.generate.prompt = msg_str("x");
+    m.u.generate.max_tokens = 0;
+    T_CHECK(msg_encode(&m, &b) == STRATA_EINVAL_INPUT, "encode max_tokens 0");
+    m.u.generate.max_tokens = 1;
+    m.u.generate.samp.top_p = NAN;
+    T_CHECK(msg_encode(&m, &b) == STRATA_EINVAL_INPUT, "encode NaN top_p");
+    msg_init(&m, MSG_TOKEN);
+    T_CHECK(msg_encode(&m, &b) == STRATA_EINVAL_INPUT, "encode token without id");
+    msg_buf_free(&b);
+}
+
+static void test_bad_input(void)
+{
+    mb_t b;
+    unsigned char raw[64];
+
+    s_expect_fail(MSG_FAM_CLIENT, "", 0, MSG_E_MALFORMED, "empty", "empty");
+    raw[0] = 0xc1;
+    s_expect_fail(MSG_FAM_CLIENT, raw, 1, MSG_E_MALFORMED, NULL, "0xc1");
+    /* array32 claiming 2^32-1 elements: refused before any allocation */
+    memcpy(raw, "\xdd\xff\xff\xff\xff\x01", 6);
+    s_expect_fail(MSG_FAM_CLIENT, raw, 6, MSG_E_MALFORMED, NULL, "huge array header");
+    memcpy(raw, "\xdf\xff\xff\xff\xff", 5);
+    s_expect_fail(MSG_FAM_CLIENT, raw, 5, MSG_E_MALFORMED, NULL, "huge map header");
+    memcpy(raw, "\xdb\xff\xff\xff\xff", 5);
+    s_expect_fail(MSG_FAM_CLIENT, raw, 5, MSG_E_MALFORMED, NULL, "huge str header");
+    memset(raw, 0x91, 40); /* 40 nested arrays */
+    raw[40] = 0x01;
+    s_expect_fail(MSG_FAM_CLIENT, raw, 41, MSG_E_MALFORMED, "deeper", "too deep");
+    raw[0] = 0x05;
+    s_expect_fail(MSG_FAM_CLIENT, raw, 1, MSG_E_MALFORMED, "not a map", "integer frame");
+
+    /* a valid generate, then variants */
+    mb_init(&b);
+    mb_head(&b, 3, "generate");
+    mb_str(&b, "id"); msgpack_pack_uint64(&b.pk, 7);
+    mb_str(&b, "prompt"); mb_str(&b, "hi");
+    mb_str(&b, "max_tokens"); msgpack_pack_int(&b.pk, 4);
+    msg_t m;
+    msg_err_t err;
+    T_CHECK(msg_decode(MSG_FAM_CLIENT, b.sb.data, b.sb.size, &m, &err) == 0, "valid generate: %s", err.text);
+    msg_free(&m);
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size - 1, MSG_E_MALFORMED, NULL, "truncated");
+    char *tr = malloc(b.sb.size + 1);
+    memcpy(tr, b.sb.data, b.sb.size);
+    tr[b.sb.size] = 0;
+    s_expect_fail(MSG_FAM_CLIENT, tr, b.sb.size + 1, MSG_E_MALFORMED, "trailing", "trailing byte");
+    free(tr);
+    /* same bytes in the wrong family */
+    s_expect_fail(MSG_FAM_SCHED_IN, b.sb.data, b.sb.size, MSG_E_UNKNOWN_TYPE, "generate", "wrong family");
+    mb_free(&b);
+
+    struct {
+        const char *key;
+        int kind; /* 0 int, 1 str, 2 float, 3 nil, 4 array of 20 strs, 5 bool */
+        double val;
+        const char *sval;
+        msg_errcode_t code;
+        const char *text;
+    } cases[] = {
+        {"max_tokens", 0, 0, NULL, MSG_E_INVALID_PARAM, "max_tokens"},
+        {"max_tokens", 0, -5, NULL, MSG_E_INVALID_PARAM, "max_tokens"},
+        {"max_tokens", 1, 0, "5", MSG_E_WRONG_TYPE, "max_tokens"},
+        {"max_tokens", 2, 5.5, NULL, MSG_E_WRONG_TYPE, "max_tokens"},
+        {"temperature", 2, -1, NULL, MSG_E_INVALID_PARAM, "temperature"},
+        {"temperature", 2, 1e9, NULL, MSG_E_INVALID_PARAM, "temperature"},
+        {"temperature", 2, NAN, NULL, MSG_E_INVALID_PARAM, "temperature"},
+        {"temperature", 1, 0, "hot", MSG_E_WRONG_TYPE, "temperature"},
+        {"top_p", 2, 0, NULL, MSG_E_INVALID_PARAM, "top_p"},
+        {"top_p", 2, 1.5, NULL, MSG_E_INVALID_PARAM, "top_p"},
+        {"top_k", 0, -1, NULL, MSG_E_INVALID_PARAM, "top_k"},
+        {"top_k", 0, 1e9, NULL, MSG_E_INVALID_PARAM, "top_k"},
+        {"seed", 0, -1, NULL, MSG_E_INVALID_PARAM, "seed"},
+        {"stream", 0, 1, NULL, MSG_E_WRONG_TYPE, "stream"},
+        {"stop", 4, 0, NULL, MSG_E_INVALID_PARAM, "stop"},
+        {"stop", 1, 0, "x", MSG_E_WRONG_TYPE, "stop"},
+        {"bogus_field", 0, 1, NULL, MSG_E_UNKNOWN_FIELD, "bogus_field"},
+        {"tokens", 3, 0, NULL, MSG_E_WRONG_TYPE, "tokens"},
+        {"prompt", 3, 0, NULL, MSG_E_WRONG_TYPE, "prompt"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        bool replaces = !strcmp(cases[i].key, "max_tokens") || !strcmp(cases[i].key, "prompt");
+        mb_init(&b);
+        mb_head(&b, replaces ? 3 : 4, "generate");
+        mb_str(&b, "id"); msgpack_pack_uint64(&b.pk, 99);
+        if (strcmp(cases[i].key, "prompt")) { mb_str(&b, "prompt"); mb_str(&b, "hello"); }
+        if (strcmp(cases[i].key, "max_tokens")) { mb_str(&b, "max_tokens"); msgpack_pack_int(&b.pk, 4); }
+        mb_str(&b, cases[i].key);
+        switch (cases[i].kind) {
+        case 0: msgpack_pack_int64(&b.pk, (int64_t)cases[i].val); break;
+        case 1: mb_str(&b, cases[i].sval); break;
+        case 2: msgpack_pack_double(&b.pk, cases[i].val); break;
+        case 3: msgpack_pack_nil(&b.pk); break;
+        case 4: msgpack_pack_array(&b.pk, 20); for (int k = 0; k < 20; k++) mb_str(&b, "s"); break;
+        case 5: msgpack_pack_true(&b.pk); break;
+        }
+        char what[64];
+        snprintf(what, sizeof what, "case %zu (%s)", i, cases[i].key);
+        s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, cases[i].code, cases[i].text, what);
+        /* the id is still readable for the error reply */
+        T_CHECK(msg_decode(MSG_FAM_CLIENT, b.sb.data, b.sb.size, &m, &err) < 0 && m.has_id && m.id == 99, "%s: id kept", what);
+        msg_free(&m);
+        mb_free(&b);
+    }
+
+    /* version */
+    mb_init(&b);
+    msgpack_pack_map(&b.pk, 2);
+    mb_str(&b, "v"); msgpack_pack_int(&b.pk, 2);
+    mb_str(&b, "type"); mb_str(&b, "health");
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_BAD_VERSION, "version 2", "v=2");
+    mb_free(&b);
+    mb_init(&b);
+    msgpack_pack_map(&b.pk, 1);
+    mb_str(&b, "type"); mb_str(&b, "health");
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_BAD_VERSION, "'v'", "no v");
+    mb_free(&b);
+    mb_init(&b);
+    msgpack_pack_map(&b.pk, 2);
+    mb_str(&b, "v"); mb_str(&b, "1");
+    mb_str(&b, "type"); mb_str(&b, "health");
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_BAD_VERSION, NULL, "v str");
+    mb_free(&b);
+    /* type */
+    mb_init(&b);
+    mb_head(&b, 0, "fly");
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_UNKNOWN_TYPE, "fly", "unknown type");
+    mb_free(&b);
+    /* missing */
+    mb_init(&b);
+    mb_head(&b, 1, "generate");
+    mb_str(&b, "id"); msgpack_pack_uint64(&b.pk, 7);
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_MISSING_FIELD, "max_tokens", "missing max_tokens");
+    mb_free(&b);
+    mb_init(&b);
+    mb_head(&b, 1, "cancel");
+    mb_str(&b, "idx"); msgpack_pack_uint64(&b.pk, 7);
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_UNKNOWN_FIELD, "idx", "cancel idx");
+    mb_free(&b);
+    /* both prompt and tokens; neither; empty; invalid UTF-8; duplicate key */
+    mb_init(&b);
+    mb_head(&b, 4, "generate");
+    mb_str(&b, "id"); msgpack_pack_uint64(&b.pk, 7);
+    mb_str(&b, "max_tokens"); msgpack_pack_int(&b.pk, 4);
+    mb_str(&b, "prompt"); mb_str(&b, "a");
+    mb_str(&b, "tokens"); msgpack_pack_array(&b.pk, 1); msgpack_pack_int(&b.pk, 1);
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "exactly one", "prompt+tokens");
+    mb_free(&b);
+    mb_init(&b);
+    mb_head(&b, 2, "generate");
+    mb_str(&b, "id"); msgpack_pack_uint64(&b.pk, 7);
+    mb_str(&b, "max_tokens"); msgpack_pack_int(&b.pk, 4);
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_MISSING_FIELD, "exactly one", "no prompt");
+    mb_free(&b);
+    mb_init(&b);
+    mb_head(&b, 3, "generate");
+    mb_str(&b, "id"); msgpack_pack_uint64(&b.pk, 7);
+    mb_str(&b, "max_tokens"); msgpack_pack_int(&b.pk, 4);
+    mb_str(&b, "prompt"); msgpack_pack_str_with_body(&b.pk, "a\xff\xfe", 3);
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "UTF-8", "bad utf8");
+    mb_free(&b);
+    mb_init(&b);
+    mb_head(&b, 3, "generate");
+    mb_str(&b, "id"); msgpack_pack_uint64(&b.pk, 7);
+    mb_str(&b, "max_tokens"); msgpack_pack_int(&b.pk, 4);
+    mb_str(&b, "max_tokens"); msgpack_pack_int(&b.pk, 5);
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_MALFORMED, "twice", "duplicate key");
+    mb_free(&b);
+    /* non-string key */
+    mb_init(&b);
+    mb_head(&b, 1, "health");
+    msgpack_pack_int(&b.pk, 3); msgpack_pack_int(&b.pk, 3);
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_MALFORMED, "key", "int key");
+    mb_free(&b);
+    /* result arrays of different lengths */
+    mb_init(&b);
+    mb_head(&b, 4, "result");
+    mb_str(&b, "id"); msgpack_pack_uint64(&b.pk, 1);
+    mb_str(&b, "instance"); msgpack_pack_uint64(&b.pk, 1);
+    mb_str(&b, "reqs"); msgpack_pack_array(&b.pk, 2); msgpack_pack_uint64(&b.pk, 1); msgpack_pack_uint64(&b.pk, 2);
+    mb_str(&b, "tokens"); msgpack_pack_array(&b.pk, 1); msgpack_pack_int(&b.pk, 1);
+    s_expect_fail(MSG_FAM_EXEC_OUT, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "tokens", "result lengths");
+    mb_free(&b);
+    /* step seq with an unknown field inside */
+    mb_init(&b);
+    mb_head(&b, 3, "step");
+    mb_str(&b, "id"); msgpack_pack_uint64(&b.pk, 1);
+    mb_str(&b, "instance"); msgpack_pack_uint64(&b.pk, 0);
+    mb_str(&b, "seqs"); msgpack_pack_array(&b.pk, 1); msgpack_pack_map(&b.pk, 1); mb_str(&b, "zzz"); msgpack_pack_nil(&b.pk);
+    s_expect_fail(MSG_FAM_EXEC_IN, b.sb.data, b.sb.size, MSG_E_UNKNOWN_FIELD, "step.seqs[0]: unknown field 'zzz'", "seq field");
+    mb_free(&b);
+}
+
+/* Random byte flips of valid frames: decode must never crash and must either succeed or
+ * report a code; successes must re-encode. */
+static void test_mutations(uint64_t seed)
+{
+    msg_t m, d;
+    msg_buf_t b = {0}, b2 = {0};
+    msg_err_t err;
+    msg_init(&m, MSG_GENERATE);
+    m.has_id = true;
+    m.id = 3;
+    m.u.generate.prompt = msg_str("The quick brown fox");
+    m.u.generate.max_tokens = 10;
+    msg_str_t stops[] = {msg_str("fox")};
+    m.u.generate.stop = stops;
+    m.u.generate.n_stop = 1;
+    T_CHECK(msg_encode(&m, &b) == 0, "encode");
+    int ok = 0, bad = 0;
+    for (int it = 0; it < 20000; it++) {
+        char buf[256];
+        size_t n = b.size;
+        memcpy(buf, b.data, n);
+        int flips = 1 + (int)(t_rng_next(&seed) % 3);
+        for (int k = 0; k < flips; k++) buf[t_rng_next(&seed) % n] = (char)t_rng_next(&seed);
+        if (t_rng_next(&seed) % 4 == 0) n = t_rng_next(&seed) % n;
+        int rc = msg_decode(MSG_FAM_CLIENT, buf, n, &d, &err);
+        if (rc == 0) {
+            ok++;
+            T_CHECK(msg_encode(&d, &b2) == 0, "re-encode of accepted mutation");
+        } else {
+            bad++;
+            T_CHECK(err.code > MSG_E_NONE && err.code < MSG_E_COUNT && err.text[0], "error without code/text");
+        }
+        msg_free(&d);
+    }
+    fprintf(stderr, "mutations: %d accepted, %d refused\n", ok, bad);
+    T_CHECK(bad > 0, "some mutations must be refused");
+    msg_buf_free(&b);
+    msg_buf_free(&b2);
+}
+
+int main(void)
+{
+    uint64_t seed = t_seed();
+    test_roundtrips();
+    test_bad_input();
+    test_mutations(seed);
+    T_CHECK(msg_request_id("a", 1, 1) != msg_request_id("a", 1, 2), "request ids differ by cid");
+    T_CHECK(msg_request_id("a", 1, 1) != msg_request_id("b", 1, 1), "request ids differ by client");
+    T_CHECK(msg_request_id("a", 1, 1) == msg_request_id("a", 1, 1), "request ids are stable");
+    return t_done("test_msg");
+}
