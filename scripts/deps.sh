@@ -3,7 +3,7 @@
 set -euo pipefail
 PKGS=(build-essential meson ninja-build pkg-config clang
       libzmq3-dev libmsgpack-dev libuv1-dev libnuma-dev libjansson-dev libpcre2-dev
-      libinih-dev libsystemd-dev python3 python3-zmq python3-msgpack python3-numpy gnuplot-nox)
+      libinih-dev libsystemd-dev zlib1g-dev python3 python3-zmq python3-msgpack python3-numpy gnuplot-nox)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

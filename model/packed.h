@@ -1,0 +1,150 @@
+/* packed.h - the packed model format: manifest, loader and writer.
+ *
+ * A packed model is a folder holding strata-manifest.json, the HF config.json it was made
+ * from, and weight files (resident.bin, experts-LLL.bin). docs/PACKED_FORMAT.md is the
+ * specification; this header is its C face:
+ *   - packed_slots() lists every tensor a config needs, with its canonical name and shape;
+ *   - packed_manifest_parse() / packed_manifest_check() read and validate a manifest;
+ *   - model_load_packed() (model/model.h) maps the files and fills a model_t (zero copy);
+ *   - packed_write() quantizes a loaded model_t into a new packed folder (strata pack).
+ */
+#ifndef STRATA_PACKED_H
+#define STRATA_PACKED_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/strata.h"
+#include "kernels/cpu/qmat.h"
+#include "model/model.h"
+
+#define PACKED_MANIFEST "strata-manifest.json"
+#define PACKED_MAGIC "strata-packed"
+#define PACKED_VERSION 1
+#define PACKED_TENSOR_ALIGN 64u               /* every data and scale offset, bytes */
+#define PACKED_DEFAULT_ALIGN (2u << 20)       /* expert block alignment, bytes */
+#define PACKED_MIN_ALIGN 4096u
+#define PACKED_MAX_ALIGN (1u << 30)
+#define PACKED_NAME_MAX 80
+
+/* What a tensor is; decides which formats the loader accepts for it. */
+typedef enum {
+    PC_EMBED = 0,    /* [vocab][hidden]: F32 or BF16 */
+    PC_LM_HEAD,      /* [vocab][hidden]: any format */
+    PC_NORM,         /* vector, F32 */
+    PC_BIAS,         /* vector, F32 */
+    PC_ATTN,         /* q/k/v/o projections: any format */
+    PC_ROUTER,       /* [n_experts][hidden], F32 */
+    PC_SHARED_GATE,  /* [1][hidden], F32 */
+    PC_EXPERT,       /* routed expert gate/up/down: any format, in an expert block */
+    PC_SHARED,       /* shared expert gate/up/down: any format */
+    PC_DENSE,        /* dense MLP gate/up/down: any format */
+    PC_COUNT
+} packed_class_t;
+
+/* One tensor a config needs. Vectors have ndim 1, rows 1, cols = length. */
+typedef struct {
+    char name[PACKED_NAME_MAX];  /* canonical name, e.g. "layers.3.experts.7.down" */
+    packed_class_t cls;
+    int32_t layer, expert;       /* -1 where not applicable */
+    int32_t ndim, rows, cols;
+    qmat_t *q;                   /* matrix destination/source in a model_t, or NULL */
+    float **v;                   /* vector destination/source in a model_t, or NULL */
+} packed_slot_t;
+
+/* One record of the manifest's "tensors" array. */
+typedef struct {
+    char name[PACKED_NAME_MAX];
+    wfmt_t fmt;
+    int32_t ndim, rows, cols;    /* vectors: ndim 1, rows 1 */
+    int32_t group;               /* INT4: columns per scale; 0 otherwise */
+    int32_t file;                /* index into files */
+    uint64_t offset, bytes;      /* data: [offset, offset+bytes) of the file */
+    uint64_t scale_offset, scale_bytes; /* scales, 0/0 if the format has none */
+} packed_tensor_t;
+
+typedef struct {
+    char name[64];               /* plain file name inside the folder */
+    uint64_t bytes;              /* exact file size */
+    uint32_t crc32;              /* zlib crc32 of the whole file */
+} packed_file_t;
+
+/* One routed expert's block: its gate, up and down tensors (data and scales) lie inside. */
+typedef struct {
+    int32_t layer, expert, file;
+    uint64_t offset, bytes;      /* offset is a multiple of the manifest alignment */
+} packed_block_t;
+
+typedef struct {
+    int32_t version;
+    char arch[64];               /* config.json "architectures"[0], informational + checked */
+    wfmt_t fmt;                  /* format of experts, shared expert and dense MLPs */
+    int32_t group;               /* INT4 group asked for (0 otherwise) */
+    wfmt_t attn_fmt;             /* attention projections and lm_head */
+    wfmt_t embed_fmt;
+    uint64_t alignment;          /* expert block alignment, power of two */
+    uint32_t config_crc32;       /* crc32 of config.json as stored in the folder */
+    int32_t n_files, n_tensors, n_blocks;
+    packed_file_t *files;        /* [n_files] */
+    packed_tensor_t *tensors;    /* [n_tensors] */
+    packed_block_t *blocks;      /* [n_blocks] */
+} packed_manifest_t;
+
+/* Canonical tensor list for config c, in file order. If m is not NULL, slots point at its
+ * fields (m->layers and each sparse layer's experts must be allocated). *out is malloc'd.
+ * Returns 0 or -ENOMEM. */
+int packed_slots(const model_config_t *c, model_t *m, packed_slot_t **out, int32_t *n_out);
+
+/* Parse manifest text: syntax, types, field ranges. On error <0, eb names `name` and the field. */
+int packed_manifest_parse(packed_manifest_t *pm, const char *json, size_t len, const char *name,
+                          strata_errbuf_t *eb);
+/* Check a parsed manifest against config c: every needed tensor present with its shape and an
+ * allowed format, sizes match the format, every range inside its file (files[].bytes), aligned,
+ * no overlaps, expert blocks aligned and holding their tensors. On error <0 with eb set.
+ * If idx is not NULL it receives, per slot of packed_slots(c), the tensor index. */
+int packed_manifest_check(const packed_manifest_t *pm, const model_config_t *c, const char *name,
+                          int32_t *idx, strata_errbuf_t *eb);
+/* Write pm as JSON to path (via a temporary file and rename). */
+int packed_manifest_save(const packed_manifest_t *pm, const char *path, strata_errbuf_t *eb);
+void packed_manifest_free(packed_manifest_t *pm);
+
+/* Re-read every weight file of the packed folder dir and compare size and crc32 with pm. */
+int packed_verify(const char *dir, const packed_manifest_t *pm, strata_errbuf_t *eb);
+
+/* Copy config.json (required) and the tokenizer/generation side files that exist from src_dir
+ * to dst_dir; *config_crc (if not NULL) gets the crc32 of config.json. */
+int packed_copy_side_files(const char *src_dir, const char *dst_dir, uint32_t *config_crc, strata_errbuf_t *eb);
+
+/* True if dir holds a packed manifest. */
+bool packed_is_packed(const char *dir);
+
+typedef struct {
+    wfmt_t fmt;          /* experts, shared expert, dense MLPs */
+    int32_t group;       /* INT4 group (32, 64, 128); ignored otherwise */
+    wfmt_t attn_fmt;     /* attention projections and lm_head (strata pack default: BF16) */
+    wfmt_t embed_fmt;    /* F32 or BF16 */
+    uint64_t alignment;  /* expert block alignment (default PACKED_DEFAULT_ALIGN) */
+    int threads;         /* quantization threads; <= 0 = all CPUs */
+    bool progress;       /* log per-layer progress */
+} packed_write_opts_t;
+
+typedef struct {
+    uint64_t file_bytes;     /* sum of file sizes (padding included) */
+    uint64_t payload_bytes;  /* data + scales of every tensor */
+    uint64_t params;         /* weights of every tensor */
+    uint64_t ffn_bytes, ffn_params; /* experts, shared expert and dense MLPs only */
+    int32_t fallbacks;       /* tensors stored with a smaller group or INT8 (shape did not fit) */
+    double seconds;
+} packed_write_stats_t;
+
+/* Defaults for fmt: BF16 attention/lm_head (F32 if fmt is F32), BF16 embeddings (F32 if fmt is
+ * F32), group 32, 2 MiB alignment, all CPUs, no progress. */
+void packed_write_opts_default(packed_write_opts_t *o, wfmt_t fmt);
+
+/* Pack src (any loaded model) into out_dir, which must exist and hold no manifest. Copies
+ * config.json and the tokenizer files from src_dir, writes the weight files, re-reads them and
+ * checks their crc32, then writes the manifest last. Returns 0 or <0 with eb set. */
+int packed_write(const model_t *src, const char *src_dir, const char *out_dir,
+                 const packed_write_opts_t *o, packed_write_stats_t *st, strata_errbuf_t *eb);
+
+#endif
