@@ -1,0 +1,610 @@
+/* load.c - load a Hugging Face checkpoint folder into a model_t; model ownership helpers.
+ *
+ * A folder holds config.json and either model.safetensors or model.safetensors.index.json
+ * with its shards. Weights stay in the read-only mappings where they can (zero copy):
+ *   - matrices: F32 and BF16 are used in place (WF_F32 / WF_BF16); F16 is converted to an
+ *     owned F32 buffer. The router and the shared-expert gate are always F32.
+ *   - vectors (norms, biases): F32 in place, BF16 and F16 converted to owned F32 buffers.
+ * Data that is not aligned to its element size is copied, so kernels may assume alignment.
+ *
+ * Tensor names follow transformers: model.embed_tokens, model.layers.N.{input_layernorm,
+ * post_attention_layernorm, self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm}, model.norm,
+ * lm_head. Experts come in two layouts and both are read:
+ *   - per expert, as on the Hub: Mixtral block_sparse_moe.experts.E.{w1 = gate, w3 = up,
+ *     w2 = down}; Qwen2/Qwen3/OLMoE mlp.experts.E.{gate,up,down}_proj;
+ *   - fused, as transformers 5.x holds them in memory (its conversion mapping merges the
+ *     per-expert tensors): <moe>.experts.gate_up_proj [n_experts][2*inter][hidden], whose
+ *     rows [0, inter) are the gate and [inter, 2*inter) the up projection of each expert
+ *     (torch.cat([gate, up], dim=1); forward does .chunk(2, dim=-1) as gate, up), and
+ *     <moe>.experts.down_proj [n_experts][hidden][inter]. Both are nn.Linear layout
+ *     [out][in], so every expert is a contiguous slice and stays zero copy.
+ * Mixtral's router is block_sparse_moe.gate (4.x) or mlp.gate (5.x renames it).
+ *
+ * Every tensor the config needs must be present with the exact shape and a float dtype;
+ * otherwise one error line names the file, the tensor and the expected shape. NaN or Inf
+ * values produce a warning naming the tensor. Tensors the model does not use are logged and
+ * ignored (HF's rotary inv_freq buffers at debug level, anything else as a warning).
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/safetensors.h"
+#include "model/model.h"
+
+/* ---- ownership ------------------------------------------------------------------------- */
+
+typedef struct {
+    void *addr;
+    size_t len;
+} own_map_t;
+
+typedef struct {
+    void **bufs;        /* [n_bufs] malloc'd, freed by model_free */
+    size_t n_bufs, cap_bufs;
+    own_map_t *maps;    /* [n_maps] mappings, munmapped by model_free */
+    size_t n_maps, cap_maps;
+} model_priv_t;
+
+static model_priv_t *s_priv(model_t *m)
+{
+    if (!m->priv) m->priv = calloc(1, sizeof(model_priv_t));
+    return m->priv;
+}
+
+/* Take ownership of p (malloc'd). On failure (-ENOMEM) p stays the caller's. */
+int model_own_buffer(model_t *m, void *p)
+{
+    model_priv_t *pv = s_priv(m);
+    if (!pv) return -ENOMEM;
+    if (pv->n_bufs == pv->cap_bufs) {
+        size_t cap = pv->cap_bufs ? pv->cap_bufs * 2 : 64;
+        void **nb = realloc(pv->bufs, cap * sizeof *nb);
+        if (!nb) return -ENOMEM;
+        pv->bufs = nb;
+        pv->cap_bufs = cap;
+    }
+    pv->bufs[pv->n_bufs++] = p;
+    return 0;
+}
+
+/* Take ownership of the mapping [addr, addr+len). On failure (-ENOMEM) it stays the caller's. */
+int model_own_mmap(model_t *m, void *addr, size_t len)
+{
+    model_priv_t *pv = s_priv(m);
+    if (!pv) return -ENOMEM;
+    if (pv->n_maps == pv->cap_maps) {
+        size_t cap = pv->cap_maps ? pv->cap_maps * 2 : 8;
+        own_map_t *nm = realloc(pv->maps, cap * sizeof *nm);
+        if (!nm) return -ENOMEM;
+        pv->maps = nm;
+        pv->cap_maps = cap;
+    }
+    pv->maps[pv->n_maps++] = (own_map_t){addr, len};
+    return 0;
+}
+
+/* Release everything handed to the model (buffers, mappings) and zero it. Only what was given
+ * through model_own_buffer / model_own_mmap is freed: loaders register their layer and expert
+ * arrays there too. */
+void model_free(model_t *m)
+{
+    if (!m) return;
+    model_priv_t *pv = m->priv;
+    if (pv) {
+        for (size_t i = 0; i < pv->n_bufs; i++) free(pv->bufs[i]);
+        for (size_t i = 0; i < pv->n_maps; i++) munmap(pv->maps[i].addr, pv->maps[i].len);
+        free(pv->bufs);
+        free(pv->maps);
+        free(pv);
+    }
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- the checkpoint's files ------------------------------------------------------------ */
+
+typedef struct {
+    char *name;          /* file name inside the folder */
+    st_file_t *st;
+    uint8_t *used;       /* [st_count] tensor used by the model (index in name order) */
+} shard_t;
+
+typedef struct {
+    model_t *m;
+    const char *dir;
+    strata_errbuf_t *eb;
+    char index_path[4096];  /* model.safetensors.index.json, or "" */
+    json_t *index;          /* its parsed JSON (weight_map inside), or NULL */
+    json_t *weight_map;
+    shard_t *shards;
+    size_t n_shards;
+    bool scan;              /* scan for NaN/Inf */
+} ld_t;
+
+static int s_path(char *out, size_t n, const char *dir, const char *name, strata_errbuf_t *eb)
+{
+    if ((size_t)snprintf(out, n, "%s/%s", dir, name) >= n)
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: path too long", dir);
+    return 0;
+}
+
+static bool s_exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static int s_open_shard(ld_t *L, const char *name)
+{
+    char path[4096];
+    int rc;
+    if ((rc = s_path(path, sizeof path, L->dir, name, L->eb)) < 0) return rc;
+    shard_t *sh = &L->shards[L->n_shards];
+    memset(sh, 0, sizeof *sh);
+    if (!(sh->name = strdup(name))) return strata_seterr(L->eb, STRATA_ENOMEM, "%s: out of memory", path);
+    L->n_shards++;
+    if ((rc = st_open(&sh->st, path, L->eb)) < 0) return rc;
+    sh->used = calloc(st_count(sh->st) + 1, 1);
+    if (!sh->used) return strata_seterr(L->eb, STRATA_ENOMEM, "%s: out of memory", path);
+    return 0;
+}
+
+/* A shard name from the index must be a plain file name in the folder. */
+static bool s_plain_name(const char *s)
+{
+    return s[0] && strcmp(s, ".") && strcmp(s, "..") && !strchr(s, '/');
+}
+
+static int s_open_files(ld_t *L)
+{
+    int rc;
+    char single[4096];
+    if ((rc = s_path(single, sizeof single, L->dir, "model.safetensors", L->eb)) < 0) return rc;
+    if ((rc = s_path(L->index_path, sizeof L->index_path, L->dir, "model.safetensors.index.json", L->eb)) < 0)
+        return rc;
+    if (s_exists(single)) {
+        /* transformers prefers the single file when both exist. */
+        L->index_path[0] = 0;
+        L->shards = calloc(1, sizeof *L->shards);
+        if (!L->shards) return strata_seterr(L->eb, STRATA_ENOMEM, "%s: out of memory", single);
+        return s_open_shard(L, "model.safetensors");
+    }
+    if (!s_exists(L->index_path))
+        return strata_seterr(L->eb, STRATA_EINVAL_INPUT,
+                             "%s: no model.safetensors or model.safetensors.index.json in the folder", L->dir);
+
+    json_error_t jerr;
+    L->index = json_load_file(L->index_path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!L->index)
+        return strata_seterr(L->eb, STRATA_EINVAL_INPUT, "%s: JSON: %s (line %d, column %d)", L->index_path,
+                             jerr.text, jerr.line, jerr.column);
+    L->weight_map = json_object_get(L->index, "weight_map");
+    if (!json_is_object(L->weight_map) || json_object_size(L->weight_map) == 0)
+        return strata_seterr(L->eb, STRATA_EINVAL_INPUT, "%s: weight_map: missing, empty or not an object",
+                             L->index_path);
+    /* The distinct shard names, in first-seen order. */
+    L->shards = calloc(json_object_size(L->weight_map), sizeof *L->shards);
+    if (!L->shards) return strata_seterr(L->eb, STRATA_ENOMEM, "%s: out of memory", L->index_path);
+    const char *tname;
+    json_t *fv;
+    json_object_foreach(L->weight_map, tname, fv) {
+        if (!json_is_string(fv) || !s_plain_name(json_string_value(fv)))
+            return strata_seterr(L->eb, STRATA_EINVAL_INPUT,
+                                 "%s: weight_map.%.200s: must be a file name inside the folder", L->index_path, tname);
+        const char *fname = json_string_value(fv);
+        bool seen = false;
+        for (size_t i = 0; i < L->n_shards && !seen; i++) seen = !strcmp(L->shards[i].name, fname);
+        if (seen) continue;
+        char path[4096];
+        if ((rc = s_path(path, sizeof path, L->dir, fname, L->eb)) < 0) return rc;
+        if (!s_exists(path))
+            return strata_seterr(L->eb, STRATA_EINVAL_INPUT, "%s: weight_map.%.200s: shard '%.200s' does not exist",
+                                 L->index_path, tname, fname);
+        if ((rc = s_open_shard(L, fname)) < 0) return rc;
+    }
+    /* Every tensor must be in the shard the index names. */
+    json_object_foreach(L->weight_map, tname, fv) {
+        const char *fname = json_string_value(fv);
+        for (size_t i = 0; i < L->n_shards; i++) {
+            if (strcmp(L->shards[i].name, fname)) continue;
+            if (!st_find(L->shards[i].st, tname))
+                return strata_seterr(L->eb, STRATA_EINVAL_INPUT,
+                                     "%s: weight_map.%.200s: tensor is not in shard '%.200s'", L->index_path, tname,
+                                     fname);
+        }
+    }
+    return 0;
+}
+
+/* Find a tensor: in the shard the index names, else in the single file. */
+static const st_tensor_t *s_lookup(ld_t *L, const char *name, shard_t **sh)
+{
+    if (L->weight_map) {
+        json_t *fv = json_object_get(L->weight_map, name);
+        if (!fv) return NULL;
+        for (size_t i = 0; i < L->n_shards; i++)
+            if (!strcmp(L->shards[i].name, json_string_value(fv))) {
+                *sh = &L->shards[i];
+                return st_find((*sh)->st, name);
+            }
+        return NULL;
+    }
+    *sh = &L->shards[0];
+    return st_find(L->shards[0].st, name);
+}
+
+/* The file named in messages about a missing tensor. */
+static const char *s_where(ld_t *L)
+{
+    return L->weight_map ? L->index_path : st_path(L->shards[0].st);
+}
+
+/* ---- tensor access --------------------------------------------------------------------- */
+
+static void s_fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape)
+{
+    size_t o = 0;
+    o += (size_t)snprintf(buf + o, n - o, "[");
+    for (int i = 0; i < ndim && o < n; i++)
+        o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (o < n) snprintf(buf + o, n - o, "]");
+}
+
+/* Count NaN/Inf elements by their exponent bits. */
+static size_t s_count_nonfinite(const st_tensor_t *t)
+{
+    size_t n = 0, cnt = t->nbytes / st_dtype_size(t->dtype);
+    const uint8_t *p = t->data;
+    if (t->dtype == ST_F32) {
+        for (size_t i = 0; i < cnt; i++) {
+            uint32_t u;
+            memcpy(&u, p + 4 * i, 4);
+            n += (u & 0x7f800000u) == 0x7f800000u;
+        }
+    } else {
+        uint16_t mask = t->dtype == ST_BF16 ? 0x7f80 : 0x7c00;
+        for (size_t i = 0; i < cnt; i++) {
+            uint16_t u;
+            memcpy(&u, p + 2 * i, 2);
+            n += (u & mask) == mask;
+        }
+    }
+    return n;
+}
+
+/* Look up name, check dtype (F32/BF16/F16) and shape; mark it used. *t = NULL when absent and
+ * not required. */
+static int s_get(ld_t *L, const char *name, int ndim, const int64_t *shape, bool required, const st_tensor_t **out)
+{
+    shard_t *sh = NULL;
+    const st_tensor_t *t = s_lookup(L, name, &sh);
+    *out = NULL;
+    if (!t) {
+        if (!required) return 0;
+        char want[128];
+        s_fmt_shape(want, sizeof want, ndim, shape);
+        return strata_seterr(L->eb, STRATA_EINVAL_INPUT, "%s: tensor '%.200s' %s is missing (needed by the config)",
+                             s_where(L), name, want);
+    }
+    if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16)
+        return strata_seterr(L->eb, STRATA_EUNSUPPORTED,
+                             "%s: tensor '%.200s': dtype %s is not supported (F32, BF16 or F16)", st_path(sh->st),
+                             name, st_dtype_name(t->dtype));
+    bool ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
+    if (!ok) {
+        char got[128], want[128];
+        s_fmt_shape(got, sizeof got, t->ndim, t->shape);
+        s_fmt_shape(want, sizeof want, ndim, shape);
+        return strata_seterr(L->eb, STRATA_EINVAL_INPUT,
+                             "%s: tensor '%.200s': shape %s disagrees with config.json (expected %s)",
+                             st_path(sh->st), name, got, want);
+    }
+    size_t idx = (size_t)(t - st_tensor(sh->st, 0));
+    if (!sh->used[idx]) {
+        sh->used[idx] = 1;
+        if (L->scan) {
+            size_t bad = s_count_nonfinite(t);
+            if (bad)
+                log_warn("%s: tensor '%s': %zu NaN/Inf value%s", st_path(sh->st), name, bad, bad > 1 ? "s" : "");
+        }
+    }
+    *out = t;
+    return 0;
+}
+
+/* Elements [off, off+n) of t as an owned F32 buffer, or in place when t is aligned F32. */
+static int s_as_f32(ld_t *L, const st_tensor_t *t, size_t off, size_t n, bool copy_always, float **out)
+{
+    const uint8_t *src = (const uint8_t *)t->data + off * st_dtype_size(t->dtype);
+    if (t->dtype == ST_F32 && !copy_always && ((uintptr_t)src & 3) == 0) {
+        *out = (float *)src;
+        return 0;
+    }
+    float *f = malloc((n ? n : 1) * sizeof *f);
+    if (!f || model_own_buffer(L->m, f) < 0) {
+        free(f);
+        return strata_seterr(L->eb, STRATA_ENOMEM, "%s: out of memory converting '%.200s'", L->dir, t->name);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (t->dtype == ST_F32) {
+            memcpy(&f[i], src + 4 * i, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, src + 2 * i, 2);
+            f[i] = t->dtype == ST_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+        }
+    }
+    *out = f;
+    return 0;
+}
+
+/* A matrix from elements [off, off + rows*cols) of t. BF16 stays BF16 unless want_f32. */
+static int s_qmat_from(ld_t *L, const st_tensor_t *t, size_t off, int64_t rows, int64_t cols, bool want_f32,
+                       qmat_t *q)
+{
+    memset(q, 0, sizeof *q);
+    q->rows = (int32_t)rows;
+    q->cols = (int32_t)cols;
+    size_t n = (size_t)rows * (size_t)cols;
+    const uint8_t *src = (const uint8_t *)t->data + off * st_dtype_size(t->dtype);
+    if (t->dtype == ST_BF16 && !want_f32) {
+        q->fmt = WF_BF16;
+        if (((uintptr_t)src & 1) == 0) {
+            q->data = src;
+            return 0;
+        }
+        uint16_t *b = malloc((n ? n : 1) * 2);
+        if (!b || model_own_buffer(L->m, b) < 0) {
+            free(b);
+            return strata_seterr(L->eb, STRATA_ENOMEM, "%s: out of memory copying '%.200s'", L->dir, t->name);
+        }
+        memcpy(b, src, n * 2);
+        q->data = b;
+        return 0;
+    }
+    float *f;
+    int rc = s_as_f32(L, t, off, n, false, &f);
+    if (rc < 0) return rc;
+    q->fmt = WF_F32;
+    q->data = f;
+    return 0;
+}
+
+/* A [rows][cols] matrix called name. */
+static int s_mat(ld_t *L, const char *name, int64_t rows, int64_t cols, bool want_f32, qmat_t *q)
+{
+    const st_tensor_t *t;
+    int64_t shape[2] = {rows, cols};
+    int rc = s_get(L, name, 2, shape, true, &t);
+    if (rc < 0) return rc;
+    return s_qmat_from(L, t, 0, rows, cols, want_f32, q);
+}
+
+/* A [len] F32 vector called name; *v = NULL if absent and not required. */
+static int s_vec(ld_t *L, const char *name, int64_t len, bool required, float **v)
+{
+    const st_tensor_t *t;
+    *v = NULL;
+    int rc = s_get(L, name, 1, &len, required, &t);
+    if (rc < 0 || !t) return rc;
+    return s_as_f32(L, t, 0, (size_t)len, false, v);
+}
+
+/* ---- the model ------------------------------------------------------------------------- */
+
+#define NAME(buf, ...) snprintf(buf, sizeof buf, __VA_ARGS__)
+
+static int s_ffn(ld_t *L, const char *prefix, const char *g, const char *u, const char *d, int64_t inter,
+                 ffn_t *f)
+{
+    const int64_t H = L->m->cfg.hidden;
+    char n[256];
+    int rc;
+    NAME(n, "%s.%s.weight", prefix, g);
+    if ((rc = s_mat(L, n, inter, H, false, &f->gate)) < 0) return rc;
+    NAME(n, "%s.%s.weight", prefix, u);
+    if ((rc = s_mat(L, n, inter, H, false, &f->up)) < 0) return rc;
+    NAME(n, "%s.%s.weight", prefix, d);
+    return s_mat(L, n, H, inter, false, &f->down);
+}
+
+static int s_experts(ld_t *L, int l, layer_t *ly, const char *moe)
+{
+    const model_config_t *c = &L->m->cfg;
+    const int64_t E = c->n_experts, H = c->hidden, I = c->moe_inter;
+    char n[256], n2[256];
+    int rc;
+    ly->experts = calloc((size_t)E, sizeof *ly->experts);
+    if (!ly->experts || model_own_buffer(L->m, ly->experts) < 0) {
+        free(ly->experts);
+        ly->experts = NULL;
+        return strata_seterr(L->eb, STRATA_ENOMEM, "%s: out of memory", L->dir);
+    }
+    shard_t *sh;
+    NAME(n, "model.layers.%d.%s.experts.gate_up_proj", l, moe);
+    if (s_lookup(L, n, &sh)) {
+        /* Fused (transformers 5.x): expert e's gate is rows [0, I) of slice e, up is [I, 2I). */
+        const st_tensor_t *gu, *dn;
+        int64_t s_gu[3] = {E, 2 * I, H}, s_dn[3] = {E, H, I};
+        NAME(n2, "model.layers.%d.%s.experts.down_proj", l, moe);
+        if ((rc = s_get(L, n, 3, s_gu, true, &gu)) < 0 || (rc = s_get(L, n2, 3, s_dn, true, &dn)) < 0) return rc;
+        for (int64_t e = 0; e < E; e++) {
+            ffn_t *f = &ly->experts[e];
+            if ((rc = s_qmat_from(L, gu, (size_t)(e * 2 * I * H), I, H, false, &f->gate)) < 0 ||
+                (rc = s_qmat_from(L, gu, (size_t)((e * 2 + 1) * I * H), I, H, false, &f->up)) < 0 ||
+                (rc = s_qmat_from(L, dn, (size_t)(e * H * I), H, I, false, &f->down)) < 0)
+                return rc;
+        }
+        return 0;
+    }
+    bool mix = c->arch == ARCH_MIXTRAL;
+    for (int64_t e = 0; e < E; e++) {
+        NAME(n, "model.layers.%d.%s.experts.%lld", l, moe, (long long)e);
+        if ((rc = s_ffn(L, n, mix ? "w1" : "gate_proj", mix ? "w3" : "up_proj", mix ? "w2" : "down_proj", I,
+                        &ly->experts[e])) < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int s_layer(ld_t *L, int l)
+{
+    const model_config_t *c = &L->m->cfg;
+    layer_t *ly = &L->m->layers[l];
+    const int64_t H = c->hidden, hd = c->head_dim, QD = (int64_t)c->n_heads * hd, KD = (int64_t)c->n_kv_heads * hd;
+    char n[256];
+    int rc;
+
+    NAME(n, "model.layers.%d.input_layernorm.weight", l);
+    if ((rc = s_vec(L, n, H, true, &ly->attn_norm)) < 0) return rc;
+    NAME(n, "model.layers.%d.post_attention_layernorm.weight", l);
+    if ((rc = s_vec(L, n, H, true, &ly->ffn_norm)) < 0) return rc;
+
+    static const char *const proj[4] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    qmat_t *w[4] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo};
+    float **b[4] = {&ly->bq, &ly->bk, &ly->bv, &ly->bo};
+    const int64_t rows[4] = {QD, KD, KD, H}, cols[4] = {H, H, H, QD};
+    for (int i = 0; i < 4; i++) {
+        NAME(n, "model.layers.%d.self_attn.%s.weight", l, proj[i]);
+        if ((rc = s_mat(L, n, rows[i], cols[i], false, w[i])) < 0) return rc;
+        bool has_bias = i < 3 ? c->qkv_bias : c->o_bias;
+        if (has_bias) {
+            NAME(n, "model.layers.%d.self_attn.%s.bias", l, proj[i]);
+            if ((rc = s_vec(L, n, rows[i], true, b[i])) < 0) return rc;
+        }
+    }
+    if (c->qk_norm != QK_NORM_NONE) {
+        bool head = c->qk_norm == QK_NORM_HEAD;
+        NAME(n, "model.layers.%d.self_attn.q_norm.weight", l);
+        if ((rc = s_vec(L, n, head ? hd : QD, true, &ly->q_norm)) < 0) return rc;
+        NAME(n, "model.layers.%d.self_attn.k_norm.weight", l);
+        if ((rc = s_vec(L, n, head ? hd : KD, true, &ly->k_norm)) < 0) return rc;
+    }
+
+    if (!c->layer_sparse[l]) {
+        NAME(n, "model.layers.%d.mlp", l);
+        return s_ffn(L, n, "gate_proj", "up_proj", "down_proj", c->dense_inter, &ly->dense);
+    }
+    /* Mixtral's MoE block is block_sparse_moe (Hub) or mlp (transformers 5.x renames it). */
+    const char *moe = "mlp";
+    shard_t *sh;
+    if (c->arch == ARCH_MIXTRAL) {
+        NAME(n, "model.layers.%d.block_sparse_moe.gate.weight", l);
+        if (s_lookup(L, n, &sh)) moe = "block_sparse_moe";
+    }
+    NAME(n, "model.layers.%d.%s.gate.weight", l, moe);
+    if ((rc = s_mat(L, n, c->n_experts, H, true, &ly->router)) < 0) return rc;
+    if ((rc = s_experts(L, l, ly, moe)) < 0) return rc;
+    if (c->shared_inter > 0) {
+        NAME(n, "model.layers.%d.mlp.shared_expert", l);
+        if ((rc = s_ffn(L, n, "gate_proj", "up_proj", "down_proj", c->shared_inter, &ly->shared)) < 0) return rc;
+        NAME(n, "model.layers.%d.mlp.shared_expert_gate.weight", l);
+        if ((rc = s_mat(L, n, 1, H, true, &ly->shared_gate)) < 0) return rc;
+    }
+    return 0;
+}
+
+/* Log the tensors nothing used. */
+static void s_report_unused(ld_t *L)
+{
+    size_t unused = 0;
+    for (size_t s = 0; s < L->n_shards; s++) {
+        shard_t *sh = &L->shards[s];
+        for (size_t i = 0; i < st_count(sh->st); i++) {
+            if (sh->used[i]) continue;
+            const char *name = st_tensor(sh->st, i)->name;
+            if (L->weight_map) {
+                /* A tensor the index puts elsewhere is that shard's business. */
+                json_t *fv = json_object_get(L->weight_map, name);
+                if (!fv) {
+                    log_warn("%s: tensor '%s' is not in the index; ignored", st_path(sh->st), name);
+                    continue;
+                }
+                if (strcmp(json_string_value(fv), sh->name)) continue;
+            }
+            size_t len = strlen(name);
+            if (len >= 8 && !strcmp(name + len - 8, "inv_freq")) {
+                log_debug("%s: tensor '%s' (rotary buffer) ignored", st_path(sh->st), name);
+                continue;
+            }
+            if (++unused <= 8) log_warn("%s: tensor '%s' is not used by %s; ignored", st_path(sh->st), name,
+                                        L->m->cfg.arch_name);
+        }
+    }
+    if (unused > 8) log_warn("%s: %zu tensors in all are not used; ignored", L->dir, unused);
+}
+
+static int s_load_hf(ld_t *L)
+{
+    model_t *m = L->m;
+    const model_config_t *c = &m->cfg;
+    int rc;
+    const int64_t V = c->vocab, H = c->hidden;
+
+    if ((rc = s_open_files(L)) < 0) return rc;
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers || model_own_buffer(m, m->layers) < 0) {
+        free(m->layers);
+        m->layers = NULL;
+        return strata_seterr(L->eb, STRATA_ENOMEM, "%s: out of memory", L->dir);
+    }
+    if ((rc = s_mat(L, "model.embed_tokens.weight", V, H, false, &m->embed)) < 0) return rc;
+    if ((rc = s_vec(L, "model.norm.weight", H, true, &m->final_norm)) < 0) return rc;
+    if (c->tie_embeddings) {
+        m->lm_head = m->embed;
+    } else if ((rc = s_mat(L, "lm_head.weight", V, H, false, &m->lm_head)) < 0) {
+        return rc;
+    }
+    for (int l = 0; l < c->n_layers; l++)
+        if ((rc = s_layer(L, l)) < 0) return rc;
+    s_report_unused(L);
+
+    /* The mappings now belong to the model. */
+    for (size_t s = 0; s < L->n_shards; s++) {
+        void *addr;
+        size_t len;
+        if (st_take_mapping(L->shards[s].st, &addr, &len) < 0) continue;
+        if (model_own_mmap(m, addr, len) < 0) {
+            munmap(addr, len);
+            return strata_seterr(L->eb, STRATA_ENOMEM, "%s: out of memory", L->dir);
+        }
+    }
+    return 0;
+}
+
+/* Load an HF checkpoint folder, or a packed folder (it holds strata-manifest.json). */
+int model_load(model_t *m, const char *dir, strata_errbuf_t *eb)
+{
+    int rc;
+    char path[4096];
+    ld_t L = {.m = m, .dir = dir, .eb = eb};
+    const char *skip = getenv("STRATA_SKIP_NAN_SCAN");
+    L.scan = !(skip && !strcmp(skip, "1"));
+    memset(m, 0, sizeof *m);
+
+    if ((rc = s_path(path, sizeof path, dir, "strata-manifest.json", eb)) < 0) return rc;
+    if (s_exists(path)) return model_load_packed(m, dir, eb);
+    if ((rc = s_path(path, sizeof path, dir, "config.json", eb)) < 0) return rc;
+    if ((rc = model_config_load(&m->cfg, path, eb)) < 0) goto fail;
+    if ((rc = s_load_hf(&L)) < 0) goto fail;
+    log_info("loaded %s from %s: %d layers, %d experts (top %d), hidden %d, vocab %d, %zu file%s",
+             m->cfg.arch_name, dir, m->cfg.n_layers, m->cfg.n_experts, m->cfg.top_k, m->cfg.hidden, m->cfg.vocab,
+             L.n_shards, L.n_shards == 1 ? "" : "s");
+    rc = 0;
+fail:
+    for (size_t s = 0; s < L.n_shards; s++) {
+        st_close(L.shards[s].st);
+        free(L.shards[s].name);
+        free(L.shards[s].used);
+    }
+    free(L.shards);
+    json_decref(L.index);
+    if (rc < 0) model_free(m);
+    return rc;
+}
