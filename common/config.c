@@ -158,6 +158,38 @@ static int s_name_ok(const char *v)
     return 1;
 }
 
+/* N of "prefetcher.N", or -1. */
+static int s_prefetcher_node(const char *sec)
+{
+    const char *ns = sec + 11;
+    char *end;
+    errno = 0;
+    long node = strtol(ns, &end, 10);
+    if (!*ns || *end || errno || node < 0 || node > 1023 || (ns[0] == '0' && ns[1]) || ns[0] == '+' || ns[0] == ' ') return -1;
+    return (int)node;
+}
+
+/* Index of node's prefetcher, added (with its defaults) if new; -1 if the list is full.
+ * The first [prefetcher.N] replaces the default list (node 0). */
+static int s_prefetcher_add(s_ctx_t *x, int node)
+{
+    strata_config_t *c = x->c;
+    if (!x->saw_prefetcher) {
+        x->saw_prefetcher = true;
+        c->n_prefetchers = 0;
+    }
+    int i;
+    for (i = 0; i < c->n_prefetchers; i++)
+        if (c->prefetcher[i].node == node) return i;
+    if (i == CONFIG_MAX_PREFETCHERS) return -1;
+    c->n_prefetchers++;
+    memset(&c->prefetcher[i], 0, sizeof c->prefetcher[i]);
+    c->prefetcher[i].node = node;
+    snprintf(c->prefetcher[i].endpoint, sizeof c->prefetcher[i].endpoint, "ipc://{run_dir}/prefetcher-%d.sock", node);
+    c->prefetcher[i].place.numa_node = node;
+    return i;
+}
+
 static int s_on_key(void *user, const char *sec, const char *key, const char *v)
 {
     s_ctx_t *x = user;
@@ -208,27 +240,10 @@ static int s_on_key(void *user, const char *sec, const char *key, const char *v)
         int r = s_place(x, sec, key, v, &c->executor.place, &handled);
         if (handled) return r;
     } else if (!strncmp(sec, "prefetcher.", 11)) {
-        const char *ns = sec + 11;
-        char *end;
-        errno = 0;
-        long node = strtol(ns, &end, 10);
-        if (!*ns || *end || errno || node < 0 || node > 1023 || (ns[0] == '0' && ns[1]))
-            return s_err(x, sec, key, "section must be [prefetcher.N] with N a NUMA node number 0-1023");
-        if (!x->saw_prefetcher) {
-            x->saw_prefetcher = true;
-            c->n_prefetchers = 0;
-        }
-        int i;
-        for (i = 0; i < c->n_prefetchers; i++)
-            if (c->prefetcher[i].node == (int)node) break;
-        if (i == c->n_prefetchers) {
-            if (i == CONFIG_MAX_PREFETCHERS) return s_err(x, sec, key, "more than %d prefetcher sections", CONFIG_MAX_PREFETCHERS);
-            c->n_prefetchers++;
-            memset(&c->prefetcher[i], 0, sizeof c->prefetcher[i]);
-            c->prefetcher[i].node = (int)node;
-            snprintf(c->prefetcher[i].endpoint, sizeof c->prefetcher[i].endpoint, "ipc://{run_dir}/prefetcher-%ld.sock", node);
-            c->prefetcher[i].place.numa_node = (int)node;
-        }
+        int node = s_prefetcher_node(sec);
+        if (node < 0) return s_err(x, sec, key, "section must be [prefetcher.N] with N a NUMA node number 0-1023");
+        int i = s_prefetcher_add(x, node);
+        if (i < 0) return s_err(x, sec, key, "more than %d prefetcher sections", CONFIG_MAX_PREFETCHERS);
         if (!strcmp(key, "endpoint")) return s_endpoint(x, sec, key, v, c->prefetcher[i].endpoint, sizeof c->prefetcher[i].endpoint);
         if (!strcmp(key, "threads")) return s_int(x, sec, key, v, 0, 4096, &c->prefetcher[i].threads);
         int r = s_place(x, sec, key, v, &c->prefetcher[i].place, &handled);
@@ -312,16 +327,46 @@ int config_parse(strata_config_t *c, const char *text, const char *name, strata_
     s_ctx_t x = {.c = c};
     config_defaults(c);
     if (!name) name = "(config)";
-    /* refuse lines inih would split */
+    /* One pass before inih: refuse lines inih would split, and check section headers here
+     * because inih reports a section only through its keys (an empty [prefetcher.1] would
+     * otherwise vanish, and a misspelt empty section would pass). */
     int line = 1;
-    size_t col = 0;
-    for (const char *p = text; *p; p++) {
-        if (*p == '\n') {
-            line++;
-            col = 0;
-        } else if (++col > CONFIG_MAX_LINE) {
+    for (const char *p = text; *p; line++) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p) : strlen(p);
+        if (len > CONFIG_MAX_LINE)
             return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s:%d: line longer than %d characters", name, line, CONFIG_MAX_LINE);
+        const char *q = p;
+        if (line == 1 && !strncmp(q, "\xEF\xBB\xBF", 3)) q += 3;
+        while (q < p + len && (*q == ' ' || *q == '\t' || *q == '\r')) q++;
+        if (q < p + len && *q == '[') {
+            const char *close = memchr(q, ']', (size_t)(p + len - q));
+            if (close) {
+                char sec[CONFIG_MAX_LINE + 1];
+                size_t sl = (size_t)(close - q - 1);
+                memcpy(sec, q + 1, sl);
+                sec[sl] = 0;
+                static const char *known[] = {"group", "router", "scheduler", "executor", "launcher"};
+                bool ok = false;
+                for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) ok |= !strcmp(sec, known[k]);
+                if (!ok && !strncmp(sec, "prefetcher.", 11)) {
+                    int node = s_prefetcher_node(sec);
+                    if (node < 0)
+                        return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s:%d: [%s]: section must be [prefetcher.N] with N a NUMA node number 0-1023",
+                                             name, line, sec);
+                    if (s_prefetcher_add(&x, node) < 0)
+                        return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s:%d: [%s]: more than %d prefetcher sections", name, line, sec,
+                                             CONFIG_MAX_PREFETCHERS);
+                    ok = true;
+                }
+                if (!ok)
+                    return strata_seterr(eb, STRATA_EINVAL_INPUT,
+                                         "%s:%d: [%s]: unknown section (known: group router scheduler executor prefetcher.N launcher)",
+                                         name, line, sec);
+            }
         }
+        if (!nl) break;
+        p = nl + 1;
     }
     /* inih settings (process-wide; config parsing happens at start-up, single-threaded) */
     ini_stop_on_first_error = true;

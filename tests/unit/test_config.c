@@ -97,6 +97,11 @@ static void test_full(void)
     T_CHECK(c.launcher.restart_backoff_ms == 50 && c.launcher.restart_backoff_max_ms == 400 && c.launcher.ready_timeout_s == 5 &&
                 c.launcher.watchdog_s == 0, "launcher");
 
+    /* sections without keys still count; CRLF line ends are fine */
+    rc = config_parse(&c, "[prefetcher.2]\r\n[prefetcher.5]\r\n[launcher]\r\n", "crlf.ini", &eb);
+    T_CHECK(rc == 0 && c.n_prefetchers == 2 && c.prefetcher[0].node == 2 && c.prefetcher[1].node == 5 &&
+                c.prefetcher[1].place.numa_node == 5,
+            "empty prefetcher sections: %d n=%d %s", rc, c.n_prefetchers, eb.msg);
     /* run_dir derived from name, tokenizer given explicitly */
     rc = config_parse(&c, "[group]\nname=abc\nmodel=/m\ntokenizer=/t.json\n", "x.ini", &eb);
     T_CHECK(rc == 0 && !strcmp(c.run_dir, "/tmp/strata-abc") && !strcmp(c.tokenizer, "/t.json") &&
@@ -123,7 +128,9 @@ static void test_errors(void)
         const char *text;
         const char *want[3]; /* substrings the message must contain */
     } cases[] = {
-        {"[group]\nname = x\n[routr]\nendpoint = tcp://a:1\n", {"bad.ini:4:", "routr", "unknown section"}},
+        {"[group]\nname = x\n[routr]\nendpoint = tcp://a:1\n", {"bad.ini:3:", "routr", "unknown section"}},
+        {"[group]\nname = x\n\n  [ group]\n", {"bad.ini:4:", "[ group]", "unknown section"}},
+        {"[executor]\nthreads = 1\n[schedulr]\n", {"bad.ini:3:", "schedulr", "unknown section"}},
         {"[router]\nmax_queue = 5\nmax_qeue = 5\n", {"bad.ini:3:", "max_qeue", "unknown key"}},
         {"[router]\nmax_queue = five\n", {"bad.ini:2:", "max_queue", "not an integer"}},
         {"[router]\nmax_queue = 0\n", {"bad.ini:2:", "max_queue", "out of range"}},
@@ -138,8 +145,10 @@ static void test_errors(void)
         {"[group]\nname = a/b\n", {"bad.ini:2:", "name", "A-Za-z0-9"}},
         {"[group]\nthis line has no equals sign\n", {"bad.ini:2:", "syntax error", ""}},
         {"name = x\n", {"bad.ini:1:", "name", "outside any section"}},
-        {"[prefetcher.x]\ncpus = 1\n", {"bad.ini:2:", "prefetcher.x", "NUMA node number"}},
-        {"[prefetcher.01]\ncpus = 1\n", {"bad.ini:2:", "prefetcher.01", "NUMA node number"}},
+        {"[prefetcher.x]\ncpus = 1\n", {"bad.ini:1:", "prefetcher.x", "NUMA node number"}},
+        {"[prefetcher.01]\ncpus = 1\n", {"bad.ini:1:", "prefetcher.01", "NUMA node number"}},
+        {"[prefetcher.0]\n[prefetcher.1]\n[prefetcher.2]\n[prefetcher.3]\n[prefetcher.4]\n[prefetcher.5]\n[prefetcher.6]\n[prefetcher.7]\n[prefetcher.8]\n",
+         {"bad.ini:9:", "prefetcher.8", "more than 8"}},
         {"[launcher]\nrestart_backoff_ms = 500\nrestart_backoff_max_ms = 100\n", {"bad.ini:", "restart_backoff_max_ms", "less than"}},
         {"[group]\nrun_dir = /tmp/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n",
          {"bad.ini:", "[router]" /* never: replaced below */, ""}},

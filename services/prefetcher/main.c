@@ -1,0 +1,404 @@
+/* strata-prefetcher - owns one NUMA node's weight arena (common/arena.h).
+ *
+ * At start it looks for its shm segment "/strata-<group>-arena-<N>":
+ *   - present, complete and built from the same model files (layout hash + index): it takes
+ *     ownership and serves it as is. This is the normal case after a crash or restart of the
+ *     prefetcher: nothing is read from disk.
+ *   - present but half-filled (its filler died) or built from other files: removed, rebuilt.
+ *   - absent: created, bound to the node with mbind, filled from the model folder by threads
+ *     that inherit this process's pinning (the launcher pins it to the node's cpus), then
+ *     published (ready flag written last).
+ * Then it binds a ZeroMQ ROUTER socket at its endpoint and answers "status" requests
+ * (proto/msg.h MSG_PF_STATUS). Expert compute and DMA requests come with the GPU work.
+ *
+ * The arena deliberately outlives this process: a clean stop leaves it for the next start.
+ * `strata up` removes it when the whole group stops; under systemd `--remove` drops it.
+ *
+ * Exit codes: 0 clean stop, 1 runtime failure (restart me), 2 bad config or usage.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common/arena.h"
+#include "common/config.h"
+#include "common/notify.h"
+#include "common/shm.h"
+#include "kernels/cpu/threadpool.h"
+#include "proto/msg.h"
+#include "proto/zmsg.h"
+
+#define FILL_CHUNK (16u << 20) /* bytes per copy task */
+
+static volatile sig_atomic_t s_stop;
+
+static void s_on_signal(int sig)
+{
+    (void)sig;
+    s_stop = 1;
+}
+
+typedef struct {
+    const arena_plan_t *plan;
+    shm_seg_t *seg;
+    int *fds;                  /* [n_files] open model files */
+    int64_t *chunk_file;       /* [n_chunks] file index */
+    uint64_t *chunk_off;       /* [n_chunks] offset in the file */
+    int err;                   /* first error (-errno), atomic */
+    int err_file;
+} s_fill_t;
+
+static void s_fill_chunk(void *ctx, int64_t i0, int64_t i1, int tid)
+{
+    s_fill_t *f = ctx;
+    for (int64_t c = i0; c < i1; c++) {
+        if (__atomic_load_n(&f->err, __ATOMIC_RELAXED)) return;
+        int fi = (int)f->chunk_file[c];
+        const arena_entry_t *e = &f->plan->files[fi];
+        uint64_t off = f->chunk_off[c];
+        uint64_t len = e->bytes - off < FILL_CHUNK ? e->bytes - off : FILL_CHUNK;
+        uint8_t *dst = f->seg->base + e->offset + off;
+        uint64_t done = 0;
+        while (done < len) {
+            ssize_t r = pread(f->fds[fi], dst + done, len - done, (off_t)(off + done));
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) {
+                int zero = 0;
+                int e2 = r < 0 ? -errno : STRATA_EIO; /* r == 0: the file shrank */
+                if (__atomic_compare_exchange_n(&f->err, &zero, e2, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) f->err_file = fi;
+                return;
+            }
+            done += (uint64_t)r;
+        }
+        /* the bytes now live in the arena: do not keep a second copy in the page cache */
+        (void)posix_fadvise(f->fds[fi], (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+    }
+}
+
+/* Copy every planned file into seg and write the index; ready is published by the caller. */
+static int s_fill(shm_seg_t *seg, const arena_plan_t *plan, int threads, strata_errbuf_t *eb)
+{
+    int rc = 0;
+    tpool_t *pool = NULL;
+    s_fill_t f = {.plan = plan, .seg = seg};
+    int64_t n_chunks = 0;
+    f.fds = malloc(sizeof(int) * (plan->n_files ? plan->n_files : 1));
+    if (!f.fds) return STRATA_ENOMEM;
+    for (uint32_t i = 0; i < plan->n_files; i++) f.fds[i] = -1;
+    for (uint32_t i = 0; i < plan->n_files; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", plan->model_dir, plan->files[i].name);
+        f.fds[i] = open(path, O_RDONLY | O_CLOEXEC);
+        if (f.fds[i] < 0) {
+            rc = strata_seterr(eb, -errno, "model file %s: %s", path, strerror(errno));
+            goto fail;
+        }
+        struct stat st;
+        if (fstat(f.fds[i], &st) < 0 || (uint64_t)st.st_size != plan->files[i].bytes) {
+            rc = strata_seterr(eb, STRATA_EIO, "model file %s changed size while loading", path);
+            goto fail;
+        }
+        n_chunks += (int64_t)((plan->files[i].bytes + FILL_CHUNK - 1) / FILL_CHUNK);
+    }
+    f.chunk_file = malloc(sizeof(int64_t) * (size_t)(n_chunks + 1));
+    f.chunk_off = malloc(sizeof(uint64_t) * (size_t)(n_chunks + 1));
+    if (!f.chunk_file || !f.chunk_off) {
+        rc = STRATA_ENOMEM;
+        goto fail;
+    }
+    int64_t c = 0;
+    for (uint32_t i = 0; i < plan->n_files; i++)
+        for (uint64_t off = 0; off < plan->files[i].bytes; off += FILL_CHUNK) {
+            f.chunk_file[c] = i;
+            f.chunk_off[c++] = off;
+        }
+    if (threads <= 0) {
+        cpu_set_t set;
+        threads = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    }
+    if (threads > n_chunks) threads = (int)(n_chunks > 0 ? n_chunks : 1);
+    if (threads > 1) pool = tpool_create(threads); /* NULL: runs inline */
+    tpool_run(pool, n_chunks, 1, s_fill_chunk, &f);
+    if (f.err) {
+        rc = strata_seterr(eb, f.err, "reading %s/%s: %s", plan->model_dir, plan->files[f.err_file].name, strata_strerror(f.err));
+        goto fail;
+    }
+    arena_index_t *ix = (arena_index_t *)shm_payload(seg);
+    memset(ix, 0, sizeof *ix);
+    ix->magic = ARENA_MAGIC;
+    ix->version = ARENA_VERSION;
+    ix->n_files = plan->n_files;
+    ix->part = plan->part;
+    ix->parts = plan->parts;
+    ix->node = plan->node;
+    ix->data_bytes = plan->data_bytes;
+    snprintf(ix->model_dir, sizeof ix->model_dir, "%s", plan->model_dir);
+    memcpy(ix->files, plan->files, sizeof(arena_entry_t) * plan->n_files);
+fail:
+    if (pool) tpool_destroy(pool);
+    for (uint32_t i = 0; i < plan->n_files; i++)
+        if (f.fds[i] >= 0) close(f.fds[i]);
+    free(f.fds);
+    free(f.chunk_file);
+    free(f.chunk_off);
+    return rc;
+}
+
+typedef struct {
+    shm_seg_t seg;
+    bool reattached;
+    double fill_ms;
+} s_arena_t;
+
+/* Reattach the arena if it is complete and matches plan, else (re)build it. */
+static int s_arena_open(s_arena_t *a, const char *name, const arena_plan_t *plan, int numa_node, int threads, strata_errbuf_t *eb)
+{
+    int rc;
+    strata_errbuf_t aeb = {{0}};
+    memset(a, 0, sizeof *a);
+    rc = shm_attach(&a->seg, name, plan->layout_hash, SHM_WRITE | SHM_ALLOW_NOT_READY, &aeb);
+    if (rc == 0) {
+        bool ready = __atomic_load_n(&a->seg.hdr->ready, __ATOMIC_ACQUIRE) == 1u;
+        if (ready && arena_check(&a->seg, plan, &aeb) == 0) {
+            pid_t prev = a->seg.hdr->owner_pid;
+            if (prev != getpid() && shm_owner_alive(&a->seg)) {
+                /* another live prefetcher serves this arena: two instances for one node */
+                shm_detach(&a->seg);
+                return strata_seterr(eb, STRATA_EBUSY, "arena %s is owned by live pid %d (another prefetcher for this node?)", name, prev);
+            }
+            shm_take_ownership(&a->seg);
+            a->reattached = true;
+            log_info("arena %s: reattached (%zu bytes, %u files, previous owner pid %d); nothing read from disk", name, a->seg.size,
+                     plan->n_files, prev);
+            return 0;
+        }
+        if (!ready && shm_owner_alive(&a->seg) && a->seg.hdr->owner_pid != getpid()) {
+            pid_t prev = a->seg.hdr->owner_pid;
+            shm_detach(&a->seg);
+            return strata_seterr(eb, STRATA_EBUSY, "arena %s is being filled by live pid %d", name, prev);
+        }
+        log_warn("arena %s: %s; rebuilding", name, ready ? aeb.msg : "left half-filled by a dead owner");
+        shm_detach(&a->seg);
+    } else if (rc != -ENOENT) {
+        log_warn("arena %s: %s; rebuilding", name, aeb.msg);
+    }
+    if (rc != -ENOENT && (rc = shm_remove(name)) < 0) return strata_seterr(eb, rc, "shm_unlink(%s): %s", name, strata_strerror(rc));
+    double t0 = strata_now();
+    rc = shm_create(&a->seg, name, plan->seg_bytes, plan->layout_hash, numa_node, eb);
+    if (rc < 0) return rc;
+    rc = s_fill(&a->seg, plan, threads, eb);
+    if (rc < 0) {
+        shm_detach(&a->seg);
+        shm_remove(name);
+        return rc;
+    }
+    shm_publish(&a->seg);
+    a->fill_ms = (strata_now() - t0) * 1e3;
+    log_info("arena %s: filled %.1f MiB (%u files) from %s in %.1f ms (%.2f GB/s), node %d", name, plan->data_bytes / 1048576.0,
+             plan->n_files, plan->model_dir, a->fill_ms, a->fill_ms > 0 ? plan->data_bytes / (a->fill_ms * 1e6) : 0.0, numa_node);
+    return 0;
+}
+
+static void s_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: strata-prefetcher --config FILE --node N [--remove]\n\n"
+            "Owns NUMA node N's weight arena (shm /strata-<group>-arena-<N>): reattaches it if it\n"
+            "survived, else fills it from [group] model, then serves status on [prefetcher.N] endpoint.\n"
+            "Reports READY=1 / WATCHDOG=1 / STOPPING=1 through sd_notify (NOTIFY_SOCKET).\n\n"
+            "  --config FILE   group config (INI)\n"
+            "  --node N        which [prefetcher.N] section this process is\n"
+            "  --remove        remove this node's arena segment and exit\n"
+            "  --help          this text\n\n"
+            "Exit codes: 0 clean stop, 1 runtime failure, 2 bad config or usage.\n");
+}
+
+/* Answer one request on the ROUTER socket: frames [routing id][message]. */
+static void s_serve_one(void *sock, const msg_pf_status_t *st, msg_buf_t *b)
+{
+    zmq_msg_t id, body;
+    zmq_msg_init(&id);
+    zmq_msg_init(&body);
+    if (zmq_msg_recv(&id, sock, ZMQ_DONTWAIT) < 0) goto out;
+    if (!zmq_msg_more(&id)) goto out; /* ROUTER always prefixes an id frame; nothing else came */
+    if (zmq_msg_recv(&body, sock, 0) < 0) goto out;
+    if (zmq_msg_more(&body)) { /* extra frames: drain them, then refuse the message */
+        int more = 1;
+        while (more) {
+            zmq_msg_t x;
+            zmq_msg_init(&x);
+            more = zmq_msg_recv(&x, sock, 0) >= 0 && zmq_msg_more(&x);
+            zmq_msg_close(&x);
+        }
+        zmsg_send_error(sock, zmq_msg_data(&id), zmq_msg_size(&id), MSG_ERROR, false, 0, MSG_E_MALFORMED,
+                        "one frame per message", b, ZMQ_DONTWAIT);
+        goto out;
+    }
+    msg_t m;
+    msg_err_t err;
+    int rc = msg_decode(MSG_FAM_PF_IN, zmq_msg_data(&body), zmq_msg_size(&body), &m, &err);
+    if (rc < 0) {
+        zmsg_send_error(sock, zmq_msg_data(&id), zmq_msg_size(&id), MSG_ERROR, m.has_id, m.id, err.code, err.text, b, ZMQ_DONTWAIT);
+        msg_free(&m);
+        goto out;
+    }
+    if (m.type == MSG_PF_STATUS) {
+        msg_t r;
+        msg_init(&r, MSG_PF_STATUS_REPLY);
+        r.has_id = m.has_id;
+        r.id = m.id;
+        r.u.pf_status = *st;
+        zmsg_send(sock, zmq_msg_data(&id), zmq_msg_size(&id), &r, b, ZMQ_DONTWAIT);
+    } else {
+        zmsg_send_error(sock, zmq_msg_data(&id), zmq_msg_size(&id), MSG_ERROR, m.has_id, m.id, MSG_E_UNKNOWN_TYPE,
+                        "the prefetcher serves only status", b, ZMQ_DONTWAIT);
+    }
+    msg_free(&m);
+out:
+    zmq_msg_close(&id);
+    zmq_msg_close(&body);
+}
+
+int main(int argc, char **argv)
+{
+    const char *config_path = NULL;
+    int node = -1;
+    bool remove = false;
+    static const struct option opts[] = {
+        {"config", required_argument, 0, 'c'}, {"node", required_argument, 0, 'n'},
+        {"remove", no_argument, 0, 'r'},       {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    int o;
+    while ((o = getopt_long(argc, argv, "c:n:rh", opts, NULL)) != -1) {
+        switch (o) {
+        case 'c': config_path = optarg; break;
+        case 'n': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*end || v < 0 || v > 1023) {
+                fprintf(stderr, "strata-prefetcher: --node '%s' is not a node number\n", optarg);
+                return 2;
+            }
+            node = (int)v;
+            break;
+        }
+        case 'r': remove = true; break;
+        case 'h': s_usage(stdout); return 0;
+        default: s_usage(stderr); return 2;
+        }
+    }
+    if (!config_path || node < 0 || optind != argc) {
+        s_usage(stderr);
+        return 2;
+    }
+    static char role[32];
+    snprintf(role, sizeof role, "prefetcher.%d", node);
+    log_set_role(role);
+
+    strata_config_t *cfg = malloc(sizeof *cfg);
+    arena_plan_t *plan = malloc(sizeof *plan);
+    if (!cfg || !plan) return 1;
+    strata_errbuf_t eb = {{0}};
+    if (config_load(cfg, config_path, &eb) < 0) {
+        log_error("%s", eb.msg);
+        return 2;
+    }
+    int part = -1;
+    for (int i = 0; i < cfg->n_prefetchers; i++)
+        if (cfg->prefetcher[i].node == node) part = i;
+    if (part < 0) {
+        log_error("%s: no [prefetcher.%d] section (the config's prefetchers are its NUMA nodes)", config_path, node);
+        return 2;
+    }
+    char name[SHM_NAME_MAX];
+    if (arena_shm_name(name, sizeof name, cfg->name, node) < 0) return 2;
+    if (remove) {
+        int r = shm_remove(name);
+        if (r < 0) log_error("shm_unlink(%s): %s", name, strata_strerror(r));
+        else log_info("arena %s removed", name);
+        return r < 0 ? 1 : 0;
+    }
+
+    struct sigaction sa = {.sa_handler = s_on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int rc = arena_plan(plan, cfg->model, part, cfg->n_prefetchers, node, &eb);
+    if (rc < 0) {
+        log_error("%s: [group] model: %s", config_path, eb.msg);
+        return 2;
+    }
+    s_arena_t arena;
+    rc = s_arena_open(&arena, name, plan, cfg->prefetcher[part].place.numa_node, cfg->prefetcher[part].threads, &eb);
+    if (rc < 0) {
+        log_error("%s", eb.msg);
+        return 1;
+    }
+
+    /* the ipc socket's folder; the launcher makes it too, systemd does not */
+    if (mkdir(cfg->run_dir, 0700) < 0 && errno != EEXIST) log_warn("mkdir %s: %s", cfg->run_dir, strerror(errno));
+    int exit_code = 0;
+    void *ctx = zmq_ctx_new();
+    void *sock = ctx ? zmq_socket(ctx, ZMQ_ROUTER) : NULL;
+    int zero = 0;
+    if (!sock || zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero) < 0 || zmq_bind(sock, cfg->prefetcher[part].endpoint) < 0) {
+        log_error("bind %s: %s", cfg->prefetcher[part].endpoint, zmq_strerror(zmq_errno()));
+        exit_code = 1;
+        goto out;
+    }
+    uint64_t instance = 0;
+    if (getrandom(&instance, sizeof instance, 0) != sizeof instance) instance = strata_now_ns() ^ (uint64_t)getpid();
+    msg_pf_status_t st = {
+        .node = node,
+        .arena = msg_str(name),
+        .bytes = arena.seg.size,
+        .state = msg_str("ready"),
+        .fill_ms = arena.fill_ms,
+        .reattached = arena.reattached,
+        .pid = (int32_t)getpid(),
+        .instance = instance,
+    };
+    msg_buf_t b = {0};
+    notify_status("arena %s %s, %zu bytes", name, arena.reattached ? "reattached" : "filled", arena.seg.size);
+    notify_ready();
+    log_info("ready: serving %s on %s", name, cfg->prefetcher[part].endpoint);
+    while (!s_stop) {
+        zmq_pollitem_t it = {.socket = sock, .events = ZMQ_POLLIN};
+        int n = zmq_poll(&it, 1, 200);
+        if (n < 0 && zmq_errno() != EINTR) {
+            log_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
+            exit_code = 1;
+            break;
+        }
+        if (n > 0 && (it.revents & ZMQ_POLLIN))
+            for (int k = 0; k < 64 && !s_stop; k++) {
+                int ev = 0;
+                size_t evl = sizeof ev;
+                if (zmq_getsockopt(sock, ZMQ_EVENTS, &ev, &evl) < 0 || !(ev & ZMQ_POLLIN)) break;
+                s_serve_one(sock, &st, &b);
+            }
+        notify_watchdog();
+    }
+    notify_stopping();
+    log_info("stopping (arena %s stays for the next start)", name);
+    msg_buf_free(&b);
+out:
+    if (sock) zmq_close(sock);
+    if (ctx) zmq_ctx_term(ctx);
+    shm_detach(&arena.seg);
+    free(plan);
+    free(cfg);
+    return exit_code;
+}
