@@ -1,0 +1,332 @@
+/* ops_avx2.c - AVX2 + FMA + F16C row kernels for cpu_matmul / cpu_ffn_swiglu, one per
+ * weight format. Compiled with -mavx2 -mfma -mf16c; ops.c calls it only on CPUs that have
+ * them.
+ *
+ * Decode (n <= 4 tokens) is bound by the weight stream: each weight row is read once,
+ * 32 columns at a time, converted to fp32 in registers and multiplied into all n tokens.
+ * The per-format conversions are exact, so these kernels see the very weights that
+ * qmat_dequant_row produces; they only sum in a different order (fp32):
+ *   BF16: zero-extend to 32 bits and shift left 16.
+ *   INT8: sign-extend to int32, convert (row scale applied to the finished dot).
+ *   FP8:  e4m3fn byte b becomes the fp16 with bits ((b << 8) >>arith 1) & 0xBF80: sign
+ *         kept, exponent and mantissa moved down one bit. That fp16 equals fp8(b) / 256 for
+ *         normal and subnormal b alike (fp16 has bias 15 vs 7 and 7 more mantissa bits), so
+ *         F16C converts it exactly; the 256 goes into the row scale. e4m3fn has no inf and
+ *         its NaN (0x7f/0xff) would come out as 480/256, so NaN bytes are detected on the
+ *         side and turn the row's outputs into NaN, as the reference does.
+ *   INT4: the Q4_0 order puts columns c0..c0+15 in the low nibbles and c0+16..31 in the
+ *         high nibbles of 16 bytes, so two masks give both halves in column order; nibble
+ *         - 8 as int8, sign-extend, convert. The group scale multiplies each 32-column
+ *         partial dot.
+ * More than 4 tokens (prefill, expert batches): each row is dequantized once into an
+ * L1-resident fp32 buffer and multiplied into the tokens 4 at a time, in token blocks
+ * sized so the block's activations stay in L2.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "common/strata.h"
+#include "kernels/cpu/ops_impl.h"
+
+#define ALWAYS static inline __attribute__((always_inline))
+
+ALWAYS float s_hsum(__m256 v)
+{
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_movehdup_ps(a));
+    return _mm_cvtss_f32(a);
+}
+
+/* One row, as the kernels see it. */
+typedef struct {
+    const void *p;        /* row data */
+    const uint16_t *sc;   /* INT4: fp16 scales of this row [cols / group] */
+    int group;            /* INT4 */
+} s_row_t;
+
+/* Load columns [c, c+32) of a row as 4 fp32 vectors in column order (see the file comment
+ * for the scaling of INT8/FP8). nan collects FP8 NaN bytes. */
+ALWAYS void s_load32(wfmt_t fmt, const s_row_t *rw, int c, __m256 w[4], __m256i *nan)
+{
+    switch (fmt) {
+    case WF_F32: {
+        const float *p = (const float *)rw->p + c;
+        for (int k = 0; k < 4; k++) w[k] = _mm256_loadu_ps(p + 8 * k);
+        break;
+    }
+    case WF_BF16: {
+        const uint16_t *p = (const uint16_t *)rw->p + c;
+        for (int k = 0; k < 4; k++) {
+            __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 8 * k)));
+            w[k] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        }
+        break;
+    }
+    case WF_INT8: {
+        const int8_t *p = (const int8_t *)rw->p + c;
+        for (int k = 0; k < 4; k++)
+            w[k] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8 * k))));
+        break;
+    }
+    case WF_FP8: {
+        __m256i v = _mm256_loadu_si256((const __m256i *)((const uint8_t *)rw->p + c));
+        *nan = _mm256_or_si256(*nan, _mm256_cmpeq_epi8(_mm256_and_si256(v, _mm256_set1_epi8(0x7f)),
+                                                        _mm256_set1_epi8(0x7f)));
+        const __m256i z = _mm256_setzero_si256(), m = _mm256_set1_epi16((short)0xBF80);
+        __m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(z, v), 1), m); /* cols 0-7 | 16-23 */
+        __m256i hi = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(z, v), 1), m); /* cols 8-15 | 24-31 */
+        w[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(lo));
+        w[1] = _mm256_cvtph_ps(_mm256_castsi256_si128(hi));
+        w[2] = _mm256_cvtph_ps(_mm256_extracti128_si256(lo, 1));
+        w[3] = _mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1));
+        break;
+    }
+    case WF_INT4: {
+        __m128i b = _mm_loadu_si128((const __m128i *)((const uint8_t *)rw->p + c / 2));
+        const __m128i m = _mm_set1_epi8(0x0f), e = _mm_set1_epi8(8);
+        __m128i lo = _mm_sub_epi8(_mm_and_si128(b, m), e);
+        __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), m), e);
+        w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+        w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+        w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+        w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+        break;
+    }
+    default:
+        STRATA_ASSERT(!"format");
+    }
+}
+
+/* Scalar weight at column c, same units as s_load32 uses (tails of non-INT4 rows). */
+ALWAYS float s_load1(wfmt_t fmt, const s_row_t *rw, int c)
+{
+    switch (fmt) {
+    case WF_F32: return ((const float *)rw->p)[c];
+    case WF_BF16: return bf16_to_f32(((const uint16_t *)rw->p)[c]);
+    case WF_INT8: return (float)((const int8_t *)rw->p)[c];
+    case WF_FP8: return fp8e4m3_to_f32(((const uint8_t *)rw->p)[c]) * (1.0f / 256);
+    default: STRATA_ASSERT(!"format"); return 0;
+    }
+}
+
+/* out[t] = dot(row, x[t]) for T (1..4) tokens, in the units of s_load32 (multiply by the
+ * row scale afterwards for INT8/FP8). */
+ALWAYS void s_row_dots(wfmt_t fmt, const s_row_t *rw, int cols, const float *x, int64_t ldx, int T, float *out)
+{
+    __m256 acc[4][2];
+    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    __m256i nan = _mm256_setzero_si256();
+    const int nb = cols / 32;
+    __m256 d = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const int c = b * 32;
+        __m256 w[4];
+        s_load32(fmt, rw, c, w, &nan);
+        if (fmt == WF_INT4) {
+            if (c % rw->group == 0) d = _mm256_set1_ps(_cvtsh_ss(rw->sc[c / rw->group]));
+            for (int t = 0; t < T; t++) {
+                const float *xt = x + t * ldx + c;
+                __m256 s = _mm256_mul_ps(w[0], _mm256_loadu_ps(xt));
+                s = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xt + 8), s);
+                s = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xt + 16), s);
+                s = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xt + 24), s);
+                acc[t][b & 1] = _mm256_fmadd_ps(s, d, acc[t][b & 1]);
+            }
+        } else {
+            for (int t = 0; t < T; t++) {
+                const float *xt = x + t * ldx + c;
+                acc[t][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xt), acc[t][0]);
+                acc[t][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xt + 8), acc[t][1]);
+                acc[t][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xt + 16), acc[t][0]);
+                acc[t][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xt + 24), acc[t][1]);
+            }
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        float s = s_hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
+        if (fmt != WF_INT4)
+            for (int c = nb * 32; c < cols; c++) s += s_load1(fmt, rw, c) * x[t * ldx + c];
+        out[t] = s;
+    }
+    if (fmt == WF_FP8 && !_mm256_testz_si256(nan, nan))
+        for (int t = 0; t < T; t++) out[t] = NAN;
+}
+
+ALWAYS void s_row_view(const qmat_t *w, int32_t r, s_row_t *rw, float *rscale)
+{
+    const int64_t cols = w->cols;
+    *rscale = 1;
+    switch (w->fmt) {
+    case WF_F32: rw->p = (const float *)w->data + r * cols; break;
+    case WF_BF16: rw->p = (const uint16_t *)w->data + r * cols; break;
+    case WF_INT8:
+        rw->p = (const int8_t *)w->data + r * cols;
+        *rscale = ((const float *)w->scales)[r];
+        break;
+    case WF_FP8:
+        rw->p = (const uint8_t *)w->data + r * cols;
+        *rscale = ((const float *)w->scales)[r] * 256.0f; /* exact: a power of two */
+        break;
+    case WF_INT4:
+        rw->p = (const uint8_t *)w->data + r * (cols / 2);
+        rw->sc = (const uint16_t *)w->scales + r * (cols / w->group);
+        rw->group = w->group;
+        break;
+    default: STRATA_ASSERT(!"format");
+    }
+}
+
+/* Rows [r0, r1) for all n <= 4 tokens of the job, reading each row once. */
+ALWAYS void s_fused(const mm_job_t *j, wfmt_t fmt, int T, int32_t r0, int32_t r1)
+{
+    const qmat_t *w = j->w;
+    for (int32_t r = r0; r < r1; r++) {
+        s_row_t rw = {0};
+        float rs, out[4];
+        s_row_view(w, r, &rw, &rs);
+        if (r + 4 < r1) { /* the next rows: a hint ahead of the hardware prefetcher */
+            const char *nx = (const char *)rw.p + 4 * qmat_data_bytes(fmt, 1, w->cols);
+            _mm_prefetch(nx, _MM_HINT_T0);
+        }
+        s_row_dots(fmt, &rw, w->cols, j->x, j->ldx, T, out);
+        for (int t = 0; t < T; t++) mm_store(j, t, r, out[t] * rs);
+    }
+}
+
+#define S_FUSED_FMT(FMT, name)                                                                    \
+    static void name(const mm_job_t *j, int32_t r0, int32_t r1)                                   \
+    {                                                                                             \
+        switch (j->n) {                                                                           \
+        case 1: s_fused(j, FMT, 1, r0, r1); break;                                                \
+        case 2: s_fused(j, FMT, 2, r0, r1); break;                                                \
+        case 3: s_fused(j, FMT, 3, r0, r1); break;                                                \
+        default: s_fused(j, FMT, 4, r0, r1); break;                                               \
+        }                                                                                         \
+    }
+S_FUSED_FMT(WF_F32, s_fused_f32)
+S_FUSED_FMT(WF_BF16, s_fused_bf16)
+S_FUSED_FMT(WF_INT8, s_fused_int8)
+S_FUSED_FMT(WF_FP8, s_fused_fp8)
+S_FUSED_FMT(WF_INT4, s_fused_int4)
+
+/* Dequantize row r to fp32 exactly as qmat_dequant_row does (same products). */
+static void s_dequant_row(const qmat_t *w, int32_t r, float *out)
+{
+    const int cols = w->cols, nb = w->fmt == WF_F32 ? 0 : cols / 32;
+    s_row_t rw = {0};
+    float rs;
+    s_row_view(w, r, &rw, &rs);
+    __m256i nan = _mm256_setzero_si256();
+    __m256 d = _mm256_set1_ps(rs), wv[4];
+    for (int b = 0; b < nb; b++) {
+        const int c = b * 32;
+        switch (w->fmt) {
+        case WF_BF16: s_load32(WF_BF16, &rw, c, wv, &nan); break;
+        case WF_INT8: s_load32(WF_INT8, &rw, c, wv, &nan); break;
+        case WF_FP8: s_load32(WF_FP8, &rw, c, wv, &nan); break;
+        default:
+            s_load32(WF_INT4, &rw, c, wv, &nan);
+            if (c % rw.group == 0) d = _mm256_set1_ps(_cvtsh_ss(rw.sc[c / rw.group]));
+            break;
+        }
+        if (w->fmt == WF_BF16)
+            for (int k = 0; k < 4; k++) _mm256_storeu_ps(out + c + 8 * k, wv[k]);
+        else
+            for (int k = 0; k < 4; k++) _mm256_storeu_ps(out + c + 8 * k, _mm256_mul_ps(wv[k], d));
+    }
+    if (!_mm256_testz_si256(nan, nan)) { /* FP8 NaN bytes: the reference keeps them NaN */
+        qmat_dequant_row(w, r, out);
+        return;
+    }
+    {
+        const int64_t c0 = (int64_t)nb * 32;
+        for (int64_t c = c0; c < cols; c++) {
+            switch (w->fmt) {
+            case WF_F32: out[c] = ((const float *)rw.p)[c]; break;
+            case WF_BF16: out[c] = bf16_to_f32(((const uint16_t *)rw.p)[c]); break;
+            case WF_INT8: out[c] = (float)((const int8_t *)rw.p)[c] * rs; break;
+            case WF_FP8: out[c] = fp8e4m3_to_f32(((const uint8_t *)rw.p)[c]) * (rs * (1.0f / 256)); break;
+            default: STRATA_ASSERT(!"int4 rows are whole blocks");
+            }
+        }
+    }
+}
+
+/* Per-thread fp32 row buffer for the n > 4 path; freed when the thread exits. */
+static pthread_key_t s_buf_key;
+static pthread_once_t s_buf_once = PTHREAD_ONCE_INIT;
+static __thread float *s_buf;
+static __thread size_t s_buf_cap;
+
+static void s_buf_key_init(void)
+{
+    STRATA_ASSERT(pthread_key_create(&s_buf_key, free) == 0);
+}
+
+static float *s_row_buf(size_t n)
+{
+    if (s_buf_cap < n) {
+        pthread_once(&s_buf_once, s_buf_key_init);
+        free(s_buf);
+        s_buf = NULL;
+        s_buf_cap = 0;
+        void *p = NULL;
+        STRATA_ASSERT(posix_memalign(&p, 64, n * sizeof(float)) == 0);
+        s_buf = p;
+        s_buf_cap = n;
+        pthread_setspecific(s_buf_key, p);
+    }
+    return s_buf;
+}
+
+static void s_many_tokens(const mm_job_t *j, int32_t r0, int32_t r1)
+{
+    const qmat_t *w = j->w;
+    const int cols = w->cols;
+    float *buf = w->fmt == WF_F32 ? NULL : s_row_buf((size_t)cols);
+    /* token blocks whose activations fit in ~256 KiB of L2, a multiple of 4 tokens */
+    int nb = (int)(65536 / (cols > 0 ? cols : 1)) & ~3;
+    if (nb < 4) nb = 4;
+    for (int tb = 0; tb < j->n; tb += nb) {
+        const int te = tb + nb < j->n ? tb + nb : j->n;
+        for (int32_t r = r0; r < r1; r++) {
+            const float *row = (const float *)w->data + (int64_t)r * cols;
+            if (buf) {
+                s_dequant_row(w, r, buf);
+                row = buf;
+            }
+            s_row_t rw = {.p = row};
+            float out[4];
+            int t = tb;
+            for (; t + 4 <= te; t += 4) {
+                s_row_dots(WF_F32, &rw, cols, j->x + (int64_t)t * j->ldx, j->ldx, 4, out);
+                for (int k = 0; k < 4; k++) mm_store(j, t + k, r, out[k]);
+            }
+            const int rem = te - t;
+            const float *xt = j->x + (int64_t)t * j->ldx;
+            if (rem == 1) s_row_dots(WF_F32, &rw, cols, xt, j->ldx, 1, out);
+            else if (rem == 2) s_row_dots(WF_F32, &rw, cols, xt, j->ldx, 2, out);
+            else if (rem == 3) s_row_dots(WF_F32, &rw, cols, xt, j->ldx, 3, out);
+            for (int k = 0; k < rem; k++) mm_store(j, t + k, r, out[k]);
+        }
+    }
+}
+
+void cpu_avx2_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1)
+{
+    if (j->n > 4) {
+        s_many_tokens(j, r0, r1);
+        return;
+    }
+    switch (j->w->fmt) {
+    case WF_F32: s_fused_f32(j, r0, r1); break;
+    case WF_BF16: s_fused_bf16(j, r0, r1); break;
+    case WF_INT8: s_fused_int8(j, r0, r1); break;
+    case WF_FP8: s_fused_fp8(j, r0, r1); break;
+    case WF_INT4: s_fused_int4(j, r0, r1); break;
+    default: STRATA_ASSERT(!"format");
+    }
+}

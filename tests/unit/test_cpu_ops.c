@@ -1,0 +1,519 @@
+/* test_cpu_ops.c - every op in kernels/cpu/ops.h and the thread pool, on fresh random inputs
+ * (STRATA_SEED replays a run). Outputs are poisoned with NaN before each call so unwritten
+ * elements show. Matmul-like ops run on every ISA this CPU supports (printed) and with 1
+ * and several threads, against an oracle in double precision over qmat_dequant_row. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/ops.h"
+#include "tests/unit/check.h"
+
+static uint64_t g_seed;
+
+static float *t_alloc(size_t n)
+{
+    float *p = malloc(n * sizeof(float) + 64);
+    for (size_t i = 0; i < n; i++) p[i] = NAN;
+    return p;
+}
+
+static void t_fill(float *p, size_t n, float scale)
+{
+    for (size_t i = 0; i < n; i++) p[i] = t_randf(&g_seed) * scale;
+}
+
+static void t_poison(float *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) p[i] = NAN;
+}
+
+static bool t_all_finite(const float *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(p[i])) return false;
+    return true;
+}
+
+/* ---- thread pool ---- */
+
+typedef struct {
+    _Atomic int *hits;
+    int64_t grain, n;
+    _Atomic int bad_chunk, bad_tid;
+    int nthreads;
+} t_pool_ctx_t;
+
+static void t_pool_fn(void *ctx, int64_t i0, int64_t i1, int tid)
+{
+    t_pool_ctx_t *c = ctx;
+    if (i0 < 0 || i1 > c->n || i1 <= i0 || (i1 - i0 < c->grain && i1 != c->n)) atomic_fetch_add(&c->bad_chunk, 1);
+    if (tid < 0 || tid >= c->nthreads) atomic_fetch_add(&c->bad_tid, 1);
+    for (int64_t i = i0; i < i1 && i < c->n; i++) atomic_fetch_add(&c->hits[i], 1);
+}
+
+static void test_pool(void)
+{
+    const int sizes[] = {1, 2, 3, 5};
+    for (unsigned s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+        tpool_t *p = tpool_create(sizes[s]);
+        T_CHECK(p != NULL && tpool_size(p) == sizes[s], "pool of %d", sizes[s]);
+        if (!p) continue;
+        int bad = 0, badc = 0, badt = 0;
+        for (int it = 0; it < 3000; it++) {
+            int64_t n = it < 2000 ? 1 + (int64_t)(t_rng_next(&g_seed) % 64) : 1 + (int64_t)(t_rng_next(&g_seed) % 5000);
+            int64_t grain = 1 + (int64_t)(t_rng_next(&g_seed) % 16);
+            _Atomic int *hits = calloc((size_t)n, sizeof(*hits));
+            t_pool_ctx_t c = {.hits = hits, .grain = grain, .n = n, .nthreads = sizes[s]};
+            tpool_run(p, n, grain, t_pool_fn, &c);
+            for (int64_t i = 0; i < n; i++) bad += hits[i] != 1;
+            badc += c.bad_chunk;
+            badt += c.bad_tid;
+            free(hits);
+        }
+        T_CHECK(bad == 0, "pool %d: %d items not run exactly once", sizes[s], bad);
+        T_CHECK(badc == 0, "pool %d: %d chunks out of range or below grain", sizes[s], badc);
+        T_CHECK(badt == 0, "pool %d: %d bad thread indices", sizes[s], badt);
+        tpool_destroy(p);
+    }
+    /* NULL pool runs inline */
+    _Atomic int hits[10] = {0};
+    t_pool_ctx_t c = {.hits = hits, .grain = 1, .n = 10, .nthreads = 1};
+    tpool_run(NULL, 10, 1, t_pool_fn, &c);
+    int bad = 0;
+    for (int i = 0; i < 10; i++) bad += hits[i] != 1;
+    T_CHECK(bad == 0 && c.bad_chunk == 0 && c.bad_tid == 0, "NULL pool");
+    T_CHECK(tpool_size(NULL) == 1, "NULL pool size");
+    tpool_run(NULL, 0, 1, t_pool_fn, &c); /* empty range: no call */
+}
+
+/* ---- matmul ---- */
+
+typedef struct {
+    qmat_t q;
+    void *data, *scales;
+    float *dq; /* [rows][cols] dequantized by qmat_dequant_row */
+} t_mat_t;
+
+static void t_mat_make(t_mat_t *m, wfmt_t fmt, int group, int rows, int cols)
+{
+    float *src = t_alloc((size_t)rows * cols);
+    t_fill(src, (size_t)rows * cols, 0.1f);
+    m->data = malloc(qmat_data_bytes(fmt, rows, cols) + 1);
+    m->scales = malloc(qmat_scale_bytes(fmt, rows, cols, group) + 1);
+    T_CHECK(qmat_quantize(fmt, group, src, rows, cols, m->data, m->scales) == 0, "quantize %s", wfmt_name(fmt));
+    m->q = (qmat_t){.fmt = fmt, .rows = rows, .cols = cols, .group = fmt == WF_INT4 ? group : 0,
+                    .data = m->data, .scales = fmt == WF_F32 || fmt == WF_BF16 ? NULL : m->scales};
+    m->dq = src;
+    for (int r = 0; r < rows; r++) qmat_dequant_row(&m->q, r, m->dq + (int64_t)r * cols);
+}
+
+static void t_mat_free(t_mat_t *m)
+{
+    free(m->data);
+    free(m->scales);
+    free(m->dq);
+}
+
+/* y[t][r] = x[t] . dq[r] + bias[r], in double */
+static void t_oracle_mm(float *y, const float *x, int n, const t_mat_t *m, const float *bias)
+{
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < m->q.rows; r++) {
+            double a = bias ? bias[r] : 0;
+            for (int c = 0; c < m->q.cols; c++) a += (double)x[(int64_t)t * m->q.cols + c] * m->dq[(int64_t)r * m->q.cols + c];
+            y[(int64_t)t * m->q.rows + r] = (float)a;
+        }
+}
+
+static double g_worst[3][WF_COUNT];
+
+static void test_matmul_case(tpool_t *pool, cpu_isa_t isa, wfmt_t fmt, int rows, int cols, int n, bool bias)
+{
+    int group = fmt == WF_INT4 ? (cols % 128 == 0 ? 128 : cols % 64 == 0 ? 64 : 32) : 0;
+    if (fmt == WF_INT4 && (t_rng_next(&g_seed) & 1)) group = 32;
+    t_mat_t m;
+    t_mat_make(&m, fmt, group, rows, cols);
+    float *x = t_alloc((size_t)n * cols), *y = t_alloc((size_t)n * rows), *want = t_alloc((size_t)n * rows);
+    float *b = bias ? t_alloc((size_t)rows) : NULL;
+    t_fill(x, (size_t)n * cols, 1.0f);
+    if (b) t_fill(b, (size_t)rows, 0.5f);
+    t_oracle_mm(want, x, n, &m, b);
+    t_poison(y, (size_t)n * rows);
+    cpu_matmul(pool, y, x, n, &m.q, b);
+    double e = t_relerr(y, want, (size_t)n * rows);
+    bool fin = t_all_finite(y, (size_t)n * rows);
+    if (e > g_worst[isa][fmt]) g_worst[isa][fmt] = e;
+    T_CHECK(fin && e < 1e-5, "%s %s %dx%d g%d n=%d bias=%d threads=%d: rel err %g, finite %d", cpu_isa_name(isa),
+            wfmt_name(fmt), rows, cols, group, n, bias, tpool_size(pool), e, fin);
+    free(x); free(y); free(want); free(b);
+    t_mat_free(&m);
+}
+
+static void test_matmul_isa(tpool_t *pool, cpu_isa_t isa)
+{
+    static const int ns[] = {1, 2, 3, 4, 5, 7, 16, 37};
+    for (int f = 0; f < WF_COUNT; f++) {
+        for (unsigned k = 0; k < sizeof(ns) / sizeof(ns[0]); k++) {
+            int n = ns[k];
+            /* odd row counts (not a multiple of any unroll); cols a multiple of 32 for INT4,
+             * with a ragged tail for the others */
+            int rows = 1 + (int)(t_rng_next(&g_seed) % 67);
+            int cols = f == WF_INT4 ? 32 * (1 + (int)(t_rng_next(&g_seed) % 12)) : 1 + (int)(t_rng_next(&g_seed) % 300);
+            test_matmul_case(pool, isa, (wfmt_t)f, rows, cols, n, k & 1);
+        }
+        test_matmul_case(pool, isa, (wfmt_t)f, 257, 512, 1, false);
+        test_matmul_case(pool, isa, (wfmt_t)f, 129, 256, 16, true);
+        test_matmul_case(pool, isa, (wfmt_t)f, 1, 32, 1, false);
+    }
+    /* FP8 NaN weights (0x7f / 0xff) give NaN outputs in that row only, as in the reference */
+    t_mat_t m;
+    t_mat_make(&m, WF_FP8, 0, 5, 64);
+    ((uint8_t *)m.data)[2 * 64 + 37] = 0x7f;
+    ((uint8_t *)m.data)[4 * 64 + 3] = 0xff;
+    for (int n = 1; n <= 6; n += 5) {
+        float x[6 * 64], y[6 * 5];
+        t_fill(x, (size_t)n * 64, 1.0f);
+        t_poison(y, (size_t)n * 5);
+        cpu_matmul(pool, y, x, n, &m.q, NULL);
+        bool ok = true;
+        for (int t = 0; t < n; t++)
+            for (int r = 0; r < 5; r++) ok &= (r == 2 || r == 4) ? isnan(y[t * 5 + r]) : isfinite(y[t * 5 + r]);
+        T_CHECK(ok, "%s fp8 NaN rows, n=%d", cpu_isa_name(isa), n);
+    }
+    t_mat_free(&m);
+}
+
+/* ---- FFN ---- */
+
+static void test_ffn(tpool_t *pool, cpu_isa_t isa, wfmt_t fmt, int n, bool accumulate, bool with_scale)
+{
+    const int hidden = 96, inter = 64 + 32 * (int)(t_rng_next(&g_seed) % 3);
+    t_mat_t g, u, d;
+    t_mat_make(&g, fmt, 32, inter, hidden);
+    t_mat_make(&u, fmt, 32, inter, hidden);
+    t_mat_make(&d, fmt, 32, hidden, inter);
+    float *x = t_alloc((size_t)n * hidden), *out = t_alloc((size_t)n * hidden), *want = t_alloc((size_t)n * hidden);
+    float *scratch = t_alloc((size_t)2 * n * inter), *sc = t_alloc((size_t)n);
+    float *gy = t_alloc((size_t)n * inter), *uy = t_alloc((size_t)n * inter), *dy = t_alloc((size_t)n * hidden);
+    t_fill(x, (size_t)n * hidden, 2.0f);
+    t_fill(sc, (size_t)n, 1.0f);
+    t_oracle_mm(gy, x, n, &g, NULL);
+    t_oracle_mm(uy, x, n, &u, NULL);
+    for (int i = 0; i < n * inter; i++) gy[i] = (float)(gy[i] / (1.0 + exp(-(double)gy[i])) * uy[i]);
+    t_oracle_mm(dy, gy, n, &d, NULL);
+    if (accumulate) t_fill(out, (size_t)n * hidden, 1.0f);
+    else t_poison(out, (size_t)n * hidden);
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < hidden; i++) {
+            float s = with_scale ? sc[t] : 1.0f, r = dy[t * hidden + i] * s;
+            want[t * hidden + i] = accumulate ? out[t * hidden + i] + r : r;
+        }
+    t_poison(scratch, (size_t)2 * n * inter);
+    cpu_ffn_swiglu(pool, out, x, n, &g.q, &u.q, &d.q, scratch, with_scale ? sc : NULL, accumulate);
+    double e = t_relerr(out, want, (size_t)n * hidden);
+    T_CHECK(t_all_finite(out, (size_t)n * hidden) && e < 2e-5, "ffn %s %s n=%d acc=%d scale=%d inter=%d: rel err %g",
+            cpu_isa_name(isa), wfmt_name(fmt), n, accumulate, with_scale, inter, e);
+    free(x); free(out); free(want); free(scratch); free(sc); free(gy); free(uy); free(dy);
+    t_mat_free(&g); t_mat_free(&u); t_mat_free(&d);
+}
+
+/* ---- the other ops ---- */
+
+static void test_rmsnorm(void)
+{
+    const int n = 3, dim = 1 + (int)(t_rng_next(&g_seed) % 700);
+    const float eps = 1e-6f;
+    float *x = t_alloc((size_t)n * dim), *w = t_alloc(dim), *y = t_alloc((size_t)n * dim), *want = t_alloc((size_t)n * dim);
+    t_fill(x, (size_t)n * dim, 3.0f);
+    t_fill(w, dim, 1.0f);
+    for (int t = 0; t < n; t++) {
+        double ss = 0;
+        for (int i = 0; i < dim; i++) ss += (double)x[t * dim + i] * x[t * dim + i];
+        double inv = 1 / sqrt(ss / dim + eps);
+        for (int i = 0; i < dim; i++) want[t * dim + i] = (float)(x[t * dim + i] * inv * w[i]);
+    }
+    t_poison(y, (size_t)n * dim);
+    cpu_rmsnorm(y, x, w, n, dim, eps);
+    T_CHECK(t_relerr(y, want, (size_t)n * dim) < 1e-6, "rmsnorm dim %d: %g", dim, t_relerr(y, want, (size_t)n * dim));
+    cpu_rmsnorm(x, x, w, n, dim, eps); /* in place */
+    T_CHECK(t_relerr(x, want, (size_t)n * dim) < 1e-6, "rmsnorm in place");
+    /* eps matters when x is tiny: all-zero input gives zeros, not NaN */
+    for (int i = 0; i < dim; i++) x[i] = 0;
+    cpu_rmsnorm(y, x, w, 1, dim, eps);
+    bool zero = true;
+    for (int i = 0; i < dim; i++) zero &= y[i] == 0;
+    T_CHECK(zero, "rmsnorm of zeros");
+    free(x); free(w); free(y); free(want);
+}
+
+static void test_rope(void)
+{
+    const int n = 3, heads = 3, hd = 64;
+    const int rots[] = {64, 32, 16};
+    for (int k = 0; k < 3; k++) {
+        const int rot = rots[k];
+        float inv[32], x[3 * 3 * 64], x0[3 * 3 * 64];
+        int32_t pos[3] = {0, 1 + (int32_t)(t_rng_next(&g_seed) % 100), 4000 + (int32_t)(t_rng_next(&g_seed) % 30000)};
+        for (int i = 0; i < rot / 2; i++) inv[i] = (float)pow(10000.0, -2.0 * i / rot);
+        t_fill(x, sizeof(x) / 4, 1.0f);
+        memcpy(x0, x, sizeof(x));
+        const float af = k == 2 ? 1.25f : 1.0f;
+        cpu_rope(x, n, heads, hd, rot, pos, inv, af);
+        double num = 0, den = 0;
+        bool untouched = true;
+        for (int t = 0; t < n; t++)
+            for (int h = 0; h < heads; h++) {
+                const float *a = x0 + (t * heads + h) * hd, *b = x + (t * heads + h) * hd;
+                for (int i = 0; i < rot / 2; i++) {
+                    double ang = (double)((float)pos[t] * inv[i]); /* fp32 product, as HF */
+                    double c = cos(ang) * af, s = sin(ang) * af;
+                    double w1 = a[i] * c - a[i + rot / 2] * s, w2 = a[i + rot / 2] * c + a[i] * s;
+                    num += (w1 - b[i]) * (w1 - b[i]) + (w2 - b[i + rot / 2]) * (w2 - b[i + rot / 2]);
+                    den += w1 * w1 + w2 * w2;
+                }
+                for (int i = rot; i < hd; i++) untouched &= a[i] == b[i];
+            }
+        T_CHECK(sqrt(num / den) < 1e-5, "rope rot %d: rel err %g", rot, sqrt(num / den));
+        T_CHECK(untouched, "rope rot %d: dims >= rot_dim changed", rot);
+    }
+    /* known value: position 0 is the identity (attn_factor 1) */
+    float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, inv[4] = {1, 0.5f, 0.25f, 0.125f};
+    int32_t p0 = 0;
+    cpu_rope(x, 1, 1, 8, 8, &p0, inv, 1.0f);
+    T_CHECK(x[0] == 1 && x[3] == 4 && x[4] == 5 && x[7] == 8, "rope at pos 0");
+    /* pos 1, inv_freq = pi/2: (x1, x2) -> (-x2, x1) */
+    float y[2] = {1, 2}, inv2[1] = {(float)(M_PI / 2)};
+    int32_t p1 = 1;
+    cpu_rope(y, 1, 1, 2, 2, &p1, inv2, 1.0f);
+    T_CHECK(fabsf(y[0] + 2) < 1e-6f && fabsf(y[1] - 1) < 1e-6f, "rope quarter turn: %g %g", y[0], y[1]);
+}
+
+static void test_attention(int n_ctx, int n_heads, int n_kv, int hd, int bs, float scale)
+{
+    const int n_blocks = (n_ctx + bs - 1) / bs + 3;
+    float *kc = t_alloc((size_t)n_blocks * n_kv * bs * hd), *vc = t_alloc((size_t)n_blocks * n_kv * bs * hd);
+    float *q = t_alloc((size_t)n_heads * hd), *out = t_alloc((size_t)n_heads * hd), *want = t_alloc((size_t)n_heads * hd);
+    float *scr = t_alloc((size_t)n_ctx);
+    int32_t *bt = malloc(sizeof(int32_t) * n_blocks);
+    t_fill(kc, (size_t)n_blocks * n_kv * bs * hd, 1.0f);
+    t_fill(vc, (size_t)n_blocks * n_kv * bs * hd, 1.0f);
+    t_fill(q, (size_t)n_heads * hd, 1.0f);
+    for (int i = 0; i < n_blocks; i++) bt[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) { /* a random block table */
+        int k = (int)(t_rng_next(&g_seed) % (uint64_t)(i + 1));
+        int32_t tmp = bt[i];
+        bt[i] = bt[k];
+        bt[k] = tmp;
+    }
+    const int grp = n_heads / n_kv;
+    double *sc = malloc(sizeof(double) * n_ctx);
+    for (int h = 0; h < n_heads; h++) {
+        int kvh = h / grp;
+        double mx = -INFINITY;
+        for (int p = 0; p < n_ctx; p++) {
+            const float *k = kc + (((int64_t)bt[p / bs] * n_kv + kvh) * bs + p % bs) * hd;
+            double d = 0;
+            for (int i = 0; i < hd; i++) d += (double)q[h * hd + i] * k[i];
+            sc[p] = d * scale;
+            mx = fmax(mx, sc[p]);
+        }
+        double z = 0;
+        for (int p = 0; p < n_ctx; p++) z += (sc[p] = exp(sc[p] - mx));
+        for (int i = 0; i < hd; i++) {
+            double a = 0;
+            for (int p = 0; p < n_ctx; p++) a += sc[p] / z * vc[(((int64_t)bt[p / bs] * n_kv + kvh) * bs + p % bs) * hd + i];
+            want[h * hd + i] = (float)a;
+        }
+    }
+    t_poison(out, (size_t)n_heads * hd);
+    cpu_attention(out, q, kc, vc, bt, n_ctx, n_heads, n_kv, hd, bs, scale, scr);
+    double e = t_relerr(out, want, (size_t)n_heads * hd);
+    T_CHECK(t_all_finite(out, (size_t)n_heads * hd) && e < 1e-5, "attention ctx %d heads %d/%d hd %d bs %d scale %g: %g",
+            n_ctx, n_heads, n_kv, hd, bs, scale, e);
+    free(kc); free(vc); free(q); free(out); free(want); free(scr); free(bt); free(sc);
+}
+
+static void test_gate(void)
+{
+    for (int it = 0; it < 200; it++) {
+        const int ne = 1 + (int)(t_rng_next(&g_seed) % 128), k = 1 + (int)(t_rng_next(&g_seed) % (ne < 8 ? ne : 8));
+        float lg[128];
+        t_fill(lg, ne, 8.0f);
+        for (int e = 0; e < ne; e++) lg[e] = roundf(lg[e] * 64) / 64; /* distinct values differ clearly */
+        if (it % 3 == 0) /* ties: repeat some values */
+            for (int e = 1; e < ne; e += 2) lg[e] = lg[e - 1 - (e > 2 ? 2 : 0)];
+        double mx = -INFINITY, z = 0, p[128];
+        for (int e = 0; e < ne; e++) mx = fmax(mx, lg[e]);
+        for (int e = 0; e < ne; e++) z += (p[e] = exp((double)lg[e] - mx));
+        for (int e = 0; e < ne; e++) p[e] /= z;
+        /* expected: a stable selection by descending probability */
+        int order[128];
+        bool taken[128] = {0};
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < ne; e++)
+                if (!taken[e] && (best < 0 || lg[e] > lg[best])) best = e;
+            taken[best] = true;
+            order[j] = best;
+        }
+        for (int rn = 0; rn < 2; rn++) {
+            int32_t idx[8];
+            float w[8];
+            for (int j = 0; j < 8; j++) { idx[j] = -1; w[j] = NAN; }
+            cpu_gate_topk(lg, ne, k, rn, idx, w);
+            double ws = 0;
+            for (int j = 0; j < k; j++) ws += p[order[j]];
+            bool ok = true;
+            for (int j = 0; j < k; j++) {
+                ok &= idx[j] == order[j];
+                double want = rn ? p[order[j]] / ws : p[order[j]];
+                ok &= fabs(w[j] - want) <= 1e-6 * fmax(1e-3, want) + 1e-9;
+            }
+            T_CHECK(ok, "gate ne %d k %d renorm %d: idx[0] %d want %d", ne, k, rn, idx[0], order[0]);
+        }
+    }
+    float tie[4] = {1, 3, 3, 3};
+    int32_t idx[2];
+    float w[2];
+    cpu_gate_topk(tie, 4, 2, true, idx, w);
+    T_CHECK(idx[0] == 1 && idx[1] == 2 && fabsf(w[0] - 0.5f) < 1e-6f && fabsf(w[1] - 0.5f) < 1e-6f, "gate ties to lower index");
+}
+
+/* An oracle for cpu_sample written the obvious way: full sort, no shortcuts. */
+typedef struct {
+    double p;
+    int id;
+} t_pc_t;
+
+static int t_pc_cmp(const void *a, const void *b)
+{
+    const t_pc_t *x = a, *y = b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    return x->id - y->id;
+}
+
+static int t_sample_oracle(const float *logits, int vocab, float temp, int top_k, float top_p, double u)
+{
+    t_pc_t *c = malloc(sizeof(*c) * vocab);
+    for (int i = 0; i < vocab; i++) c[i] = (t_pc_t){logits[i] / temp, i}; /* fp32 division, as cpu_sample */
+    qsort(c, vocab, sizeof(*c), t_pc_cmp); /* by scaled logit */
+    int n = top_k > 0 && top_k < vocab ? top_k : vocab;
+    double mx = c[0].p, z = 0;
+    for (int i = 0; i < n; i++) z += exp(c[i].p - mx);
+    for (int i = 0; i < n; i++) c[i].p = exp(c[i].p - mx) / z;
+    int keep = n;
+    if (top_p < 1) {
+        double cum = 0;
+        for (int i = 0; i < n; i++)
+            if ((cum += c[i].p) >= top_p) { keep = i + 1; break; }
+    }
+    double mass = 0;
+    for (int i = 0; i < keep; i++) mass += c[i].p;
+    double r = u * mass, cum = 0;
+    int pick = c[keep - 1].id;
+    for (int i = 0; i < keep; i++)
+        if (r < (cum += c[i].p)) { pick = c[i].id; break; }
+    free(c);
+    return pick;
+}
+
+static void test_sample(void)
+{
+    /* greedy, ties to the lower id */
+    float g[6] = {0.5f, 2, -1, 2, 1, 2};
+    T_CHECK(cpu_sample(g, 6, 0, 0, 1, 0.9) == 1, "greedy tie");
+    T_CHECK(cpu_sample(g, 6, 1.0f, 1, 1, 0.9) == 1, "top_k 1 is greedy");
+    /* known distribution: probs 0.5 0.3 0.15 0.05 */
+    const double pr[4] = {0.5, 0.3, 0.15, 0.05};
+    float lg[4];
+    for (int i = 0; i < 4; i++) lg[i] = (float)log(pr[i]);
+    float tmp[4];
+#define SAMPLE(T, K, P, U) (memcpy(tmp, lg, sizeof(lg)), cpu_sample(tmp, 4, T, K, P, U))
+    T_CHECK(SAMPLE(1, 0, 1, 0.49) == 0 && SAMPLE(1, 0, 1, 0.51) == 1 && SAMPLE(1, 0, 1, 0.81) == 2 && SAMPLE(1, 0, 1, 0.96) == 3, "plain draw");
+    /* top_p 0.75 keeps {0, 1} (cumulative 0.8): u * 0.8 against 0.5 */
+    T_CHECK(SAMPLE(1, 0, 0.75f, 0.6) == 0 && SAMPLE(1, 0, 0.75f, 0.7) == 1 && SAMPLE(1, 0, 0.75f, 0.999) == 1, "top_p");
+    T_CHECK(SAMPLE(1, 0, 0.1f, 0.999) == 0, "top_p keeps at least one");
+    /* top_k 3 renormalizes over 0.95: u * 0.95 against 0.5, 0.8 */
+    T_CHECK(SAMPLE(1, 3, 1, 0.52) == 0 && SAMPLE(1, 3, 1, 0.53) == 1 && SAMPLE(1, 3, 1, 0.99) == 2, "top_k");
+    /* temperature: T=2 flattens to sqrt(p), normalized .379 .294 .208 .120 */
+    T_CHECK(SAMPLE(2, 0, 1, 0.37) == 0 && SAMPLE(2, 0, 1, 0.39) == 1 && SAMPLE(2, 0, 1, 0.67) == 1 && SAMPLE(2, 0, 1, 0.68) == 2, "temperature");
+#undef SAMPLE
+    /* against the oracle on random logits and parameters */
+    const int vocab = 3000;
+    float *l = t_alloc(vocab), *w = t_alloc(vocab);
+    int bad = 0;
+    for (int it = 0; it < 300; it++) {
+        t_fill(l, vocab, (float)(1 + it % 7) * 2);
+        if (it % 5 == 0) l[t_rng_next(&g_seed) % vocab] = 40; /* a peaked distribution */
+        if (it % 4 == 0)                                        /* exact ties */
+            for (int i = 0; i < vocab; i += 3) l[i] = l[0];
+        float temp = 0.3f + (float)(t_rng_next(&g_seed) % 100) / 50;
+        int top_k = (int)(t_rng_next(&g_seed) % 4) == 0 ? 0 : 1 + (int)(t_rng_next(&g_seed) % 60);
+        float top_p = (t_rng_next(&g_seed) % 3) == 0 ? 1.0f : 0.05f + (float)(t_rng_next(&g_seed) % 95) / 100;
+        double u = (t_rng_next(&g_seed) >> 11) * 0x1p-53;
+        int want = t_sample_oracle(l, vocab, temp, top_k, top_p, u);
+        memcpy(w, l, sizeof(float) * vocab);
+        int got = cpu_sample(w, vocab, temp, top_k, top_p, u);
+        if (got != want) {
+            if (bad < 3) fprintf(stderr, "  sample: T %g k %d p %g u %g: got %d want %d\n", temp, top_k, top_p, u, got, want);
+            bad++;
+        }
+    }
+    T_CHECK(bad == 0, "%d samples differ from the oracle", bad);
+    /* frequencies follow the distribution */
+    int cnt[4] = {0};
+    const int N = 20000;
+    for (int i = 0; i < N; i++) {
+        memcpy(tmp, lg, sizeof(lg));
+        cnt[cpu_sample(tmp, 4, 1, 0, 1, (t_rng_next(&g_seed) >> 11) * 0x1p-53)]++;
+    }
+    bool ok = true;
+    for (int i = 0; i < 4; i++) ok &= fabs(cnt[i] / (double)N - pr[i]) < 5 * sqrt(pr[i] * (1 - pr[i]) / N);
+    T_CHECK(ok, "sample frequencies %d %d %d %d", cnt[0], cnt[1], cnt[2], cnt[3]);
+    free(l);
+    free(w);
+}
+
+int main(void)
+{
+    g_seed = t_seed();
+    cpu_isa_t best = cpu_ops_init();
+    fprintf(stderr, "best isa on this cpu: %s\n", cpu_isa_name(best));
+    test_pool();
+    tpool_t *pools[2] = {tpool_create(1), tpool_create(3)};
+    T_CHECK(pools[0] && pools[1], "pools");
+    const cpu_isa_t isas[3] = {CPU_ISA_REF, CPU_ISA_AVX2, CPU_ISA_AVX512};
+    for (int i = 0; i < 3; i++) {
+        cpu_isa_t got = cpu_ops_set_isa(isas[i]);
+        if (got != isas[i]) {
+            fprintf(stderr, "isa %s: not supported by this cpu, not run\n", cpu_isa_name(isas[i]));
+            continue;
+        }
+        fprintf(stderr, "isa %s: running\n", cpu_isa_name(got));
+        for (int pi = 0; pi < 2; pi++) test_matmul_isa(pools[pi], got);
+        for (int f = 0; f < WF_COUNT; f++) {
+            test_ffn(pools[1], got, (wfmt_t)f, 1, false, false);
+            test_ffn(pools[1], got, (wfmt_t)f, 3, true, true);
+            test_ffn(pools[0], got, (wfmt_t)f, 9, true, false);
+            test_ffn(pools[0], got, (wfmt_t)f, 2, false, true);
+        }
+        fprintf(stderr, "isa %s: worst matmul rel err:", cpu_isa_name(got));
+        for (int f = 0; f < WF_COUNT; f++) fprintf(stderr, " %s %.2g", wfmt_name((wfmt_t)f), g_worst[got][f]);
+        fprintf(stderr, "\n");
+    }
+    cpu_ops_set_isa(best);
+    test_rmsnorm();
+    test_rope();
+    test_attention(1, 4, 4, 64, 16, 0.125f);
+    test_attention(37, 8, 2, 64, 16, 0.125f);
+    test_attention(100, 6, 1, 32, 8, 0.17f);
+    test_attention(33, 4, 2, 128, 32, 0.088f);
+    test_attention(50, 4, 4, 16, 4, 30.0f); /* huge logits: needs the max subtraction */
+    test_gate();
+    test_sample();
+    tpool_destroy(pools[0]);
+    tpool_destroy(pools[1]);
+    return t_done("test_cpu_ops");
+}
