@@ -74,8 +74,8 @@ static void s_pick_fmt(const packed_write_opts_t *o, const packed_slot_t *sl, wf
         }
         if (g != o->group) {
             (*fallbacks)++;
-            log_warn("pack: %s [%d x %d] does not fit int4 group %d; stored as %s%s%d", sl->name, sl->rows, sl->cols,
-                     o->group, wfmt_name(f), g ? " group " : "", g);
+            log_debug("pack: %s [%d x %d] does not fit int4 group %d; stored as %s group %d", sl->name, sl->rows,
+                      sl->cols, o->group, wfmt_name(f), g);
         }
         *group = g;
     }
@@ -157,6 +157,10 @@ static int s_plan(const model_config_t *c, const packed_slot_t *slots, int32_t n
         if (b) b->bytes = *cur - b->offset;
     }
     for (int32_t f = 0; f < pm->n_files; f++) pm->files[f].bytes = cursor[f];
+    if (*fallbacks)
+        log_warn("pack: %d tensors have columns that int4 group %d does not divide; they use a smaller group, or "
+                 "int8 if 32 does not divide them either (the manifest records each; STRATA_LOG=debug lists them)",
+                 *fallbacks, o->group);
     rc = 0;
     goto done;
 fail:
