@@ -6,7 +6,11 @@
 #include "services/strata/cmd.h"
 
 /* Subcommands: add one line here and one cmd_NAME.c file. */
+int cmd_eval(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
 static const strata_cmd_t s_cmds[] = {
+    {"eval", cmd_eval, "logits of every position of a token sequence, to a file"},
+    {"generate", cmd_generate, "sample token ids after a prompt of token ids"},
     {NULL, NULL, NULL},
 };
 
