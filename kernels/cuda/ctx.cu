@@ -22,6 +22,7 @@ extern "C" int cuda_ctx_create(cuda_ctx_t **out, int device)
     cublasHandle_t h = NULL;
     CUDA_CHECK(cudaSetDevice(device));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking));
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
         log_error("cublasCreate failed");
         cudaStreamDestroy(c->stream);
@@ -39,6 +40,7 @@ extern "C" void cuda_ctx_destroy(cuda_ctx_t *c)
     if (!c) return;
     if (c->cublas) cublasDestroy((cublasHandle_t)c->cublas);
     if (c->stream) cudaStreamDestroy(c->stream);
+    if (c->copy_stream) cudaStreamDestroy(c->copy_stream);
     free(c);
 }
 
@@ -82,4 +84,98 @@ extern "C" int cuda_sync(cuda_ctx_t *c)
 {
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     return 0;
+}
+
+extern "C" int cuda_host_alloc(void **p, size_t bytes)
+{
+    CUDA_CHECK(cudaHostAlloc(p, bytes ? bytes : 1, cudaHostAllocPortable));
+    return 0;
+}
+
+extern "C" void cuda_host_free(void *p)
+{
+    if (p) cudaFreeHost(p);
+}
+
+extern "C" int cuda_host_register(void *p, size_t bytes)
+{
+    CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterPortable | cudaHostRegisterReadOnly));
+    return 0;
+}
+
+extern "C" void cuda_host_unregister(void *p)
+{
+    if (p) cudaHostUnregister(p);
+}
+
+static cudaStream_t s_stream(cuda_ctx_t *c, int which) { return which == CUDA_STREAM_COPY ? c->copy_stream : c->stream; }
+
+extern "C" int cuda_event_create(cuda_event_t **ev)
+{
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    *ev = (cuda_event_t *)e;
+    return 0;
+}
+
+extern "C" void cuda_event_destroy(cuda_event_t *ev)
+{
+    if (ev) cudaEventDestroy((cudaEvent_t)ev);
+}
+
+extern "C" int cuda_event_record(cuda_ctx_t *c, cuda_event_t *ev, int stream)
+{
+    CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, s_stream(c, stream)));
+    return 0;
+}
+
+extern "C" int cuda_stream_wait_event(cuda_ctx_t *c, int stream, cuda_event_t *ev)
+{
+    CUDA_CHECK(cudaStreamWaitEvent(s_stream(c, stream), (cudaEvent_t)ev, 0));
+    return 0;
+}
+
+extern "C" int cuda_event_done(cuda_event_t *ev)
+{
+    cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+    if (e == cudaSuccess) return 1;
+    if (e == cudaErrorNotReady) return 0;
+    CUDA_CHECK(e);
+    return STRATA_ECUDA;
+}
+
+extern "C" int cuda_h2d_async(cuda_ctx_t *c, int stream, void *dst, const void *src, size_t bytes)
+{
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s_stream(c, stream)));
+    return 0;
+}
+
+extern "C" int cuda_graph_begin(cuda_ctx_t *c)
+{
+    CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    return 0;
+}
+
+extern "C" int cuda_graph_end(cuda_ctx_t *c, cuda_graph_t **g)
+{
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamEndCapture(c->stream, &graph));
+    cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_CHECK(e);
+    if (*g) cudaGraphExecDestroy((cudaGraphExec_t)*g);
+    *g = (cuda_graph_t *)exec;
+    return 0;
+}
+
+extern "C" int cuda_graph_launch(cuda_ctx_t *c, cuda_graph_t *g)
+{
+    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)g, c->stream));
+    return 0;
+}
+
+extern "C" void cuda_graph_destroy(cuda_graph_t *g)
+{
+    if (g) cudaGraphExecDestroy((cudaGraphExec_t)g);
 }

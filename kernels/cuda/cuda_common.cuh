@@ -12,8 +12,9 @@
 
 struct cuda_ctx {
     int device;
-    cudaStream_t stream;
-    void *cublas; /* cublasHandle_t */
+    cudaStream_t stream;      /* CUDA_STREAM_COMPUTE */
+    cudaStream_t copy_stream; /* CUDA_STREAM_COPY */
+    void *cublas;             /* cublasHandle_t */
 };
 
 /* CUDA_CHECK: built on the project's one generic check; logs statement, file, line and the

@@ -37,6 +37,35 @@ int cuda_h2d(cuda_ctx_t *c, void *dst, const void *src, size_t bytes);
 int cuda_d2h(cuda_ctx_t *c, void *dst, const void *src, size_t bytes);
 int cuda_sync(cuda_ctx_t *c);
 
+/* Pinned host memory: allocate, or page-lock an existing range (e.g. an mmapped arena) so
+ * copies from it run as DMA at full PCIe rate. */
+int cuda_host_alloc(void **p, size_t bytes);
+void cuda_host_free(void *p);
+int cuda_host_register(void *p, size_t bytes);
+void cuda_host_unregister(void *p);
+
+/* The context has two streams: CUDA_STREAM_COMPUTE (every op) and CUDA_STREAM_COPY (expert
+ * prefetch). Events order them: record on one, make the other wait. */
+enum { CUDA_STREAM_COMPUTE = 0, CUDA_STREAM_COPY = 1 };
+typedef struct cuda_event cuda_event_t;
+int cuda_event_create(cuda_event_t **ev);
+void cuda_event_destroy(cuda_event_t *ev);
+int cuda_event_record(cuda_ctx_t *c, cuda_event_t *ev, int stream);
+int cuda_stream_wait_event(cuda_ctx_t *c, int stream, cuda_event_t *ev);
+/* 1 if the work before the event's last record has completed, 0 if not, <0 on error. */
+int cuda_event_done(cuda_event_t *ev);
+/* Async host-to-device copy on the given stream (src should be pinned for true async DMA). */
+int cuda_h2d_async(cuda_ctx_t *c, int stream, void *dst, const void *src, size_t bytes);
+
+/* CUDA graphs of the compute stream: capture the ops enqueued between begin and end into *g
+ * (replacing it), then replay with cuda_graph_launch. Kernel arguments are fixed at capture,
+ * so captured steps read per-step values (positions, tokens) from device buffers. */
+typedef struct cuda_graph cuda_graph_t;
+int cuda_graph_begin(cuda_ctx_t *c);
+int cuda_graph_end(cuda_ctx_t *c, cuda_graph_t **g);
+int cuda_graph_launch(cuda_ctx_t *c, cuda_graph_t *g);
+void cuda_graph_destroy(cuda_graph_t *g);
+
 /* y[n][w->rows] = x[n][w->cols] @ W^T (+ bias). Any n; fused dequantization for every format. */
 int cuda_matmul(cuda_ctx_t *c, float *y, const float *x, int n, const qmat_t *w, const float *bias);
 
@@ -77,8 +106,15 @@ int cuda_attention(cuda_ctx_t *c, float *out, const float *q, const float *k_cac
                    int n_heads, int n_kv_heads, int head_dim, int block_size, float scale);
 /* out[n][dim] = embed[tokens[t]] (embed is F32 or BF16 qmat [vocab][dim]). */
 int cuda_embed(cuda_ctx_t *c, float *out, const qmat_t *embed, const int32_t *tokens, int n);
-/* y += x (n elements); y = silu(a) * b. */
+/* dst[i][:] = src[rows[i]][:] for i < n (rows on device), rows of dim floats. */
+int cuda_gather_rows(cuda_ctx_t *c, float *dst, const float *src, const int32_t *rows, int n, int dim);
+/* y += x (n elements). */
 int cuda_add(cuda_ctx_t *c, float *y, const float *x, size_t n);
+/* Qwen2-MoE shared expert: y[t][:] += sigmoid(g[t]) * s[t][:] for t < n, rows of dim. */
+int cuda_add_sigmoid_scaled(cuda_ctx_t *c, float *y, const float *s, const float *g, int n, int dim);
+/* Dense SwiGLU MLP: out[n][hidden] = down(silu(gate(x)) * up(x)); scratch >= 3*n*inter floats (device). */
+int cuda_ffn_swiglu(cuda_ctx_t *c, float *out, const float *x, int n, const qmat_t *gate, const qmat_t *up,
+                    const qmat_t *down, float *scratch);
 /* Greedy argmax per row (ties to the lower id): logits[n][vocab] -> ids[n]. */
 int cuda_argmax(cuda_ctx_t *c, const float *logits, int n, int vocab, int32_t *ids);
 

@@ -317,3 +317,55 @@ extern "C" int cuda_argmax(cuda_ctx_t *c, const float *logits, int n, int vocab,
     CUDA_LAUNCH_CHECK();
     return 0;
 }
+
+__global__ void k_add_sigmoid_scaled(float *y, const float *s, const float *g, int n, int dim)
+{
+    const int t = blockIdx.x;
+    const float w = 1.f / (1.f + expf(-g[t]));
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) y[(size_t)t * dim + d] += w * s[(size_t)t * dim + d];
+}
+
+extern "C" int cuda_add_sigmoid_scaled(cuda_ctx_t *c, float *y, const float *s, const float *g, int n, int dim)
+{
+    if (n <= 0) return 0;
+    k_add_sigmoid_scaled<<<n, 256, 0, c->stream>>>(y, s, g, n, dim);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
+__global__ void k_silu_mul(float *h, const float *g, const float *u, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float a = g[i];
+        h[i] = a / (1.f + expf(-a)) * u[i];
+    }
+}
+
+extern "C" int cuda_ffn_swiglu(cuda_ctx_t *c, float *out, const float *x, int n, const qmat_t *gate, const qmat_t *up,
+                               const qmat_t *down, float *scratch)
+{
+    if (n <= 0) return 0;
+    const size_t ni = (size_t)n * gate->rows;
+    float *g = scratch, *u = scratch + ni, *h = scratch + 2 * ni;
+    int rc;
+    if ((rc = cuda_matmul(c, g, x, n, gate, NULL))) return rc;
+    if ((rc = cuda_matmul(c, u, x, n, up, NULL))) return rc;
+    k_silu_mul<<<cdiv((long)ni, 256), 256, 0, c->stream>>>(h, g, u, ni);
+    CUDA_LAUNCH_CHECK();
+    return cuda_matmul(c, out, h, n, down, NULL);
+}
+
+__global__ void k_gather_rows(float *dst, const float *src, const int32_t *rows, int dim)
+{
+    const float *s = src + (size_t)rows[blockIdx.x] * dim;
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) dst[(size_t)blockIdx.x * dim + d] = s[d];
+}
+
+extern "C" int cuda_gather_rows(cuda_ctx_t *c, float *dst, const float *src, const int32_t *rows, int n, int dim)
+{
+    if (n <= 0) return 0;
+    k_gather_rows<<<n, 256, 0, c->stream>>>(dst, src, rows, dim);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}

@@ -1,0 +1,767 @@
+/* forward_cuda.c - the model on one GPU under a memory budget, with an expert cache.
+ *
+ * Resident on the GPU: attention weights, norms, routers, shared experts, dense MLPs, the
+ * final norm and the LM head. The embedding stays in host memory: a step looks up its rows
+ * on the CPU and copies n x hidden floats. Experts live in slots, each holding one whole
+ * expert laid out as [gate.data|gate.scales|up.data|up.scales|down.data|down.scales], every
+ * piece 256-byte aligned, so a miss moves as one DMA from a pinned host copy of the same
+ * layout.
+ *
+ * Per MoE layer with fewer slots than experts, the host learns the routing (one small D2H)
+ * and, in the same sync, the experts that layer L+1's gate predicts from the current hidden
+ * state. Predicted experts that are not resident are copied on the copy stream while layer L
+ * computes; the compute stream waits on that copy's event only when layer L+1 actually uses
+ * the expert. A routed expert that is neither resident nor in flight loads on demand on the
+ * compute stream, ordered before the expert kernel.
+ *
+ * Eviction safety: at the routing sync of layer L every kernel up to layer L's router has
+ * completed, so any slot that layer L does not use and that is not in flight can be
+ * overwritten at once, by either stream. Victims are the evictable slots of lowest score
+ * (use count with halving every 64 steps, ties to the least recently used).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_ops.h"
+#include "model/gpu.h"
+
+#define ALIGN256(x) (((x) + 255) & ~(size_t)255)
+#define GPU_MAX_GRAPHS 33 /* decode graphs keyed by n_tokens 1..32 */
+
+typedef enum { SLOT_FREE = 0, SLOT_READY = 1, SLOT_LOADING = 2 } slot_state_t;
+
+typedef struct {
+    int32_t layer, expert;   /* what the slot holds, -1 when free */
+    slot_state_t state;
+    cuda_event_t *ev;        /* copy-stream event of the last prefetch into this slot */
+    uint32_t freq;           /* uses, halved every 64 steps */
+    uint64_t last_use;       /* step counter of the last use */
+    bool prefetched;         /* arrived by prefetch and not used yet */
+} slot_t;
+
+typedef struct {
+    float *attn_norm, *ffn_norm, *bq, *bk, *bv, *bo, *q_norm, *k_norm;
+    qmat_t wq, wk, wv, wo, router, shared_gate;
+    ffn_t shared, dense;
+    cuda_expert_t *table_dev;   /* [n_experts] device pointers of resident experts */
+    cuda_expert_t *table_host;  /* [n_experts] staging copy */
+    int32_t *slot_of;           /* [n_experts] slot index or -1 */
+} glayer_t;
+
+struct gpu_model {
+    const model_t *m;
+    gpu_opts_t o;
+    cuda_ctx_t *cx;
+    int64_t budget, used;
+    void **allocs;               /* every device allocation, freed at the end */
+    int n_allocs, cap_allocs;
+
+    glayer_t *L;
+    float *final_norm, *inv_freq;
+    qmat_t lm_head;
+    wfmt_t expert_fmt;
+    int32_t inter;               /* expert intermediate size */
+
+    /* paged KV: [layer][block][kv_head][block_size][head_dim] fp32 */
+    float *k_cache, *v_cache;
+    size_t layer_elems;
+
+    /* workspace (device) */
+    float *x, *xn, *q, *k, *v, *att, *y, *rlog, *tw, *sg, *ffn_scr, *xl, *logits, *prlog, *ptw;
+    int32_t *tidx, *ptidx, *d_pos, *d_seq, *d_bt, *d_rows, *d_ids;
+    void *moe_scr;
+    /* host staging */
+    float *h_x;                  /* [max_tokens][hidden] embedded rows */
+    int32_t *h_bt;               /* [max_tokens][kv_blocks] flattened block tables */
+    int32_t *h_idx, *h_pidx;     /* routing of this layer / prediction of the next */
+
+    /* expert cache */
+    bool all_resident;
+    int32_t n_slots, n_total;
+    size_t expert_bytes, off_gs, off_u, off_us, off_d, off_ds;
+    uint8_t *slots_dev;          /* [n_slots][expert_bytes] */
+    slot_t *slot;
+    uint8_t *host_experts;       /* pinned [n_layers*n_experts][expert_bytes], NULL if all resident */
+    uint8_t *need;               /* [n_experts] experts routed in the current layer */
+    uint8_t *pneed;              /* [n_experts] experts predicted for the next MoE layer */
+    uint64_t step;
+
+    cuda_graph_t *graphs[GPU_MAX_GRAPHS];
+    int32_t graph_nlog[GPU_MAX_GRAPHS];
+    bool graph_greedy[GPU_MAX_GRAPHS];
+    gpu_stats_t st;
+};
+
+void gpu_opts_default(gpu_opts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->kv_blocks = 256;
+    o->block_size = 16;
+    o->max_tokens = 512;
+    o->prefetch_depth = 1;
+    o->use_graphs = true;
+}
+
+/* ---- budgeted device memory ---- */
+
+static int s_dalloc(gpu_model_t *g, void **p, size_t bytes, const char *what, strata_errbuf_t *eb)
+{
+    bytes = ALIGN256(bytes ? bytes : 1);
+    if (g->budget > 0 && g->used + (int64_t)bytes > g->budget)
+        return strata_seterr(eb, STRATA_ENOMEM, "gpu: %s needs %zu bytes but only %lld of --gpu-mem %lld are left", what,
+                             bytes, (long long)(g->budget - g->used), (long long)g->budget);
+    if (g->n_allocs == g->cap_allocs) {
+        int cap = g->cap_allocs ? 2 * g->cap_allocs : 256;
+        void **a = realloc(g->allocs, (size_t)cap * sizeof *a);
+        if (!a) return strata_seterr(eb, STRATA_ENOMEM, "gpu: out of host memory");
+        g->allocs = a;
+        g->cap_allocs = cap;
+    }
+    int rc = cuda_malloc(p, bytes);
+    if (rc) return strata_seterr(eb, rc, "gpu: cudaMalloc of %zu bytes for %s failed", bytes, what);
+    g->allocs[g->n_allocs++] = *p;
+    g->used += (int64_t)bytes;
+    return 0;
+}
+
+static int s_upload(gpu_model_t *g, void **dst, const void *src, size_t bytes, const char *what, strata_errbuf_t *eb)
+{
+    int rc = s_dalloc(g, dst, bytes, what, eb);
+    if (rc) return rc;
+    if (bytes && (rc = cuda_h2d(g->cx, *dst, src, bytes))) return strata_seterr(eb, rc, "gpu: upload of %s failed", what);
+    return 0;
+}
+
+static int s_upload_f32(gpu_model_t *g, float **dst, const float *src, size_t n, const char *what, strata_errbuf_t *eb)
+{
+    if (!src) {
+        *dst = NULL;
+        return 0;
+    }
+    return s_upload(g, (void **)dst, src, n * sizeof(float), what, eb);
+}
+
+static int s_upload_qmat(gpu_model_t *g, qmat_t *dst, const qmat_t *src, const char *what, strata_errbuf_t *eb)
+{
+    *dst = *src;
+    if (!src->data) return 0;
+    size_t db = qmat_data_bytes(src->fmt, src->rows, src->cols);
+    size_t sb = qmat_scale_bytes(src->fmt, src->rows, src->cols, src->group);
+    int rc = s_upload(g, (void **)&dst->data, src->data, db, what, eb);
+    if (!rc && sb) rc = s_upload(g, (void **)&dst->scales, src->scales, sb, what, eb);
+    return rc;
+}
+
+static int s_upload_ffn(gpu_model_t *g, ffn_t *dst, const ffn_t *src, const char *what, strata_errbuf_t *eb)
+{
+    int rc = s_upload_qmat(g, &dst->gate, &src->gate, what, eb);
+    if (!rc) rc = s_upload_qmat(g, &dst->up, &src->up, what, eb);
+    if (!rc) rc = s_upload_qmat(g, &dst->down, &src->down, what, eb);
+    return rc;
+}
+
+/* ---- expert slots ---- */
+
+static void s_expert_layout(gpu_model_t *g, const ffn_t *e)
+{
+    size_t o = 0;
+    o += ALIGN256(qmat_data_bytes(e->gate.fmt, e->gate.rows, e->gate.cols));
+    g->off_gs = o;
+    o += ALIGN256(qmat_scale_bytes(e->gate.fmt, e->gate.rows, e->gate.cols, e->gate.group));
+    g->off_u = o;
+    o += ALIGN256(qmat_data_bytes(e->up.fmt, e->up.rows, e->up.cols));
+    g->off_us = o;
+    o += ALIGN256(qmat_scale_bytes(e->up.fmt, e->up.rows, e->up.cols, e->up.group));
+    g->off_d = o;
+    o += ALIGN256(qmat_data_bytes(e->down.fmt, e->down.rows, e->down.cols));
+    g->off_ds = o;
+    o += ALIGN256(qmat_scale_bytes(e->down.fmt, e->down.rows, e->down.cols, e->down.group));
+    g->expert_bytes = o;
+}
+
+/* Pack expert e's six pieces into dst (host) in slot layout. */
+static void s_expert_pack(const gpu_model_t *g, uint8_t *dst, const ffn_t *e)
+{
+    const qmat_t *q[3] = {&e->gate, &e->up, &e->down};
+    const size_t off[3][2] = {{0, g->off_gs}, {g->off_u, g->off_us}, {g->off_d, g->off_ds}};
+    for (int i = 0; i < 3; i++) {
+        memcpy(dst + off[i][0], q[i]->data, qmat_data_bytes(q[i]->fmt, q[i]->rows, q[i]->cols));
+        size_t sb = qmat_scale_bytes(q[i]->fmt, q[i]->rows, q[i]->cols, q[i]->group);
+        if (sb) memcpy(dst + off[i][1], q[i]->scales, sb);
+    }
+}
+
+/* Device qmats of the expert (layer l, expert e) if it sat in slot s. */
+static cuda_expert_t s_expert_at(const gpu_model_t *g, int l, int e, int s)
+{
+    const ffn_t *src = &g->m->layers[l].experts[e];
+    uint8_t *b = g->slots_dev + (size_t)s * g->expert_bytes;
+    cuda_expert_t x = {src->gate, src->up, src->down};
+    x.gate.data = b;
+    x.gate.scales = x.gate.scales ? b + g->off_gs : NULL;
+    x.up.data = b + g->off_u;
+    x.up.scales = x.up.scales ? b + g->off_us : NULL;
+    x.down.data = b + g->off_d;
+    x.down.scales = x.down.scales ? b + g->off_ds : NULL;
+    return x;
+}
+
+static const uint8_t *s_host_expert(const gpu_model_t *g, int l, int e)
+{
+    return g->host_experts + ((size_t)l * g->m->cfg.n_experts + e) * g->expert_bytes;
+}
+
+/* Pick the evictable slot of lowest score; -1 if none. The experts that layer_now routes to
+ * (need), those predicted for layer_next (pneed) and slots still in flight are not evictable. */
+static int s_victim(gpu_model_t *g, int layer_now, int layer_next)
+{
+    int best = -1;
+    for (int s = 0; s < g->n_slots; s++) {
+        slot_t *sl = &g->slot[s];
+        if (sl->state == SLOT_FREE) return s;
+        if (sl->state == SLOT_LOADING) {
+            if (cuda_event_done(sl->ev) != 1) continue;
+            sl->state = SLOT_READY; /* a prefetch that landed and was not used yet */
+        }
+        if (sl->layer == layer_now && g->need[sl->expert]) continue;
+        if (sl->layer == layer_next && g->pneed[sl->expert]) continue;
+        if (best < 0 || sl->freq < g->slot[best].freq ||
+            (sl->freq == g->slot[best].freq && sl->last_use < g->slot[best].last_use))
+            best = s;
+    }
+    return best;
+}
+
+static void s_slot_assign(gpu_model_t *g, int s, int l, int e)
+{
+    slot_t *sl = &g->slot[s];
+    if (sl->state != SLOT_FREE && sl->layer >= 0) g->L[sl->layer].slot_of[sl->expert] = -1;
+    sl->layer = l;
+    sl->expert = e;
+    sl->freq = 0;
+    sl->last_use = g->step;
+    g->L[l].slot_of[e] = s;
+}
+
+/* Copy the experts predicted for layer l (h_pidx[n][top_k]) ahead of need, on the copy
+ * stream, while layer cur (whose routed experts are flagged in need) computes. */
+static int s_prefetch(gpu_model_t *g, int l, int cur, int n)
+{
+    const model_config_t *c = &g->m->cfg;
+    int rc;
+    memset(g->pneed, 0, (size_t)c->n_experts);
+    for (int i = 0; i < n * c->top_k; i++)
+        if (g->h_pidx[i] >= 0 && g->h_pidx[i] < c->n_experts) g->pneed[g->h_pidx[i]] = 1;
+    for (int e = 0; e < c->n_experts; e++) {
+        if (!g->pneed[e] || g->L[l].slot_of[e] >= 0) continue;
+        int s = s_victim(g, cur, l);
+        if (s < 0) return 0; /* nothing evictable now: the miss path will load it */
+        s_slot_assign(g, s, l, e);
+        slot_t *sl = &g->slot[s];
+        if ((rc = cuda_h2d_async(g->cx, CUDA_STREAM_COPY, g->slots_dev + (size_t)s * g->expert_bytes,
+                                 s_host_expert(g, l, e), g->expert_bytes)))
+            return rc;
+        if ((rc = cuda_event_record(g->cx, sl->ev, CUDA_STREAM_COPY))) return rc;
+        sl->state = SLOT_LOADING;
+        sl->prefetched = true;
+        g->st.prefetches++;
+        g->st.bytes_h2d += g->expert_bytes;
+    }
+    return 0;
+}
+
+/* Make every expert routed in layer l (h_idx[n][top_k]) resident and refresh the layer's table. */
+static int s_ensure(gpu_model_t *g, int l, int n)
+{
+    const model_config_t *c = &g->m->cfg;
+    glayer_t *L = &g->L[l];
+    int rc;
+    memset(g->need, 0, (size_t)c->n_experts);
+    for (int i = 0; i < n * c->top_k; i++) {
+        int e = g->h_idx[i];
+        STRATA_ASSERT(e >= 0 && e < c->n_experts);
+        g->need[e] = 1;
+    }
+    for (int e = 0; e < c->n_experts; e++) {
+        if (!g->need[e]) continue;
+        g->st.expert_uses++;
+        int s = L->slot_of[e];
+        if (s >= 0) {
+            slot_t *sl = &g->slot[s];
+            if (sl->state == SLOT_LOADING) {
+                if ((rc = cuda_stream_wait_event(g->cx, CUDA_STREAM_COMPUTE, sl->ev))) return rc;
+                sl->state = SLOT_READY;
+            }
+            if (sl->prefetched) {
+                g->st.prefetch_used++;
+                sl->prefetched = false;
+            }
+            g->st.hits++;
+        } else {
+            s = s_victim(g, l, -1);
+            STRATA_ASSERT(s >= 0); /* n_slots >= n_experts of one layer, checked at create */
+            s_slot_assign(g, s, l, e);
+            if ((rc = cuda_h2d_async(g->cx, CUDA_STREAM_COMPUTE, g->slots_dev + (size_t)s * g->expert_bytes,
+                                     s_host_expert(g, l, e), g->expert_bytes)))
+                return rc;
+            g->slot[s].state = SLOT_READY;
+            g->slot[s].prefetched = false;
+            g->st.misses++;
+            g->st.bytes_h2d += g->expert_bytes;
+        }
+        slot_t *sl = &g->slot[s];
+        sl->freq++;
+        sl->last_use = g->step;
+    }
+    /* Slots still loading for this layer that nobody routed to stay in flight; the compute
+     * stream never reads them, and they become READY when next used. */
+    for (int e = 0; e < c->n_experts; e++) {
+        int s = L->slot_of[e];
+        if (s >= 0 && g->slot[s].state != SLOT_LOADING)
+            L->table_host[e] = s_expert_at(g, l, e, s);
+        else
+            memset(&L->table_host[e], 0, sizeof L->table_host[e]);
+    }
+    return cuda_h2d(g->cx, L->table_dev, L->table_host, (size_t)c->n_experts * sizeof(cuda_expert_t));
+}
+
+/* ---- creation ---- */
+
+void gpu_model_free(gpu_model_t *g)
+{
+    if (!g) return;
+    if (g->cx) cuda_sync(g->cx);
+    for (int i = 0; i < GPU_MAX_GRAPHS; i++) cuda_graph_destroy(g->graphs[i]);
+    if (g->slot)
+        for (int s = 0; s < g->n_slots; s++) cuda_event_destroy(g->slot[s].ev);
+    for (int i = 0; i < g->n_allocs; i++) cuda_free(g->allocs[i]);
+    free(g->allocs);
+    if (g->L)
+        for (int l = 0; l < g->m->cfg.n_layers; l++) {
+            free(g->L[l].table_host);
+            free(g->L[l].slot_of);
+        }
+    free(g->L);
+    free(g->slot);
+    free(g->need);
+    free(g->pneed);
+    cuda_host_free(g->host_experts);
+    cuda_host_free(g->h_x);
+    cuda_host_free(g->h_bt);
+    cuda_host_free(g->h_idx);
+    cuda_host_free(g->h_pidx);
+    cuda_ctx_destroy(g->cx);
+    free(g);
+}
+
+static int s_create_layers(gpu_model_t *g, strata_errbuf_t *eb)
+{
+    const model_t *m = g->m;
+    const model_config_t *c = &m->cfg;
+    int rc = 0;
+    size_t H = (size_t)c->hidden, qd = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->n_kv_heads * c->head_dim;
+    g->L = calloc((size_t)c->n_layers, sizeof *g->L);
+    if (!g->L) return strata_seterr(eb, STRATA_ENOMEM, "gpu: out of host memory");
+    for (int l = 0; l < c->n_layers && !rc; l++) {
+        const layer_t *S = &m->layers[l];
+        glayer_t *D = &g->L[l];
+        size_t qn = c->qk_norm == QK_NORM_HEAD ? (size_t)c->head_dim : qd;
+        size_t kn = c->qk_norm == QK_NORM_HEAD ? (size_t)c->head_dim : kd;
+        rc = s_upload_f32(g, &D->attn_norm, S->attn_norm, H, "attn_norm", eb);
+        if (!rc) rc = s_upload_f32(g, &D->ffn_norm, S->ffn_norm, H, "ffn_norm", eb);
+        if (!rc && c->qkv_bias) rc = s_upload_f32(g, &D->bq, S->bq, qd, "q bias", eb);
+        if (!rc && c->qkv_bias) rc = s_upload_f32(g, &D->bk, S->bk, kd, "k bias", eb);
+        if (!rc && c->qkv_bias) rc = s_upload_f32(g, &D->bv, S->bv, kd, "v bias", eb);
+        if (!rc && c->o_bias) rc = s_upload_f32(g, &D->bo, S->bo, H, "o bias", eb);
+        if (!rc && c->qk_norm != QK_NORM_NONE) rc = s_upload_f32(g, &D->q_norm, S->q_norm, qn, "q_norm", eb);
+        if (!rc && c->qk_norm != QK_NORM_NONE) rc = s_upload_f32(g, &D->k_norm, S->k_norm, kn, "k_norm", eb);
+        if (!rc) rc = s_upload_qmat(g, &D->wq, &S->wq, "wq", eb);
+        if (!rc) rc = s_upload_qmat(g, &D->wk, &S->wk, "wk", eb);
+        if (!rc) rc = s_upload_qmat(g, &D->wv, &S->wv, "wv", eb);
+        if (!rc) rc = s_upload_qmat(g, &D->wo, &S->wo, "wo", eb);
+        if (rc) break;
+        if (c->layer_sparse[l]) {
+            rc = s_upload_qmat(g, &D->router, &S->router, "router", eb);
+            if (!rc && c->shared_inter > 0) rc = s_upload_ffn(g, &D->shared, &S->shared, "shared expert", eb);
+            if (!rc && c->shared_inter > 0) rc = s_upload_qmat(g, &D->shared_gate, &S->shared_gate, "shared gate", eb);
+            if (!rc)
+                rc = s_dalloc(g, (void **)&D->table_dev, (size_t)c->n_experts * sizeof(cuda_expert_t), "expert table", eb);
+            D->table_host = calloc((size_t)c->n_experts, sizeof(cuda_expert_t));
+            D->slot_of = malloc((size_t)c->n_experts * sizeof(int32_t));
+            if (!D->table_host || !D->slot_of) return strata_seterr(eb, STRATA_ENOMEM, "gpu: out of host memory");
+            for (int e = 0; e < c->n_experts; e++) D->slot_of[e] = -1;
+        } else {
+            rc = s_upload_ffn(g, &D->dense, &S->dense, "dense mlp", eb);
+        }
+    }
+    return rc;
+}
+
+static int s_create_workspace(gpu_model_t *g, strata_errbuf_t *eb)
+{
+    const model_config_t *c = &g->m->cfg;
+    size_t T = (size_t)g->o.max_tokens, H = (size_t)c->hidden;
+    size_t qd = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t ne = c->n_experts > 0 ? (size_t)c->n_experts : 1, tk = c->top_k > 0 ? (size_t)c->top_k : 1;
+    size_t mi = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const layer_t *S = &g->m->layers[l];
+        if (c->layer_sparse[l] && c->shared_inter > 0 && (size_t)S->shared.gate.rows > mi) mi = S->shared.gate.rows;
+        if (!c->layer_sparse[l] && (size_t)S->dense.gate.rows > mi) mi = S->dense.gate.rows;
+    }
+    int64_t before = g->used;
+    int rc = 0;
+#define WS(ptr, bytes) \
+    if (!rc) rc = s_dalloc(g, (void **)&g->ptr, (bytes), "workspace " #ptr, eb)
+    WS(x, T * H * 4);
+    WS(xn, T * H * 4);
+    WS(q, T * qd * 4);
+    WS(k, T * kd * 4);
+    WS(v, T * kd * 4);
+    WS(att, T * qd * 4);
+    WS(y, T * H * 4);
+    WS(xl, T * H * 4);
+    WS(rlog, T * ne * 4);
+    WS(prlog, T * ne * 4);
+    WS(tw, T * tk * 4);
+    WS(ptw, T * tk * 4);
+    WS(tidx, T * tk * 4);
+    WS(ptidx, T * tk * 4);
+    WS(sg, T * 4);
+    WS(ffn_scr, 3 * T * (mi ? mi : 1) * 4);
+    WS(logits, T * (size_t)c->vocab * 4);
+    WS(d_pos, T * 4);
+    WS(d_seq, T * 4);
+    WS(d_rows, T * 4);
+    WS(d_ids, T * 4);
+    WS(d_bt, T * (size_t)g->o.kv_blocks * 4);
+    if (c->n_experts > 0) WS(moe_scr, cuda_moe_scratch_bytes((int)T, c->top_k, c->hidden, g->inter, c->n_experts));
+#undef WS
+    g->st.workspace_bytes = g->used - before;
+    if (rc) return rc;
+    if (cuda_host_alloc((void **)&g->h_x, T * H * 4) || cuda_host_alloc((void **)&g->h_bt, T * (size_t)g->o.kv_blocks * 4) ||
+        cuda_host_alloc((void **)&g->h_idx, T * tk * 4) || cuda_host_alloc((void **)&g->h_pidx, T * tk * 4))
+        return strata_seterr(eb, STRATA_ENOMEM, "gpu: pinned host staging failed");
+    return 0;
+}
+
+static int s_create_experts(gpu_model_t *g, strata_errbuf_t *eb)
+{
+    const model_t *m = g->m;
+    const model_config_t *c = &m->cfg;
+    int rc;
+    int first = -1;
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer_sparse[l]) {
+            if (first < 0) first = l;
+            g->n_total += c->n_experts;
+        }
+    if (first < 0) {
+        g->all_resident = true;
+        return 0;
+    }
+    const ffn_t *e0 = &m->layers[first].experts[0];
+    g->expert_fmt = e0->gate.fmt;
+    g->inter = e0->gate.rows;
+    s_expert_layout(g, e0);
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!c->layer_sparse[l]) continue;
+        for (int e = 0; e < c->n_experts; e++) {
+            const ffn_t *x = &m->layers[l].experts[e];
+            if (x->gate.fmt != g->expert_fmt || x->up.fmt != g->expert_fmt || x->down.fmt != g->expert_fmt ||
+                x->gate.rows != g->inter || x->gate.group != e0->gate.group || x->down.group != e0->down.group)
+                return strata_seterr(eb, STRATA_EUNSUPPORTED,
+                                     "gpu: layer %d expert %d differs in format or shape from the others", l, e);
+        }
+    }
+    /* slots: whatever the budget leaves, at most one per expert, at least one layer's worth */
+    int64_t left = g->budget > 0 ? g->budget - g->used : INT64_MAX;
+    int64_t n = g->budget > 0 ? left / (int64_t)g->expert_bytes : g->n_total;
+    if (n > g->n_total) n = g->n_total;
+    if (n < c->n_experts)
+        return strata_seterr(eb, STRATA_ENOMEM,
+                             "gpu: --gpu-mem %lld leaves room for %lld expert slots of %zu bytes; one layer needs %d",
+                             (long long)g->budget, (long long)(n < 0 ? 0 : n), g->expert_bytes, c->n_experts);
+    g->n_slots = (int32_t)n;
+    g->all_resident = g->n_slots == g->n_total;
+    if ((rc = s_dalloc(g, (void **)&g->slots_dev, (size_t)g->n_slots * g->expert_bytes, "expert slots", eb))) return rc;
+    g->st.slot_bytes_total = (int64_t)g->n_slots * (int64_t)g->expert_bytes;
+    g->slot = calloc((size_t)g->n_slots, sizeof *g->slot);
+    g->need = calloc((size_t)c->n_experts, 1);
+    g->pneed = calloc((size_t)c->n_experts, 1);
+    if (!g->slot || !g->need || !g->pneed) return strata_seterr(eb, STRATA_ENOMEM, "gpu: out of host memory");
+    for (int s = 0; s < g->n_slots; s++) {
+        g->slot[s].layer = g->slot[s].expert = -1;
+        if ((rc = cuda_event_create(&g->slot[s].ev))) return strata_seterr(eb, rc, "gpu: event creation failed");
+    }
+    uint8_t *stage = NULL;
+    if (!g->all_resident) {
+        size_t total = (size_t)c->n_layers * c->n_experts * g->expert_bytes;
+        if ((rc = cuda_host_alloc((void **)&g->host_experts, total)))
+            return strata_seterr(eb, rc, "gpu: pinned host copy of the experts (%zu bytes) failed", total);
+        log_info("gpu: %d of %d experts fit in %d slots; staging %.2f GB of experts in pinned host memory", g->n_slots,
+                 g->n_total, g->n_slots, total / 1e9);
+    } else if ((rc = cuda_host_alloc((void **)&stage, g->expert_bytes))) {
+        return strata_seterr(eb, rc, "gpu: pinned staging failed");
+    }
+    /* fill: pinned copies of every expert; the first n_slots go to the GPU in layer order */
+    int s = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!c->layer_sparse[l]) continue;
+        for (int e = 0; e < c->n_experts; e++) {
+            uint8_t *h = g->all_resident ? stage : (uint8_t *)s_host_expert(g, l, e);
+            s_expert_pack(g, h, &m->layers[l].experts[e]);
+            if (s < g->n_slots) {
+                s_slot_assign(g, s, l, e);
+                g->slot[s].state = SLOT_READY;
+                if ((rc = cuda_h2d(g->cx, g->slots_dev + (size_t)s * g->expert_bytes, h, g->expert_bytes))) break;
+                if (g->all_resident && (rc = cuda_sync(g->cx))) break; /* stage is reused */
+                s++;
+            }
+        }
+        if (rc) break;
+        glayer_t *L = &g->L[l];
+        for (int e = 0; e < c->n_experts; e++)
+            L->table_host[e] = L->slot_of[e] >= 0 ? s_expert_at(g, l, e, L->slot_of[e]) : (cuda_expert_t){0};
+        if (!rc) rc = cuda_h2d(g->cx, L->table_dev, L->table_host, (size_t)c->n_experts * sizeof(cuda_expert_t));
+    }
+    cuda_sync(g->cx);
+    cuda_host_free(stage);
+    return rc ? strata_seterr(eb, rc, "gpu: expert upload failed") : 0;
+}
+
+int gpu_model_create(gpu_model_t **out, const model_t *m, const gpu_opts_t *o, strata_errbuf_t *eb)
+{
+    const model_config_t *c = &m->cfg;
+    int rc;
+    if (o->max_tokens <= 0 || o->kv_blocks <= 0 || o->block_size <= 0)
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "gpu: max_tokens, kv_blocks and block_size must be positive");
+    if (cuda_device_count() <= o->device)
+        return strata_seterr(eb, STRATA_EUNSUPPORTED, "gpu: no CUDA device %d (found %d)", o->device, cuda_device_count());
+    gpu_model_t *g = calloc(1, sizeof *g);
+    if (!g) return strata_seterr(eb, STRATA_ENOMEM, "gpu: out of host memory");
+    g->m = m;
+    g->o = *o;
+    g->budget = o->gpu_mem;
+    if ((rc = cuda_ctx_create(&g->cx, o->device))) {
+        strata_seterr(eb, rc, "gpu: CUDA context on device %d failed", o->device);
+        goto fail;
+    }
+    /* The expert shape is needed to size the MoE scratch: read it before the workspace. */
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer_sparse[l]) {
+            g->inter = m->layers[l].experts[0].gate.rows;
+            break;
+        }
+    if ((rc = s_create_layers(g, eb))) goto fail;
+    if ((rc = s_upload_f32(g, &g->final_norm, m->final_norm, (size_t)c->hidden, "final_norm", eb))) goto fail;
+    if ((rc = s_upload_f32(g, &g->inv_freq, c->inv_freq, 512, "inv_freq", eb))) goto fail;
+    if ((rc = s_upload_qmat(g, &g->lm_head, &m->lm_head, "lm_head", eb))) goto fail;
+    g->st.resident_bytes = g->used;
+    g->layer_elems = (size_t)o->kv_blocks * c->n_kv_heads * o->block_size * c->head_dim;
+    if ((rc = s_dalloc(g, (void **)&g->k_cache, g->layer_elems * c->n_layers * 4, "KV cache (k)", eb))) goto fail;
+    if ((rc = s_dalloc(g, (void **)&g->v_cache, g->layer_elems * c->n_layers * 4, "KV cache (v)", eb))) goto fail;
+    g->st.kv_bytes = (int64_t)(2 * g->layer_elems * c->n_layers * 4);
+    if ((rc = s_create_workspace(g, eb))) goto fail;
+    if ((rc = s_create_experts(g, eb))) goto fail;
+    g->st.slots = g->n_slots;
+    g->st.n_experts_total = g->n_total;
+    g->st.budget_used = g->used;
+    log_info("gpu: resident %.1f MB, KV %.1f MB, workspace %.1f MB, %d expert slots x %.2f MB (%s), budget %.1f of %s MB",
+             g->st.resident_bytes / 1e6, g->st.kv_bytes / 1e6, g->st.workspace_bytes / 1e6, g->n_slots,
+             g->expert_bytes / 1e6, g->all_resident ? "all resident" : "cached", g->used / 1e6,
+             g->budget ? "--gpu-mem" : "unbounded");
+    *out = g;
+    return 0;
+fail:
+    gpu_model_free(g);
+    return rc;
+}
+
+/* ---- the step ---- */
+
+static int s_attention(gpu_model_t *g, int l, int n)
+{
+    const model_config_t *c = &g->m->cfg;
+    const glayer_t *L = &g->L[l];
+    cuda_ctx_t *cx = g->cx;
+    int hd = c->head_dim, qd = c->n_heads * hd, kd = c->n_kv_heads * hd, rc;
+    if ((rc = cuda_rmsnorm(cx, g->xn, g->x, L->attn_norm, n, c->hidden, c->rms_eps))) return rc;
+    if ((rc = cuda_matmul(cx, g->q, g->xn, n, &L->wq, L->bq))) return rc;
+    if ((rc = cuda_matmul(cx, g->k, g->xn, n, &L->wk, L->bk))) return rc;
+    if ((rc = cuda_matmul(cx, g->v, g->xn, n, &L->wv, L->bv))) return rc;
+    if (c->qk_norm == QK_NORM_HEAD) {
+        if ((rc = cuda_rmsnorm(cx, g->q, g->q, L->q_norm, n * c->n_heads, hd, c->rms_eps))) return rc;
+        if ((rc = cuda_rmsnorm(cx, g->k, g->k, L->k_norm, n * c->n_kv_heads, hd, c->rms_eps))) return rc;
+    } else if (c->qk_norm == QK_NORM_FULL) {
+        if ((rc = cuda_rmsnorm(cx, g->q, g->q, L->q_norm, n, qd, c->rms_eps))) return rc;
+        if ((rc = cuda_rmsnorm(cx, g->k, g->k, L->k_norm, n, kd, c->rms_eps))) return rc;
+    }
+    if (c->rot_dim > 0) {
+        if ((rc = cuda_rope(cx, g->q, n, c->n_heads, hd, c->rot_dim, g->d_pos, g->inv_freq, c->attn_factor))) return rc;
+        if ((rc = cuda_rope(cx, g->k, n, c->n_kv_heads, hd, c->rot_dim, g->d_pos, g->inv_freq, c->attn_factor))) return rc;
+    }
+    float *kl = g->k_cache + (size_t)l * g->layer_elems, *vl = g->v_cache + (size_t)l * g->layer_elems;
+    if ((rc = cuda_kv_write(cx, kl, vl, g->k, g->v, n, g->d_seq, g->d_pos, g->d_bt, g->o.kv_blocks, c->n_kv_heads, hd,
+                            g->o.block_size)))
+        return rc;
+    if ((rc = cuda_attention(cx, g->att, g->q, kl, vl, n, g->d_seq, g->d_pos, g->d_bt, g->o.kv_blocks, c->n_heads,
+                             c->n_kv_heads, hd, g->o.block_size, 1.0f / sqrtf((float)hd))))
+        return rc;
+    if ((rc = cuda_matmul(cx, g->y, g->att, n, &L->wo, L->bo))) return rc;
+    return cuda_add(cx, g->x, g->y, (size_t)n * c->hidden);
+}
+
+static int s_ffn(gpu_model_t *g, int l, int n)
+{
+    const model_config_t *c = &g->m->cfg;
+    const glayer_t *L = &g->L[l];
+    cuda_ctx_t *cx = g->cx;
+    size_t H = (size_t)c->hidden;
+    int rc;
+    if ((rc = cuda_rmsnorm(cx, g->xn, g->x, L->ffn_norm, n, c->hidden, c->rms_eps))) return rc;
+    if (!c->layer_sparse[l]) {
+        if ((rc = cuda_ffn_swiglu(cx, g->y, g->xn, n, &L->dense.gate, &L->dense.up, &L->dense.down, g->ffn_scr)))
+            return rc;
+        return cuda_add(cx, g->x, g->y, (size_t)n * H);
+    }
+    bool renorm = c->norm_topk || c->arch == ARCH_MIXTRAL;
+    if ((rc = cuda_matmul(cx, g->rlog, g->xn, n, &L->router, NULL))) return rc;
+    if ((rc = cuda_gate_topk(cx, g->rlog, n, c->n_experts, c->top_k, renorm, g->tidx, g->tw))) return rc;
+    if (!g->all_resident) {
+        /* the next MoE layer's gate on this hidden state predicts what it will route to */
+        int nl = l + 1;
+        while (nl < c->n_layers && !c->layer_sparse[nl]) nl++;
+        bool predict = g->o.prefetch_depth > 0 && nl < c->n_layers;
+        if (predict) {
+            if ((rc = cuda_rmsnorm(cx, g->xl, g->x, g->L[nl].ffn_norm, n, c->hidden, c->rms_eps))) return rc;
+            if ((rc = cuda_matmul(cx, g->prlog, g->xl, n, &g->L[nl].router, NULL))) return rc;
+            if ((rc = cuda_gate_topk(cx, g->prlog, n, c->n_experts, c->top_k, renorm, g->ptidx, g->ptw))) return rc;
+        }
+        size_t kb = (size_t)n * c->top_k * sizeof(int32_t);
+        if ((rc = cuda_d2h(cx, g->h_idx, g->tidx, kb))) return rc; /* syncs the compute stream */
+        if (predict && (rc = cuda_d2h(cx, g->h_pidx, g->ptidx, kb))) return rc;
+        if ((rc = s_ensure(g, l, n))) return rc;
+        if (predict && (rc = s_prefetch(g, nl, l, n))) return rc;
+    }
+    if ((rc = cuda_memset(cx, g->y, 0, (size_t)n * H * 4))) return rc;
+    if ((rc = cuda_moe_ffn(cx, g->y, g->xn, n, c->hidden, g->inter, g->expert_fmt, L->table_dev, c->n_experts, g->tidx,
+                           g->tw, c->top_k, g->moe_scr)))
+        return rc;
+    if (c->shared_inter > 0) {
+        if ((rc = cuda_matmul(cx, g->sg, g->xn, n, &L->shared_gate, NULL))) return rc;
+        if ((rc = cuda_ffn_swiglu(cx, g->att, g->xn, n, &L->shared.gate, &L->shared.up, &L->shared.down, g->ffn_scr)))
+            return rc;
+        if ((rc = cuda_add_sigmoid_scaled(cx, g->y, g->att, g->sg, n, c->hidden))) return rc;
+    }
+    return cuda_add(cx, g->x, g->y, (size_t)n * H);
+}
+
+/* Everything after the embedding: layers, final norm, LM head, optional argmax. */
+static int s_body(gpu_model_t *g, int n, int n_logits, bool greedy)
+{
+    const model_config_t *c = &g->m->cfg;
+    int rc;
+    for (int l = 0; l < c->n_layers; l++) {
+        if ((rc = s_attention(g, l, n))) return rc;
+        if ((rc = s_ffn(g, l, n))) return rc;
+    }
+    if ((rc = cuda_gather_rows(g->cx, g->xn, g->x, g->d_rows, n_logits, c->hidden))) return rc;
+    if ((rc = cuda_rmsnorm(g->cx, g->xn, g->xn, g->final_norm, n_logits, c->hidden, c->rms_eps))) return rc;
+    if ((rc = cuda_matmul(g->cx, g->logits, g->xn, n_logits, &g->lm_head, NULL))) return rc;
+    if (greedy && (rc = cuda_argmax(g->cx, g->logits, n_logits, c->vocab, g->d_ids))) return rc;
+    return 0;
+}
+
+static int s_step(gpu_model_t *g, const batch_t *b, float *logits, int32_t *ids)
+{
+    const model_t *m = g->m;
+    const model_config_t *c = &m->cfg;
+    int n = b->n_tokens, rc;
+    bool greedy = ids != NULL;
+    if (n == 0) return 0;
+    if (n < 0 || n > g->o.max_tokens || b->n_logits < 0 || b->n_logits > n) {
+        log_error("gpu: batch of %d tokens (%d logits) exceeds max_tokens %d", n, b->n_logits, g->o.max_tokens);
+        return STRATA_EINVAL_INPUT;
+    }
+    /* validate and stage: embedded rows, positions, block tables */
+    int n_seqs = 0;
+    for (int t = 0; t < n; t++) {
+        int32_t tok = b->tokens[t], pos = b->pos[t], s = b->seq[t];
+        if (tok < 0 || tok >= c->vocab || pos < 0 || s < 0 || s >= g->o.max_tokens || !b->block_tables[s] ||
+            pos / g->o.block_size >= g->o.kv_blocks) {
+            log_error("gpu: row %d: token %d, position %d, sequence %d out of range", t, tok, pos, s);
+            return STRATA_EINVAL_INPUT;
+        }
+        if (s + 1 > n_seqs) n_seqs = s + 1;
+        qmat_dequant_row(&m->embed, tok, g->h_x + (size_t)t * c->hidden);
+    }
+    for (int s = 0; s < n_seqs; s++) {
+        int need = 0;
+        for (int t = 0; t < n; t++)
+            if (b->seq[t] == s && b->pos[t] / g->o.block_size + 1 > need) need = b->pos[t] / g->o.block_size + 1;
+        for (int j = 0; j < need; j++) {
+            int32_t blk = b->block_tables[s][j];
+            if (blk < 0 || blk >= g->o.kv_blocks) {
+                log_error("gpu: sequence %d uses KV block %d of %d", s, blk, g->o.kv_blocks);
+                return STRATA_EINVAL_INPUT;
+            }
+            g->h_bt[(size_t)s * g->o.kv_blocks + j] = blk;
+        }
+    }
+    for (int i = 0; i < b->n_logits; i++)
+        if (b->logit_rows[i] < 0 || b->logit_rows[i] >= n) {
+            log_error("gpu: logit row %d outside the batch of %d", b->logit_rows[i], n);
+            return STRATA_EINVAL_INPUT;
+        }
+    cuda_ctx_t *cx = g->cx;
+    if ((rc = cuda_h2d_async(cx, CUDA_STREAM_COMPUTE, g->x, g->h_x, (size_t)n * c->hidden * 4))) return rc;
+    if ((rc = cuda_h2d(cx, g->d_pos, b->pos, (size_t)n * 4))) return rc;
+    if ((rc = cuda_h2d(cx, g->d_seq, b->seq, (size_t)n * 4))) return rc;
+    if ((rc = cuda_h2d(cx, g->d_rows, b->logit_rows, (size_t)b->n_logits * 4))) return rc;
+    if ((rc = cuda_h2d_async(cx, CUDA_STREAM_COMPUTE, g->d_bt, g->h_bt, (size_t)n_seqs * g->o.kv_blocks * 4))) return rc;
+
+    g->step++;
+    g->st.steps++;
+    if (g->slot && (g->step & 63) == 0)
+        for (int s = 0; s < g->n_slots; s++) g->slot[s].freq >>= 1;
+
+    /* Decode-shaped steps with every expert resident replay a CUDA graph per size. */
+    bool graph = g->o.use_graphs && g->all_resident && n < GPU_MAX_GRAPHS && b->n_logits == n;
+    if (graph) {
+        if (!g->graphs[n] || g->graph_greedy[n] != greedy || g->graph_nlog[n] != b->n_logits) {
+            if ((rc = cuda_graph_begin(cx))) return rc;
+            rc = s_body(g, n, b->n_logits, greedy);
+            int rc2 = cuda_graph_end(cx, &g->graphs[n]);
+            if (rc || rc2) return rc ? rc : rc2;
+            g->graph_greedy[n] = greedy;
+            g->graph_nlog[n] = b->n_logits;
+        }
+        if ((rc = cuda_graph_launch(cx, g->graphs[n]))) return rc;
+    } else if ((rc = s_body(g, n, b->n_logits, greedy))) {
+        return rc;
+    }
+    if (greedy) return cuda_d2h(cx, ids, g->d_ids, (size_t)b->n_logits * 4);
+    return cuda_d2h(cx, logits, g->logits, (size_t)b->n_logits * c->vocab * 4);
+}
+
+int gpu_forward(gpu_model_t *g, const batch_t *b, float *logits) { return s_step(g, b, logits, NULL); }
+
+int gpu_forward_greedy(gpu_model_t *g, const batch_t *b, int32_t *ids) { return s_step(g, b, NULL, ids); }
+
+void gpu_get_stats(const gpu_model_t *g, gpu_stats_t *st) { *st = g->st; }
+
+void gpu_reset_stats(gpu_model_t *g)
+{
+    gpu_stats_t keep = g->st;
+    memset(&g->st, 0, sizeof g->st);
+    g->st.slots = keep.slots;
+    g->st.n_experts_total = keep.n_experts_total;
+    g->st.resident_bytes = keep.resident_bytes;
+    g->st.kv_bytes = keep.kv_bytes;
+    g->st.workspace_bytes = keep.workspace_bytes;
+    g->st.slot_bytes_total = keep.slot_bytes_total;
+    g->st.budget_used = keep.budget_used;
+}

@@ -1,0 +1,55 @@
+/* gpu.h - the model on a GPU within a memory budget: resident weights, a paged KV cache,
+ * workspace, and an expert cache whose slots hold whole experts, filled on demand and by
+ * prefetch over PCIe. Uses only kernels/cuda/cuda_ops.h (no CUDA headers).
+ *
+ * Budget (--gpu-mem): every device allocation is charged against it; creation fails with a
+ * clear message when the resident part does not fit. What is left after resident weights, KV
+ * and workspace becomes expert slots (at most one per expert). With fewer slots than experts,
+ * the experts' bytes are kept in pinned host memory and moved into slots as whole DMAs.
+ */
+#ifndef STRATA_GPU_H
+#define STRATA_GPU_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model/model.h"
+
+typedef struct {
+    int device;
+    int64_t gpu_mem;         /* bytes; 0 = no budget (every expert resident) */
+    int32_t kv_blocks;       /* paged KV blocks on the GPU */
+    int32_t block_size;      /* tokens per KV block */
+    int32_t max_tokens;      /* most tokens one step carries */
+    int32_t prefetch_depth;  /* layers ahead to prefetch predicted experts (0 = off) */
+    bool use_graphs;         /* capture decode steps as CUDA graphs when every expert is resident */
+} gpu_opts_t;
+
+typedef struct {
+    uint64_t steps;
+    uint64_t expert_uses;      /* (layer, expert) activations served */
+    uint64_t hits;             /* ... found resident, or arrived by prefetch before needed */
+    uint64_t misses;           /* ... loaded on demand */
+    uint64_t prefetches;       /* experts copied ahead of need */
+    uint64_t prefetch_used;    /* ... that the next layers did use */
+    uint64_t bytes_h2d;        /* expert bytes copied host -> GPU */
+    int32_t slots, n_experts_total;
+    int64_t resident_bytes, kv_bytes, workspace_bytes, slot_bytes_total, budget_used;
+} gpu_stats_t;
+
+typedef struct gpu_model gpu_model_t;
+
+/* Defaults: device 0, no budget, 256 blocks of 16, 512 tokens a step, prefetch depth 1, graphs on. */
+void gpu_opts_default(gpu_opts_t *o);
+/* Put model m on the GPU under o. m must outlive the gpu model. Returns 0 or <0 with eb set. */
+int gpu_model_create(gpu_model_t **out, const model_t *m, const gpu_opts_t *o, strata_errbuf_t *eb);
+void gpu_model_free(gpu_model_t *g);
+/* One step over b (batch_t semantics of model.h; block ids index the GPU KV cache).
+ * logits: host [n_logits][vocab]. Returns 0 or <0. */
+int gpu_forward(gpu_model_t *g, const batch_t *b, float *logits);
+/* Greedy variant: argmax on the GPU, only the ids come back. ids: host [n_logits]. */
+int gpu_forward_greedy(gpu_model_t *g, const batch_t *b, int32_t *ids);
+void gpu_get_stats(const gpu_model_t *g, gpu_stats_t *st);
+void gpu_reset_stats(gpu_model_t *g);
+
+#endif
