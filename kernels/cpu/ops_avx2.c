@@ -86,7 +86,8 @@ ALWAYS void s_load32(wfmt_t fmt, const s_row_t *rw, int c, __m256 w[4], __m256i 
     }
     case WF_INT4: {
         __m128i b = _mm_loadu_si128((const __m128i *)((const uint8_t *)rw->p + c / 2));
-        const __m128i m = _mm_set1_epi8(0x0f), e = _mm_set1_epi8(8);
+        const __m128i m = _mm_set1_epi8(0x0f);
+        const __m128i e = _mm_set1_epi8(8);
         __m128i lo = _mm_sub_epi8(_mm_and_si128(b, m), e);
         __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), m), e);
         w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
@@ -112,41 +113,118 @@ ALWAYS float s_load1(wfmt_t fmt, const s_row_t *rw, int c)
     }
 }
 
-/* out[t] = dot(row, x[t]) for T (1..4) tokens, in the units of s_load32 (multiply by the
- * row scale afterwards for INT8/FP8). */
-ALWAYS void s_row_dots(wfmt_t fmt, const s_row_t *rw, int cols, const float *x, int64_t ldx, int T, float *out)
+/* Multiply-accumulate columns [c, c+32) of a row into T tokens. Non-INT4 formats spread
+ * the 4 vectors over two accumulators per token (acc0, acc1); INT4 forms the block's dot
+ * first, then adds it times the group scale d into acc0. */
+ALWAYS void s_block(wfmt_t fmt, const s_row_t *rw, int c, const float *x, int64_t ldx, int T, __m256 *acc0,
+                    __m256 *acc1, __m256 d, __m256i *nan)
 {
-    __m256 acc[4][2];
-    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-    __m256i nan = _mm256_setzero_si256();
-    const int nb = cols / 32;
-    __m256 d = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const int c = b * 32;
-        __m256 w[4];
-        s_load32(fmt, rw, c, w, &nan);
+    __m256 w[4];
+    s_load32(fmt, rw, c, w, nan);
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + t * ldx + c;
         if (fmt == WF_INT4) {
-            if (c % rw->group == 0) d = _mm256_set1_ps(_cvtsh_ss(rw->sc[c / rw->group]));
-            for (int t = 0; t < T; t++) {
-                const float *xt = x + t * ldx + c;
-                __m256 s = _mm256_mul_ps(w[0], _mm256_loadu_ps(xt));
-                s = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xt + 8), s);
-                s = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xt + 16), s);
-                s = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xt + 24), s);
-                acc[t][b & 1] = _mm256_fmadd_ps(s, d, acc[t][b & 1]);
-            }
+            __m256 s = _mm256_mul_ps(w[0], _mm256_loadu_ps(xt));
+            s = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xt + 8), s);
+            s = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xt + 16), s);
+            s = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xt + 24), s);
+            acc0[t] = _mm256_fmadd_ps(s, d, acc0[t]);
         } else {
-            for (int t = 0; t < T; t++) {
-                const float *xt = x + t * ldx + c;
-                acc[t][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xt), acc[t][0]);
-                acc[t][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xt + 8), acc[t][1]);
-                acc[t][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xt + 16), acc[t][0]);
-                acc[t][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xt + 24), acc[t][1]);
-            }
+            acc0[t] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xt), acc0[t]);
+            acc1[t] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xt + 8), acc1[t]);
+            acc0[t] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xt + 16), acc0[t]);
+            acc1[t] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xt + 24), acc1[t]);
         }
     }
+}
+
+/* INT4: the scale of 32-column block b as a vector (gshift = log2(group / 32)). */
+ALWAYS __m256 s_int4_scale(const s_row_t *rw, int b, int gshift)
+{
+    return _mm256_set1_ps(_cvtsh_ss(rw->sc[b >> gshift]));
+}
+
+/* INT4 decode kernel. Converting nibbles with vpmovsxbd + vcvtdq2ps is bound by the
+ * conversion port on Zen-class cores; a table lookup is cheaper: every value q - 8 in
+ * [-8, 7] is a float whose low two bytes are zero, so two pshufb lookups give its bytes 3
+ * and 2, and two unpacks place them as the high half of each 32-bit lane. All of it in
+ * 128-bit registers (a 256-bit op is two on those cores, and the lane inserts would cost
+ * more than they save). Exact: the same values as (float)(q - 8). */
+ALWAYS void s_int4_block(const uint8_t *p, int c, const float *x, int64_t ldx, int T, __m128 *acc, __m128 d)
+{
+    const __m128i lut3 = _mm_setr_epi8((char)0xC1, (char)0xC0, (char)0xC0, (char)0xC0, (char)0xC0, (char)0xC0,
+                                       (char)0xC0, (char)0xBF, 0x00, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40);
+    const __m128i lut2 = _mm_setr_epi8(0x00, (char)0xE0, (char)0xC0, (char)0xA0, (char)0x80, 0x40, 0x00,
+                                       (char)0x80, 0x00, (char)0x80, 0x00, 0x40, (char)0x80, (char)0xA0,
+                                       (char)0xC0, (char)0xE0);
+    const __m128i m = _mm_set1_epi8(0x0f), z = _mm_setzero_si128();
+    __m128i b = _mm_loadu_si128((const __m128i *)(p + c / 2));
+    __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    __m128i l3 = _mm_shuffle_epi8(lut3, lo), l2 = _mm_shuffle_epi8(lut2, lo);
+    __m128i h3 = _mm_shuffle_epi8(lut3, hi), h2 = _mm_shuffle_epi8(lut2, hi);
+    __m128i v[4] = {_mm_unpacklo_epi8(l2, l3), _mm_unpackhi_epi8(l2, l3), _mm_unpacklo_epi8(h2, h3),
+                    _mm_unpackhi_epi8(h2, h3)}; /* 16-bit high halves of cols 0-7, 8-15, 16-23, 24-31 */
+    __m128 w[8];
+    for (int k = 0; k < 4; k++) {
+        w[2 * k] = _mm_castsi128_ps(_mm_unpacklo_epi16(z, v[k]));
+        w[2 * k + 1] = _mm_castsi128_ps(_mm_unpackhi_epi16(z, v[k]));
+    }
     for (int t = 0; t < T; t++) {
-        float s = s_hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
+        const float *xt = x + t * ldx + c;
+        __m128 s0 = _mm_mul_ps(w[0], _mm_loadu_ps(xt));
+        __m128 s1 = _mm_mul_ps(w[1], _mm_loadu_ps(xt + 4));
+        for (int k = 2; k < 8; k += 2) {
+            s0 = _mm_fmadd_ps(w[k], _mm_loadu_ps(xt + 4 * k), s0);
+            s1 = _mm_fmadd_ps(w[k + 1], _mm_loadu_ps(xt + 4 * k + 4), s1);
+        }
+        acc[t] = _mm_fmadd_ps(_mm_add_ps(s0, s1), d, acc[t]);
+    }
+}
+
+ALWAYS void s_int4_row_dots(const s_row_t *rw, int cols, const float *x, int64_t ldx, int T, float *out)
+{
+    __m128 a0[4], a1[4];
+    for (int t = 0; t < T; t++) a0[t] = a1[t] = _mm_setzero_ps();
+    const uint8_t *p = rw->p;
+    const int nb = cols / 32, gshift = __builtin_ctz((unsigned)rw->group / 32);
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        s_int4_block(p, b * 32, x, ldx, T, a0, _mm_set1_ps(_cvtsh_ss(rw->sc[b >> gshift])));
+        s_int4_block(p, b * 32 + 32, x, ldx, T, a1, _mm_set1_ps(_cvtsh_ss(rw->sc[(b + 1) >> gshift])));
+    }
+    if (b < nb) s_int4_block(p, b * 32, x, ldx, T, a0, _mm_set1_ps(_cvtsh_ss(rw->sc[b >> gshift])));
+    for (int t = 0; t < T; t++) {
+        __m128 a = _mm_add_ps(a0[t], a1[t]);
+        a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+        a = _mm_add_ss(a, _mm_movehdup_ps(a));
+        out[t] = _mm_cvtss_f32(a);
+    }
+}
+
+/* out[t] = dot(row, x[t]) for T (1..4) tokens, in the units of s_load32 (multiply by the
+ * row scale afterwards for INT8/FP8). Blocks go in pairs so that every accumulator is a
+ * named register (an accumulator array indexed at run time would live on the stack). */
+ALWAYS void s_row_dots(wfmt_t fmt, const s_row_t *rw, int cols, const float *x, int64_t ldx, int T, float *out)
+{
+    __m256 a0[4], a1[4];
+    for (int t = 0; t < T; t++) a0[t] = a1[t] = _mm256_setzero_ps();
+    __m256i nan = _mm256_setzero_si256();
+    const int nb = cols / 32;
+    const int gshift = fmt == WF_INT4 ? __builtin_ctz((unsigned)rw->group / 32) : 0;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        if (fmt == WF_INT4) {
+            s_block(fmt, rw, b * 32, x, ldx, T, a0, a1, s_int4_scale(rw, b, gshift), &nan);
+            s_block(fmt, rw, b * 32 + 32, x, ldx, T, a1, a0, s_int4_scale(rw, b + 1, gshift), &nan);
+        } else {
+            s_block(fmt, rw, b * 32, x, ldx, T, a0, a1, one, &nan);
+            s_block(fmt, rw, b * 32 + 32, x, ldx, T, a0, a1, one, &nan);
+        }
+    }
+    if (b < nb) s_block(fmt, rw, b * 32, x, ldx, T, a0, a1, fmt == WF_INT4 ? s_int4_scale(rw, b, gshift) : one, &nan);
+    for (int t = 0; t < T; t++) {
+        float s = s_hsum(_mm256_add_ps(a0[t], a1[t]));
         if (fmt != WF_INT4)
             for (int c = nb * 32; c < cols; c++) s += s_load1(fmt, rw, c) * x[t * ldx + c];
         out[t] = s;
@@ -191,7 +269,8 @@ ALWAYS void s_fused(const mm_job_t *j, wfmt_t fmt, int T, int32_t r0, int32_t r1
             const char *nx = (const char *)rw.p + 4 * qmat_data_bytes(fmt, 1, w->cols);
             _mm_prefetch(nx, _MM_HINT_T0);
         }
-        s_row_dots(fmt, &rw, w->cols, j->x, j->ldx, T, out);
+        if (fmt == WF_INT4) s_int4_row_dots(&rw, w->cols, j->x, j->ldx, T, out);
+        else s_row_dots(fmt, &rw, w->cols, j->x, j->ldx, T, out);
         for (int t = 0; t < T; t++) mm_store(j, t, r, out[t] * rs);
     }
 }
@@ -221,6 +300,8 @@ static void s_dequant_row(const qmat_t *w, int32_t r, float *out)
     s_row_view(w, r, &rw, &rs);
     __m256i nan = _mm256_setzero_si256();
     __m256 d = _mm256_set1_ps(rs), wv[4];
+    const uint16_t *scp = rw.sc;
+    int gl = 0;
     for (int b = 0; b < nb; b++) {
         const int c = b * 32;
         switch (w->fmt) {
@@ -229,7 +310,10 @@ static void s_dequant_row(const qmat_t *w, int32_t r, float *out)
         case WF_FP8: s_load32(WF_FP8, &rw, c, wv, &nan); break;
         default:
             s_load32(WF_INT4, &rw, c, wv, &nan);
-            if (c % rw.group == 0) d = _mm256_set1_ps(_cvtsh_ss(rw.sc[c / rw.group]));
+            if (gl-- == 0) {
+                d = _mm256_set1_ps(_cvtsh_ss(*scp++));
+                gl = rw.group / 32 - 1;
+            }
             break;
         }
         if (w->fmt == WF_BF16)
