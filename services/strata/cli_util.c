@@ -10,6 +10,12 @@
 #include "kernels/cpu/ops.h"
 #include "services/strata/cli_util.h"
 
+/* LOG_WARN unless STRATA_LOG is set. */
+void cli_quiet_logs(void)
+{
+    if (!getenv("STRATA_LOG")) log_set_level(LOG_WARN);
+}
+
 /* Print "strata CMD: message" as one line on stderr. */
 void cli_error(const char *cmd, const char *fmt, ...)
 {

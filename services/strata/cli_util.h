@@ -15,6 +15,10 @@
 #include "model/generate.h"
 #include "model/model.h"
 
+/* Quiet the info logs (loader progress) unless STRATA_LOG asks for them: a command's
+ * stderr then holds warnings and its one error line only. */
+void cli_quiet_logs(void);
+
 /* Print "strata CMD: <message>" on stderr. */
 void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -28,6 +28,7 @@ static void s_help(FILE *f)
             "  --threads T         worker threads; 0 = all CPUs (default 0)\n"
             "  -h, --help          this help\n"
             "\n"
+            "STRATA_LOG=info shows the loader's progress on stderr.\n"
             "Exit codes: 0 ok, 1 runtime failure, 2 bad input or usage.\n");
 }
 
@@ -63,6 +64,7 @@ int cmd_eval(int argc, char **argv)
     memset(&m, 0, sizeof(m));
     int rc = 0, r;
 
+    cli_quiet_logs();
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             s_help(stdout);

@@ -25,6 +25,7 @@ static void s_help(FILE *f)
             "  --stats             print prefill and decode speed on stderr\n"
             "  -h, --help          this help\n"
             "\n"
+            "STRATA_LOG=info shows the loader's progress on stderr.\n"
             "Exit codes: 0 ok, 1 runtime failure, 2 bad input or usage.\n",
             cli_sampling_help);
 }
@@ -44,6 +45,7 @@ int cmd_generate(int argc, char **argv)
     memset(&m, 0, sizeof(m));
     int rc = 0, r;
 
+    cli_quiet_logs();
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             s_help(stdout);

@@ -52,19 +52,21 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "l.f32")
         for cmd in ("eval", "generate"):
+            lo = ["--logits-out", out] if cmd == "eval" else []
             rc, so, _ = run(S, cmd, "--help")
             check(rc == 0 and "usage: strata " + cmd in so, "%s --help exits 0 with usage" % cmd)
             rc, _, se = run(S, cmd)
             check(rc == 2 and one_error_line(se), "%s without arguments: exit 2, one line" % cmd)
-            rc, _, se = run(S, cmd, d, "--tokens", "1,x,3", "--logits-out", out)
+            rc, _, se = run(S, cmd, d, "--tokens", "1,x,3", *lo)
             check(rc == 2 and one_error_line(se) and "'x'" in se, "%s bad token list: exit 2, names it" % cmd)
-            rc, _, se = run(S, cmd, os.path.join(tmp, "nope"), "--tokens", "1", "--logits-out", out)
-            check(rc == 2 and one_error_line(se), "%s missing model folder: exit 2, one line (%s)" % (cmd, se.strip()))
-            rc, _, se = run(S, cmd, d, "--tokens", "1,%d" % V, "--logits-out", out)
+            rc, _, se = run(S, cmd, os.path.join(tmp, "nope"), "--tokens", "1", *lo)
+            check(rc == 2 and one_error_line(se) and "nope" in se,
+                  "%s missing model folder: exit 2, one line naming it (%s)" % (cmd, se.strip()))
+            rc, _, se = run(S, cmd, d, "--tokens", "1,%d" % V, *lo)
             check(rc == 2 and one_error_line(se) and str(V) in se, "%s token outside vocab: exit 2" % cmd)
             rc, _, se = run(S, cmd, d, "--tokens", "1", "--frobnicate")
             check(rc == 2 and one_error_line(se), "%s unknown option: exit 2" % cmd)
-            rc, _, se = run(S, cmd, d, "--tokens", "1", "--threads", "-3", "--logits-out", out)
+            rc, _, se = run(S, cmd, d, "--tokens", "1", "--threads", "-3", *lo)
             check(rc == 2 and one_error_line(se), "%s bad --threads: exit 2" % cmd)
         rc, _, se = run(S, "eval", d, "--tokens", "1,2", "--prefill", "3", "--logits-out", out)
         check(rc == 2 and one_error_line(se), "eval --prefill beyond the tokens: exit 2")

@@ -20,6 +20,9 @@ import tempfile
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures"))
+import compare  # noqa: E402  (tests/fixtures/compare.py: load / compare logits files)
+
 BOUND = {"float32": 1e-4, "bfloat16": 1e-3, "float16": 1e-3}
 
 
@@ -31,26 +34,23 @@ def run(cmd):
 def check_logits(strata, d, ref, threads, extra, tmp):
     tokens = ref["tokens"]
     V = int(ref.get("vocab_size") or json.load(open(os.path.join(d, "config.json")))["vocab_size"])
-    want = np.fromfile(os.path.join(d, "logits.f32"), dtype="<f4")
-    if want.size != len(tokens) * V:
-        return False, "logits.f32 has %d floats, want %d x %d" % (want.size, len(tokens), V)
-    want = want.reshape(len(tokens), V).astype(np.float64)
+    want = compare.load(os.path.join(d, "logits.f32"), V, "reference")
+    if want.shape[0] != len(tokens):
+        return False, "logits.f32 has %d rows, want %d" % (want.shape[0], len(tokens))
     out = os.path.join(tmp, os.path.basename(d) + ".logits")
     cmd = [strata, "eval", d, "--tokens", ",".join(map(str, tokens)), "--logits-out", out,
            "--threads", str(threads)] + extra
     rc, _, err = run(cmd)
     if rc != 0:
         return False, "strata eval exit %d: %s" % (rc, err.strip())
-    got = np.fromfile(out, dtype="<f4")
-    if got.size != want.size:
-        return False, "strata wrote %d floats, want %d" % (got.size, want.size)
-    got = got.reshape(want.shape).astype(np.float64)
-    if not np.all(np.isfinite(got)):
-        return False, "non-finite logits at positions %s" % np.where(~np.isfinite(got).all(1))[0][:8].tolist()
-    rel = np.linalg.norm(got - want, axis=1) / np.maximum(np.linalg.norm(want, axis=1), 1e-30)
+    got = compare.load(out, V, "strata eval")  # raises on a bad size or a non-finite value
+    if got.shape != want.shape:
+        return False, "strata wrote %d rows, want %d" % (got.shape[0], want.shape[0])
+    res = compare.compare(want, got)
+    rel = res["row_rel"]
+    argmax_agree = int((res["top_ref"] == res["top_out"]).sum())
     bound = BOUND.get(ref.get("dtype", "float32"), 1e-4)
     worst = int(np.argmax(rel))
-    argmax_agree = int((got.argmax(1) == want.argmax(1)).sum())
     msg = "max rel err %.3g at pos %d (bound %g, %s), median %.3g, argmax agrees %d/%d" % (
         rel[worst], worst, bound, ref.get("dtype", "float32"), float(np.median(rel)), argmax_agree,
         len(tokens))
