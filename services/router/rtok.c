@@ -1,0 +1,76 @@
+/* rtok.c - tokenizer adapter over common/tokenizer.h (see rtok.h). */
+#include "services/router/rtok.h"
+
+#include <stdlib.h>
+
+#include "common/tokenizer.h"
+
+struct rtok {
+    tok_t *tok;
+};
+
+struct rtok_stream {
+    tok_stream_t *st;
+};
+
+int rtok_open(const char *path, rtok_t **out, strata_errbuf_t *eb)
+{
+    rtok_t *t = calloc(1, sizeof *t);
+    if (!t) return STRATA_ENOMEM;
+    int rc = tok_load(&t->tok, path, eb);
+    if (rc < 0) {
+        free(t);
+        return rc;
+    }
+    *out = t;
+    return 0;
+}
+
+void rtok_close(rtok_t *t)
+{
+    if (!t) return;
+    tok_free(t->tok);
+    free(t);
+}
+
+int rtok_encode_prompt(rtok_t *t, const char *text, size_t len, int32_t **ids, int32_t *n)
+{
+    size_t nn = 0;
+    int rc = tok_encode(t->tok, text, len, true, ids, &nn);
+    if (rc < 0) return rc;
+    if (nn > INT32_MAX) {
+        free(*ids);
+        *ids = NULL;
+        return STRATA_ETOOLARGE;
+    }
+    *n = (int32_t)nn;
+    return 0;
+}
+
+rtok_stream_t *rtok_stream_new(rtok_t *t)
+{
+    rtok_stream_t *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    if (tok_stream_new(t->tok, true, &s->st) < 0) {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+int rtok_stream_push(rtok_stream_t *s, int32_t id, const char **bytes, size_t *n)
+{
+    return tok_stream_push(s->st, id, bytes, n);
+}
+
+int rtok_stream_flush(rtok_stream_t *s, const char **bytes, size_t *n)
+{
+    return tok_stream_flush(s->st, bytes, n);
+}
+
+void rtok_stream_free(rtok_stream_t *s)
+{
+    if (!s) return;
+    tok_stream_free(s->st);
+    free(s);
+}

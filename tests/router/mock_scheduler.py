@@ -1,0 +1,149 @@
+"""A stand-in for strata-scheduler that speaks the router<->scheduler protocol
+(proto/PROTOCOL.md) with deterministic fake generation, so the router can be tested alone.
+
+Token i of a request is a pure function of (prompt, seed, i), like the real group's
+deterministic sampling; a prompt starting with token EOS_TRIGGER ends with eos after 3
+tokens. One token per live request every `tick` seconds. Finished requests are kept for
+resume. Knobs for tests: drop_every (drop every n-th tokens event: the router must notice
+the gap), restart() (new instance, all state lost), paused.
+"""
+import os
+import threading
+import time
+
+import msgpack
+import zmq
+
+VOCAB = 300
+MAX_CONTEXT = 64
+EOS = 2
+EOS_TRIGGER = 1
+
+
+def token_at(prompt, seed, i):
+    return (sum(prompt) * 31 + seed * 7 + i * 17) % (VOCAB - 10) + 5
+
+
+class MockScheduler(threading.Thread):
+    def __init__(self, endpoint, tick=0.005):
+        super().__init__(daemon=True)
+        self.endpoint = endpoint
+        self.tick = tick
+        self.instance = int.from_bytes(os.urandom(7), "little") + 1
+        self.reqs = {}          # id -> dict
+        self.cancels = []       # ids canceled (for assertions)
+        self.submits = 0
+        self.max_live = {}      # client routing id -> most requests live at once
+        self.resumes = []
+        self.drop_every = 0
+        self._events = 0
+        self.paused = False
+        self._halt = threading.Event()
+        self._lock = threading.Lock()
+        self._restart = False
+        self.ready = threading.Event()
+
+    def stop(self):
+        self._halt.set()
+        self.join(5)
+
+    def restart(self):
+        """Act as a freshly started scheduler: new instance, no requests."""
+        with self._lock:
+            self._restart = True
+
+    def _send(self, sock, msg):
+        m = {"v": 1}
+        m.update(msg)
+        try:
+            sock.send_multipart([b"router", msgpack.packb(m, use_bin_type=True)], flags=zmq.DONTWAIT)
+        except zmq.ZMQError:
+            pass  # no router connected: drop, as the real scheduler does
+
+    def _tokens(self, sock, rid, index, toks):
+        self._events += 1
+        if self.drop_every and self._events % self.drop_every == 0:
+            return
+        self._send(sock, {"type": "tokens", "id": rid, "index": index, "tokens": toks})
+
+    def _done(self, sock, rid, r):
+        self._send(sock, {"type": "done", "id": rid, "finish_reason": r["finish"],
+                          "usage": {"prompt_tokens": len(r["prompt"]), "completion_tokens": len(r["gen"])},
+                          "timings": {"queue_ms": 0.1, "ttft_ms": 1.0, "total_ms": 2.0}})
+
+    def run(self):
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(self.endpoint)
+        self.ready.set()
+        next_tick = time.monotonic()
+        while not self._halt.is_set():
+            with self._lock:
+                if self._restart:
+                    self._restart = False
+                    self.instance += 1
+                    self.reqs.clear()
+            if sock.poll(2):
+                frames = sock.recv_multipart()
+                self._handle(sock, frames[-1])
+                continue
+            now = time.monotonic()
+            if now < next_tick or self.paused:
+                continue
+            next_tick = now + self.tick
+            for rid, r in list(self.reqs.items()):
+                if r["finish"]:
+                    continue
+                i = len(r["gen"])
+                if r["prompt"][0] == EOS_TRIGGER and i == 3:
+                    t = EOS
+                else:
+                    t = token_at(r["prompt"], r["seed"], i)
+                r["gen"].append(t)
+                self._tokens(sock, rid, i, [t])
+                if t == EOS:
+                    r["finish"] = "stop"
+                elif len(r["gen"]) >= r["max_tokens"]:
+                    r["finish"] = "length"
+                if r["finish"]:
+                    self._done(sock, rid, r)
+        sock.close(0)
+
+    def _handle(self, sock, frame):
+        m = msgpack.unpackb(frame, raw=False)
+        t, rid = m["type"], m.get("id")
+        if t == "hello":
+            self._send(sock, {"type": "hello", "instance": self.instance, "pid": os.getpid(), "model": "mock",
+                              "vocab": VOCAB, "max_context": MAX_CONTEXT, "bos_id": -1, "eos_id": EOS,
+                              "kv_blocks": 0, "block_size": 16, "load_ms": 0.0})
+        elif t == "submit":
+            self.submits += 1
+            if rid in self.reqs and not self.reqs[rid]["finish"]:
+                self._send(sock, {"type": "error", "id": rid, "code": "duplicate", "message": "live"})
+                return
+            self.reqs[rid] = {"prompt": m["prompt"], "seed": m["seed"], "max_tokens": m["max_tokens"], "gen": [],
+                              "finish": None, "cid": m["cid"], "client": m["client"]}
+            live = sum(1 for r in self.reqs.values() if not r["finish"] and r["client"] == m["client"])
+            self.max_live[m["client"]] = max(self.max_live.get(m["client"], 0), live)
+        elif t == "cancel":
+            self.cancels.append(rid)
+            r = self.reqs.get(rid)
+            if r is None:
+                self._send(sock, {"type": "error", "id": rid, "code": "not_found", "message": "unknown request"})
+            elif not r["finish"]:
+                r["finish"] = "cancel"
+                self._done(sock, rid, r)
+        elif t == "resume":
+            self.resumes.append((rid, m["from"]))
+            r = self.reqs.get(rid)
+            if r is None:
+                self._send(sock, {"type": "error", "id": rid, "code": "not_found", "message": "unknown request"})
+                return
+            self._send(sock, {"type": "tokens", "id": rid, "index": m["from"], "tokens": r["gen"][m["from"]:]})
+            if r["finish"]:
+                self._done(sock, rid, r)
+        elif t == "stats":
+            self._send(sock, {"type": "stats", "id": rid, "stats": {"requests": len(self.reqs), "steps": 1}})
