@@ -175,7 +175,8 @@ static int s_token(ctx_t *c, const char *key, int64_t def, int64_t vocab, int32_
 {
     json_t *v = json_object_get(c->root, key);
     if (!v) {
-        *out = (int32_t)def;
+        /* the class default; an id the vocab cannot produce means no such token */
+        *out = def >= 0 && def < vocab ? (int32_t)def : -1;
         return 0;
     }
     if (json_is_null(v)) {
@@ -322,6 +323,8 @@ static int s_rope(ctx_t *c, const arch_desc_t *a, model_config_t *cfg)
         else if (t2) type = json_string_value(t2);
     }
 
+    if ((float)theta <= 1.0f)
+        return strata_seterr(c->eb, STRATA_EINVAL_INPUT, "%s: rope_theta: %.10g is too close to 1", c->path, theta);
     const int dim = cfg->head_dim;
     cfg->rope_theta = (float)theta;
     cfg->rot_dim = dim;
@@ -590,6 +593,8 @@ static int s_parse(ctx_t *c, model_config_t *cfg)
     cfg->max_pos = (int32_t)v;
     double eps;
     if ((rc = s_num_in(c, c->root, "", "rms_norm_eps", a->eps, 0.0, true, 1.0, &eps)) < 0) return rc;
+    if ((float)eps <= 0)
+        return strata_seterr(c->eb, STRATA_EINVAL_INPUT, "%s: rms_norm_eps: %g is too small for fp32", c->path, eps);
     cfg->rms_eps = (float)eps;
     if ((rc = s_bool(c, "tie_word_embeddings", false, &cfg->tie_embeddings)) < 0) return rc;
     if ((rc = s_token(c, "bos_token_id", a->bos, cfg->vocab, &cfg->bos_id)) < 0) return rc;
@@ -698,7 +703,15 @@ static int s_parse(ctx_t *c, model_config_t *cfg)
     }
     for (int i = cfg->n_layers; i < MAX_LAYERS; i++) cfg->layer_sparse[i] = false;
 
-    return s_rope(c, a, cfg);
+    if ((rc = s_rope(c, a, cfg)) < 0) return rc;
+    /* Extreme but in-range scaling parameters must not yield unusable frequencies. */
+    bool ok = isfinite(cfg->attn_factor) && cfg->attn_factor > 0;
+    for (int i = 0; ok && i < cfg->rot_dim / 2; i++) ok = isfinite(cfg->inv_freq[i]) && cfg->inv_freq[i] > 0;
+    if (!ok)
+        return strata_seterr(c->eb, STRATA_EINVAL_INPUT,
+                             "%s: %s: the RoPE parameters give non-finite or non-positive frequencies", c->path,
+                             s_val(c, "rope_parameters") ? "rope_parameters" : "rope_scaling");
+    return 0;
 }
 
 int model_config_parse(model_config_t *cfg, const char *json, size_t len, const char *name, strata_errbuf_t *eb)
