@@ -124,6 +124,7 @@ typedef struct {
     shard_t *shards;
     size_t n_shards;
     bool scan;              /* scan for NaN/Inf */
+    const st_tensor_t *embed; /* model.embed_tokens.weight in its file */
 } ld_t;
 
 static int s_path(char *out, size_t n, const char *dir, const char *name, strata_errbuf_t *eb)
@@ -288,8 +289,8 @@ static int s_get(ld_t *L, const char *name, int ndim, const int64_t *shape, bool
         if (!required) return 0;
         char want[128];
         s_fmt_shape(want, sizeof want, ndim, shape);
-        return strata_seterr(L->eb, STRATA_EINVAL_INPUT, "%s: tensor '%.200s' %s is missing (needed by the config)",
-                             s_where(L), name, want);
+        return strata_seterr(L->eb, STRATA_EINVAL_INPUT, "%s: tensor '%.200s' %s is missing%s (needed by the config)",
+                             s_where(L), name, want, L->weight_map ? " from weight_map" : "");
     }
     if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16)
         return strata_seterr(L->eb, STRATA_EUNSUPPORTED,
@@ -529,6 +530,17 @@ static void s_report_unused(ld_t *L)
                 if (strcmp(json_string_value(fv), sh->name)) continue;
             }
             size_t len = strlen(name);
+            if (L->m->cfg.tie_embeddings && !strcmp(name, "lm_head.weight")) {
+                /* transformers ties the head to the embedding and drops this copy */
+                const st_tensor_t *h = st_tensor(sh->st, i);
+                bool same = L->embed &&
+                            L->embed->dtype == h->dtype && L->embed->nbytes == h->nbytes &&
+                            !memcmp(L->embed->data, h->data, h->nbytes);
+                if (same) log_debug("%s: lm_head.weight equals the tied embedding; ignored", st_path(sh->st));
+                else log_warn("%s: lm_head.weight differs from model.embed_tokens.weight but tie_word_embeddings "
+                              "is true; the embedding is used, as in transformers", st_path(sh->st));
+                continue;
+            }
             if (len >= 8 && !strcmp(name + len - 8, "inv_freq")) {
                 log_debug("%s: tensor '%s' (rotary buffer) ignored", st_path(sh->st), name);
                 continue;
@@ -554,7 +566,10 @@ static int s_load_hf(ld_t *L)
         m->layers = NULL;
         return strata_seterr(L->eb, STRATA_ENOMEM, "%s: out of memory", L->dir);
     }
-    if ((rc = s_mat(L, "model.embed_tokens.weight", V, H, false, &m->embed)) < 0) return rc;
+    int64_t eshape[2] = {V, H};
+    if ((rc = s_get(L, "model.embed_tokens.weight", 2, eshape, true, &L->embed)) < 0 ||
+        (rc = s_qmat_from(L, L->embed, 0, V, H, false, &m->embed)) < 0)
+        return rc;
     if ((rc = s_vec(L, "model.norm.weight", H, true, &m->final_norm)) < 0) return rc;
     if (c->tie_embeddings) {
         m->lm_head = m->embed;
