@@ -198,6 +198,7 @@ static const fdesc_t s_f_generate[] = {
     SAMPLING_FIELDS(msg_generate_t, samp),
     {"stop", F_STRS, 0, offsetof(msg_generate_t, stop), offsetof(msg_generate_t, n_stop), 0, MSG_MAX_STOP, 1, MSG_MAX_STOP_LEN, NULL, 0},
     {"stream", F_BOOL, 0, offsetof(msg_generate_t, stream), 0, 0, 0, 0, 0, NULL, 0},
+    {"ignore_eos", F_BOOL, 0, offsetof(msg_generate_t, ignore_eos), 0, 0, 0, 0, 0, NULL, 0},
     END_FIELDS};
 
 static const fdesc_t s_f_resume[] = {

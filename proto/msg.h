@@ -141,6 +141,7 @@ typedef struct {
     int32_t n_stop;             /* [0, MSG_MAX_STOP] */
     const msg_str_t *stop;      /* [n_stop] stop strings, 1..MSG_MAX_STOP_LEN bytes each */
     bool stream;                /* default true: token events; false: one done with text */
+    bool ignore_eos;            /* default false: keep going past the model's eos token */
 } msg_generate_t;
 
 /* resume: send the rest of a request. Client family: after a router restart the client

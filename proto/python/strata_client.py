@@ -160,7 +160,7 @@ class StrataClient:
         self.send({"type": "cancel", "id": rid})
 
     def generate(self, prompt=None, *, tokens=None, max_tokens=16, temperature=0.0, top_p=1.0, top_k=0,
-                 seed=0, stop=None, stream=True, id=None, resume=True, extra=None):
+                 seed=0, stop=None, stream=True, ignore_eos=False, id=None, resume=True, extra=None):
         """Stream one answer. Yields each `token` event (dicts with "index", "tokens",
         "text"); when the answer ends, self.last_done holds the `done` message (with "text"
         and "tokens" too if stream=False, in which case nothing is yielded).
@@ -168,6 +168,8 @@ class StrataClient:
         rid = self.next_id() if id is None else id
         msg = {"type": "generate", "id": rid, "max_tokens": max_tokens, "temperature": temperature,
                "top_p": top_p, "top_k": top_k, "seed": seed, "stream": stream}
+        if ignore_eos:
+            msg["ignore_eos"] = True
         if tokens is not None:
             msg["tokens"] = list(tokens)
         else:

@@ -49,6 +49,7 @@ typedef struct {
     size_t client_len;
     rq_state_t state;
     bool stream;
+    bool ignore_eos;
     bool cancel_sent;
     int32_t *prompt;              /* [n_prompt] token ids, kept to resubmit; NULL after a resume */
     int32_t n_prompt;
@@ -270,6 +271,7 @@ static int s_submit(router_t *r, req_t *q)
     m.u.submit.n_prompt = q->n_prompt;
     m.u.submit.max_tokens = q->max_tokens;
     m.u.submit.samp = q->samp;
+    m.u.submit.ignore_eos = q->ignore_eos;
     return s_to_sched(r, &m);
 }
 
@@ -413,7 +415,7 @@ static void s_on_tokens(router_t *r, req_t *q, const msg_tokens_t *t)
     q->n_gen += n;
     if (q->t_first == 0) q->t_first = strata_now();
     for (int32_t i = 0; i < n; i++) {
-        if (nt[i] == r->eos_id) continue; /* eos ends the answer; it has no text */
+        if (nt[i] == r->eos_id && !q->ignore_eos) continue; /* eos ends the answer; it has no text */
         if (q->detok) {
             const char *bytes;
             size_t nb;
@@ -562,6 +564,7 @@ static void s_generate(router_t *r, const uint8_t *cl, size_t len, const msg_t *
     q->n_prompt = n;
     q->max_tokens = max_tokens;
     q->samp = g->samp;
+    q->ignore_eos = g->ignore_eos;
     if (s_submit(r, q) < 0) {
         s_client_error(r, cl, len, true, cid, MSG_E_UNAVAILABLE, "the scheduler is not accepting requests; retry later");
         s_remove(r, q->id); /* not inserted yet: s_req_free's removal is a no-op */
@@ -599,6 +602,7 @@ static void s_resume(router_t *r, const uint8_t *cl, size_t len, const msg_t *m)
     req_t *old = s_find(r, id);
     int32_t *prompt = NULL, n_prompt = 0, max_tokens = 0;
     msg_sampling_t samp = {0, 1, 0, 0};
+    bool ignore_eos = false;
     if (old) {
         if (old->state == RQ_CLOSING) {
             s_client_error(r, cl, len, true, cid, MSG_E_NOT_FOUND, "resume: request %llu has finished",
@@ -611,6 +615,7 @@ static void s_resume(router_t *r, const uint8_t *cl, size_t len, const msg_t *m)
         n_prompt = old->n_prompt;
         max_tokens = old->max_tokens;
         samp = old->samp;
+        ignore_eos = old->ignore_eos;
         s_req_free(r, old);
     } else if (s_busy(r, cl, len, cid)) {
         return;
@@ -625,6 +630,7 @@ static void s_resume(router_t *r, const uint8_t *cl, size_t len, const msg_t *m)
     q->n_prompt = n_prompt;
     q->max_tokens = max_tokens;
     q->samp = samp;
+    q->ignore_eos = ignore_eos;
     q->skip_tokens = rs->from;
     q->skip_text = (uint64_t)rs->text_from;
     q->state = RQ_RESUMING;
