@@ -86,6 +86,30 @@ static mm_rows_fn s_rows_fn(void)
     }
 }
 
+static pthread_key_t s_buf_key;
+static pthread_once_t s_buf_once = PTHREAD_ONCE_INIT;
+static __thread float *s_buf;
+static __thread size_t s_buf_cap;
+
+static void s_buf_key_init(void)
+{
+    STRATA_ASSERT(pthread_key_create(&s_buf_key, free) == 0);
+}
+
+float *cpu_row_buf(size_t n)
+{
+    if (s_buf_cap < n) {
+        pthread_once(&s_buf_once, s_buf_key_init);
+        free(s_buf);
+        void *p = NULL;
+        STRATA_ASSERT(posix_memalign(&p, 64, n * sizeof(float)) == 0);
+        s_buf = p;
+        s_buf_cap = n;
+        pthread_setspecific(s_buf_key, p); /* the key's destructor frees it at thread exit */
+    }
+    return s_buf;
+}
+
 /* Several matmuls over one row space: item i is row i - off[k] of jobs[k]. One pool
  * dispatch covers them all (e.g. the gate and up projections of an FFN). */
 typedef struct {

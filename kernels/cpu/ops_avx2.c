@@ -24,7 +24,6 @@
  */
 #include <immintrin.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 
 #include "common/strata.h"
@@ -339,38 +338,11 @@ static void s_dequant_row(const qmat_t *w, int32_t r, float *out)
     }
 }
 
-/* Per-thread fp32 row buffer for the n > 4 path; freed when the thread exits. */
-static pthread_key_t s_buf_key;
-static pthread_once_t s_buf_once = PTHREAD_ONCE_INIT;
-static __thread float *s_buf;
-static __thread size_t s_buf_cap;
-
-static void s_buf_key_init(void)
-{
-    STRATA_ASSERT(pthread_key_create(&s_buf_key, free) == 0);
-}
-
-static float *s_row_buf(size_t n)
-{
-    if (s_buf_cap < n) {
-        pthread_once(&s_buf_once, s_buf_key_init);
-        free(s_buf);
-        s_buf = NULL;
-        s_buf_cap = 0;
-        void *p = NULL;
-        STRATA_ASSERT(posix_memalign(&p, 64, n * sizeof(float)) == 0);
-        s_buf = p;
-        s_buf_cap = n;
-        pthread_setspecific(s_buf_key, p);
-    }
-    return s_buf;
-}
-
 static void s_many_tokens(const mm_job_t *j, int32_t r0, int32_t r1)
 {
     const qmat_t *w = j->w;
     const int cols = w->cols;
-    float *buf = w->fmt == WF_F32 ? NULL : s_row_buf((size_t)cols);
+    float *buf = w->fmt == WF_F32 ? NULL : cpu_row_buf((size_t)cols);
     /* token blocks whose activations fit in ~256 KiB of L2, a multiple of 4 tokens */
     int nb = (int)(65536 / (cols > 0 ? cols : 1)) & ~3;
     if (nb < 4) nb = 4;

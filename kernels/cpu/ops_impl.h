@@ -4,6 +4,7 @@
 #define STRATA_CPU_OPS_IMPL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kernels/cpu/qmat.h"
@@ -31,6 +32,10 @@ void cpu_ref_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1);
 void cpu_avx2_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1);
 /* AVX-512 F/BW/VL (ops_avx512.c; call only if the CPU has them). */
 void cpu_avx512_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1);
+
+/* A per-thread, 64-byte aligned scratch of at least n floats (grown on demand, freed when
+ * the thread exits). Valid until the calling thread's next cpu_row_buf call. */
+float *cpu_row_buf(size_t n);
 
 /* Shared epilogue for one output element. */
 static inline void mm_store(const mm_job_t *j, int t, int32_t r, float dot)
