@@ -40,6 +40,7 @@ void packed_write_opts_default(packed_write_opts_t *o, wfmt_t fmt)
     o->group = 32;
     o->attn_fmt = fmt == WF_F32 ? WF_F32 : WF_BF16;
     o->embed_fmt = fmt == WF_F32 ? WF_F32 : WF_BF16;
+    o->embed_as_source = true;
     o->alignment = PACKED_DEFAULT_ALIGN;
     o->threads = 0;
     o->progress = false;
@@ -391,6 +392,14 @@ int packed_write(const model_t *src, const char *src_dir, const char *out_dir, c
     char b[4200];
     double t0 = strata_now();
     packed_write_stats_t stats = {0};
+    packed_write_opts_t oo = *o;
+
+    /* Embeddings in the source's precision by default: a BF16 table stays BF16 (lossless), an
+     * F32 or F16 one is kept in F32. A row lookup costs no bandwidth to speak of, and measured
+     * on the fp32 fixtures bf16-rounded embeddings alone move the logits more than bf16 experts
+     * do (docs/PACKED_FORMAT.md). */
+    if (oo.embed_as_source) oo.embed_fmt = src->embed.fmt == WF_BF16 ? WF_BF16 : WF_F32;
+    o = &oo;
 
     if (o->fmt < 0 || o->fmt >= WF_COUNT || o->attn_fmt < 0 || o->attn_fmt >= WF_COUNT ||
         (o->embed_fmt != WF_F32 && o->embed_fmt != WF_BF16))

@@ -122,7 +122,8 @@ typedef struct {
     wfmt_t fmt;          /* experts, shared expert, dense MLPs */
     int32_t group;       /* INT4 group (32, 64, 128); ignored otherwise */
     wfmt_t attn_fmt;     /* attention projections and lm_head (strata pack default: BF16) */
-    wfmt_t embed_fmt;    /* F32 or BF16 */
+    wfmt_t embed_fmt;    /* F32 or BF16; used when embed_as_source is false */
+    bool embed_as_source;/* embeddings keep the source's precision: BF16 stays BF16, others F32 */
     uint64_t alignment;  /* expert block alignment (default PACKED_DEFAULT_ALIGN) */
     int threads;         /* quantization threads; <= 0 = all CPUs */
     bool progress;       /* log per-layer progress */
@@ -137,8 +138,9 @@ typedef struct {
     double seconds;
 } packed_write_stats_t;
 
-/* Defaults for fmt: BF16 attention/lm_head (F32 if fmt is F32), BF16 embeddings (F32 if fmt is
- * F32), group 32, 2 MiB alignment, all CPUs, no progress. */
+/* Defaults for fmt: BF16 attention/lm_head (F32 if fmt is F32), embeddings in the source's
+ * precision (BF16 if the source has BF16, else F32), group 32, 2 MiB alignment, all CPUs, no
+ * progress. */
 void packed_write_opts_default(packed_write_opts_t *o, wfmt_t fmt);
 
 /* Pack src (any loaded model) into out_dir, which must exist and hold no manifest. Copies

@@ -22,15 +22,16 @@ static void s_help(FILE *f)
             "model to OUT_DIR: strata-manifest.json, config.json, the tokenizer files and the weight\n"
             "files. Routed experts, the shared expert and dense MLPs take --format, each expert quantized\n"
             "on its own and stored as one block aligned to --align bytes. Norms, biases, routers and the\n"
-            "shared-expert gate stay f32; embeddings bf16; attention projections and lm_head bf16 (see\n"
-            "--attn-format). Every file is re-read and its crc32 checked before the manifest is written.\n"
+            "shared-expert gate stay f32; embeddings keep the source's precision (bf16 or f32); attention\n"
+            "projections and lm_head bf16 (see --attn-format). Every file is re-read and its crc32 checked before the manifest is written.\n"
             "\n"
             "  --format F        bf16, int8 (per channel), fp8 (e4m3, per channel), int4 (group-wise)\n"
             "                    or f32 (lossless, for tests)\n"
             "  --group G         int4 columns per scale: 32, 64 or 128 (default 32)\n"
             "  --attn-format F   attention projections and lm_head: bf16 (default), f32, or 'same' as\n"
             "                    --format\n"
-            "  --embed-format F  embeddings: bf16 (default) or f32 (f32 when --format f32)\n"
+            "  --embed-format F  embeddings: bf16 or f32 (default: as the source, bf16 if it is bf16,\n"
+            "                    else f32)\n"
             "  --align BYTES     expert block alignment, a power of two >= 4096 (default 2097152)\n"
             "  --threads T       quantization threads; 0 = all CPUs (default 0)\n"
             "  --force           overwrite an existing OUT_DIR's packed model\n"
@@ -156,6 +157,7 @@ int cmd_pack(int argc, char **argv)
     }
     if (embed_s) {
         if (s_fmt_arg("--embed-format", embed_s, &o.embed_fmt)) return 2;
+        o.embed_as_source = false;
         if (o.embed_fmt != WF_F32 && o.embed_fmt != WF_BF16) {
             cli_error(C, "--embed-format '%s': expected f32 or bf16", embed_s);
             return 2;
@@ -198,10 +200,13 @@ int cmd_pack(int argc, char **argv)
         rc = 2;
         goto done;
     }
-    if (!quiet)
-        log_info("pack: %s -> %s: %s, format %s%s%.0d, attention/lm_head %s, embeddings %s, %d layers",
-                 src, out, m.cfg.arch_name, wfmt_name(fmt), fmt == WF_INT4 ? " group " : "",
-                 fmt == WF_INT4 ? o.group : 0, wfmt_name(o.attn_fmt), wfmt_name(o.embed_fmt), m.cfg.n_layers);
+    if (!quiet) {
+        char g[32] = "";
+        if (fmt == WF_INT4) snprintf(g, sizeof g, " group %d", o.group);
+        wfmt_t ef = o.embed_as_source ? (m.embed.fmt == WF_BF16 ? WF_BF16 : WF_F32) : o.embed_fmt;
+        log_info("pack: %s -> %s: %s, format %s%s, attention/lm_head %s, embeddings %s, %d layers", src, out,
+                 m.cfg.arch_name, wfmt_name(fmt), g, wfmt_name(o.attn_fmt), wfmt_name(ef), m.cfg.n_layers);
+    }
 
     strata_errbuf_t eb;
     eb.msg[0] = 0;

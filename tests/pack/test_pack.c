@@ -89,7 +89,7 @@ static char *s_read_text(const char *path, size_t *n)
 }
 
 /* The format and group the writer must choose for a slot (docs/PACKED_FORMAT.md). */
-static void s_expect(const packed_slot_t *s, wfmt_t fmt, int group, wfmt_t *ef, int *eg)
+static void s_expect(const packed_slot_t *s, wfmt_t fmt, int group, wfmt_t embed, wfmt_t *ef, int *eg)
 {
     *eg = 0;
     switch (s->cls) {
@@ -97,7 +97,7 @@ static void s_expect(const packed_slot_t *s, wfmt_t fmt, int group, wfmt_t *ef, 
     case PC_BIAS:
     case PC_ROUTER:
     case PC_SHARED_GATE: *ef = WF_F32; return;
-    case PC_EMBED:
+    case PC_EMBED: *ef = embed; return;
     case PC_ATTN:
     case PC_LM_HEAD: *ef = fmt == WF_F32 ? WF_F32 : WF_BF16; return;
     default: break;
@@ -112,7 +112,8 @@ static void s_expect(const packed_slot_t *s, wfmt_t fmt, int group, wfmt_t *ef, 
 }
 
 /* Every slot of pk against the source: exact bytes of qmat_quantize(dequant(source row)). */
-static void s_check_model(model_t *src, model_t *pk, wfmt_t fmt, int group, double max_rel, const char *what)
+static void s_check_model(model_t *src, model_t *pk, wfmt_t fmt, int group, wfmt_t embed, double max_rel,
+                          const char *what)
 {
     packed_slot_t *ss = NULL, *ps = NULL;
     int32_t ns = 0, np = 0;
@@ -130,7 +131,7 @@ static void s_check_model(model_t *src, model_t *pk, wfmt_t fmt, int group, doub
         }
         wfmt_t ef;
         int eg;
-        s_expect(a, fmt, group, &ef, &eg);
+        s_expect(a, fmt, group, embed, &ef, &eg);
         const qmat_t *q = b->q;
         T_CHECK(q->fmt == ef && q->group == eg && q->rows == a->rows && q->cols == a->cols,
                 "%s: %s is %s g%d [%d,%d], want %s g%d [%d,%d]", what, a->name, wfmt_name(q->fmt), q->group, q->rows,
@@ -422,8 +423,13 @@ int main(void)
             packed_write_opts_default(&o, s_fmts[f].fmt);
             o.group = s_fmts[f].group ? s_fmts[f].group : 32;
             o.threads = 2;
-            /* one pack with a small alignment, to show it is honoured */
+            /* one pack with a small alignment, to show it is honoured; one with bf16 embeddings
+             * (by default an F32 source keeps F32 embeddings) */
             if (f == 2) o.alignment = 65536;
+            if (f == 3) {
+                o.embed_as_source = false;
+                o.embed_fmt = WF_BF16;
+            }
             packed_write_stats_t st;
             rc = packed_write(&sm, src, out, &o, &st, &eb);
             T_CHECK(rc == 0, "%s: packed_write: %s", what, eb.msg);
@@ -443,7 +449,7 @@ int main(void)
             rc = model_load(&viaload, out, &eb);
             T_CHECK(rc == 0 && viaload.layers[0].wq.fmt == pk.layers[0].wq.fmt, "%s: model_load: %s", what, eb.msg);
             if (rc == 0) model_free(&viaload);
-            s_check_model(&sm, &pk, s_fmts[f].fmt, s_fmts[f].group, s_fmts[f].max_rel, what);
+            s_check_model(&sm, &pk, s_fmts[f].fmt, s_fmts[f].group, f == 3 ? WF_BF16 : WF_F32, s_fmts[f].max_rel, what);
             model_free(&pk);
             if (a == 1 && s_fmts[f].fmt == WF_INT4 && s_fmts[f].group == 32) snprintf(broken, sizeof broken, "%s", out);
         }

@@ -29,16 +29,17 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # format name -> (pack args, max whole-matrix relative error vs logits.f32, min top-1 agreement)
-# bf16/int8/fp8/int4-g32 are the acceptance bounds of the packed format. Groups 64 and 128 carry
-# no acceptance bound of their own; they are held to the int4 bound too.
+# bf16/int8/fp8/int4-g32 are the acceptance bounds of the packed format. Groups 64 and 128 have
+# no acceptance bound (they trade quality for size); they are only held to a sanity bound that a
+# broken pack (wrong scales, wrong layout) would miss by far.
 FORMATS = {
     "f32": (["--format", "f32"], None, None),
     "bf16": (["--format", "bf16"], 3e-2, 0.85),
     "int8": (["--format", "int8"], 6e-2, 0.85),
     "fp8": (["--format", "fp8"], 1.5e-1, 0.75),
     "int4-g32": (["--format", "int4", "--group", "32"], 3e-1, 0.60),
-    "int4-g64": (["--format", "int4", "--group", "64"], 3e-1, 0.60),
-    "int4-g128": (["--format", "int4", "--group", "128"], 3e-1, 0.60),
+    "int4-g64": (["--format", "int4", "--group", "64"], 5e-1, None),
+    "int4-g128": (["--format", "int4", "--group", "128"], 5e-1, None),
 }
 SELF_BOUND = 1e-4   # packed vs its unpacked copy
 F32_BOUND = 1e-5    # f32 pack vs the fixture folder itself
