@@ -2,7 +2,7 @@
 # Install the build and test dependencies on Debian 12 / Ubuntu 24.04 (idempotent).
 set -euo pipefail
 PKGS=(build-essential meson ninja-build pkg-config clang
-      libzmq3-dev libmsgpack-dev libuv1-dev libnuma-dev libjansson-dev libpcre2-dev
+      libzmq3-dev libmsgpack-dev libuv1-dev libnuma-dev libjansson-dev libpcre2-dev libutf8proc-dev
       libinih-dev libsystemd-dev zlib1g-dev python3 python3-zmq python3-msgpack python3-numpy gnuplot-nox)
 missing=()
 for p in "${PKGS[@]}"; do

@@ -260,14 +260,13 @@ ALWAYS void s_row_view(const qmat_t *w, int32_t r, s_row_t *rw, float *rscale)
 ALWAYS void s_fused(const mm_job_t *j, wfmt_t fmt, int T, int32_t r0, int32_t r1)
 {
     const qmat_t *w = j->w;
+    const size_t row_bytes = qmat_data_bytes(fmt, 1, w->cols);
     for (int32_t r = r0; r < r1; r++) {
         s_row_t rw = {0};
         float rs, out[4];
         s_row_view(w, r, &rw, &rs);
-        if (r + 4 < r1) { /* the next rows: a hint ahead of the hardware prefetcher */
-            const char *nx = (const char *)rw.p + 4 * qmat_data_bytes(fmt, 1, w->cols);
-            _mm_prefetch(nx, _MM_HINT_T0);
-        }
+        if (r + 4 < r1) /* a hint ahead of the hardware prefetcher */
+            _mm_prefetch((const char *)rw.p + 4 * row_bytes, _MM_HINT_T0);
         if (fmt == WF_INT4) s_int4_row_dots(&rw, w->cols, j->x, j->ldx, T, out);
         else s_row_dots(fmt, &rw, w->cols, j->x, j->ldx, T, out);
         for (int t = 0; t < T; t++) mm_store(j, t, r, out[t] * rs);

@@ -11,12 +11,14 @@ int cmd_generate(int argc, char **argv);
 int cmd_pack(int argc, char **argv);
 int cmd_unpack(int argc, char **argv);
 int cmd_client(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 static const strata_cmd_t s_cmds[] = {
     {"eval", cmd_eval, "logits of every position of a token sequence, to a file"},
     {"generate", cmd_generate, "sample token ids after a prompt of token ids"},
     {"pack", cmd_pack, "quantize a model folder into a packed model (docs/PACKED_FORMAT.md)"},
     {"unpack", cmd_unpack, "a packed model back to an HF folder with F32 weights"},
     {"client", cmd_client, "send a prompt to a running group's router and stream the answer"},
+    {"tokenize", cmd_tokenize, "text to token ids (or back) with a tokenizer.json, line by line"},
     {NULL, NULL, NULL},
 };
 

@@ -1,0 +1,882 @@
+/* tok_encode.c - text to ids, step for step as tokenizers' TokenizerImpl::encode does it:
+ *   1. invalid UTF-8 -> U+FFFD (Python's errors="replace");
+ *   2. added tokens with normalized=false are cut out of the raw text;
+ *   3. each remaining segment is normalized, then tokens with normalized=true are cut out;
+ *   4. the pre-tokenizers split (and ByteLevel / Metaspace rewrite) the segments;
+ *   5. BPE turns each piece into ids (with a per-workspace cache of pieces);
+ *   6. truncation, the post-processors (special tokens), padding.
+ * The pre-tokenized string is one text buffer plus a list of (offset, length, id) splits;
+ * stages that only split write a new list over the same text, stages that rewrite text
+ * write the other text buffer. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/tok_int.h"
+
+#define TK_MAX_INPUT (256u << 20)
+#define TK_CACHE_CAP 16384u     /* slots; cleared when half full */
+#define TK_CACHE_MAX_KEY 256    /* tokenizers caches pieces shorter than this */
+
+/* ---------------------------------------------------------------- workspaces */
+
+static tk_ws_t *s_ws_new(void)
+{
+    tk_ws_t *ws = calloc(1, sizeof *ws);
+    if (!ws) return NULL;
+    ws->md = pcre2_match_data_create(16, NULL);
+    ws->mctx = pcre2_match_context_create(NULL);
+    ws->jst = pcre2_jit_stack_create(32 * 1024, 4 * 1024 * 1024, NULL);
+    if (!ws->md || !ws->mctx || !ws->jst) {
+        tk_ws_free(ws);
+        return NULL;
+    }
+    pcre2_jit_stack_assign(ws->mctx, NULL, ws->jst);
+    return ws;
+}
+
+tk_ws_t *tk_ws_get(const tok_t *tok)
+{
+    tk_ws_t *ws = NULL;
+    pthread_mutex_lock(&tok->pool->mu);
+    if (tok->pool->free) {
+        ws = tok->pool->free;
+        tok->pool->free = ws->next;
+    }
+    pthread_mutex_unlock(&tok->pool->mu);
+    return ws ? ws : s_ws_new();
+}
+
+void tk_ws_put(const tok_t *tok, tk_ws_t *ws)
+{
+    pthread_mutex_lock(&tok->pool->mu);
+    ws->next = tok->pool->free;
+    tok->pool->free = ws;
+    pthread_mutex_unlock(&tok->pool->mu);
+}
+
+void tk_ws_free(tk_ws_t *ws)
+{
+    if (!ws) return;
+    for (int i = 0; i < 2; i++) {
+        tk_nstr_free(&ws->t[i]);
+        free(ws->sl[i].v);
+    }
+    tk_nstr_free(&ws->n1);
+    tk_nstr_free(&ws->n3);
+    free(ws->mt.v);
+    free(ws->mt2.v);
+    if (ws->md) pcre2_match_data_free(ws->md);
+    if (ws->mctx) pcre2_match_context_free(ws->mctx);
+    if (ws->jst) pcre2_jit_stack_free(ws->jst);
+    free(ws->sym);
+    free(ws->heap);
+    tk_buf_free(&ws->tmp);
+    free(ws->cache);
+    tk_buf_free(&ws->cache_arena);
+    free(ws->ids);
+    free(ws);
+}
+
+/* ---------------------------------------------------------------- small helpers */
+
+static int s_sp_add(tk_splits_t *l, size_t off, size_t len, int32_t id)
+{
+    if (l->n == l->cap) {
+        size_t c = l->cap ? l->cap * 2 : 64;
+        tk_split_t *v = realloc(l->v, c * sizeof *v);
+        if (!v) return STRATA_ENOMEM;
+        l->v = v;
+        l->cap = c;
+    }
+    l->v[l->n++] = (tk_split_t){(uint32_t)off, (uint32_t)len, id};
+    return 0;
+}
+
+static int s_mt_push(tk_matches_t *mt, size_t s, size_t e, bool m)
+{
+    if (mt->n == mt->cap) {
+        size_t c = mt->cap ? mt->cap * 2 : 64;
+        tk_match_t *v = realloc(mt->v, c * sizeof *v);
+        if (!v) return STRATA_ENOMEM;
+        mt->v = v;
+        mt->cap = c;
+    }
+    mt->v[mt->n++] = (tk_match_t){(uint32_t)s, (uint32_t)e, m};
+    return 0;
+}
+
+static int s_push_id(tk_ws_t *ws, int32_t id)
+{
+    if (ws->nids == ws->ids_cap) {
+        size_t c = ws->ids_cap ? ws->ids_cap * 2 : 256;
+        int32_t *v = realloc(ws->ids, c * sizeof *v);
+        if (!v) return STRATA_ENOMEM;
+        ws->ids = v;
+        ws->ids_cap = c;
+    }
+    ws->ids[ws->nids++] = id;
+    return 0;
+}
+
+/* Append text (and alignment) to a text buffer. al NULL: every byte aligned to a. */
+static int s_text_put(tk_nstr_t *t, const char *p, size_t n, const uint32_t *al, uint32_t a)
+{
+    if (tk_nstr_reserve(t, n)) return STRATA_ENOMEM;
+    memcpy(t->s.p + t->s.n, p, n);
+    if (t->track) {
+        if (al) memcpy(t->al + t->s.n, al, n * sizeof *al);
+        else
+            for (size_t i = 0; i < n; i++) t->al[t->s.n + i] = a;
+    }
+    t->s.n += n;
+    t->s.p[t->s.n] = 0;
+    return 0;
+}
+
+/* Begin writing the next text / split list. */
+static tk_nstr_t *s_next_text(tk_ws_t *ws)
+{
+    tk_nstr_t *t = &ws->t[!ws->ti];
+    t->s.n = 0;
+    t->track = ws->t[ws->ti].track;
+    t->base = 0;
+    return t;
+}
+
+static tk_splits_t *s_next_splits(tk_ws_t *ws)
+{
+    tk_splits_t *l = &ws->sl[!ws->si];
+    l->n = 0;
+    return l;
+}
+
+static uint32_t s_last_cp(const char *s, size_t end)
+{
+    size_t k = end - 1;
+    while (k > 0 && ((unsigned char)s[k] & 0xC0) == 0x80) k--;
+    int l;
+    return tk_utf8_dec((const unsigned char *)s + k, end - k, &l);
+}
+
+/* ---------------------------------------------------------------- added tokens */
+
+/* Longest pattern of tr that starts at p; returns its id (or -1) and its length. */
+static int32_t s_trie_longest(const tk_trie_t *tr, const unsigned char *p, size_t n, size_t *mlen)
+{
+    int32_t node = tr->root[p[0]], best = -1;
+    size_t j = 1;
+    while (node >= 0) {
+        if (tr->node[node].term >= 0) {
+            best = tr->node[node].term;
+            *mlen = j;
+        }
+        if (j >= n) break;
+        int32_t c = tr->node[node].child;
+        while (c >= 0 && tr->node[c].byte != p[j]) c = tr->node[c].sib;
+        node = c;
+        j++;
+    }
+    return best;
+}
+
+/* AddedVocabulary::find_matches on the sentence s[0..n) at offset base of the current text:
+ * appends the splits (token or plain text) to out. Like the Aho-Corasick iterator, a match
+ * that is discarded (single_word) still consumes its bytes. */
+static int s_added_find(const tok_t *tok, const tk_trie_t *tr, const char *s, size_t n, size_t base,
+                        tk_splits_t *out)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t start_offset = 0, i = 0;
+    while (i < n) {
+        if (tr->root[u[i]] < 0) {
+            i++;
+            continue;
+        }
+        size_t ml = 0;
+        int32_t id = s_trie_longest(tr, u + i, n - i, &ml);
+        if (id < 0) {
+            i++;
+            continue;
+        }
+        size_t start = i, stop = i + ml;
+        i = stop;
+        const tk_added_t *t = &tok->byid[tok->id_added[id]];
+        if (t->single_word) {
+            bool start_space = start == 0 || !tk_is_word(s_last_cp(s, start));
+            bool stop_space = true;
+            if (stop < n) {
+                int l;
+                stop_space = !tk_is_word(tk_utf8_dec(u + stop, n - stop, &l));
+            }
+            if (!start_space || !stop_space) continue;
+        }
+        if (t->lstrip) {
+            size_t ns = start;
+            while (ns > 0) {
+                size_t k = ns - 1;
+                while (k > 0 && (u[k] & 0xC0) == 0x80) k--;
+                int l;
+                if (!tk_is_whitespace(tk_utf8_dec(u + k, ns - k, &l))) break;
+                ns = k;
+            }
+            start = ns > start_offset ? ns : start_offset;
+        }
+        if (t->rstrip) {
+            while (stop < n) {
+                int l;
+                if (!tk_is_whitespace(tk_utf8_dec(u + stop, n - stop, &l))) break;
+                stop += (size_t)l;
+            }
+        }
+        if (start_offset < start && s_sp_add(out, base + start_offset, start - start_offset, -1)) return STRATA_ENOMEM;
+        if (s_sp_add(out, base + start, stop - start, id)) return STRATA_ENOMEM;
+        start_offset = stop;
+    }
+    if (start_offset < n && s_sp_add(out, base + start_offset, n - start_offset, -1)) return STRATA_ENOMEM;
+    return 0;
+}
+
+static int s_stage_added_raw(const tok_t *tok, tk_ws_t *ws)
+{
+    const tk_nstr_t *t = &ws->t[ws->ti];
+    const tk_splits_t *in = &ws->sl[ws->si];
+    tk_splits_t *out = s_next_splits(ws);
+    for (size_t k = 0; k < in->n; k++) {
+        tk_split_t sp = in->v[k];
+        int rc = sp.id >= 0 ? s_sp_add(out, sp.off, sp.len, sp.id)
+                            : s_added_find(tok, &tok->trie_raw, t->s.p + sp.off, sp.len, sp.off, out);
+        if (rc) return rc;
+    }
+    ws->si = !ws->si;
+    return 0;
+}
+
+/* Normalize every text split, then cut out the normalized added tokens. */
+static int s_stage_normalize(const tok_t *tok, tk_ws_t *ws)
+{
+    const tk_nstr_t *t = &ws->t[ws->ti];
+    const tk_splits_t *in = &ws->sl[ws->si];
+    tk_nstr_t *t2 = s_next_text(ws);
+    tk_splits_t *out = s_next_splits(ws);
+    tk_nstr_t *ns = &ws->n1;
+    for (size_t k = 0; k < in->n; k++) {
+        tk_split_t sp = in->v[k];
+        int rc;
+        if (sp.id >= 0) {
+            if ((rc = s_sp_add(out, 0, 0, sp.id))) return rc;
+            continue;
+        }
+        ns->s.n = 0;
+        ns->track = t->track;
+        ns->base = t->track ? t->al[sp.off] : 0;
+        if ((rc = s_text_put(ns, t->s.p + sp.off, sp.len, t->track ? t->al + sp.off : NULL, 0))) return rc;
+        if ((rc = tk_normalize(tok, ws, ns))) return rc;
+        size_t off = t2->s.n;
+        if ((rc = s_text_put(t2, ns->s.p, ns->s.n, ns->track ? ns->al : NULL, 0))) return rc;
+        if (tok->trie_norm.nnode) rc = s_added_find(tok, &tok->trie_norm, t2->s.p + off, ns->s.n, off, out);
+        else if (ns->s.n) rc = s_sp_add(out, off, ns->s.n, -1);
+        if (rc) return rc;
+    }
+    ws->ti = !ws->ti;
+    ws->si = !ws->si;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- splitting */
+
+/* NormalizedString::split: turn a find_matches cover of the piece at base into splits. */
+static int s_split_by(tk_ws_t *ws, tk_splits_t *out, size_t base, const tk_matches_t *mt, int behavior)
+{
+    tk_matches_t *acc = &ws->mt2; /* m = keep */
+    acc->n = 0;
+    bool prev = false;
+    switch (behavior) {
+    case SPLIT_ISOLATED:
+        for (size_t i = 0; i < mt->n; i++)
+            if (s_mt_push(acc, mt->v[i].s, mt->v[i].e, true)) return STRATA_ENOMEM;
+        break;
+    case SPLIT_REMOVED:
+        for (size_t i = 0; i < mt->n; i++)
+            if (s_mt_push(acc, mt->v[i].s, mt->v[i].e, !mt->v[i].m)) return STRATA_ENOMEM;
+        break;
+    case SPLIT_CONTIGUOUS:
+        for (size_t i = 0; i < mt->n; i++) {
+            tk_match_t m = mt->v[i];
+            if (m.m == prev && acc->n) acc->v[acc->n - 1].e = m.e;
+            else if (s_mt_push(acc, m.s, m.e, true)) return STRATA_ENOMEM;
+            prev = m.m;
+        }
+        break;
+    case SPLIT_MERGED_PREV:
+        for (size_t i = 0; i < mt->n; i++) {
+            tk_match_t m = mt->v[i];
+            if (m.m && !prev && acc->n) acc->v[acc->n - 1].e = m.e;
+            else if (s_mt_push(acc, m.s, m.e, true)) return STRATA_ENOMEM;
+            prev = m.m;
+        }
+        break;
+    case SPLIT_MERGED_NEXT:
+        for (size_t i = mt->n; i-- > 0;) {
+            tk_match_t m = mt->v[i];
+            if (m.m && !prev && acc->n) acc->v[acc->n - 1].s = m.s;
+            else if (s_mt_push(acc, m.s, m.e, true)) return STRATA_ENOMEM;
+            prev = m.m;
+        }
+        for (size_t i = 0, j = acc->n ? acc->n - 1 : 0; i < j; i++, j--) {
+            tk_match_t x = acc->v[i];
+            acc->v[i] = acc->v[j];
+            acc->v[j] = x;
+        }
+        break;
+    }
+    for (size_t i = 0; i < acc->n; i++) {
+        tk_match_t m = acc->v[i];
+        if (m.m && m.e > m.s && s_sp_add(out, base + m.s, m.e - m.s, -1)) return STRATA_ENOMEM;
+    }
+    return 0;
+}
+
+typedef bool (*s_pred_fn)(uint32_t cp, uint32_t arg);
+
+static bool s_pred_eq(uint32_t cp, uint32_t arg) { return cp == arg; }
+static bool s_pred_ws(uint32_t cp, uint32_t arg) { (void)arg; return tk_is_whitespace(cp); }
+static bool s_pred_num(uint32_t cp, uint32_t arg) { (void)arg; return tk_is_numeric(cp); }
+static bool s_pred_punct(uint32_t cp, uint32_t arg) { (void)arg; return tk_is_punct(cp); }
+
+/* find_matches of a char predicate: each matching char is one match. */
+static int s_char_matches(const char *s, size_t n, s_pred_fn pred, uint32_t arg, tk_matches_t *mt)
+{
+    mt->n = 0;
+    if (!n) return s_mt_push(mt, 0, 0, false);
+    const unsigned char *u = (const unsigned char *)s;
+    size_t last = 0;
+    for (size_t i = 0; i < n;) {
+        int l = 1;
+        uint32_t cp = u[i] < 0x80 ? u[i] : tk_utf8_dec(u + i, n - i, &l);
+        if (pred(cp, arg)) {
+            if (last < i && s_mt_push(mt, last, i, false)) return STRATA_ENOMEM;
+            if (s_mt_push(mt, i, i + (size_t)l, true)) return STRATA_ENOMEM;
+            last = i + (size_t)l;
+        }
+        i += (size_t)l;
+    }
+    if (n > last && s_mt_push(mt, last, n, false)) return STRATA_ENOMEM;
+    return 0;
+}
+
+/* The Whitespace pre-tokenizer: Rust regex \w+|[^\w\s]+, keeping the matches. */
+static int s_whitespace_pieces(const char *s, size_t n, size_t base, tk_splits_t *out)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        int l;
+        uint32_t cp = tk_utf8_dec(u + i, n - i, &l);
+        int cls = tk_is_word(cp) ? 1 : tk_is_whitespace(cp) ? 0 : 2;
+        if (!cls) {
+            i += (size_t)l;
+            continue;
+        }
+        size_t j = i + (size_t)l;
+        while (j < n) {
+            uint32_t c2 = tk_utf8_dec(u + j, n - j, &l);
+            int k2 = tk_is_word(c2) ? 1 : tk_is_whitespace(c2) ? 0 : 2;
+            if (k2 != cls) break;
+            j += (size_t)l;
+        }
+        if (s_sp_add(out, base + i, j - i, -1)) return STRATA_ENOMEM;
+        i = j;
+    }
+    return 0;
+}
+
+/* Pre-tokenizers that only split (no text change). */
+static int s_stage_split(const tok_t *tok, tk_ws_t *ws, const tk_pt_t *pt)
+{
+    const tk_nstr_t *t = &ws->t[ws->ti];
+    const tk_splits_t *in = &ws->sl[ws->si];
+    tk_splits_t *out = s_next_splits(ws);
+    for (size_t k = 0; k < in->n; k++) {
+        tk_split_t sp = in->v[k];
+        int rc = 0;
+        if (sp.id >= 0) {
+            if ((rc = s_sp_add(out, sp.off, sp.len, sp.id))) return rc;
+            continue;
+        }
+        const char *s = t->s.p + sp.off;
+        switch (pt->kind) {
+        case PT_SPLIT:
+            if ((rc = tk_re_find_matches(ws, &pt->re, s, sp.len, &ws->mt))) return rc;
+            if (pt->invert)
+                for (size_t i = 0; i < ws->mt.n; i++) ws->mt.v[i].m = !ws->mt.v[i].m;
+            rc = s_split_by(ws, out, sp.off, &ws->mt, pt->behavior);
+            break;
+        case PT_DIGITS:
+            if ((rc = s_char_matches(s, sp.len, s_pred_num, 0, &ws->mt))) return rc;
+            rc = s_split_by(ws, out, sp.off, &ws->mt, pt->individual_digits ? SPLIT_ISOLATED : SPLIT_CONTIGUOUS);
+            break;
+        case PT_WHITESPACE: rc = s_whitespace_pieces(s, sp.len, sp.off, out); break;
+        case PT_WHITESPACE_SPLIT:
+            if ((rc = s_char_matches(s, sp.len, s_pred_ws, 0, &ws->mt))) return rc;
+            rc = s_split_by(ws, out, sp.off, &ws->mt, SPLIT_REMOVED);
+            break;
+        case PT_PUNCTUATION:
+            if ((rc = s_char_matches(s, sp.len, s_pred_punct, 0, &ws->mt))) return rc;
+            rc = s_split_by(ws, out, sp.off, &ws->mt, pt->behavior);
+            break;
+        case PT_CHAR_DELIMITER:
+            if ((rc = s_char_matches(s, sp.len, s_pred_eq, pt->repl_cp, &ws->mt))) return rc;
+            rc = s_split_by(ws, out, sp.off, &ws->mt, SPLIT_REMOVED);
+            break;
+        case PT_BERT: {
+            /* whitespace (removed), then punctuation (isolated) in each piece */
+            if ((rc = s_char_matches(s, sp.len, s_pred_ws, 0, &ws->mt))) return rc;
+            for (size_t i = 0; i < ws->mt.n; i++) {
+                tk_match_t m = ws->mt.v[i];
+                if (m.m || m.e == m.s) continue;
+                tk_matches_t sub = {0};
+                rc = s_char_matches(s + m.s, m.e - m.s, s_pred_punct, 0, &sub);
+                if (!rc) rc = s_split_by(ws, out, sp.off + m.s, &sub, SPLIT_ISOLATED);
+                free(sub.v);
+                if (rc) return rc;
+            }
+            break;
+        }
+        default: break;
+        }
+        if (rc) return rc;
+    }
+    ws->si = !ws->si;
+    return 0;
+}
+
+/* Append the byte-level form of ns[s, e) to t2 as one split. */
+static int s_put_bytelevel(tk_nstr_t *t2, tk_splits_t *out, const tk_nstr_t *ns, size_t s, size_t e)
+{
+    size_t off = t2->s.n;
+    if (tk_nstr_reserve(t2, 2 * (e - s))) return STRATA_ENOMEM;
+    unsigned char *o = (unsigned char *)t2->s.p + t2->s.n;
+    const unsigned char *p = (const unsigned char *)ns->s.p;
+    size_t w = 0;
+    for (size_t i = s; i < e; i++) {
+        uint32_t cp = tk_byte_cp[p[i]];
+        if (t2->track) {
+            t2->al[t2->s.n + w] = ns->al[i];
+            if (cp >= 0x80) t2->al[t2->s.n + w + 1] = ns->al[i];
+        }
+        if (cp < 0x80) {
+            o[w++] = (unsigned char)cp;
+        } else {
+            o[w++] = (unsigned char)(0xC0 | (cp >> 6));
+            o[w++] = (unsigned char)(0x80 | (cp & 0x3F));
+        }
+    }
+    t2->s.n += w;
+    t2->s.p[t2->s.n] = 0;
+    return s_sp_add(out, off, w, -1);
+}
+
+/* ByteLevel: optional prefix space, the GPT-2 regex (Isolated), then bytes -> chars. */
+static int s_stage_bytelevel(const tok_t *tok, tk_ws_t *ws, const tk_pt_t *pt)
+{
+    const tk_nstr_t *t = &ws->t[ws->ti];
+    const tk_splits_t *in = &ws->sl[ws->si];
+    tk_nstr_t *t2 = s_next_text(ws);
+    tk_splits_t *out = s_next_splits(ws);
+    tk_nstr_t *ns = &ws->n1;
+    for (size_t k = 0; k < in->n; k++) {
+        tk_split_t sp = in->v[k];
+        int rc;
+        if (sp.id >= 0) {
+            if ((rc = s_sp_add(out, 0, 0, sp.id))) return rc;
+            continue;
+        }
+        ns->s.n = 0;
+        ns->track = t->track;
+        const uint32_t *al = t->track ? t->al + sp.off : NULL;
+        if (pt->add_prefix_space && t->s.p[sp.off] != ' ' && (rc = s_text_put(ns, " ", 1, NULL, al ? al[0] : 0)))
+            return rc;
+        if ((rc = s_text_put(ns, t->s.p + sp.off, sp.len, al, 0))) return rc;
+        if (!pt->use_regex) {
+            if ((rc = s_put_bytelevel(t2, out, ns, 0, ns->s.n))) return rc;
+            continue;
+        }
+        if ((rc = tk_re_find_matches(ws, &tok->re_bytelevel, ns->s.p, ns->s.n, &ws->mt))) return rc;
+        for (size_t i = 0; i < ws->mt.n; i++) {
+            tk_match_t m = ws->mt.v[i];
+            if (m.e > m.s && (rc = s_put_bytelevel(t2, out, ns, m.s, m.e))) return rc;
+        }
+    }
+    ws->ti = !ws->ti;
+    ws->si = !ws->si;
+    return 0;
+}
+
+/* Metaspace: ' ' -> replacement, prepend by scheme, split before each replacement char. */
+static int s_stage_metaspace(const tok_t *tok, tk_ws_t *ws, const tk_pt_t *pt)
+{
+    (void)tok;
+    const tk_nstr_t *t = &ws->t[ws->ti];
+    const tk_splits_t *in = &ws->sl[ws->si];
+    tk_nstr_t *t2 = s_next_text(ws);
+    tk_splits_t *out = s_next_splits(ws);
+    tk_nstr_t *ns = &ws->n1;
+    for (size_t k = 0; k < in->n; k++) {
+        tk_split_t sp = in->v[k];
+        int rc;
+        if (sp.id >= 0) {
+            if ((rc = s_sp_add(out, 0, 0, sp.id))) return rc;
+            continue;
+        }
+        ns->s.n = 0;
+        ns->track = t->track;
+        const char *s = t->s.p + sp.off;
+        const uint32_t *al = t->track ? t->al + sp.off : NULL;
+        bool starts_repl = s[0] == ' ' || (sp.len >= (size_t)pt->repl_n && !memcmp(s, pt->repl, (size_t)pt->repl_n));
+        bool prepend = !starts_repl && (pt->prepend_scheme == PREPEND_ALWAYS ||
+                                        (pt->prepend_scheme == PREPEND_FIRST && al && al[0] == 0));
+        if (prepend && (rc = s_text_put(ns, pt->repl, (size_t)pt->repl_n, NULL, al ? al[0] : 0))) return rc;
+        size_t run = 0;
+        for (size_t i = 0; i <= sp.len; i++) {
+            if (i < sp.len && s[i] != ' ') continue;
+            if (i > run && (rc = s_text_put(ns, s + run, i - run, al ? al + run : NULL, 0))) return rc;
+            if (i < sp.len && (rc = s_text_put(ns, pt->repl, (size_t)pt->repl_n, NULL, al ? al[i] : 0))) return rc;
+            run = i + 1;
+        }
+        size_t off = t2->s.n;
+        if ((rc = s_text_put(t2, ns->s.p, ns->s.n, ns->track ? ns->al : NULL, 0))) return rc;
+        if (!pt->split) {
+            if ((rc = s_sp_add(out, off, ns->s.n, -1))) return rc;
+            continue;
+        }
+        if ((rc = s_char_matches(ns->s.p, ns->s.n, s_pred_eq, pt->repl_cp, &ws->mt))) return rc;
+        if ((rc = s_split_by(ws, out, off, &ws->mt, SPLIT_MERGED_NEXT))) return rc;
+    }
+    ws->ti = !ws->ti;
+    ws->si = !ws->si;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- BPE */
+
+static int s_cache_get(tk_ws_t *ws, uint64_t h, const char *p, size_t n)
+{
+    if (!ws->cache) return 0;
+    uint32_t mask = TK_CACHE_CAP - 1, i = (uint32_t)h & mask;
+    for (;;) {
+        tk_cache_ent_t *e = &ws->cache[i];
+        if (!e->h) return 0;
+        if (e->h == h && e->klen == n && !memcmp(ws->cache_arena.p + e->koff, p, n)) {
+            const char *v = ws->cache_arena.p + e->voff;
+            for (uint32_t j = 0; j < e->vlen; j++) {
+                int32_t id;
+                memcpy(&id, v + 4 * (size_t)j, 4);
+                if (s_push_id(ws, id)) return STRATA_ENOMEM;
+            }
+            return 1;
+        }
+        i = (i + 1) & mask;
+    }
+}
+
+static void s_cache_put(tk_ws_t *ws, uint64_t h, const char *p, size_t n, const int32_t *ids, size_t nids)
+{
+    if (!ws->cache) {
+        ws->cache = calloc(TK_CACHE_CAP, sizeof *ws->cache);
+        if (!ws->cache) return;
+    }
+    if (ws->cache_n * 2 >= TK_CACHE_CAP || ws->cache_arena.n > (64u << 20)) {
+        memset(ws->cache, 0, TK_CACHE_CAP * sizeof *ws->cache);
+        ws->cache_n = 0;
+        ws->cache_arena.n = 0;
+    }
+    size_t koff = ws->cache_arena.n;
+    if (tk_buf_put(&ws->cache_arena, p, n)) return;
+    size_t pad = (4 - ws->cache_arena.n % 4) % 4;
+    if (tk_buf_put(&ws->cache_arena, "\0\0\0", pad)) return;
+    size_t voff = ws->cache_arena.n;
+    if (tk_buf_put(&ws->cache_arena, ids, nids * 4)) return;
+    uint32_t mask = TK_CACHE_CAP - 1, i = (uint32_t)h & mask;
+    while (ws->cache[i].h) i = (i + 1) & mask;
+    ws->cache[i] = (tk_cache_ent_t){h, (uint32_t)koff, (uint32_t)n, (uint32_t)voff, (uint32_t)nids};
+    ws->cache_n++;
+}
+
+static int s_sym_add(tk_ws_t *ws, size_t *nsym, int32_t id, uint32_t len)
+{
+    if (*nsym == ws->nsym_cap) {
+        size_t c = ws->nsym_cap ? ws->nsym_cap * 2 : 256;
+        struct tk_sym *v = realloc(ws->sym, c * sizeof *v);
+        if (!v) return STRATA_ENOMEM;
+        ws->sym = v;
+        ws->nsym_cap = c;
+    }
+    size_t i = (*nsym)++;
+    ws->sym[i] = (struct tk_sym){id, (int32_t)i - 1, (int32_t)i + 1, len};
+    return 0;
+}
+
+static inline bool s_heap_less(const struct tk_heap *a, const struct tk_heap *b)
+{
+    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+
+static int s_heap_push(tk_ws_t *ws, size_t *hn, uint32_t rank, uint32_t pos, int32_t new_id)
+{
+    if (*hn == ws->heap_cap) {
+        size_t c = ws->heap_cap ? ws->heap_cap * 2 : 256;
+        struct tk_heap *v = realloc(ws->heap, c * sizeof *v);
+        if (!v) return STRATA_ENOMEM;
+        ws->heap = v;
+        ws->heap_cap = c;
+    }
+    struct tk_heap *h = ws->heap, x = {rank, pos, new_id};
+    size_t i = (*hn)++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!s_heap_less(&x, &h[p])) break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = x;
+    return 0;
+}
+
+static struct tk_heap s_heap_pop(tk_ws_t *ws, size_t *hn)
+{
+    struct tk_heap *h = ws->heap, top = h[0], x = h[--*hn];
+    size_t n = *hn, i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && s_heap_less(&h[c + 1], &h[c])) c++;
+        if (!s_heap_less(&h[c], &x)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (n) h[i] = x;
+    return top;
+}
+
+/* Word::merge_all: repeatedly apply the lowest-ranked merge, leftmost first. */
+static int s_merge_all(const tk_bpe_t *m, tk_ws_t *ws, size_t nsym)
+{
+    struct tk_sym *sy = ws->sym;
+    if (nsym) sy[nsym - 1].next = -1;
+    size_t hn = 0;
+    uint32_t rank;
+    int32_t nid;
+    for (size_t i = 0; i + 1 < nsym; i++)
+        if (tk_pair_get(&m->merges, sy[i].id, sy[i + 1].id, &rank, &nid) &&
+            s_heap_push(ws, &hn, rank, (uint32_t)i, nid))
+            return STRATA_ENOMEM;
+    while (hn) {
+        struct tk_heap top = s_heap_pop(ws, &hn);
+        struct tk_sym *cur = &sy[top.pos];
+        if (cur->len == 0 || cur->next < 0) continue;
+        int32_t np = cur->next;
+        struct tk_sym right = sy[np];
+        if (!tk_pair_get(&m->merges, cur->id, right.id, &rank, &nid) || nid != top.new_id) continue;
+        cur->id = top.new_id;
+        cur->len += right.len;
+        cur->next = right.next;
+        sy[np].len = 0;
+        if (right.next >= 0 && (size_t)right.next < nsym) sy[right.next].prev = (int32_t)top.pos;
+        if (cur->prev >= 0 && tk_pair_get(&m->merges, sy[cur->prev].id, cur->id, &rank, &nid) &&
+            s_heap_push(ws, &hn, rank, (uint32_t)cur->prev, nid))
+            return STRATA_ENOMEM;
+        if (cur->next >= 0 && (size_t)cur->next < nsym &&
+            tk_pair_get(&m->merges, cur->id, sy[cur->next].id, &rank, &nid) &&
+            s_heap_push(ws, &hn, rank, top.pos, nid))
+            return STRATA_ENOMEM;
+    }
+    return 0;
+}
+
+/* BPE::tokenize of one piece; appends ids to ws->ids. */
+static int s_bpe(const tok_t *tok, tk_ws_t *ws, const char *p, size_t n)
+{
+    const tk_bpe_t *m = &tok->bpe;
+    if (!n) return 0;
+    if (m->ignore_merges) {
+        int32_t id = tk_map_get(&m->vocab, p, n, -1);
+        if (id >= 0) return s_push_id(ws, id);
+    }
+    uint64_t h = 0;
+    if (n < TK_CACHE_MAX_KEY) {
+        h = tk_hash64(p, n);
+        int r = s_cache_get(ws, h, p, n);
+        if (r) return r < 0 ? r : 0;
+    }
+    const unsigned char *u = (const unsigned char *)p;
+    size_t nsym = 0;
+    bool have_unk = false;
+    uint32_t unk_len = 0;
+    int rc;
+    for (size_t i = 0; i < n;) {
+        int l;
+        uint32_t cp = tk_utf8_dec(u + i, n - i, &l);
+        bool first = i == 0, last = i + (size_t)l == n;
+        bool plain = (first || !m->prefix) && (!last || !m->suffix);
+        int32_t id = -1;
+        const char *key = p + i;
+        size_t keyn = (size_t)l;
+        if (plain && cp < TK_CP_FAST) {
+            id = m->cp_id[cp];
+        } else {
+            if (!plain) {
+                ws->tmp.n = 0;
+                if ((!first && m->prefix && tk_buf_put(&ws->tmp, m->prefix, m->prefix_n)) ||
+                    tk_buf_put(&ws->tmp, p + i, (size_t)l) ||
+                    (last && m->suffix && tk_buf_put(&ws->tmp, m->suffix, m->suffix_n)))
+                    return STRATA_ENOMEM;
+                key = ws->tmp.p;
+                keyn = ws->tmp.n;
+            }
+            id = tk_map_get(&m->vocab, key, keyn, -1);
+        }
+        if (id >= 0) {
+            if (have_unk && (rc = s_sym_add(ws, &nsym, m->unk_id, unk_len))) return rc;
+            have_unk = false;
+            if ((rc = s_sym_add(ws, &nsym, id, (uint32_t)l))) return rc;
+            i += (size_t)l;
+            continue;
+        }
+        if (m->byte_fallback) {
+            if (plain && cp < TK_CP_FAST) { /* the key is the char itself */
+                key = p + i;
+                keyn = (size_t)l;
+            }
+            bool all = true;
+            for (size_t j = 0; j < keyn; j++)
+                if (m->byte_id[(unsigned char)key[j]] < 0) all = false;
+            if (all) {
+                for (size_t j = 0; j < keyn; j++)
+                    if ((rc = s_sym_add(ws, &nsym, m->byte_id[(unsigned char)key[j]], 1))) return rc;
+                i += (size_t)l;
+                continue;
+            }
+        }
+        if (m->unk_id == -2) return STRATA_EINVAL_INPUT; /* unk_token not in the vocab */
+        if (m->unk_id >= 0) {
+            if (have_unk && m->fuse_unk) {
+                unk_len += (uint32_t)l;
+            } else {
+                if (have_unk && (rc = s_sym_add(ws, &nsym, m->unk_id, unk_len))) return rc;
+                have_unk = true;
+                unk_len = (uint32_t)l;
+            }
+        }
+        i += (size_t)l;
+    }
+    if (have_unk && (rc = s_sym_add(ws, &nsym, m->unk_id, unk_len))) return rc;
+    if ((rc = s_merge_all(m, ws, nsym))) return rc;
+    size_t first_id = ws->nids;
+    for (size_t i = 0; i < nsym; i++)
+        if (ws->sym[i].len && (rc = s_push_id(ws, ws->sym[i].id))) return rc;
+    if (n < TK_CACHE_MAX_KEY) s_cache_put(ws, h, p, n, ws->ids + first_id, ws->nids - first_id);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the pipeline */
+
+static int s_encode(const tok_t *tok, tk_ws_t *ws, const char *text, size_t len, bool add_special)
+{
+    int rc;
+    ws->ti = ws->si = 0;
+    tk_nstr_t *t = &ws->t[0];
+    t->s.n = 0;
+    t->track = tok->track_align;
+    t->base = 0;
+    size_t v = tk_utf8_valid_prefix((const unsigned char *)text, len);
+    if (v == len) {
+        if ((rc = s_text_put(t, text, len, NULL, 0))) return rc;
+    } else {
+        if ((rc = tk_utf8_lossy(&t->s, (const unsigned char *)text, len))) return rc;
+        if ((rc = tk_nstr_reserve(t, 0))) return rc;
+    }
+    if (t->track)
+        for (size_t i = 0; i < t->s.n; i++) t->al[i] = (uint32_t)i;
+    tk_splits_t *l = &ws->sl[0];
+    l->n = 0;
+    if (t->s.n && (rc = s_sp_add(l, 0, t->s.n, -1))) return rc;
+
+    if (tok->trie_raw.nnode && (rc = s_stage_added_raw(tok, ws))) return rc;
+    if ((tok->nnorm || tok->trie_norm.nnode) && (rc = s_stage_normalize(tok, ws))) return rc;
+    for (size_t i = 0; i < tok->npt; i++) {
+        const tk_pt_t *pt = &tok->pt[i];
+        if (pt->kind == PT_BYTELEVEL) rc = s_stage_bytelevel(tok, ws, pt);
+        else if (pt->kind == PT_METASPACE) rc = s_stage_metaspace(tok, ws, pt);
+        else rc = s_stage_split(tok, ws, pt);
+        if (rc) return rc;
+    }
+
+    ws->nids = 0;
+    t = &ws->t[ws->ti];
+    l = &ws->sl[ws->si];
+    for (size_t k = 0; k < l->n; k++) {
+        tk_split_t sp = l->v[k];
+        rc = sp.id >= 0 ? s_push_id(ws, sp.id) : s_bpe(tok, ws, t->s.p + sp.off, sp.len);
+        if (rc) return rc;
+    }
+
+    /* truncation leaves room for the special tokens the post-processors add */
+    size_t n_added = 0;
+    if (add_special)
+        for (size_t i = 0; i < tok->npp; i++) n_added += tok->pp[i].npre + tok->pp[i].npost;
+    if (tok->trunc) {
+        if (n_added > tok->trunc_max) return STRATA_EINVAL_INPUT;
+        size_t max = tok->trunc_max - n_added;
+        if (ws->nids > max) {
+            if (tok->trunc_left) memmove(ws->ids, ws->ids + (ws->nids - max), max * sizeof *ws->ids);
+            ws->nids = max;
+        }
+    }
+    if (add_special) {
+        for (size_t i = 0; i < tok->npp; i++) {
+            const tk_pp_t *pp = &tok->pp[i];
+            if (!pp->npre && !pp->npost) continue;
+            size_t n0 = ws->nids;
+            for (size_t j = 0; j < pp->npre + pp->npost; j++)
+                if ((rc = s_push_id(ws, 0))) return rc;
+            memmove(ws->ids + pp->npre, ws->ids, n0 * sizeof *ws->ids);
+            memcpy(ws->ids, pp->pre, pp->npre * sizeof *ws->ids);
+            memcpy(ws->ids + pp->npre + n0, pp->post, pp->npost * sizeof *ws->ids);
+        }
+    }
+    if (tok->pad) {
+        size_t target = tok->pad_fixed ? tok->pad_fixed : ws->nids;
+        if (tok->pad_multiple && target % tok->pad_multiple) target += tok->pad_multiple - target % tok->pad_multiple;
+        if (ws->nids < target) {
+            size_t n0 = ws->nids, add = target - n0;
+            for (size_t j = 0; j < add; j++)
+                if ((rc = s_push_id(ws, tok->pad_id))) return rc;
+            if (tok->pad_left) {
+                memmove(ws->ids + add, ws->ids, n0 * sizeof *ws->ids);
+                for (size_t j = 0; j < add; j++) ws->ids[j] = tok->pad_id;
+            }
+        }
+    }
+    return 0;
+}
+
+int tok_encode(const tok_t *tok, const char *text, size_t len, bool add_special, int32_t **ids, size_t *n)
+{
+    *ids = NULL;
+    *n = 0;
+    if (len >= TK_MAX_INPUT) return STRATA_ETOOLARGE;
+    if (len && !text) return STRATA_EINVAL_INPUT;
+    tk_ws_t *ws = tk_ws_get(tok);
+    if (!ws) return STRATA_ENOMEM;
+    int rc = s_encode(tok, ws, text ? text : "", len, add_special);
+    if (!rc && ws->nids) {
+        *ids = malloc(ws->nids * sizeof **ids);
+        if (!*ids) rc = STRATA_ENOMEM;
+        else {
+            memcpy(*ids, ws->ids, ws->nids * sizeof **ids);
+            *n = ws->nids;
+        }
+    }
+    tk_ws_put(tok, ws);
+    return rc;
+}

@@ -1,0 +1,296 @@
+/* ops_avx512.c - AVX-512 (F, BW, VL) + FMA + F16C row kernels for cpu_matmul /
+ * cpu_ffn_swiglu, one per weight format. Compiled with those -m flags; ops.c calls it only
+ * on CPUs that have them. Same structure as ops_avx2.c (read that file's comment first),
+ * with 16-float vectors, so a 32-column block is two vectors:
+ *   BF16: zero-extend 16 halves to 32 bits, shift left 16.
+ *   INT8: sign-extend 16 bytes to int32, convert; row scale on the finished dot.
+ *   FP8:  sign-extend 16 bytes to 16 bits, shift left 7, mask 0xBF80: the fp16 whose value
+ *         is fp8(b) / 256 (sign at bit 15, exponent and mantissa at 13..7); vcvtph2ps
+ *         converts it exactly. NaN bytes (0x7f / 0xff) are detected with a byte compare
+ *         and make the row's outputs NaN, as in the reference.
+ *   INT4: low nibbles of the 16 bytes are columns 0..15 and high nibbles 16..31 (the
+ *         Q4_0 order), so each half sign-extends straight to one vector after - 8.
+ * More than 4 tokens: dequantize each row once into an fp32 buffer, then 4 tokens at a
+ * time, in token blocks whose activations stay in L2.
+ */
+#include <immintrin.h>
+#include <math.h>
+
+#include "common/strata.h"
+#include "kernels/cpu/ops_impl.h"
+
+#define ALWAYS static inline __attribute__((always_inline))
+
+typedef struct {
+    const void *p;        /* row data */
+    const uint16_t *sc;   /* INT4: fp16 scales of this row [cols / group] */
+    int group;            /* INT4 */
+} s_row_t;
+
+/* Columns [c, c+32) as two fp32 vectors (cols c..c+15, c+16..c+31). */
+ALWAYS void s_load32(wfmt_t fmt, const s_row_t *rw, int c, __m512 w[2], __mmask16 *nan)
+{
+    switch (fmt) {
+    case WF_F32: {
+        const float *p = (const float *)rw->p + c;
+        w[0] = _mm512_loadu_ps(p);
+        w[1] = _mm512_loadu_ps(p + 16);
+        break;
+    }
+    case WF_BF16: {
+        const uint16_t *p = (const uint16_t *)rw->p + c;
+        for (int k = 0; k < 2; k++) {
+            __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 16 * k)));
+            w[k] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+        }
+        break;
+    }
+    case WF_INT8: {
+        const int8_t *p = (const int8_t *)rw->p + c;
+        for (int k = 0; k < 2; k++)
+            w[k] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16 * k))));
+        break;
+    }
+    case WF_FP8: {
+        const uint8_t *p = (const uint8_t *)rw->p + c;
+        const __m128i m7 = _mm_set1_epi8(0x7f);
+        const __m256i hm = _mm256_set1_epi16((short)0xBF80);
+        for (int k = 0; k < 2; k++) {
+            __m128i b = _mm_loadu_si128((const __m128i *)(p + 16 * k));
+            *nan |= _mm_cmpeq_epi8_mask(_mm_and_si128(b, m7), m7);
+            __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7), hm);
+            w[k] = _mm512_cvtph_ps(h);
+        }
+        break;
+    }
+    case WF_INT4: {
+        __m128i b = _mm_loadu_si128((const __m128i *)((const uint8_t *)rw->p + c / 2));
+        const __m128i m = _mm_set1_epi8(0x0f), e = _mm_set1_epi8(8);
+        __m128i lo = _mm_sub_epi8(_mm_and_si128(b, m), e);
+        __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), m), e);
+        w[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo));
+        w[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi));
+        break;
+    }
+    default:
+        STRATA_ASSERT(!"format");
+    }
+}
+
+/* Scalar weight at column c, in the units of s_load32 (tails of non-INT4 rows). */
+ALWAYS float s_load1(wfmt_t fmt, const s_row_t *rw, int c)
+{
+    switch (fmt) {
+    case WF_F32: return ((const float *)rw->p)[c];
+    case WF_BF16: return bf16_to_f32(((const uint16_t *)rw->p)[c]);
+    case WF_INT8: return (float)((const int8_t *)rw->p)[c];
+    case WF_FP8: return fp8e4m3_to_f32(((const uint8_t *)rw->p)[c]) * (1.0f / 256);
+    default: STRATA_ASSERT(!"format"); return 0;
+    }
+}
+
+/* Multiply-accumulate columns [c, c+32) into T tokens: non-INT4 into acc0 (cols 0-15) and
+ * acc1 (16-31); INT4 forms the block's dot first and adds it times the group scale d to
+ * acc0. */
+ALWAYS void s_block(wfmt_t fmt, const s_row_t *rw, int c, const float *x, int64_t ldx, int T, __m512 *acc0,
+                    __m512 *acc1, __m512 d, __mmask16 *nan)
+{
+    __m512 w[2];
+    s_load32(fmt, rw, c, w, nan);
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + t * ldx + c;
+        if (fmt == WF_INT4) {
+            __m512 s = _mm512_mul_ps(w[0], _mm512_loadu_ps(xt));
+            s = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xt + 16), s);
+            acc0[t] = _mm512_fmadd_ps(s, d, acc0[t]);
+        } else {
+            acc0[t] = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(xt), acc0[t]);
+            acc1[t] = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xt + 16), acc1[t]);
+        }
+    }
+}
+
+ALWAYS __m512 s_int4_scale(const s_row_t *rw, int b, int gshift)
+{
+    return _mm512_set1_ps(_cvtsh_ss(rw->sc[b >> gshift]));
+}
+
+/* out[t] = dot(row, x[t]) for T (1..4) tokens, in the units of s_load32. Blocks go in
+ * pairs so every accumulator is a named register. */
+ALWAYS void s_row_dots(wfmt_t fmt, const s_row_t *rw, int cols, const float *x, int64_t ldx, int T, float *out)
+{
+    __m512 a0[4], a1[4];
+    for (int t = 0; t < T; t++) a0[t] = a1[t] = _mm512_setzero_ps();
+    __mmask16 nan = 0;
+    const int nb = cols / 32;
+    const int gshift = fmt == WF_INT4 ? __builtin_ctz((unsigned)rw->group / 32) : 0;
+    const __m512 one = _mm512_set1_ps(1.0f);
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        if (fmt == WF_INT4) {
+            s_block(fmt, rw, b * 32, x, ldx, T, a0, a1, s_int4_scale(rw, b, gshift), &nan);
+            s_block(fmt, rw, b * 32 + 32, x, ldx, T, a1, a0, s_int4_scale(rw, b + 1, gshift), &nan);
+        } else {
+            s_block(fmt, rw, b * 32, x, ldx, T, a0, a1, one, &nan);
+            s_block(fmt, rw, b * 32 + 32, x, ldx, T, a0, a1, one, &nan);
+        }
+    }
+    if (b < nb) s_block(fmt, rw, b * 32, x, ldx, T, a0, a1, fmt == WF_INT4 ? s_int4_scale(rw, b, gshift) : one, &nan);
+    for (int t = 0; t < T; t++) {
+        float s = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
+        if (fmt != WF_INT4)
+            for (int c = nb * 32; c < cols; c++) s += s_load1(fmt, rw, c) * x[t * ldx + c];
+        out[t] = s;
+    }
+    if (fmt == WF_FP8 && nan)
+        for (int t = 0; t < T; t++) out[t] = NAN;
+}
+
+ALWAYS void s_row_view(const qmat_t *w, int32_t r, s_row_t *rw, float *rscale)
+{
+    const int64_t cols = w->cols;
+    *rscale = 1;
+    switch (w->fmt) {
+    case WF_F32: rw->p = (const float *)w->data + r * cols; break;
+    case WF_BF16: rw->p = (const uint16_t *)w->data + r * cols; break;
+    case WF_INT8:
+        rw->p = (const int8_t *)w->data + r * cols;
+        *rscale = ((const float *)w->scales)[r];
+        break;
+    case WF_FP8:
+        rw->p = (const uint8_t *)w->data + r * cols;
+        *rscale = ((const float *)w->scales)[r] * 256.0f; /* exact: a power of two */
+        break;
+    case WF_INT4:
+        rw->p = (const uint8_t *)w->data + r * (cols / 2);
+        rw->sc = (const uint16_t *)w->scales + r * (cols / w->group);
+        rw->group = w->group;
+        break;
+    default: STRATA_ASSERT(!"format");
+    }
+}
+
+/* Rows [r0, r1) for all n <= 4 tokens of the job, reading each row once. */
+ALWAYS void s_fused(const mm_job_t *j, wfmt_t fmt, int T, int32_t r0, int32_t r1)
+{
+    const qmat_t *w = j->w;
+    const size_t row_bytes = qmat_data_bytes(fmt, 1, w->cols);
+    for (int32_t r = r0; r < r1; r++) {
+        s_row_t rw = {0};
+        float rs, out[4];
+        s_row_view(w, r, &rw, &rs);
+        if (r + 4 < r1) /* a hint ahead of the hardware prefetcher */
+            _mm_prefetch((const char *)rw.p + 4 * row_bytes, _MM_HINT_T0);
+        s_row_dots(fmt, &rw, w->cols, j->x, j->ldx, T, out);
+        for (int t = 0; t < T; t++) mm_store(j, t, r, out[t] * rs);
+    }
+}
+
+#define S_FUSED_FMT(FMT, name)                                                                    \
+    static void name(const mm_job_t *j, int32_t r0, int32_t r1)                                   \
+    {                                                                                             \
+        switch (j->n) {                                                                           \
+        case 1: s_fused(j, FMT, 1, r0, r1); break;                                                \
+        case 2: s_fused(j, FMT, 2, r0, r1); break;                                                \
+        case 3: s_fused(j, FMT, 3, r0, r1); break;                                                \
+        default: s_fused(j, FMT, 4, r0, r1); break;                                               \
+        }                                                                                         \
+    }
+S_FUSED_FMT(WF_F32, s_fused_f32)
+S_FUSED_FMT(WF_BF16, s_fused_bf16)
+S_FUSED_FMT(WF_INT8, s_fused_int8)
+S_FUSED_FMT(WF_FP8, s_fused_fp8)
+S_FUSED_FMT(WF_INT4, s_fused_int4)
+
+/* Dequantize row r to fp32 exactly as qmat_dequant_row does (same products). */
+static void s_dequant_row(const qmat_t *w, int32_t r, float *out)
+{
+    const int cols = w->cols, nb = w->fmt == WF_F32 ? 0 : cols / 32;
+    s_row_t rw = {0};
+    float rs;
+    s_row_view(w, r, &rw, &rs);
+    __mmask16 nan = 0;
+    __m512 d = _mm512_set1_ps(rs), wv[2];
+    const int gshift = w->fmt == WF_INT4 ? __builtin_ctz((unsigned)w->group / 32) : 0;
+    for (int b = 0; b < nb; b++) {
+        const int c = b * 32;
+        switch (w->fmt) {
+        case WF_BF16: s_load32(WF_BF16, &rw, c, wv, &nan); break;
+        case WF_INT8: s_load32(WF_INT8, &rw, c, wv, &nan); break;
+        case WF_FP8: s_load32(WF_FP8, &rw, c, wv, &nan); break;
+        default:
+            s_load32(WF_INT4, &rw, c, wv, &nan);
+            d = s_int4_scale(&rw, b, gshift);
+            break;
+        }
+        if (w->fmt == WF_BF16) {
+            _mm512_storeu_ps(out + c, wv[0]);
+            _mm512_storeu_ps(out + c + 16, wv[1]);
+        } else {
+            _mm512_storeu_ps(out + c, _mm512_mul_ps(wv[0], d));
+            _mm512_storeu_ps(out + c + 16, _mm512_mul_ps(wv[1], d));
+        }
+    }
+    if (nan) { /* FP8 NaN bytes: the reference keeps them NaN */
+        qmat_dequant_row(w, r, out);
+        return;
+    }
+    for (int64_t c = (int64_t)nb * 32; c < cols; c++) {
+        switch (w->fmt) {
+        case WF_F32: out[c] = ((const float *)rw.p)[c]; break;
+        case WF_BF16: out[c] = bf16_to_f32(((const uint16_t *)rw.p)[c]); break;
+        case WF_INT8: out[c] = (float)((const int8_t *)rw.p)[c] * rs; break;
+        case WF_FP8: out[c] = fp8e4m3_to_f32(((const uint8_t *)rw.p)[c]) * (rs * (1.0f / 256)); break;
+        default: STRATA_ASSERT(!"int4 rows are whole blocks");
+        }
+    }
+}
+
+static void s_many_tokens(const mm_job_t *j, int32_t r0, int32_t r1)
+{
+    const qmat_t *w = j->w;
+    const int cols = w->cols;
+    float *buf = w->fmt == WF_F32 ? NULL : cpu_row_buf((size_t)cols);
+    /* token blocks whose activations fit in ~256 KiB of L2, a multiple of 4 tokens */
+    int nb = (int)(65536 / (cols > 0 ? cols : 1)) & ~3;
+    if (nb < 4) nb = 4;
+    for (int tb = 0; tb < j->n; tb += nb) {
+        const int te = tb + nb < j->n ? tb + nb : j->n;
+        for (int32_t r = r0; r < r1; r++) {
+            const float *row = (const float *)w->data + (int64_t)r * cols;
+            if (buf) {
+                s_dequant_row(w, r, buf);
+                row = buf;
+            }
+            s_row_t rw = {.p = row};
+            float out[4];
+            int t = tb;
+            for (; t + 4 <= te; t += 4) {
+                s_row_dots(WF_F32, &rw, cols, j->x + (int64_t)t * j->ldx, j->ldx, 4, out);
+                for (int k = 0; k < 4; k++) mm_store(j, t + k, r, out[k]);
+            }
+            const int rem = te - t;
+            const float *xt = j->x + (int64_t)t * j->ldx;
+            if (rem == 1) s_row_dots(WF_F32, &rw, cols, xt, j->ldx, 1, out);
+            else if (rem == 2) s_row_dots(WF_F32, &rw, cols, xt, j->ldx, 2, out);
+            else if (rem == 3) s_row_dots(WF_F32, &rw, cols, xt, j->ldx, 3, out);
+            for (int k = 0; k < rem; k++) mm_store(j, t + k, r, out[k]);
+        }
+    }
+}
+
+void cpu_avx512_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1)
+{
+    if (j->n > 4) {
+        s_many_tokens(j, r0, r1);
+        return;
+    }
+    switch (j->w->fmt) {
+    case WF_F32: s_fused_f32(j, r0, r1); break;
+    case WF_BF16: s_fused_bf16(j, r0, r1); break;
+    case WF_INT8: s_fused_int8(j, r0, r1); break;
+    case WF_FP8: s_fused_fp8(j, r0, r1); break;
+    case WF_INT4: s_fused_int4(j, r0, r1); break;
+    default: STRATA_ASSERT(!"format");
+    }
+}
