@@ -75,6 +75,13 @@ int placement_numa_nodes(void)
     return numa_num_configured_nodes();
 }
 
+bool placement_node_exists(int node)
+{
+    if (node < 0) return false;
+    if (numa_available() < 0) return node == 0;
+    return node <= numa_max_node() && numa_bitmask_isbitset(numa_all_nodes_ptr, (unsigned)node);
+}
+
 int placement_apply(const config_placement_t *p, strata_errbuf_t *eb)
 {
     int rc;

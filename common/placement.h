@@ -8,6 +8,7 @@
 #define STRATA_PLACEMENT_H
 
 #include <sched.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "common/config.h"
@@ -29,5 +30,7 @@ int placement_apply(const config_placement_t *p, strata_errbuf_t *eb);
 
 /* Number of NUMA nodes with memory on this machine (1 if libnuma reports NUMA unavailable). */
 int placement_numa_nodes(void);
+/* True if node is a NUMA node with memory here (node 0 always exists, NUMA or not). */
+bool placement_node_exists(int node);
 
 #endif

@@ -11,6 +11,11 @@ int cmd_generate(int argc, char **argv);
 int cmd_pack(int argc, char **argv);
 int cmd_unpack(int argc, char **argv);
 int cmd_client(int argc, char **argv);
+int cmd_up(int argc, char **argv);
+int cmd_status(int argc, char **argv);
+int cmd_down(int argc, char **argv);
+int cmd_pin(int argc, char **argv);
+int cmd_demo(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 static const strata_cmd_t s_cmds[] = {
     {"eval", cmd_eval, "logits of every position of a token sequence, to a file"},
@@ -18,6 +23,11 @@ static const strata_cmd_t s_cmds[] = {
     {"pack", cmd_pack, "quantize a model folder into a packed model (docs/PACKED_FORMAT.md)"},
     {"unpack", cmd_unpack, "a packed model back to an HF folder with F32 weights"},
     {"client", cmd_client, "send a prompt to a running group's router and stream the answer"},
+    {"up", cmd_up, "start the process group (launcher): --config FILE or --demo"},
+    {"status", cmd_status, "pid, state, uptime and restarts of every service of a group"},
+    {"down", cmd_down, "stop a group started by `strata up`"},
+    {"pin", cmd_pin, "run a program pinned to cpus and a NUMA node (used by strata up)"},
+    {"demo", cmd_demo, "write the demo model (tiny, random weights) and a config"},
     {"tokenize", cmd_tokenize, "text to token ids (or back) with a tokenizer.json, line by line"},
     {NULL, NULL, NULL},
 };

@@ -1,0 +1,111 @@
+/* group_state.c - run_dir/state.json and run_dir/launcher.lock (see group_state.h). */
+#include "services/strata/group_state.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <time.h>
+#include <unistd.h>
+
+double gs_now_unix(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int gs_write(const char *run_dir, const gs_state_t *st)
+{
+    char path[PATH_MAX], tmp[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/state.json", run_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    json_t *svcs = json_array();
+    for (int i = 0; i < st->n; i++) {
+        const gs_service_t *s = &st->svc[i];
+        json_array_append_new(svcs, json_pack("{s:s, s:i, s:s, s:f, s:f, s:i, s:s, s:s}", "name", s->name, "pid", (int)s->pid,
+                                              "state", s->state, "started_unix", s->started_unix, "ready_unix", s->ready_unix,
+                                              "restarts", s->restarts, "last_exit", s->last_exit, "exe", s->exe));
+    }
+    json_t *j = json_pack("{s:s, s:s, s:i, s:s, s:f, s:f, s:o}", "group", st->group, "config", st->config, "launcher_pid",
+                          (int)st->launcher_pid, "state", st->state, "started_unix", st->started_unix, "updated_unix",
+                          gs_now_unix(), "services", svcs);
+    if (!j) return STRATA_ENOMEM;
+    int r = json_dump_file(j, tmp, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    json_decref(j);
+    if (r != 0) return STRATA_EIO;
+    if (rename(tmp, path) < 0) return -errno;
+    return 0;
+}
+
+static void s_copy(char *dst, size_t cap, json_t *o, const char *key)
+{
+    const char *v = json_string_value(json_object_get(o, key));
+    snprintf(dst, cap, "%s", v ? v : "");
+}
+
+int gs_read(const char *run_dir, gs_state_t *st, strata_errbuf_t *eb)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/state.json", run_dir);
+    memset(st, 0, sizeof *st);
+    if (access(path, F_OK) < 0) return -ENOENT;
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    if (!j || !json_is_object(j)) {
+        json_decref(j);
+        return strata_seterr(eb, STRATA_EFORMAT, "%s:%d: %s", path, je.line, je.text);
+    }
+    s_copy(st->group, sizeof st->group, j, "group");
+    s_copy(st->config, sizeof st->config, j, "config");
+    s_copy(st->state, sizeof st->state, j, "state");
+    st->launcher_pid = (pid_t)json_integer_value(json_object_get(j, "launcher_pid"));
+    st->started_unix = json_number_value(json_object_get(j, "started_unix"));
+    st->updated_unix = json_number_value(json_object_get(j, "updated_unix"));
+    json_t *a = json_object_get(j, "services");
+    size_t i;
+    json_t *o;
+    json_array_foreach(a, i, o)
+    {
+        if (st->n == GS_MAX_SVC) break;
+        gs_service_t *s = &st->svc[st->n++];
+        s_copy(s->name, sizeof s->name, o, "name");
+        s_copy(s->state, sizeof s->state, o, "state");
+        s_copy(s->last_exit, sizeof s->last_exit, o, "last_exit");
+        s_copy(s->exe, sizeof s->exe, o, "exe");
+        s->pid = (pid_t)json_integer_value(json_object_get(o, "pid"));
+        s->started_unix = json_number_value(json_object_get(o, "started_unix"));
+        s->ready_unix = json_number_value(json_object_get(o, "ready_unix"));
+        s->restarts = (int)json_integer_value(json_object_get(o, "restarts"));
+    }
+    json_decref(j);
+    return 0;
+}
+
+int gs_lock(const char *run_dir)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/launcher.lock", run_dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return -errno;
+    if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        int e = errno;
+        close(fd);
+        return e == EWOULDBLOCK ? STRATA_EBUSY : -e;
+    }
+    return fd;
+}
+
+bool gs_locked(const char *run_dir)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/launcher.lock", run_dir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    bool held = flock(fd, LOCK_SH | LOCK_NB) < 0 && errno == EWOULDBLOCK;
+    close(fd);
+    return held;
+}

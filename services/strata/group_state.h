@@ -1,0 +1,58 @@
+/* group_state.h - the launcher's state file (run_dir/state.json) and group lock, shared by
+ * `strata up` (writer), `strata status` and `strata down` (readers).
+ *
+ * state.json is rewritten atomically (temporary file + rename) on every change:
+ *   {"group": NAME, "config": PATH, "launcher_pid": PID, "state": "starting|running|stopping|
+ *    stopped|failed", "started_unix": SECONDS, "updated_unix": SECONDS,
+ *    "services": [{"name", "pid", "state", "started_unix", "ready_unix", "restarts",
+ *                  "last_exit", "exe"}, ...]}
+ * Times are CLOCK_REALTIME seconds, so a reader in another process can compute uptimes.
+ *
+ * run_dir/launcher.lock is held (flock, exclusive) by the running launcher: the kernel drops it
+ * when the launcher dies, so "is the group running" never trusts a stale pid.
+ */
+#ifndef STRATA_GROUP_STATE_H
+#define STRATA_GROUP_STATE_H
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include "common/config.h"
+
+#define GS_MAX_SVC (3 + CONFIG_MAX_PREFETCHERS)
+
+typedef struct {
+    char name[32];          /* "prefetcher.0", "executor", "scheduler", "router" */
+    pid_t pid;              /* 0 when not running */
+    char state[16];         /* idle starting ready backoff stopping exited failed */
+    double started_unix;    /* current process's spawn time, 0 if none */
+    double ready_unix;      /* when it reported READY=1, 0 if not (yet) */
+    int restarts;           /* spawns after the first */
+    char last_exit[48];     /* "exit 1", "signal 9", "" if it never exited */
+    char exe[256];
+} gs_service_t;
+
+typedef struct {
+    char group[64];
+    char config[512];
+    pid_t launcher_pid;
+    char state[16];         /* starting running stopping stopped failed */
+    double started_unix;
+    double updated_unix;
+    int n;
+    gs_service_t svc[GS_MAX_SVC];
+} gs_state_t;
+
+/* Write st to run_dir/state.json atomically. */
+int gs_write(const char *run_dir, const gs_state_t *st);
+/* Read run_dir/state.json. -ENOENT if absent; STRATA_EFORMAT if unreadable. */
+int gs_read(const char *run_dir, gs_state_t *st, strata_errbuf_t *eb);
+/* Take the group lock (non-blocking). Returns the lock fd (keep it open), or STRATA_EBUSY if
+ * another launcher holds it, or <0. */
+int gs_lock(const char *run_dir);
+/* True if some process holds the group lock (the launcher is alive). */
+bool gs_locked(const char *run_dir);
+/* CLOCK_REALTIME in seconds. */
+double gs_now_unix(void);
+
+#endif
