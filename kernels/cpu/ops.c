@@ -1,5 +1,6 @@
 /* ops.c - ISA selection and the threaded drivers of the matmul-like ops (cpu_matmul,
  * cpu_ffn_swiglu). The per-ISA row kernels live in ops_ref.c / ops_avx2.c / ops_avx512.c. */
+#include <cpuid.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -12,6 +13,13 @@
 
 static _Atomic int s_isa = -1; /* cpu_isa_t in effect; -1 until cpu_ops_init */
 
+/* F16C from CPUID leaf 1, ECX bit 29 (not every compiler's __builtin_cpu_supports knows it). */
+static bool s_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+
 static bool s_supported(cpu_isa_t isa)
 {
     __builtin_cpu_init();
@@ -20,13 +28,13 @@ static bool s_supported(cpu_isa_t isa)
 #ifdef STRATA_CPU_AVX2
     case CPU_ISA_AVX2:
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
+               s_has_f16c();
 #endif
 #ifdef STRATA_CPU_AVX512
     case CPU_ISA_AVX512:
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
+               s_has_f16c();
 #endif
     default: return false;
     }
