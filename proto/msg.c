@@ -632,6 +632,9 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
         else if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) v = (double)o->via.u64;
         else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) v = (double)o->via.i64;
         else return WRONG();
+        /* check the value as it will be stored: a double that rounds to 0 as a float must
+         * not pass an exclusive lower bound of 0 */
+        if (f->kind == F_F32) v = (double)(float)v;
         if (!s_in_range(f, v))
             return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': must be in %c%g, %g], got %g", ctx, f->name,
                           (f->flags & FL_LOEX) ? '(' : '[', f->lo, f->hi, v);

@@ -1,0 +1,10 @@
+/* fuzz_msg_sched.c - libFuzzer target: router <-> scheduler decoders; byte 0 picks the direction (MSG_FAM_SCHED_IN / _OUT). */
+#include "tests/fuzz/fuzz_msg.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    fuzz_msg_two(MSG_FAM_SCHED_IN, MSG_FAM_SCHED_OUT, data, size);
+    return 0;
+}

@@ -1,0 +1,85 @@
+#!/usr/bin/python3
+"""Write the seed corpora of the proto/msg.c fuzz targets (tests/fuzz/corpus/msg_*/).
+
+    /usr/bin/python3 tests/fuzz/make_msg_corpus.py
+
+One file per seed: a valid message of each type of the family (two-direction targets get a
+leading byte, 0 = towards the service, 1 = from it), plus a few near misses.
+"""
+import os
+
+import msgpack
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def p(m):
+    d = {"v": 1}
+    d.update(m)
+    return msgpack.packb(d, use_bin_type=True)
+
+
+samp = {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 12345}
+usage = {"prompt_tokens": 3, "completion_tokens": 4}
+timings = {"queue_ms": 0.5, "ttft_ms": 3.0, "total_ms": 9.5}
+hello = {"type": "hello", "instance": 99, "pid": 1234, "model": "demo", "vocab": 512, "max_context": 1024,
+         "bos_id": 1, "eos_id": 2, "kv_blocks": 64, "block_size": 16, "load_ms": 3.5}
+
+corpora = {
+    "msg_client": [
+        p(dict(type="generate", id=1, prompt="Hello, wörld", max_tokens=16, stop=["\n\n", "User:"], stream=True, **samp)),
+        p(dict(type="generate", id=2, tokens=[1, 2, 3], max_tokens=4, ignore_eos=True, stream=False)),
+        p({"type": "cancel", "id": 3}),
+        p({"type": "resume", "id": 4, "from": 5, "text_from": 17, "stop": ["x"], "stream": True}),
+        p({"type": "health"}), p({"type": "stats", "id": 9}), p({"type": "models"}),
+        p({"type": "generate", "id": 5, "prompt": "x", "max_tokens": 0}),
+        p({"type": "generate", "id": 6, "prompt": "x", "max_tokens": 3, "bogus": 1}),
+        msgpack.packb({"v": 2, "type": "health"}),
+    ],
+    "msg_reply": [
+        p({"type": "token", "id": 1, "index": 0, "tokens": [5, 6], "text": "ab"}),
+        p({"type": "done", "id": 1, "finish_reason": "length", "usage": usage, "timings": timings}),
+        p({"type": "done", "id": 1, "finish_reason": "stop", "usage": usage, "timings": timings, "text": "abc",
+           "tokens": [1, 2]}),
+        p({"type": "error", "id": 1, "code": "busy", "message": "queue full"}),
+        p({"type": "health", "status": "ok", "scheduler": True, "uptime_s": 1.5, "queue": 0}),
+        p({"type": "stats", "stats": {"router.requests": 3, "scheduler.steps": 9.5}}),
+        p({"type": "models", "models": [{"name": "demo", "vocab": 512, "max_context": 1024}]}),
+    ],
+    "msg_sched": [
+        b"\0" + p(dict(type="submit", id=77, client=b"cli-1", cid=5, prompt=[1, 2, 3], max_tokens=8, ignore_eos=False,
+                       **samp)),
+        b"\0" + p({"type": "cancel", "id": 77}),
+        b"\0" + p({"type": "resume", "id": 77, "from": 0}),
+        b"\0" + p({"type": "stats", "id": 1}),
+        b"\0" + p({"type": "hello"}),
+        b"\1" + p({"type": "tokens", "id": 77, "index": 3, "tokens": [9]}),
+        b"\1" + p({"type": "done", "id": 77, "finish_reason": "cancel", "usage": usage, "timings": timings}),
+        b"\1" + p({"type": "error", "id": 77, "code": "duplicate", "message": "live"}),
+        b"\1" + p({"type": "stats", "id": 1, "stats": {"steps": 10, "batch_tokens": 31.5}}),
+        b"\1" + p(hello),
+    ],
+    "msg_exec": [
+        b"\0" + p({"type": "hello"}),
+        b"\0" + p({"type": "step", "id": 1000, "instance": 99, "seqs": [
+            dict(req=1, pos0=0, tokens=[1, 2, 3], blocks=[0], sample=True, n_sampled=0, **samp),
+            {"req": 2, "pos0": 17, "tokens": [4], "blocks": [1, 2], "sample": False}]}),
+        b"\1" + p(hello),
+        b"\1" + p({"type": "result", "id": 1000, "instance": 99, "reqs": [1, 2], "tokens": [17, -1],
+                   "forward_us": 812.5, "sample_us": 3.0}),
+        b"\1" + p({"type": "error", "id": 1000, "code": "unavailable", "message": "stale instance"}),
+    ],
+    "msg_prefetch": [
+        b"\0" + p({"type": "status", "id": 1}),
+        b"\1" + p({"type": "status", "id": 1, "node": 0, "arena": "/strata-demo-arena-0", "bytes": 1 << 30,
+                   "state": "ready", "fill_ms": 812.0, "reattached": False, "pid": 4321, "instance": 7}),
+    ],
+}
+
+for name, seeds in corpora.items():
+    d = os.path.join(HERE, "corpus", name)
+    os.makedirs(d, exist_ok=True)
+    for i, s in enumerate(seeds):
+        with open(os.path.join(d, "seed%02d" % i), "wb") as f:
+            f.write(s)
+    print("%s: %d seeds" % (d, len(seeds)))
