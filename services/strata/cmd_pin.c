@@ -24,11 +24,17 @@
 static void s_help(FILE *f)
 {
     fprintf(f,
-            "usage: strata pin [--cpus LIST] [--numa N] [--parent PID] -- PROGRAM [ARGS...]\n\n"
+            "usage: strata pin [--cpus LIST] [--numa N] [--parent PID] -- PROGRAM [ARGS...]\n"
+            "       strata pin --config FILE --service NAME [--parent PID] -- PROGRAM [ARGS...]\n\n"
             "Pin this process to LIST (a cpulist like 0-3,8) and bind its memory to NUMA node N\n"
-            "(set_mempolicy MPOL_BIND), then exec PROGRAM with ARGS. The pid stays the same.\n\n"
+            "(set_mempolicy MPOL_BIND), then exec PROGRAM with ARGS. The pid stays the same.\n"
+            "With --config and --service the cpus and numa_node come from that section of the group\n"
+            "config (router, scheduler, executor or prefetcher.N): how systemd units and supervisord\n"
+            "programs in deploy/ pin from the same file `strata up` reads.\n\n"
             "  --cpus LIST    cpus to run on; empty or absent: unchanged\n"
             "  --numa N       NUMA node for all memory; -1 or absent: unchanged\n"
+            "  --config FILE  group config to read the placement from\n"
+            "  --service NAME section whose cpus / numa_node apply\n"
             "  --parent PID   die with SIGTERM when PID (the launcher) exits; refuse to start if it\n"
             "                 already has\n"
             "  -h, --help     this help\n\n"
@@ -39,6 +45,7 @@ int cmd_pin(int argc, char **argv)
 {
     config_placement_t p = {.cpus = "", .numa_node = -1};
     long parent = 0;
+    const char *config = NULL, *service = NULL;
     int i = 1;
     for (; i < argc; i++) {
         const char *a = argv[i];
@@ -69,6 +76,10 @@ int cmd_pin(int argc, char **argv)
                 return 2;
             }
             p.numa_node = (int)n;
+        } else if (!strcmp(a, "--config")) {
+            config = v;
+        } else if (!strcmp(a, "--service")) {
+            service = v;
         } else if (!strcmp(a, "--parent")) {
             parent = strtol(v, &end, 10);
             if (*end || !*v || parent <= 0) {
@@ -86,6 +97,31 @@ int cmd_pin(int argc, char **argv)
         return 2;
     }
     strata_errbuf_t eb = {{0}};
+    if ((config != NULL) != (service != NULL)) {
+        fprintf(stderr, "strata pin: --config and --service go together\n");
+        return 2;
+    }
+    if (config) {
+        static strata_config_t c;
+        if (config_load(&c, config, &eb) < 0) {
+            fprintf(stderr, "strata pin: %s\n", eb.msg);
+            return 2;
+        }
+        const config_placement_t *q = NULL;
+        if (!strcmp(service, "router")) q = &c.router.place;
+        else if (!strcmp(service, "scheduler")) q = &c.scheduler.place;
+        else if (!strcmp(service, "executor")) q = &c.executor.place;
+        for (int k = 0; k < c.n_prefetchers && !q; k++) {
+            char nm[32];
+            snprintf(nm, sizeof nm, "prefetcher.%d", c.prefetcher[k].node);
+            if (!strcmp(service, nm)) q = &c.prefetcher[k].place;
+        }
+        if (!q) {
+            fprintf(stderr, "strata pin: %s: no service '%s' (router, scheduler, executor, prefetcher.N)\n", config, service);
+            return 2;
+        }
+        p = *q;
+    }
     if (placement_apply(&p, &eb) < 0) {
         fprintf(stderr, "strata pin: %s: %s\n", argv[i], eb.msg);
         return 2;
