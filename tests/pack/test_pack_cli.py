@@ -59,7 +59,8 @@ def main():
     ref = json.load(open(refs[0]))
     toks = ",".join(map(str, ref["tokens"][:8]))
 
-    with tempfile.TemporaryDirectory(prefix="strata-pack-cli-") as tmp:
+    scratch = os.environ.get("TMPDIR") or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+    with tempfile.TemporaryDirectory(prefix="strata-pack-cli-", dir=scratch) as tmp:
         # help and usage
         rc, out, _ = run([S, "pack", "--help"])
         check(rc == 0 and "--format" in out and "--force" in out, "pack --help")
