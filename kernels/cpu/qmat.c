@@ -185,11 +185,35 @@ void qmat_dequant_row(const qmat_t *w, int32_t r, float *out)
     }
 }
 
-/* The fp16 scale of one INT4 group (Q4_0 choice: the signed value of largest magnitude maps
- * to -8, d = max / -8). The nibbles are then computed against this rounded scale, so the
- * stored pair is self-consistent. */
-static uint16_t s_int4_scale(const float *x, int n)
+static inline uint8_t s_int4_q(float x, float d)
 {
+    int v = d != 0 ? (int)rintf(x / d) + 8 : 8;
+    return (uint8_t)(v < 0 ? 0 : v > 15 ? 15 : v);
+}
+
+/* Squared error of nibbles q[n] with scale d, as qmat_dequant_row reconstructs them. */
+static double s_int4_err(const float *x, const uint8_t *q, float d, int n)
+{
+    double e = 0;
+    for (int i = 0; i < n; i++) {
+        double t = (double)x[i] - (float)((int)q[i] - 8) * d;
+        e += t * t;
+    }
+    return e;
+}
+
+#define INT4_MAX_GROUP 1024
+
+/* Quantize one INT4 group x[n] into nibbles q[n] (0..15); returns the fp16 scale bits.
+ * Start from the Q4_0 choice (the signed value of largest magnitude maps to -8: d = max /
+ * -8, q = clamp(round(x / d) + 8, 0, 15)); then try 9 more grids that map the max to
+ * -(8 + k/4), k = -4..4, each with the least-squares scale for its nibbles (rounded to
+ * fp16), and keep whichever pair reconstructs the group with the least squared error. So
+ * the result is never worse than Q4_0 on a group, and on Gaussian weights its matmul error
+ * is ~6% lower (test_qmat prints both). */
+static uint16_t s_int4_group(const float *x, int n, uint8_t *qbest)
+{
+    STRATA_ASSERT(n > 0 && n <= INT4_MAX_GROUP);
     float amax = 0, vmax = 0;
     for (int i = 0; i < n; i++) {
         if (fabsf(x[i]) > amax) {
@@ -197,20 +221,44 @@ static uint16_t s_int4_scale(const float *x, int n)
             vmax = x[i];
         }
     }
-    return amax > 0 ? f32_to_f16(vmax / -8.0f) : 0;
-}
-
-static inline uint8_t s_int4_q(float x, float d)
-{
-    int v = d != 0 ? (int)rintf(x / d) + 8 : 8;
-    return (uint8_t)(v < 0 ? 0 : v > 15 ? 15 : v);
+    if (amax == 0) {
+        memset(qbest, 8, (size_t)n);
+        return 0;
+    }
+    uint16_t best_h = f32_to_f16(vmax / -8.0f);
+    float d = f16_to_f32(best_h);
+    for (int i = 0; i < n; i++) qbest[i] = s_int4_q(x[i], d);
+    double best = s_int4_err(x, qbest, d, n);
+    uint8_t q[INT4_MAX_GROUP];
+    for (int k = -4; k <= 4 && best > 0; k++) {
+        const float iscale = -(8.0f + 0.25f * k) / vmax;
+        double sxq = 0, sqq = 0;
+        for (int i = 0; i < n; i++) {
+            int v = (int)rintf(x[i] * iscale);
+            v = v < -8 ? -8 : v > 7 ? 7 : v;
+            q[i] = (uint8_t)(v + 8);
+            sxq += (double)x[i] * v;
+            sqq += (double)v * v;
+        }
+        if (sqq == 0) continue;
+        uint16_t h = f32_to_f16((float)(sxq / sqq));
+        if ((h & 0x7c00) == 0x7c00) continue; /* the scale overflows fp16 */
+        double e = s_int4_err(x, q, f16_to_f32(h), n);
+        if (e < best) {
+            best = e;
+            best_h = h;
+            memcpy(qbest, q, (size_t)n);
+        }
+    }
+    return best_h;
 }
 
 int qmat_quantize(wfmt_t fmt, int group, const float *src, int32_t rows, int32_t cols, void *data,
                   void *scales)
 {
     if (rows < 0 || cols <= 0) return -EINVAL;
-    if (fmt == WF_INT4 && (group < 32 || group % 32 != 0 || cols % group != 0)) return -EINVAL;
+    if (fmt == WF_INT4 && (group < 32 || group > INT4_MAX_GROUP || group % 32 != 0 || cols % group != 0))
+        return -EINVAL;
     for (int64_t r = 0; r < rows; r++) {
         const float *x = src + r * cols;
         float amax = 0;
@@ -248,14 +296,12 @@ int qmat_quantize(wfmt_t fmt, int group, const float *src, int32_t rows, int32_t
             if (amax / 8.0f > 65504.0f) return -EINVAL; /* scale would overflow fp16 */
             uint8_t *o = (uint8_t *)data + r * (cols / 2);
             uint16_t *sc = (uint16_t *)scales + r * (cols / group);
+            uint8_t q[INT4_MAX_GROUP];
             for (int32_t g = 0; g < cols / group; g++) {
-                const float *xg = x + g * group;
-                sc[g] = s_int4_scale(xg, group);
-                float d = f16_to_f32(sc[g]);
+                sc[g] = s_int4_group(x + g * group, group, q);
                 for (int b = 0; b < group; b += 32) {
                     uint8_t *ob = o + (g * group + b) / 2;
-                    for (int j = 0; j < 16; j++)
-                        ob[j] = (uint8_t)(s_int4_q(xg[b + j], d) | (s_int4_q(xg[b + 16 + j], d) << 4));
+                    for (int j = 0; j < 16; j++) ob[j] = (uint8_t)(q[b + j] | (q[b + 16 + j] << 4));
                 }
             }
             break;
