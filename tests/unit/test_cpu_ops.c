@@ -77,6 +77,15 @@ static void test_pool(void)
         T_CHECK(badt == 0, "pool %d: %d bad thread indices", sizes[s], badt);
         tpool_destroy(p);
     }
+    /* n <= 0: STRATA_THREADS, else all cpus */
+    setenv("STRATA_THREADS", "3", 1);
+    tpool_t *pe = tpool_create(0);
+    T_CHECK(pe && tpool_size(pe) == 3, "STRATA_THREADS=3 gives %d", pe ? tpool_size(pe) : -1);
+    tpool_destroy(pe);
+    unsetenv("STRATA_THREADS");
+    pe = tpool_create(0);
+    T_CHECK(pe && tpool_size(pe) >= 1, "default pool");
+    tpool_destroy(pe);
     /* NULL pool runs inline */
     _Atomic int hits[10] = {0};
     t_pool_ctx_t c = {.hits = hits, .grain = 1, .n = 10, .nthreads = 1};
