@@ -165,6 +165,8 @@ typedef enum {
 #define FL_REQ 1u   /* required */
 #define FL_LOEX 2u  /* lower bound exclusive (floats) */
 #define FL_SHCNT 4u /* count shared with another array: lengths must agree */
+#define FL_DEF1 8u  /* optional scalar whose default is 1 (else 0 / false); see s_emitted */
+#define FL_DEFM1 16u /* optional scalar whose default is -1 */
 
 typedef struct fdesc fdesc_t;
 struct fdesc {
@@ -185,7 +187,7 @@ struct fdesc {
 
 #define SAMPLING_FIELDS(T, m)                                                                    \
     {"temperature", F_F32, 0, offsetof(T, m.temperature), 0, 0, MSG_MAX_TEMPERATURE, 0, 0, NULL, 0}, \
-    {"top_p", F_F32, FL_LOEX, offsetof(T, m.top_p), 0, 0, 1, 0, 0, NULL, 0},                    \
+    {"top_p", F_F32, FL_LOEX | FL_DEF1, offsetof(T, m.top_p), 0, 0, 1, 0, 0, NULL, 0},                    \
     {"top_k", F_I32, 0, offsetof(T, m.top_k), 0, 0, MSG_MAX_TOP_K, 0, 0, NULL, 0},               \
     {"seed", F_U64, 0, offsetof(T, m.seed), 0, 0, 0, 0, 0, NULL, 0}
 
@@ -197,7 +199,7 @@ static const fdesc_t s_f_generate[] = {
     {"max_tokens", F_I32, FL_REQ, offsetof(msg_generate_t, max_tokens), 0, 1, MSG_MAX_MAX_TOKENS, 0, 0, NULL, 0},
     SAMPLING_FIELDS(msg_generate_t, samp),
     {"stop", F_STRS, 0, offsetof(msg_generate_t, stop), offsetof(msg_generate_t, n_stop), 0, MSG_MAX_STOP, 1, MSG_MAX_STOP_LEN, NULL, 0},
-    {"stream", F_BOOL, 0, offsetof(msg_generate_t, stream), 0, 0, 0, 0, 0, NULL, 0},
+    {"stream", F_BOOL, FL_DEF1, offsetof(msg_generate_t, stream), 0, 0, 0, 0, 0, NULL, 0},
     {"ignore_eos", F_BOOL, 0, offsetof(msg_generate_t, ignore_eos), 0, 0, 0, 0, 0, NULL, 0},
     END_FIELDS};
 
@@ -205,7 +207,7 @@ static const fdesc_t s_f_resume[] = {
     {"from", F_I64, FL_REQ, offsetof(msg_resume_t, from), 0, 0, I64MAX, 0, 0, NULL, 0},
     {"text_from", F_I64, 0, offsetof(msg_resume_t, text_from), 0, 0, I64MAX, 0, 0, NULL, 0},
     {"stop", F_STRS, 0, offsetof(msg_resume_t, stop), offsetof(msg_resume_t, n_stop), 0, MSG_MAX_STOP, 1, MSG_MAX_STOP_LEN, NULL, 0},
-    {"stream", F_BOOL, 0, offsetof(msg_resume_t, stream), 0, 0, 0, 0, 0, NULL, 0},
+    {"stream", F_BOOL, FL_DEF1, offsetof(msg_resume_t, stream), 0, 0, 0, 0, 0, NULL, 0},
     END_FIELDS};
 
 static const fdesc_t s_f_sched_resume[] = {
@@ -289,8 +291,8 @@ static const fdesc_t s_f_hello[] = {
     {"model", F_STR, FL_REQ, offsetof(msg_hello_t, model), 0, 0, 256, 0, 0, NULL, 0},
     {"vocab", F_I32, FL_REQ, offsetof(msg_hello_t, vocab), 0, 0, I32MAX, 0, 0, NULL, 0},
     {"max_context", F_I32, FL_REQ, offsetof(msg_hello_t, max_context), 0, 0, I32MAX, 0, 0, NULL, 0},
-    {"bos_id", F_I32, 0, offsetof(msg_hello_t, bos_id), 0, -1, I32MAX, 0, 0, NULL, 0},
-    {"eos_id", F_I32, 0, offsetof(msg_hello_t, eos_id), 0, -1, I32MAX, 0, 0, NULL, 0},
+    {"bos_id", F_I32, FL_DEFM1, offsetof(msg_hello_t, bos_id), 0, -1, I32MAX, 0, 0, NULL, 0},
+    {"eos_id", F_I32, FL_DEFM1, offsetof(msg_hello_t, eos_id), 0, -1, I32MAX, 0, 0, NULL, 0},
     {"kv_blocks", F_I32, 0, offsetof(msg_hello_t, kv_blocks), 0, 0, I32MAX, 0, 0, NULL, 0},
     {"block_size", F_I32, 0, offsetof(msg_hello_t, block_size), 0, 0, I32MAX, 0, 0, NULL, 0},
     {"load_ms", F_F64, 0, offsetof(msg_hello_t, load_ms), 0, 0, 1e12, 0, 0, NULL, 0},
@@ -466,6 +468,13 @@ static int s_check_type(msg_type_t t, const void *body, const char *ctx, msg_err
 
 /* ---- pre-scan (see the top comment) ---- */
 
+/* Total size in bytes of a fixed-size scalar led by byte b, 0 for anything else. */
+static const unsigned char s_fixed_len[256] = {
+    [0x00 ... 0x7f] = 1, [0xe0 ... 0xff] = 1, [0xc0] = 1, [0xc2] = 1, [0xc3] = 1,
+    [0xca] = 5, [0xcb] = 9, [0xcc] = 2, [0xcd] = 3, [0xce] = 5, [0xcf] = 9,
+    [0xd0] = 2, [0xd1] = 3, [0xd2] = 5, [0xd3] = 9,
+};
+
 static int s_scan(const unsigned char **pp, const unsigned char *end, int depth)
 {
     const unsigned char *p = *pp;
@@ -514,6 +523,15 @@ static int s_scan(const unsigned char **pp, const unsigned char *end, int depth)
         uint64_t items = kind == 2 ? 2 * n : n;
         if (items > left) return -1;
         for (uint64_t i = 0; i < items; i++) {
+            /* fast path for fixed-size scalars (ints, floats, nil, bools): token ids, blocks */
+            if (p < end) {
+                unsigned k = s_fixed_len[*p];
+                if (k) {
+                    if ((size_t)(end - p) < k) return -1;
+                    p += k;
+                    continue;
+                }
+            }
             int r = s_scan(&p, end, depth + 1);
             if (r < 0) return r;
         }
@@ -529,6 +547,25 @@ typedef struct {
     msg_err_t *err;
     msg_type_t type;
 } dctx_t;
+
+/* Where in the message a field is ("step.seqs[3].tokens"), rendered only for error text. */
+typedef struct path {
+    const struct path *up;
+    const char *name;
+    int64_t index;   /* -1: not an array element */
+} path_t;
+
+static const char *s_path(const path_t *p, char *buf, size_t n)
+{
+    if (!p) return "";
+    char up[192];
+    const char *u = p->up ? s_path(p->up, up, sizeof up) : NULL;
+    int k;
+    if (p->index >= 0) k = snprintf(buf, n, "%s%s%s[%lld]", u ? u : "", u ? "." : "", p->name, (long long)p->index);
+    else k = snprintf(buf, n, "%s%s%s", u ? u : "", u ? "." : "", p->name);
+    if (k < 0) buf[0] = 0; /* a truncated path is still a useful message */
+    return buf;
+}
 
 static const char *s_kind_name(fkind_t k)
 {
@@ -583,6 +620,9 @@ static bool s_is_int(const msgpack_object *o)
     return o->type == MSGPACK_OBJECT_POSITIVE_INTEGER || o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER;
 }
 
+/* The current field's path as text; only evaluated on the error paths. */
+#define CTX s_path(path, pb, sizeof pb)
+
 static int s_copy_str(dctx_t *d, const char *p, size_t n, msg_str_t *out)
 {
     char *s = s_alloc(d->m, n + 1);
@@ -595,19 +635,19 @@ static int s_copy_str(dctx_t *d, const char *p, size_t n, msg_str_t *out)
 }
 
 static int s_decode_fields(dctx_t *d, const msgpack_object *map, const fdesc_t *fields, char *body,
-                           const char *ctx, bool top);
+                           const path_t *path, bool top);
 
-static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, char *body, const char *ctx)
+static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, char *body, const path_t *path)
 {
+    char pb[192];
     void *at = body + f->off;
     int64_t iv;
-    char sub[96];
-#define WRONG() s_fail(d->err, MSG_E_WRONG_TYPE, "%s: field '%s': expected %s, got %s", ctx, f->name, \
+#define WRONG() s_fail(d->err, MSG_E_WRONG_TYPE, "%s: field '%s': expected %s, got %s", CTX, f->name, \
                        s_kind_name(f->kind), s_obj_type_name(o))
     switch (f->kind) {
     case F_U64:
         if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
-            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': must be >= 0, got %lld", ctx, f->name,
+            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': must be >= 0, got %lld", CTX, f->name,
                           (long long)o->via.i64);
         if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER) return WRONG();
         *(uint64_t *)at = o->via.u64;
@@ -617,9 +657,9 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
         if (!s_is_int(o)) return WRONG();
         if (!s_int(o, &iv) || !s_in_range(f, (double)iv) || (f->kind == F_I32 && (iv < INT32_MIN || iv > INT32_MAX))) {
             if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-                return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': must be in [%.0f, %.0f], got %llu", ctx,
+                return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': must be in [%.0f, %.0f], got %llu", CTX,
                               f->name, f->lo, f->hi, (unsigned long long)o->via.u64);
-            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': must be in [%.0f, %.0f], got %lld", ctx,
+            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': must be in [%.0f, %.0f], got %lld", CTX,
                           f->name, f->lo, f->hi, (long long)o->via.i64);
         }
         if (f->kind == F_I32) *(int32_t *)at = (int32_t)iv;
@@ -636,7 +676,7 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
          * not pass an exclusive lower bound of 0 */
         if (f->kind == F_F32) v = (double)(float)v;
         if (!s_in_range(f, v))
-            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': must be in %c%g, %g], got %g", ctx, f->name,
+            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': must be in %c%g, %g], got %g", CTX, f->name,
                           (f->flags & FL_LOEX) ? '(' : '[', f->lo, f->hi, v);
         if (f->kind == F_F32) *(float *)at = (float)v;
         else *(double *)at = v;
@@ -654,7 +694,7 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
         else if (f->kind == F_BIN && o->type == MSGPACK_OBJECT_BIN) { p = o->via.bin.ptr; n = o->via.bin.size; }
         else return WRONG();
         if ((double)n < f->lo || (double)n > f->hi)
-            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': length must be in [%.0f, %.0f], got %zu", ctx,
+            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': length must be in [%.0f, %.0f], got %zu", CTX,
                           f->name, f->lo, f->hi, n);
         return s_copy_str(d, p, n, at);
     }
@@ -666,14 +706,14 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
         if (f->kind == F_ERRCODE) {
             msg_errcode_t c = msg_errcode_parse(p, n);
             if (c == MSG_E_NONE)
-                return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': unknown error code", ctx, f->name);
+                return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': unknown error code", CTX, f->name);
             *(msg_errcode_t *)at = c;
         } else {
             int found = 0;
             for (int i = MSG_FINISH_STOP; i <= MSG_FINISH_CANCEL; i++)
                 if (strlen(s_finish_names[i]) == n && !memcmp(s_finish_names[i], p, n)) found = i;
             if (!found)
-                return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': must be stop, length or cancel", ctx, f->name);
+                return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': must be stop, length or cancel", CTX, f->name);
             *(msg_finish_t *)at = (msg_finish_t)found;
         }
         return 0;
@@ -685,12 +725,12 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
         if (o->type != MSGPACK_OBJECT_ARRAY) return WRONG();
         uint32_t n = o->via.array.size;
         if ((double)n < f->lo || (double)n > f->hi)
-            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': %s must have [%.0f, %.0f] elements, got %u", ctx,
+            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': %s must have [%.0f, %.0f] elements, got %u", CTX,
                           f->name, "array", f->lo, f->hi, n);
         int32_t *cnt = (int32_t *)(body + f->cnt);
         if ((f->flags & FL_SHCNT) && *cnt != 0 && *cnt != (int32_t)n)
             return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': length %u differs from a sibling array's %d",
-                          ctx, f->name, n, *cnt);
+                          CTX, f->name, n, *cnt);
         const msgpack_object *e = o->via.array.ptr;
         size_t esz = f->kind == F_I32S ? 4 : f->kind == F_U64S ? 8 : f->kind == F_STRS ? sizeof(msg_str_t) : f->esz;
         char *arr = s_alloc(d->m, esz * (n ? n : 1));
@@ -699,34 +739,35 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
         for (uint32_t i = 0; i < n; i++) {
             if (f->kind == F_I32S) {
                 if (!s_is_int(&e[i]))
-                    return s_fail(d->err, MSG_E_WRONG_TYPE, "%s: field '%s[%u]': expected an integer, got %s", ctx,
+                    return s_fail(d->err, MSG_E_WRONG_TYPE, "%s: field '%s[%u]': expected an integer, got %s", CTX,
                                   f->name, i, s_obj_type_name(&e[i]));
                 if (!s_int(&e[i], &iv) || (double)iv < f->elo || (double)iv > f->ehi)
-                    return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s[%u]': must be in [%.0f, %.0f]", ctx,
+                    return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s[%u]': must be in [%.0f, %.0f]", CTX,
                                   f->name, i, f->elo, f->ehi);
                 ((int32_t *)arr)[i] = (int32_t)iv;
             } else if (f->kind == F_U64S) {
                 if (e[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
                     return s_fail(d->err, MSG_E_WRONG_TYPE, "%s: field '%s[%u]': expected a non-negative integer, got %s",
-                                  ctx, f->name, i, s_obj_type_name(&e[i]));
+                                  CTX, f->name, i, s_obj_type_name(&e[i]));
                 ((uint64_t *)arr)[i] = e[i].via.u64;
             } else if (f->kind == F_STRS) {
                 if (e[i].type != MSGPACK_OBJECT_STR)
-                    return s_fail(d->err, MSG_E_WRONG_TYPE, "%s: field '%s[%u]': expected a string, got %s", ctx,
+                    return s_fail(d->err, MSG_E_WRONG_TYPE, "%s: field '%s[%u]': expected a string, got %s", CTX,
                                   f->name, i, s_obj_type_name(&e[i]));
                 size_t len = e[i].via.str.size;
                 if ((double)len < f->elo || (double)len > f->ehi)
                     return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s[%u]': length must be in [%.0f, %.0f], got %zu",
-                                  ctx, f->name, i, f->elo, f->ehi, len);
+                                  CTX, f->name, i, f->elo, f->ehi, len);
                 int rc = s_copy_str(d, e[i].via.str.ptr, len, &((msg_str_t *)arr)[i]);
                 if (rc < 0) return rc;
             } else {
                 char *elem = arr + esz * i;
                 if (f->sub == s_f_step_seq) ((msg_step_seq_t *)elem)->samp.top_p = 1.0f;
-                snprintf(sub, sizeof sub, "%s.%s[%u]", ctx, f->name, i);
+                path_t sub = {path, f->name, (int64_t)i};
                 if (e[i].type != MSGPACK_OBJECT_MAP)
-                    return s_fail(d->err, MSG_E_WRONG_TYPE, "%s: expected a map, got %s", sub, s_obj_type_name(&e[i]));
-                int rc = s_decode_fields(d, &e[i], f->sub, elem, sub, false);
+                    return s_fail(d->err, MSG_E_WRONG_TYPE, "%s: expected a map, got %s", s_path(&sub, pb, sizeof pb),
+                                  s_obj_type_name(&e[i]));
+                int rc = s_decode_fields(d, &e[i], f->sub, elem, &sub, false);
                 if (rc < 0) return rc;
             }
         }
@@ -738,19 +779,19 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
         if (o->type != MSGPACK_OBJECT_MAP) return WRONG();
         uint32_t n = o->via.map.size;
         if ((double)n > f->hi)
-            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': at most %.0f entries, got %u", ctx, f->name, f->hi, n);
+            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': at most %.0f entries, got %u", CTX, f->name, f->hi, n);
         msg_stat_t *items = s_alloc(d->m, sizeof(msg_stat_t) * (n ? n : 1));
         if (!items) return STRATA_ENOMEM;
         for (uint32_t i = 0; i < n; i++) {
             const msgpack_object *k = &o->via.map.ptr[i].key, *v = &o->via.map.ptr[i].val;
             if (k->type != MSGPACK_OBJECT_STR || k->via.str.size < f->elo || k->via.str.size > f->ehi)
-                return s_fail(d->err, MSG_E_WRONG_TYPE, "%s: field '%s': keys must be strings of 1..128 bytes", ctx, f->name);
+                return s_fail(d->err, MSG_E_WRONG_TYPE, "%s: field '%s': keys must be strings of 1..128 bytes", CTX, f->name);
             double val;
             if (v->type == MSGPACK_OBJECT_FLOAT32 || v->type == MSGPACK_OBJECT_FLOAT64) val = v->via.f64;
             else if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER) val = (double)v->via.u64;
             else if (v->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) val = (double)v->via.i64;
             else
-                return s_fail(d->err, MSG_E_WRONG_TYPE, "%s: field '%s.%.*s': expected a number, got %s", ctx, f->name,
+                return s_fail(d->err, MSG_E_WRONG_TYPE, "%s: field '%s.%.*s': expected a number, got %s", CTX, f->name,
                               (int)k->via.str.size, k->via.str.ptr, s_obj_type_name(v));
             int rc = s_copy_str(d, k->via.str.ptr, k->via.str.size, &items[i].name);
             if (rc < 0) return rc;
@@ -763,49 +804,55 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
     }
     case F_OBJ:
         if (o->type != MSGPACK_OBJECT_MAP) return WRONG();
-        snprintf(sub, sizeof sub, "%s.%s", ctx, f->name);
-        return s_decode_fields(d, o, f->sub, body, sub, false);
+        {
+            path_t sub = {path, f->name, -1};
+            return s_decode_fields(d, o, f->sub, body, &sub, false);
+        }
     }
 #undef WRONG
-    return s_fail(d->err, MSG_E_INTERNAL, "%s: field '%s': bad schema", ctx, f->name);
+    return s_fail(d->err, MSG_E_INTERNAL, "%s: field '%s': bad schema", CTX, f->name);
 }
 
 static int s_decode_fields(dctx_t *d, const msgpack_object *map, const fdesc_t *fields, char *body,
-                           const char *ctx, bool top)
+                           const path_t *path, bool top)
 {
+    char pb[192];
     uint64_t seen = 0;
     size_t nf = 0;
     while (fields[nf].name) nf++;
     STRATA_ASSERT(nf <= 64);
     const msgpack_object_kv *kv = map->via.map.ptr;
+    size_t hint = 0; /* encoders write fields in table order: try the next one first */
     for (uint32_t i = 0; i < map->via.map.size; i++) {
         const msgpack_object *k = &kv[i].key;
         if (k->type != MSGPACK_OBJECT_STR)
-            return s_fail(d->err, MSG_E_MALFORMED, "%s: a key is a %s, not a string", ctx, s_obj_type_name(k));
+            return s_fail(d->err, MSG_E_MALFORMED, "%s: a key is a %s, not a string", CTX, s_obj_type_name(k));
         const char *kn = k->via.str.ptr;
         size_t kl = k->via.str.size;
         if (top && ((kl == 1 && kn[0] == 'v') || (kl == 4 && !memcmp(kn, "type", 4)) || (kl == 2 && !memcmp(kn, "id", 2))))
             continue;
-        size_t j;
-        for (j = 0; j < nf; j++)
-            if (strlen(fields[j].name) == kl && !memcmp(fields[j].name, kn, kl)) break;
+        size_t j = hint < nf && strnlen(fields[hint].name, kl + 1) == kl && !memcmp(fields[hint].name, kn, kl) ? hint : nf;
+        if (j == nf)
+            for (j = 0; j < nf; j++)
+                if (strnlen(fields[j].name, kl + 1) == kl && !memcmp(fields[j].name, kn, kl)) break;
+        hint = j + 1;
         if (j == nf) {
             /* Print the name safely: at most 64 bytes, non-printables as '?'. */
             char safe[65];
             size_t n = kl < 64 ? kl : 64;
             for (size_t c = 0; c < n; c++) safe[c] = (kn[c] >= 0x20 && kn[c] < 0x7f) ? kn[c] : '?';
             safe[n] = 0;
-            return s_fail(d->err, MSG_E_UNKNOWN_FIELD, "%s: unknown field '%s'", ctx, safe);
+            return s_fail(d->err, MSG_E_UNKNOWN_FIELD, "%s: unknown field '%s'", CTX, safe);
         }
         if (seen & (1ull << j))
-            return s_fail(d->err, MSG_E_MALFORMED, "%s: field '%s' appears twice", ctx, fields[j].name);
+            return s_fail(d->err, MSG_E_MALFORMED, "%s: field '%s' appears twice", CTX, fields[j].name);
         seen |= 1ull << j;
-        int rc = s_decode_value(d, &fields[j], &kv[i].val, body, ctx);
+        int rc = s_decode_value(d, &fields[j], &kv[i].val, body, path);
         if (rc < 0) return rc;
     }
     for (size_t j = 0; j < nf; j++)
         if ((fields[j].flags & FL_REQ) && !(seen & (1ull << j)))
-            return s_fail(d->err, MSG_E_MISSING_FIELD, "%s: missing field '%s'", ctx, fields[j].name);
+            return s_fail(d->err, MSG_E_MISSING_FIELD, "%s: missing field '%s'", CTX, fields[j].name);
     return 0;
 }
 
@@ -911,7 +958,8 @@ int msg_decode(msg_family_t fam, const void *buf, size_t len, msg_t *m, msg_err_
                           s_obj_type_name(id));
         goto fail;
     }
-    rc = s_decode_fields(&d, o, td->fields, (char *)&m->u, td->name, true);
+    path_t top = {NULL, td->name, -1};
+    rc = s_decode_fields(&d, o, td->fields, (char *)&m->u, &top, true);
     if (rc < 0) goto fail;
     if (td->id_required && !id) { rc = s_fail(err, MSG_E_MISSING_FIELD, "%s: missing field 'id'", td->name); goto fail; }
     rc = s_check_type(td->type, &m->u, td->name, err);
@@ -947,14 +995,23 @@ void msg_buf_free(msg_buf_t *b)
     memset(b, 0, sizeof *b);
 }
 
-/* Does this field go on the wire? Optional strings and arrays only when present. */
+/* Does this field go on the wire? Required ones always; optional strings and arrays when
+ * present; optional scalars when they differ from their default (the decoder fills the
+ * default back in), which keeps a greedy step plan small. */
 static bool s_emitted(const fdesc_t *f, const char *body)
 {
     const void *at = body + f->off;
+    bool req = f->flags & FL_REQ;
+    double def = (f->flags & FL_DEF1) ? 1 : (f->flags & FL_DEFM1) ? -1 : 0;
     switch (f->kind) {
     case F_STR: case F_BIN: return ((const msg_str_t *)at)->s != NULL;
-    case F_I32S: case F_U64S: case F_STRS: case F_OBJARR:
-        return (f->flags & FL_REQ) || *(const void *const *)at != NULL;
+    case F_I32S: case F_U64S: case F_STRS: case F_OBJARR: return req || *(const void *const *)at != NULL;
+    case F_U64: return req || *(const uint64_t *)at != 0;
+    case F_I64: return req || (double)*(const int64_t *)at != def;
+    case F_I32: return req || (double)*(const int32_t *)at != def;
+    case F_F32: return req || (double)*(const float *)at != def;
+    case F_F64: return req || *(const double *)at != def;
+    case F_BOOL: return req || (double)*(const bool *)at != def;
     default: return true;
     }
 }

@@ -124,7 +124,7 @@ class MockScheduler(threading.Thread):
             if rid in self.reqs and not self.reqs[rid]["finish"]:
                 self._send(sock, {"type": "error", "id": rid, "code": "duplicate", "message": "live"})
                 return
-            self.reqs[rid] = {"prompt": m["prompt"], "seed": m["seed"], "max_tokens": m["max_tokens"], "gen": [],
+            self.reqs[rid] = {"prompt": m["prompt"], "seed": m.get("seed", 0), "max_tokens": m["max_tokens"], "gen": [],
                               "finish": None, "cid": m["cid"], "client": m["client"]}
             live = sum(1 for r in self.reqs.values() if not r["finish"] and r["client"] == m["client"])
             self.max_live[m["client"]] = max(self.max_live.get(m["client"], 0), live)
