@@ -293,8 +293,10 @@ static int s_write_matrix(tpool_t *pool, s_out_t *out, const packed_tensor_t *t,
         int64_t grain = 65536 / t->cols + 1;
         tpool_run(pool, n, grain, s_chunk_fn, &c);
         if (atomic_load(&c.err) < 0) {
-            rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "pack: qmat_quantize refused '%s' [%d x %d] as %s group %d",
-                               t->name, t->rows, t->cols, wfmt_name(t->fmt), t->group);
+            rc = strata_seterr(eb, STRATA_EINVAL_INPUT,
+                               "cannot quantize '%s' [%d x %d] to %s in rows %lld..%lld: a NaN or Inf weight, or a "
+                               "scale out of range",
+                               t->name, t->rows, t->cols, wfmt_name(t->fmt), (long long)r0, (long long)(r0 + n - 1));
             goto fail;
         }
         S_TRY(s_out_write(out, dbuf, qmat_data_bytes(t->fmt, n, t->cols), eb));
@@ -403,13 +405,13 @@ int packed_write(const model_t *src, const char *src_dir, const char *out_dir, c
 
     if (o->fmt < 0 || o->fmt >= WF_COUNT || o->attn_fmt < 0 || o->attn_fmt >= WF_COUNT ||
         (o->embed_fmt != WF_F32 && o->embed_fmt != WF_BF16))
-        return strata_seterr(eb, STRATA_EINVAL_INPUT, "pack: bad format choice");
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "packed_write: bad format choice");
     if (o->fmt == WF_INT4 || o->attn_fmt == WF_INT4) {
         if (o->group != 32 && o->group != 64 && o->group != 128)
-            return strata_seterr(eb, STRATA_EINVAL_INPUT, "pack: --group must be 32, 64 or 128 (got %d)", o->group);
+            return strata_seterr(eb, STRATA_EINVAL_INPUT, "packed_write: int4 group must be 32, 64 or 128 (got %d)", o->group);
     }
     if (o->alignment < PACKED_MIN_ALIGN || o->alignment > PACKED_MAX_ALIGN || (o->alignment & (o->alignment - 1)))
-        return strata_seterr(eb, STRATA_EINVAL_INPUT, "pack: alignment %" PRIu64 " must be a power of two in [%u, %u]",
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "packed_write: alignment %" PRIu64 " must be a power of two in [%u, %u]",
                              o->alignment, PACKED_MIN_ALIGN, PACKED_MAX_ALIGN);
     if (packed_is_packed(out_dir))
         return strata_seterr(eb, STRATA_EEXISTS, "%s: already holds %s", out_dir, PACKED_MANIFEST);
@@ -423,7 +425,7 @@ int packed_write(const model_t *src, const char *src_dir, const char *out_dir, c
 
     pool = tpool_create(o->threads);
     if (!pool) {
-        rc = strata_seterr(eb, STRATA_ENOMEM, "pack: cannot start the thread pool");
+        rc = strata_seterr(eb, STRATA_ENOMEM, "packed_write: cannot start the thread pool");
         goto fail;
     }
     /* widest data of a chunk: F32, rows of at least one full row */

@@ -479,11 +479,10 @@ static const char *s_allowed_text(packed_class_t cls)
     }
 }
 
-static const packed_manifest_t *s_sort_pm;
-
-static int s_cmp_tensor_name(const void *a, const void *b)
+static int s_cmp_tensor_name(const void *a, const void *b, void *ctx)
 {
-    return strcmp(s_sort_pm->tensors[*(const int32_t *)a].name, s_sort_pm->tensors[*(const int32_t *)b].name);
+    const packed_manifest_t *pm = ctx;
+    return strcmp(pm->tensors[*(const int32_t *)a].name, pm->tensors[*(const int32_t *)b].name);
 }
 
 typedef struct {
@@ -527,8 +526,7 @@ int packed_manifest_check(const packed_manifest_t *pm, const model_config_t *c, 
         goto fail;
     }
     for (int32_t i = 0; i < pm->n_tensors; i++) order[i] = i;
-    s_sort_pm = pm;
-    qsort(order, (size_t)pm->n_tensors, sizeof *order, s_cmp_tensor_name);
+    qsort_r(order, (size_t)pm->n_tensors, sizeof *order, s_cmp_tensor_name, (void *)pm);
     for (int32_t i = 1; i < pm->n_tensors; i++) {
         const packed_tensor_t *a = &pm->tensors[order[i - 1]], *b = &pm->tensors[order[i]];
         if (!strcmp(a->name, b->name)) {

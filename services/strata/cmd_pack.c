@@ -90,6 +90,22 @@ static int s_clear_out(const char *dir)
     return rc;
 }
 
+/* A failed pack into a folder this run created: remove the files it wrote and the folder. */
+static int s_remove_created(const char *dir)
+{
+    char path[4200];
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        (void)unlink(path);
+    }
+    closedir(d);
+    return rmdir(dir);
+}
+
 /* `strata pack`; returns the exit code. */
 int cmd_pack(int argc, char **argv)
 {
@@ -98,7 +114,7 @@ int cmd_pack(int argc, char **argv)
     bool force = false, quiet = false;
     int rc = 0, r;
     model_t m;
-    bool loaded = false;
+    bool loaded = false, created = false;
     memset(&m, 0, sizeof m);
 
     for (int i = 1; i < argc; i++) {
@@ -199,6 +215,8 @@ int cmd_pack(int argc, char **argv)
         cli_error(C, "%s: cannot create: %s", out, strerror(errno));
         rc = 2;
         goto done;
+    } else {
+        created = true;
     }
     if (!quiet) {
         char g[32] = "";
@@ -215,7 +233,10 @@ int cmd_pack(int argc, char **argv)
     if (err < 0) {
         if (eb.msg[0]) cli_error(C, "%s", eb.msg);
         else cli_error(C, "%s: %s", out, strata_strerror(err));
-        cli_error(C, "%s: left without a manifest (not loadable); rerun with --force", out);
+        if (created && s_remove_created(out) == 0)
+            cli_error(C, "%s: removed (it was created by this run)", out);
+        else
+            cli_error(C, "%s: left without a manifest (not loadable); rerun with --force", out);
         rc = cli_exit_code(err);
         goto done;
     }

@@ -15,6 +15,7 @@ import glob
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,22 @@ def expect(cmd, rc_want, what, *needles):
         if not good and needles:
             print("     wanted all of: %s" % (needles,))
     return rc, out, err
+
+
+def put_nan(d):
+    """Overwrite the first element of layer 0 expert 0's gate matrix with a NaN, in place."""
+    names = ("model.layers.0.block_sparse_moe.experts.0.w1.weight", "model.layers.0.mlp.experts.0.gate_proj.weight")
+    nan = {"F32": struct.pack("<I", 0x7FC00000), "BF16": struct.pack("<H", 0x7FC0), "F16": struct.pack("<H", 0x7E00)}
+    for f in glob.glob(os.path.join(d, "*.safetensors")):
+        with open(f, "r+b") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            hdr = json.loads(fh.read(n))
+            for name in names:
+                if name in hdr and hdr[name]["dtype"] in nan:
+                    fh.seek(8 + n + hdr[name]["data_offsets"][0])
+                    fh.write(nan[hdr[name]["dtype"]])
+                    return True
+    return False
 
 
 def main():
@@ -102,6 +119,14 @@ def main():
         # a packed folder can itself be the source of a pack
         expect([S, "pack", good, os.path.join(tmp, "repack"), "--format", "int8", "--quiet"], 0, "repack")
         expect([S, "eval", good, "--tokens", toks, "--logits-out", os.path.join(tmp, "l.f32")], 0, "eval packed")
+
+        # a source with a NaN weight in an expert: refused, naming the tensor
+        nan_src = os.path.join(tmp, "nan-src")
+        shutil.copytree(fx, nan_src)
+        check(put_nan(nan_src), "planted a NaN in expert 0 of layer 0")
+        expect([S, "pack", nan_src, os.path.join(tmp, "nan-out"), "--format", "int8", "--quiet"], 2,
+               "pack of a model with a NaN weight", "layers.0.experts.0.gate", "NaN")
+        check(not os.path.exists(os.path.join(tmp, "nan-out")), "a failed pack removes the folder it created")
 
         # broken copies: exit 2 and one line naming the file and the field
         man = json.load(open(os.path.join(good, "strata-manifest.json")))
