@@ -337,35 +337,66 @@ static void s_dequant_row(const qmat_t *w, int32_t r, float *out)
     }
 }
 
+/* o[i][t] = dot(row wi, x[t]) over fp32 rows w0, w1 and T (1..4) tokens: 8 accumulators,
+ * so each weight load feeds T FMAs and each activation load feeds 2. */
+ALWAYS void s_tile2(const float *w0, const float *w1, int cols, const float *x, int64_t ldx, int T, float o[2][4])
+{
+    __m256 a0[4], a1[4];
+    for (int t = 0; t < T; t++) a0[t] = a1[t] = _mm256_setzero_ps();
+    int c = 0;
+    for (; c + 8 <= cols; c += 8) {
+        const __m256 v0 = _mm256_loadu_ps(w0 + c), v1 = _mm256_loadu_ps(w1 + c);
+        for (int t = 0; t < T; t++) {
+            const __m256 xv = _mm256_loadu_ps(x + t * ldx + c);
+            a0[t] = _mm256_fmadd_ps(v0, xv, a0[t]);
+            a1[t] = _mm256_fmadd_ps(v1, xv, a1[t]);
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        o[0][t] = s_hsum(a0[t]);
+        o[1][t] = s_hsum(a1[t]);
+        for (int k = c; k < cols; k++) {
+            o[0][t] += w0[k] * x[t * ldx + k];
+            o[1][t] += w1[k] * x[t * ldx + k];
+        }
+    }
+}
+
+/* n > 4 tokens: rows in pairs, each dequantized once per token block into the per-thread
+ * buffer, then 2-row x 4-token tiles. Token blocks keep their activations within ~256 KiB. */
 static void s_many_tokens(const mm_job_t *j, int32_t r0, int32_t r1)
 {
     const qmat_t *w = j->w;
     const int cols = w->cols;
-    float *buf = w->fmt == WF_F32 ? NULL : cpu_row_buf((size_t)cols);
-    /* token blocks whose activations fit in ~256 KiB of L2, a multiple of 4 tokens */
+    float *buf = w->fmt == WF_F32 ? NULL : cpu_row_buf((size_t)2 * cols);
     int nb = (int)(65536 / (cols > 0 ? cols : 1)) & ~3;
     if (nb < 4) nb = 4;
     for (int tb = 0; tb < j->n; tb += nb) {
         const int te = tb + nb < j->n ? tb + nb : j->n;
-        for (int32_t r = r0; r < r1; r++) {
-            const float *row = (const float *)w->data + (int64_t)r * cols;
+        for (int32_t r = r0; r < r1; r += 2) {
+            const bool two = r + 1 < r1;
+            const float *w0 = (const float *)w->data + (int64_t)r * cols, *w1 = w0 + (two ? cols : 0);
             if (buf) {
                 s_dequant_row(w, r, buf);
-                row = buf;
+                if (two) s_dequant_row(w, r + 1, buf + cols);
+                w0 = buf;
+                w1 = two ? buf + cols : buf;
             }
-            s_row_t rw = {.p = row};
-            float out[4];
-            int t = tb;
-            for (; t + 4 <= te; t += 4) {
-                s_row_dots(WF_F32, &rw, cols, j->x + (int64_t)t * j->ldx, j->ldx, 4, out);
-                for (int k = 0; k < 4; k++) mm_store(j, t + k, r, out[k]);
+            float o[2][4];
+            for (int t = tb; t < te; t += 4) {
+                const int nt = te - t < 4 ? te - t : 4;
+                const float *xt = j->x + (int64_t)t * j->ldx;
+                switch (nt) {
+                case 1: s_tile2(w0, w1, cols, xt, j->ldx, 1, o); break;
+                case 2: s_tile2(w0, w1, cols, xt, j->ldx, 2, o); break;
+                case 3: s_tile2(w0, w1, cols, xt, j->ldx, 3, o); break;
+                default: s_tile2(w0, w1, cols, xt, j->ldx, 4, o); break;
+                }
+                for (int k = 0; k < nt; k++) {
+                    mm_store(j, t + k, r, o[0][k]);
+                    if (two) mm_store(j, t + k, r + 1, o[1][k]);
+                }
             }
-            const int rem = te - t;
-            const float *xt = j->x + (int64_t)t * j->ldx;
-            if (rem == 1) s_row_dots(WF_F32, &rw, cols, xt, j->ldx, 1, out);
-            else if (rem == 2) s_row_dots(WF_F32, &rw, cols, xt, j->ldx, 2, out);
-            else if (rem == 3) s_row_dots(WF_F32, &rw, cols, xt, j->ldx, 3, out);
-            for (int k = 0; k < rem; k++) mm_store(j, t + k, r, out[k]);
         }
     }
 }
