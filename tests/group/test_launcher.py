@@ -40,6 +40,9 @@ def prefetcher_status(g, node=0, timeout_ms=3000):
         raise AssertionError("no status reply from prefetcher.%d" % node)
     r = msgpack.unpackb(s.recv(), raw=False)
     s.close()
+    # optional fields at their default are left off the wire (PROTOCOL.md)
+    r.setdefault("reattached", False)
+    r.setdefault("fill_ms", 0.0)
     return r
 
 
