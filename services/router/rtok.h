@@ -12,8 +12,8 @@
 typedef struct rtok rtok_t;
 typedef struct rtok_stream rtok_stream_t;
 
-/* Load tokenizer.json at path. 0 and *out (NULL if this build has no tokenizer: prompts must
- * then be token ids), or <0 with eb naming the file and the problem. */
+/* Load tokenizer.json at path (or a folder holding one). 0 and *out, or <0 with eb naming
+ * the file and the problem. */
 int rtok_open(const char *path, rtok_t **out, strata_errbuf_t *eb);
 void rtok_close(rtok_t *t);
 /* Tokenize a prompt (UTF-8, len bytes) as the model expects it (bos added when the

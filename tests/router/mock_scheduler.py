@@ -3,7 +3,7 @@
 
 Token i of a request is a pure function of (prompt, seed, i), like the real group's
 deterministic sampling; a prompt starting with token EOS_TRIGGER ends with eos after 3
-tokens. One token per live request every `tick` seconds. Finished requests are kept for
+tokens; with seed ECHO_SEED the answer repeats the prompt's tokens (text tests). One token per live request every `tick` seconds. Finished requests are kept for
 resume. Knobs for tests: drop_every (drop every n-th tokens event: the router must notice
 the gap), restart() (new instance, all state lost), paused.
 """
@@ -18,15 +18,20 @@ VOCAB = 300
 MAX_CONTEXT = 64
 EOS = 2
 EOS_TRIGGER = 1
+ECHO_SEED = 4242
 
 
-def token_at(prompt, seed, i):
-    return (sum(prompt) * 31 + seed * 7 + i * 17) % (VOCAB - 10) + 5
+def token_at(prompt, seed, i, vocab=VOCAB):
+    if seed == ECHO_SEED:
+        return prompt[i % len(prompt)]
+    return (sum(prompt) * 31 + seed * 7 + i * 17) % (vocab - 10) + 5
 
 
 class MockScheduler(threading.Thread):
-    def __init__(self, endpoint, tick=0.005):
+    def __init__(self, endpoint, tick=0.005, vocab=VOCAB, eos=EOS):
         super().__init__(daemon=True)
+        self.vocab = vocab
+        self.eos = eos
         self.endpoint = endpoint
         self.tick = tick
         self.instance = int.from_bytes(os.urandom(7), "little") + 1
@@ -98,13 +103,13 @@ class MockScheduler(threading.Thread):
                 if r["finish"]:
                     continue
                 i = len(r["gen"])
-                if r["prompt"][0] == EOS_TRIGGER and i == 3:
-                    t = EOS
+                if r["prompt"][0] == EOS_TRIGGER and i == 3 and r["seed"] != ECHO_SEED:
+                    t = self.eos
                 else:
-                    t = token_at(r["prompt"], r["seed"], i)
+                    t = token_at(r["prompt"], r["seed"], i, self.vocab)
                 r["gen"].append(t)
                 self._tokens(sock, rid, i, [t])
-                if t == EOS:
+                if t == self.eos and not r["ignore_eos"]:
                     r["finish"] = "stop"
                 elif len(r["gen"]) >= r["max_tokens"]:
                     r["finish"] = "length"
@@ -117,7 +122,7 @@ class MockScheduler(threading.Thread):
         t, rid = m["type"], m.get("id")
         if t == "hello":
             self._send(sock, {"type": "hello", "instance": self.instance, "pid": os.getpid(), "model": "mock",
-                              "vocab": VOCAB, "max_context": MAX_CONTEXT, "bos_id": -1, "eos_id": EOS,
+                              "vocab": self.vocab, "max_context": MAX_CONTEXT, "bos_id": -1, "eos_id": self.eos,
                               "kv_blocks": 0, "block_size": 16, "load_ms": 0.0})
         elif t == "submit":
             self.submits += 1
@@ -125,7 +130,8 @@ class MockScheduler(threading.Thread):
                 self._send(sock, {"type": "error", "id": rid, "code": "duplicate", "message": "live"})
                 return
             self.reqs[rid] = {"prompt": m["prompt"], "seed": m.get("seed", 0), "max_tokens": m["max_tokens"], "gen": [],
-                              "finish": None, "cid": m["cid"], "client": m["client"]}
+                              "finish": None, "cid": m["cid"], "client": m["client"],
+                              "ignore_eos": m.get("ignore_eos", False)}
             live = sum(1 for r in self.reqs.values() if not r["finish"] and r["client"] == m["client"])
             self.max_live[m["client"]] = max(self.max_live.get(m["client"], 0), live)
         elif t == "cancel":

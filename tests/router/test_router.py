@@ -9,6 +9,10 @@
     test_router.py ROUTER_BIN resume      streaming, stream=false, cancel, client gone,
                                           router kill -9 + resume, scheduler restart, lost
                                           events, SIGTERM
+    test_router.py ROUTER_BIN text STRATA_BIN TOKENIZER_JSON
+                                          the router's tokenizer: text prompts, streamed
+                                          text (never broken UTF-8), stop strings, resume
+                                          with text, `strata client --prompt`
 
 Every check prints PASS/FAIL; the exit status is the number of failures (capped).
 """
@@ -29,7 +33,7 @@ import zmq
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "proto", "python"))
 sys.path.insert(0, HERE)
-from mock_scheduler import EOS, EOS_TRIGGER, MAX_CONTEXT, MockScheduler, token_at  # noqa: E402
+from mock_scheduler import ECHO_SEED, EOS, EOS_TRIGGER, MAX_CONTEXT, MockScheduler, token_at  # noqa: E402
 from strata_client import StrataClient, StrataError  # noqa: E402
 
 FAILS = 0
@@ -53,7 +57,8 @@ def free_port():
 class Group:
     """A temp run dir, a config, the mock scheduler thread and the router process."""
 
-    def __init__(self, router_bin, tick=0.005, max_frame=4096, max_queue=256, per_client=8):
+    def __init__(self, router_bin, tick=0.005, max_frame=4096, max_queue=256, per_client=8, tokenizer=None,
+                 vocab=300, eos=EOS):
         self.bin = router_bin
         self.dir = tempfile.mkdtemp(prefix="strata-rt-")
         self.port = free_port()
@@ -61,10 +66,12 @@ class Group:
         self.cfg = os.path.join(self.dir, "group.ini")
         with open(self.cfg, "w") as f:
             f.write("[group]\nname = rt%d\nrun_dir = %s\n" % (os.getpid(), self.dir))
+            if tokenizer:
+                f.write("tokenizer = %s\n" % tokenizer)
             f.write("[router]\nendpoint = %s\nmax_frame_bytes = %d\nmax_queue = %d\nmax_inflight_per_client = %d\n"
                     % (self.endpoint, max_frame, max_queue, per_client))
             f.write("[scheduler]\nendpoint = ipc://{run_dir}/scheduler.sock\n")
-        self.mock = MockScheduler("ipc://%s/scheduler.sock" % self.dir, tick=tick)
+        self.mock = MockScheduler("ipc://%s/scheduler.sock" % self.dir, tick=tick, vocab=vocab, eos=eos)
         self.mock.start()
         self.mock.ready.wait(5)
         self.proc = None
@@ -414,15 +421,87 @@ def test_resume(g):
               "in-flight client told shutting_down (%r)" % last)
 
 
+def test_text(g, strata_bin):
+    def text_of(c, prompt, **kw):
+        evs = list(c.generate(prompt, **kw))
+        return "".join(e["text"] for e in evs), [t for e in evs for t in e["tokens"]], c.last_done
+
+    with g.client() as c:
+        prompt = "Hello there, naïve café 😀 — ok"
+        # the mock echoes the prompt's tokens: the streamed text must be the prompt again
+        text, toks, d = text_of(c, prompt, max_tokens=200, seed=ECHO_SEED)
+        n = d["usage"]["prompt_tokens"]
+        check(n > 0 and text.startswith(prompt), "text prompt tokenized, answer detokenized (%r...)" % text[:40])
+        text, toks, d = text_of(c, prompt, max_tokens=n, seed=ECHO_SEED)
+        check(text == prompt and len(toks) == n, "exactly the prompt's %d tokens give back the prompt text" % n)
+        text2, toks2, d2 = c.complete(prompt, max_tokens=n, seed=ECHO_SEED, stream=False)
+        check(text2 == prompt and toks2 == toks and d2["finish_reason"] == "length", "stream=false: same text")
+
+        # stop strings: cut before the match, finish stop, the scheduler told to cancel
+        n_cancel = len(g.mock.cancels)
+        text, toks, d = text_of(c, "one two. User: three four five six", max_tokens=60, seed=ECHO_SEED,
+                                stop=["User:"])
+        check(text == "one two. " and d["finish_reason"] == "stop", "stop string cuts the text (%r, %s)"
+              % (text, d["finish_reason"]))
+        time.sleep(0.1)
+        check(len(g.mock.cancels) > n_cancel, "a stop string cancels the request at the scheduler")
+        text, toks, d = text_of(c, "abc déf ghi", max_tokens=60, seed=ECHO_SEED, stop=["éf g", "zzz"])
+        check(text == "abc d" and d["finish_reason"] == "stop", "stop string with multi-byte text (%r)" % text)
+        text, toks, d = text_of(c, "abc déf", max_tokens=60, seed=ECHO_SEED, stop=["xyz"])
+        check(d["finish_reason"] == "length" and text.startswith("abc déf"), "no match: full text, length")
+
+        # a text prompt longer than the context
+        try:
+            c.complete("word " * 200, max_tokens=4)
+            check(False, "a text prompt longer than the context is refused")
+        except StrataError as e:
+            check(e.code == "context_overflow", "text prompt longer than the context: %s" % e)
+
+    # router kill -9 while streaming text: resume with text_from gives the exact text
+    g.mock.tick = 0.02
+    prompt = "Quick ünïcödé ✓ 😀 fox."
+    with g.client(resume_after=1.0, timeout=30) as c:
+        ref = c.complete(prompt, max_tokens=45, seed=ECHO_SEED)[0]
+        full, killed = [], False
+        for ev in c.generate(prompt, max_tokens=45, seed=ECHO_SEED):
+            full.append(ev["text"])
+            if len("".join(full)) > 10 and not killed:
+                killed = True
+                g.proc.kill()
+                g.proc.wait()
+                time.sleep(0.3)
+                g.start_router()
+        got = "".join(full)
+        check(killed and got == ref and ref.startswith(prompt) and c.last_done["finish_reason"] == "length",
+              "router kill -9 mid-text: resumed text is exact (%d chars): %r vs %r %r" % (len(got), got, ref, c.last_done))
+    g.mock.tick = 0.005
+
+    # strata client --prompt streams the text to stdout
+    p = subprocess.run([strata_bin, "client", "--endpoint", g.endpoint, "--prompt", "Bonjour à tous",
+                        "--max-tokens", "64", "--seed", str(ECHO_SEED), "--stop", "tous"],
+                       capture_output=True, text=True, timeout=30)
+    check(p.returncode == 0 and p.stdout == "Bonjour à \n", "strata client --prompt --stop: %r rc=%d %s"
+          % (p.stdout, p.returncode, p.stderr.strip()))
+    p = subprocess.run([strata_bin, "client", "--endpoint", g.endpoint, "--prompt", "x", "--max-tokens", "2",
+                        "--top-p", "7"], capture_output=True, text=True, timeout=30)
+    check(p.returncode == 2, "strata client refuses --top-p 7 (rc=%d, %s)" % (p.returncode, p.stderr.strip()))
+
+
 def main():
-    if len(sys.argv) != 3 or sys.argv[2] not in ("bad_input", "resume"):
+    if len(sys.argv) < 3 or sys.argv[2] not in ("bad_input", "resume", "text") or \
+            (sys.argv[2] == "text" and len(sys.argv) != 5):
         print(__doc__)
         return 2
-    g = Group(sys.argv[1])
+    if sys.argv[2] == "text":
+        g = Group(sys.argv[1], tokenizer=os.path.abspath(sys.argv[4]), vocab=1000, eos=-1)
+    else:
+        g = Group(sys.argv[1])
     try:
         if sys.argv[2] == "bad_input":
             test_bad_input(g)
             test_flood(g)
+        elif sys.argv[2] == "text":
+            test_text(g, sys.argv[3])
         else:
             test_resume(g)
     finally:
