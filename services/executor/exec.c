@@ -1,0 +1,366 @@
+/* exec.c - step plans on the CPU (model_forward) or a GPU (model/gpu.h); see exec.h. */
+#include "services/executor/exec.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/threadpool.h"
+#include "model/generate.h"
+#ifdef STRATA_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#include "model/gpu.h"
+#endif
+
+#define RNG_CACHE 4096 /* direct-mapped cache of per-request RNG states (a power of two) */
+
+typedef enum { BK_CPU = 0, BK_CUDA = 1 } backend_t;
+
+/* The RNG state of one request after n draws, so the next draw costs one step instead of n. */
+typedef struct {
+    uint64_t req, seed, n;   /* n: draws taken from the stream seeded with seed */
+    sampler_rng_t rng;
+    bool used;
+} rng_slot_t;
+
+struct exec {
+    const model_t *m;
+    exec_opts_t o;
+    backend_t bk;
+    uint64_t instance;
+    int32_t max_context;
+    /* cpu */
+    tpool_t *pool;
+    forward_ctx_t *fwd;
+    kv_cache_t kv;
+    /* cuda */
+#ifdef STRATA_HAVE_CUDA
+    gpu_model_t *gpu;
+#endif
+    /* one step, built from the plan */
+    int32_t *tok, *pos, *seq;           /* [o.max_tokens] */
+    const int32_t **tables;             /* [MSG_MAX_STEP_SEQS] block table per sequence */
+    int32_t *rows;                      /* [MSG_MAX_STEP_SEQS] logit row -> token index */
+    int32_t *row_of;                    /* [MSG_MAX_STEP_SEQS] sequence -> its logit row or -1 */
+    int32_t *ids;                       /* [MSG_MAX_STEP_SEQS] greedy ids from the GPU */
+    float *logits;                      /* [logits_rows][vocab] */
+    int32_t logits_rows;
+    rng_slot_t *rng;                    /* [RNG_CACHE] */
+    exec_stats_t st;
+};
+
+void exec_opts_default(exec_opts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    snprintf(o->backend, sizeof o->backend, "cpu");
+    o->kv_blocks = 2048;
+    o->block_size = 16;
+    o->max_tokens = 256;
+}
+
+static void s_sampler_skip(sampler_rng_t *r, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++) (void)sampler_rng_uniform(r);
+}
+
+double exec_draw(uint64_t seed, uint64_t n)
+{
+    sampler_rng_t r;
+    sampler_rng_seed(&r, seed);
+    s_sampler_skip(&r, n);
+    return sampler_rng_uniform(&r);
+}
+
+/* Draw number n of request req's stream (seed): from the cached state when it is at n, else
+ * from the seed (a replay, a preempted request, or a cache collision). */
+static double s_draw(exec_t *e, uint64_t req, uint64_t seed, uint64_t n)
+{
+    rng_slot_t *c = &e->rng[(req * 0x9E3779B97F4A7C15ull) >> 52 & (RNG_CACHE - 1)];
+    if (!c->used || c->req != req || c->seed != seed || c->n > n) {
+        c->used = true;
+        c->req = req;
+        c->seed = seed;
+        c->n = 0;
+        sampler_rng_seed(&c->rng, seed);
+    }
+    s_sampler_skip(&c->rng, n - c->n);
+    c->n = n + 1;
+    return sampler_rng_uniform(&c->rng);
+}
+
+static int s_cpu_count(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    return 0;
+}
+
+int exec_create(exec_t **out, const model_t *m, const exec_opts_t *o, strata_errbuf_t *eb)
+{
+    int rc = 0;
+    *out = NULL;
+    if (o->kv_blocks <= 0 || o->block_size <= 0 || o->max_tokens <= 0)
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "executor: kv_blocks %d, block_size %d and max tokens %d must be > 0",
+                             o->kv_blocks, o->block_size, o->max_tokens);
+    exec_t *e = calloc(1, sizeof *e);
+    if (!e) return STRATA_ENOMEM;
+    e->m = m;
+    e->o = *o;
+    while (e->instance == 0)
+        if (getrandom(&e->instance, sizeof e->instance, 0) != (ssize_t)sizeof e->instance) e->instance = strata_now_ns();
+    int64_t mc = m->cfg.max_pos > 0 ? m->cfg.max_pos : INT32_MAX;
+    if (o->max_context > 0 && o->max_context < mc) mc = o->max_context;
+    if ((int64_t)o->kv_blocks * o->block_size < mc) mc = (int64_t)o->kv_blocks * o->block_size;
+    e->max_context = (int32_t)mc;
+
+    size_t T = (size_t)o->max_tokens;
+    e->tok = malloc(T * sizeof *e->tok);
+    e->pos = malloc(T * sizeof *e->pos);
+    e->seq = malloc(T * sizeof *e->seq);
+    e->tables = malloc(MSG_MAX_STEP_SEQS * sizeof *e->tables);
+    e->rows = malloc(MSG_MAX_STEP_SEQS * sizeof *e->rows);
+    e->row_of = malloc(MSG_MAX_STEP_SEQS * sizeof *e->row_of);
+    e->ids = malloc(MSG_MAX_STEP_SEQS * sizeof *e->ids);
+    e->rng = calloc(RNG_CACHE, sizeof *e->rng);
+    if (!e->tok || !e->pos || !e->seq || !e->tables || !e->rows || !e->row_of || !e->ids || !e->rng) {
+        rc = STRATA_ENOMEM;
+        goto fail;
+    }
+
+    if (!strcmp(o->backend, "cpu")) {
+        e->bk = BK_CPU;
+        int n = o->threads > 0 ? o->threads : s_cpu_count();
+        e->pool = tpool_create(n);
+        if (!e->pool) {
+            rc = strata_seterr(eb, STRATA_ENOMEM, "executor: cannot start %d worker threads", n);
+            goto fail;
+        }
+        if ((rc = kv_cache_init(&e->kv, &m->cfg, o->kv_blocks, o->block_size)) < 0) {
+            strata_seterr(eb, rc, "executor: KV cache of %d blocks x %d tokens: %s", o->kv_blocks, o->block_size,
+                          strata_strerror(rc));
+            goto fail;
+        }
+        e->fwd = forward_ctx_create(m, o->max_tokens, e->pool);
+        if (!e->fwd) {
+            rc = strata_seterr(eb, STRATA_ENOMEM, "executor: forward buffers for %d tokens", o->max_tokens);
+            goto fail;
+        }
+    } else if (!strcmp(o->backend, "cuda")) {
+        e->bk = BK_CUDA;
+#ifdef STRATA_HAVE_CUDA
+        if (cuda_device_count() <= 0) {
+            rc = strata_seterr(eb, STRATA_EUNSUPPORTED, "executor: backend = cuda, but this machine has no CUDA device");
+            goto fail;
+        }
+        gpu_opts_t go;
+        gpu_opts_default(&go);
+        go.gpu_mem = o->gpu_mem;
+        go.kv_blocks = o->kv_blocks;
+        go.block_size = o->block_size;
+        go.max_tokens = o->max_tokens;
+        if ((rc = gpu_model_create(&e->gpu, m, &go, eb)) < 0) goto fail;
+#else
+        rc = strata_seterr(eb, STRATA_EUNSUPPORTED, "executor: backend = cuda, but this build has no CUDA (nvcc was not found at build time)");
+        goto fail;
+#endif
+    } else {
+        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "executor: backend '%s' is not cpu or cuda", o->backend);
+        goto fail;
+    }
+    *out = e;
+    return 0;
+fail:
+    exec_free(e);
+    return rc;
+}
+
+void exec_free(exec_t *e)
+{
+    if (!e) return;
+    forward_ctx_free(e->fwd);
+    kv_cache_free(&e->kv);
+    tpool_destroy(e->pool);
+#ifdef STRATA_HAVE_CUDA
+    gpu_model_free(e->gpu);
+#endif
+    free(e->tok);
+    free(e->pos);
+    free(e->seq);
+    free(e->tables);
+    free(e->rows);
+    free(e->row_of);
+    free(e->ids);
+    free(e->logits);
+    free(e->rng);
+    free(e);
+}
+
+uint64_t exec_instance(const exec_t *e) { return e->instance; }
+
+int32_t exec_max_context(const exec_t *e) { return e->max_context; }
+
+__attribute__((format(printf, 5, 6)))
+static int s_refuse(exec_t *e, msg_errcode_t *code, char *text, size_t tlen, const char *fmt, ...)
+{
+    e->st.bad_plans++;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, tlen, fmt, ap);
+    va_end(ap);
+    (void)code;
+    return STRATA_EINVAL_INPUT;
+}
+
+/* Check the whole plan before anything runs: a refused plan leaves the KV cache untouched. */
+static int s_validate(exec_t *e, const msg_step_t *st, msg_errcode_t *code, char *text, size_t tlen)
+{
+    *code = MSG_E_INVALID_PARAM;
+    if (st->instance != 0 && st->instance != e->instance) {
+        *code = MSG_E_UNAVAILABLE;
+        return s_refuse(e, code, text, tlen, "stale instance");
+    }
+    if (st->n_seqs < 1 || st->n_seqs > MSG_MAX_STEP_SEQS)
+        return s_refuse(e, code, text, tlen, "step: field 'seqs': %d sequences, must be 1..%d", st->n_seqs, MSG_MAX_STEP_SEQS);
+    int64_t total = 0;
+    const int32_t bs = e->o.block_size, vocab = e->m->cfg.vocab;
+    for (int32_t i = 0; i < st->n_seqs; i++) {
+        const msg_step_seq_t *q = &st->seqs[i];
+        total += q->n_tokens;
+        if (total > e->o.max_tokens)
+            return s_refuse(e, code, text, tlen, "step: field 'seqs': more than %d tokens in one step (max_batch_tokens)",
+                            e->o.max_tokens);
+        int64_t end = (int64_t)q->pos0 + q->n_tokens;
+        if (q->n_tokens < 1 || q->pos0 < 0 || end > e->max_context)
+            return s_refuse(e, code, text, tlen, "step: seqs[%d] field 'pos0': positions %d..%lld outside the context of %d", i,
+                            q->pos0, (long long)end - 1, e->max_context);
+        int64_t need = (end + bs - 1) / bs;
+        if (q->n_blocks < need)
+            return s_refuse(e, code, text, tlen, "step: seqs[%d] field 'blocks': %d blocks for position %lld, need %lld", i,
+                            q->n_blocks, (long long)end - 1, (long long)need);
+        for (int64_t b = 0; b < need; b++)
+            if (q->blocks[b] < 0 || q->blocks[b] >= e->o.kv_blocks)
+                return s_refuse(e, code, text, tlen, "step: seqs[%d] field 'blocks[%lld]': block %d outside the KV cache [0, %d)",
+                                i, (long long)b, q->blocks[b], e->o.kv_blocks);
+        for (int32_t t = 0; t < q->n_tokens; t++)
+            if (q->tokens[t] < 0 || q->tokens[t] >= vocab)
+                return s_refuse(e, code, text, tlen, "step: seqs[%d] field 'tokens[%d]': id %d outside the vocab [0, %d)", i, t,
+                                q->tokens[t], vocab);
+    }
+    return 0;
+}
+
+int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_us, double *sample_us,
+              msg_errcode_t *code, char *text, size_t tlen)
+{
+    int rc = 0;
+    *forward_us = *sample_us = 0;
+    text[0] = 0;
+    if ((rc = s_validate(e, st, code, text, tlen)) < 0) return rc;
+    *code = MSG_E_INTERNAL;
+
+    /* tokens of every sequence, in plan order; one logit row per sampled sequence */
+    int32_t n = 0, n_logits = 0;
+    bool all_greedy = true;
+    for (int32_t i = 0; i < st->n_seqs; i++) {
+        const msg_step_seq_t *q = &st->seqs[i];
+        e->tables[i] = q->blocks;
+        for (int32_t t = 0; t < q->n_tokens; t++, n++) {
+            e->tok[n] = q->tokens[t];
+            e->pos[n] = q->pos0 + t;
+            e->seq[n] = i;
+        }
+        e->row_of[i] = -1;
+        if (q->sample) {
+            e->row_of[i] = n_logits;
+            e->rows[n_logits++] = n - 1;
+            all_greedy &= q->samp.temperature <= 0;
+        }
+    }
+    const size_t vocab = (size_t)e->m->cfg.vocab;
+    if (n_logits > e->logits_rows) {
+        float *nl = realloc(e->logits, (size_t)n_logits * vocab * sizeof *nl);
+        if (!nl) {
+            snprintf(text, tlen, "out of memory for %d x %zu logits", n_logits, vocab);
+            return STRATA_ENOMEM;
+        }
+        e->logits = nl;
+        e->logits_rows = n_logits;
+    }
+    batch_t b = {
+        .n_tokens = n,
+        .tokens = e->tok,
+        .pos = e->pos,
+        .seq = e->seq,
+        .block_tables = e->tables,
+        .n_logits = n_logits,
+        .logit_rows = e->rows,
+    };
+    double t0 = strata_now();
+    bool have_ids = false;
+    if (e->bk == BK_CPU) {
+        rc = model_forward(e->fwd, &e->kv, &b, n_logits ? e->logits : NULL);
+    } else {
+#ifdef STRATA_HAVE_CUDA
+        if (n_logits && all_greedy) {
+            rc = gpu_forward_greedy(e->gpu, &b, e->ids);
+            have_ids = true;
+        } else {
+            rc = gpu_forward(e->gpu, &b, n_logits ? e->logits : NULL);
+        }
+#else
+        rc = STRATA_EUNSUPPORTED;
+#endif
+    }
+    double t1 = strata_now();
+    if (rc < 0) {
+        snprintf(text, tlen, "forward pass failed: %s", strata_strerror(rc));
+        return rc;
+    }
+    for (int32_t i = 0; i < st->n_seqs; i++) {
+        const msg_step_seq_t *q = &st->seqs[i];
+        int32_t r = e->row_of[i];
+        if (r < 0) {
+            tokens[i] = -1;
+            continue;
+        }
+        if (have_ids) {
+            tokens[i] = e->ids[r];
+            continue;
+        }
+        double u = s_draw(e, q->req, q->samp.seed, q->n_sampled);
+        tokens[i] = cpu_sample(e->logits + (size_t)r * vocab, (int)vocab, q->samp.temperature, q->samp.top_k, q->samp.top_p, u);
+    }
+    double t2 = strata_now();
+    *forward_us = (t1 - t0) * 1e6;
+    *sample_us = (t2 - t1) * 1e6;
+    e->st.steps++;
+    e->st.tokens += (uint64_t)n;
+    e->st.sampled += (uint64_t)n_logits;
+    e->st.forward_us += *forward_us;
+    e->st.sample_us += *sample_us;
+    return 0;
+}
+
+void exec_get_stats(const exec_t *e, exec_stats_t *st)
+{
+    *st = e->st;
+#ifdef STRATA_HAVE_CUDA
+    if (e->gpu) {
+        gpu_stats_t g;
+        gpu_get_stats(e->gpu, &g);
+        st->has_cache = true;
+        st->hits = g.hits;
+        st->misses = g.misses;
+        st->prefetches = g.prefetches;
+        st->prefetch_used = g.prefetch_used;
+        st->bytes_h2d = g.bytes_h2d;
+        st->slots = g.slots;
+        st->n_experts_total = g.n_experts_total;
+    }
+#endif
+}

@@ -1,0 +1,74 @@
+/* exec.h - the executor's engine: runs the scheduler's step plans on a model.
+ *
+ * An exec_t owns the KV cache (kv_blocks x block_size, paged; block ids in a plan index it)
+ * and the compute backend: "cpu" (model_forward over a thread pool) or "cuda" (model/gpu.h,
+ * whose KV cache lives on the GPU). It holds no request state: everything it needs comes in
+ * each plan (proto/msg.h msg_step_t), so a new executor continues any sequence once the
+ * scheduler has re-prefilled it.
+ *
+ * Sampling is deterministic per sequence: the uniform number for a sequence's next token is
+ * draw number n_sampled of the xoshiro256** stream seeded with the sequence's seed
+ * (model/generate.h sampler_rng_*), the same stream `strata generate` draws from one token
+ * at a time. So a token depends only on (logits, sampling params, seed, n_sampled), and a
+ * replay after a restart draws the same numbers.
+ *
+ * The service loop (main.c) adds the ZeroMQ socket; tests drive exec_step directly.
+ */
+#ifndef STRATA_EXEC_H
+#define STRATA_EXEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model/model.h"
+#include "proto/msg.h"
+
+typedef struct exec exec_t;
+
+typedef struct {
+    char backend[16];      /* "cpu" or "cuda" */
+    int threads;           /* cpu: worker threads, 0 = all online cpus */
+    int64_t gpu_mem;       /* cuda: memory budget in bytes, 0 = no budget */
+    int32_t kv_blocks;     /* KV cache blocks */
+    int32_t block_size;    /* tokens per block */
+    int32_t max_tokens;    /* most tokens one step carries (the scheduler's max_batch_tokens) */
+    int32_t max_context;   /* highest position + 1 a sequence may reach; 0 = the model's max_pos */
+} exec_opts_t;
+
+/* Counters since exec_create; the cache fields are filled by the cuda backend only. */
+typedef struct {
+    uint64_t steps, tokens, sampled, bad_plans;
+    double forward_us, sample_us;   /* totals */
+    bool has_cache;                 /* the fields below are meaningful */
+    uint64_t hits, misses, prefetches, prefetch_used, bytes_h2d;
+    int32_t slots, n_experts_total;
+} exec_stats_t;
+
+/* Defaults: cpu, all threads, 2048 blocks of 16, 256 tokens a step, model's context. */
+void exec_opts_default(exec_opts_t *o);
+
+/* An engine for model m (which must outlive it) under o. Fresh random instance id. Returns 0,
+ * STRATA_EUNSUPPORTED (backend not built or no GPU: a configuration problem) or <0, eb set. */
+int exec_create(exec_t **out, const model_t *m, const exec_opts_t *o, strata_errbuf_t *eb);
+void exec_free(exec_t *e);
+
+/* Random per exec_create, never 0. */
+uint64_t exec_instance(const exec_t *e);
+/* Positions a sequence may reach: min(model max_pos, opts.max_context, kv_blocks*block_size). */
+int32_t exec_max_context(const exec_t *e);
+
+/* Run plan st: tokens[st->n_seqs] receives each sequence's sampled token (-1 where sample is
+ * false); *forward_us / *sample_us the time spent. A plan that is not valid for this engine
+ * (stale instance, too many tokens, positions or blocks outside the cache, token ids outside
+ * the vocab) is refused before anything runs: returns STRATA_EINVAL_INPUT with *code
+ * (MSG_E_UNAVAILABLE for a stale instance, else MSG_E_INVALID_PARAM) and text[tlen] naming
+ * the sequence and field. A compute failure returns another <0 with MSG_E_INTERNAL. */
+int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_us, double *sample_us,
+              msg_errcode_t *code, char *text, size_t tlen);
+
+void exec_get_stats(const exec_t *e, exec_stats_t *st);
+
+/* The uniform draw number n of the stream seeded with seed (sampler_rng_*), as exec_step uses it. */
+double exec_draw(uint64_t seed, uint64_t n);
+
+#endif

@@ -1,0 +1,298 @@
+/* strata-executor - runs the scheduler's step plans on the model (exec.h), with the weights
+ * mapped read-only from the node weight arenas (exec_model.h).
+ *
+ * Sockets: a ROUTER bound at [executor] endpoint (HANDOVER, so a restarted scheduler takes
+ * its routing id over; MANDATORY, so sends to a vanished peer fail instead of queueing).
+ * Each `step` is answered by one `result` or `error` with the same id; `hello` by `hello`.
+ * At start, until the scheduler has spoken, it also sends an unsolicited `hello` to the
+ * routing id "scheduler" every 200 ms: that is how a running scheduler learns at once that
+ * the executor restarted (new instance, empty KV) and replays its live sequences.
+ *
+ * The step runs on the main thread (model_forward's worker pool does the parallel work), so
+ * a long step delays the next message; the scheduler waits for the result.
+ *
+ * Exit codes: 0 clean stop, 1 runtime failure (restart me), 2 bad config, bad model or a
+ * backend this build or machine does not have (do not restart).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <libgen.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common/config.h"
+#include "common/notify.h"
+#include "common/strata.h"
+#include "proto/msg.h"
+#include "proto/zmsg.h"
+#include "services/executor/exec.h"
+#include "services/executor/exec_model.h"
+
+#define HELLO_EVERY_S 0.2
+#define SCHED_ID "scheduler"
+
+static volatile sig_atomic_t s_stop;
+
+static void s_on_signal(int sig)
+{
+    (void)sig;
+    s_stop = 1;
+}
+
+static void s_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: strata-executor --config FILE\n\n"
+            "Runs the scheduler's step plans (proto/PROTOCOL.md, \"Scheduler <-> executor\") on the group's\n"
+            "model: [executor] backend = cpu (thread pool) or cuda (one GPU under gpu_mem). The weights are\n"
+            "mapped read-only from the prefetchers' shm arenas, so a restart reads no model file from disk;\n"
+            "KV cache: [scheduler] kv_blocks x block_size. Binds a ROUTER at [executor] endpoint.\n\n"
+            "  --config FILE   the group config (INI, common/config.h)\n"
+            "  --help          this text\n\n"
+            "Exit codes: 0 clean stop (SIGTERM/SIGINT), 1 runtime failure, 2 bad config, model or backend.\n");
+}
+
+typedef struct {
+    const strata_config_t *cfg;
+    exec_model_t em;
+    exec_t *ex;
+    void *zctx, *sock;
+    msg_buf_t buf;
+    char model_name[257];
+    int32_t *tokens;       /* [MSG_MAX_STEP_SEQS] */
+    bool heard;            /* the scheduler has sent something */
+    double t_hello;
+} svc_t;
+
+static void s_hello(svc_t *S, msg_hello_t *h)
+{
+    const model_config_t *c = &S->em.m.cfg;
+    memset(h, 0, sizeof *h);
+    h->instance = exec_instance(S->ex);
+    h->pid = (int32_t)getpid();
+    h->model = msg_str(S->model_name);
+    h->vocab = c->vocab;
+    h->max_context = exec_max_context(S->ex);
+    h->bos_id = c->bos_id;
+    h->eos_id = c->eos_id;
+    h->kv_blocks = S->cfg->scheduler.kv_blocks;
+    h->block_size = S->cfg->scheduler.block_size;
+    h->load_ms = S->em.load_ms;
+}
+
+static int s_send_hello(svc_t *S, const void *route, size_t len, int flags)
+{
+    msg_t m;
+    msg_init(&m, MSG_EXEC_HELLO_REPLY);
+    s_hello(S, &m.u.hello);
+    return zmsg_send(S->sock, route, len, &m, &S->buf, flags);
+}
+
+static void s_on_step(svc_t *S, const void *route, size_t len, const msg_t *in)
+{
+    const msg_step_t *st = &in->u.step;
+    double fwd = 0, smp = 0;
+    msg_errcode_t code = MSG_E_NONE;
+    char text[300];
+    int rc = exec_step(S->ex, st, S->tokens, &fwd, &smp, &code, text, sizeof text);
+    if (rc < 0) {
+        if (code != MSG_E_UNAVAILABLE) log_warn("step %llu refused: %s", (unsigned long long)in->id, text);
+        zmsg_send_error(S->sock, route, len, MSG_EXEC_ERROR, true, in->id, code, text, &S->buf, 0);
+        return;
+    }
+    uint64_t *reqs = malloc((size_t)st->n_seqs * sizeof *reqs);
+    if (!reqs) {
+        zmsg_send_error(S->sock, route, len, MSG_EXEC_ERROR, true, in->id, MSG_E_INTERNAL, "out of memory", &S->buf, 0);
+        return;
+    }
+    for (int32_t i = 0; i < st->n_seqs; i++) reqs[i] = st->seqs[i].req;
+    msg_t m;
+    msg_init(&m, MSG_STEP_RESULT);
+    m.has_id = true;
+    m.id = in->id;
+    m.u.result.instance = exec_instance(S->ex);
+    m.u.result.n_seqs = st->n_seqs;
+    m.u.result.reqs = reqs;
+    m.u.result.tokens = S->tokens;
+    m.u.result.forward_us = fwd;
+    m.u.result.sample_us = smp;
+    rc = zmsg_send(S->sock, route, len, &m, &S->buf, 0);
+    if (rc < 0) log_warn("send result of step %llu: %s", (unsigned long long)in->id, strata_strerror(rc));
+    free(reqs);
+}
+
+/* One message from the ROUTER socket: [routing id][payload]. 1 handled, 0 none, <0 error. */
+static int s_recv(svc_t *S)
+{
+    zmq_msg_t idf, body;
+    zmq_msg_init(&idf);
+    if (zmq_msg_recv(&idf, S->sock, ZMQ_DONTWAIT) < 0) {
+        int e = zmq_errno();
+        zmq_msg_close(&idf);
+        return e == EAGAIN || e == EINTR ? 0 : -e;
+    }
+    zmq_msg_init(&body);
+    int frames = 0;
+    bool more = zmq_msg_more(&idf);
+    while (more) {
+        zmq_msg_t f;
+        zmq_msg_init(&f);
+        if (zmq_msg_recv(&f, S->sock, 0) < 0) {
+            zmq_msg_close(&f);
+            break;
+        }
+        more = zmq_msg_more(&f);
+        if (frames++ == 0) zmq_msg_move(&body, &f);
+        zmq_msg_close(&f);
+    }
+    const void *route = zmq_msg_data(&idf);
+    size_t len = zmq_msg_size(&idf);
+    S->heard = true;
+    if (frames != 1) {
+        zmsg_send_error(S->sock, route, len, MSG_EXEC_ERROR, false, 0, MSG_E_MALFORMED,
+                        "a message must be exactly one frame after the routing id", &S->buf, 0);
+    } else {
+        msg_t m;
+        msg_err_t err;
+        if (msg_decode(MSG_FAM_EXEC_IN, zmq_msg_data(&body), zmq_msg_size(&body), &m, &err) < 0) {
+            log_warn("bad message: %s", err.text);
+            zmsg_send_error(S->sock, route, len, MSG_EXEC_ERROR, m.has_id, m.id, err.code, err.text, &S->buf, 0);
+        } else if (m.type == MSG_EXEC_HELLO) {
+            s_send_hello(S, route, len, 0);
+        } else if (m.type == MSG_STEP) {
+            s_on_step(S, route, len, &m);
+        }
+        msg_free(&m);
+    }
+    zmq_msg_close(&body);
+    zmq_msg_close(&idf);
+    return 1;
+}
+
+static int s_setopt_int(void *s, int opt, int v) { return zmq_setsockopt(s, opt, &v, sizeof v); }
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {{"config", required_argument, 0, 'c'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *config = NULL;
+    int c, rc = 1;
+    log_set_role("executor");
+    while ((c = getopt_long(argc, argv, "c:h", opts, NULL)) != -1) {
+        if (c == 'c') config = optarg;
+        else if (c == 'h') {
+            s_usage(stdout);
+            return 0;
+        } else {
+            s_usage(stderr);
+            return 2;
+        }
+    }
+    if (!config || optind != argc) {
+        s_usage(stderr);
+        return 2;
+    }
+    static strata_config_t cfg;
+    strata_errbuf_t eb = {{0}};
+    config_defaults(&cfg);
+    if (config_load(&cfg, config, &eb) < 0) {
+        log_error("%s", eb.msg);
+        return 2;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = s_on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    static svc_t S;
+    S.cfg = &cfg;
+    {
+        char tmp[sizeof cfg.model];
+        snprintf(tmp, sizeof tmp, "%s", cfg.model);
+        snprintf(S.model_name, sizeof S.model_name, "%s", basename(tmp));
+    }
+    int r = exec_model_open(&S.em, &cfg, cfg.launcher.ready_timeout_s > 0 ? cfg.launcher.ready_timeout_s : 60, &s_stop, &eb);
+    if (r < 0) {
+        if (s_stop) return 0;
+        log_error("model: %s", eb.msg[0] ? eb.msg : strata_strerror(r));
+        return r == STRATA_EINVAL_INPUT || r == STRATA_EFORMAT || r == STRATA_EUNSUPPORTED ? 2 : 1;
+    }
+    log_info("model %s: %s in %.1f ms (%s)", S.model_name, S.em.from_arena ? "built over the weight arenas" : "loaded from disk",
+             S.em.load_ms, S.em.from_arena ? "no model file read" : "no arena");
+    exec_opts_t o;
+    exec_opts_default(&o);
+    snprintf(o.backend, sizeof o.backend, "%s", cfg.executor.backend);
+    o.threads = cfg.executor.threads;
+    o.gpu_mem = cfg.executor.gpu_mem;
+    o.kv_blocks = cfg.scheduler.kv_blocks;
+    o.block_size = cfg.scheduler.block_size;
+    o.max_tokens = cfg.scheduler.max_batch_tokens;
+    o.max_context = cfg.scheduler.max_context;
+    r = exec_create(&S.ex, &S.em.m, &o, &eb);
+    if (r < 0) {
+        log_error("%s", eb.msg[0] ? eb.msg : strata_strerror(r));
+        rc = r == STRATA_EUNSUPPORTED || r == STRATA_EINVAL_INPUT ? 2 : 1;
+        goto done;
+    }
+    S.tokens = malloc(MSG_MAX_STEP_SEQS * sizeof *S.tokens);
+    S.zctx = zmq_ctx_new();
+    S.sock = S.zctx ? zmq_socket(S.zctx, ZMQ_ROUTER) : NULL;
+    if (!S.tokens || !S.sock) {
+        log_error("startup: %s", S.tokens ? zmq_strerror(zmq_errno()) : "out of memory");
+        goto done;
+    }
+    if (s_setopt_int(S.sock, ZMQ_ROUTER_MANDATORY, 1) || s_setopt_int(S.sock, ZMQ_ROUTER_HANDOVER, 1) ||
+        s_setopt_int(S.sock, ZMQ_LINGER, 0) || s_setopt_int(S.sock, ZMQ_SNDHWM, 10000) || s_setopt_int(S.sock, ZMQ_RCVHWM, 10000)) {
+        log_error("socket options: %s", zmq_strerror(zmq_errno()));
+        goto done;
+    }
+    if (zmq_bind(S.sock, cfg.executor.endpoint) < 0) {
+        int e = zmq_errno();
+        log_error("cannot bind [executor] endpoint %s: %s", cfg.executor.endpoint, zmq_strerror(e));
+        rc = e == EINVAL || e == EPROTONOSUPPORT || e == ENODEV ? 2 : 1;
+        goto done;
+    }
+    log_info("instance %016llx serving on %s: backend %s, KV %d blocks x %d tokens, %d tokens a step, context %d",
+             (unsigned long long)exec_instance(S.ex), cfg.executor.endpoint, o.backend, o.kv_blocks, o.block_size, o.max_tokens,
+             exec_max_context(S.ex));
+    notify_ready();
+    zmq_pollitem_t item = {S.sock, 0, ZMQ_POLLIN, 0};
+    while (!s_stop) {
+        int n = zmq_poll(&item, 1, S.heard ? 100 : 20);
+        if (n < 0 && zmq_errno() != EINTR) {
+            log_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
+            goto done;
+        }
+        for (int i = 0; i < 64 && !s_stop; i++) {
+            int k = s_recv(&S);
+            if (k < 0) {
+                log_error("receive: %s", strata_strerror(k));
+                goto done;
+            }
+            if (k == 0) break;
+        }
+        double now = strata_now();
+        if (!S.heard && now - S.t_hello >= HELLO_EVERY_S) {
+            /* tell a running scheduler that this is a new executor; fails until it is connected */
+            S.t_hello = now;
+            if (s_send_hello(&S, SCHED_ID, strlen(SCHED_ID), ZMQ_DONTWAIT) == 0) S.heard = true;
+        }
+        notify_watchdog();
+    }
+    notify_stopping();
+    log_info("stopping");
+    rc = 0;
+done:
+    if (S.sock) zmq_close(S.sock);
+    if (S.zctx) zmq_ctx_term(S.zctx);
+    msg_buf_free(&S.buf);
+    free(S.tokens);
+    exec_free(S.ex);
+    exec_model_close(&S.em);
+    return rc;
+}
