@@ -488,8 +488,9 @@ static int s_find_bin(const launcher_t *L, const char *svc, char *out, size_t ca
             return 0;
         }
     }
-    fprintf(stderr, "strata up: cannot find strata-%s (looked in %s%s%s and next to %s); build it or pass --bin-dir\n", svc,
-            L->bin_dir[0] ? L->bin_dir : "", L->bin_dir[0] ? ", " : "", dir, L->self_exe);
+    fprintf(stderr, "strata up: cannot find strata-%s; tried:", svc);
+    for (int i = 0; i < n; i++) fprintf(stderr, " %s", cand[i]);
+    fprintf(stderr, " (build it, or pass --bin-dir)\n");
     return 2;
 }
 
