@@ -27,6 +27,7 @@
  */
 #include <errno.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +116,11 @@ typedef struct {
 } shard_t;
 
 typedef struct {
+    const st_tensor_t *t;
+    const char *path;      /* its file, for messages */
+} scan_item_t;
+
+typedef struct {
     model_t *m;
     const char *dir;
     strata_errbuf_t *eb;
@@ -124,6 +130,8 @@ typedef struct {
     shard_t *shards;
     size_t n_shards;
     bool scan;              /* scan for NaN/Inf */
+    scan_item_t *scan_list; /* [n_scan] every tensor used, in first-use order */
+    size_t n_scan, cap_scan;
     const st_tensor_t *embed; /* model.embed_tokens.weight in its file */
 } ld_t;
 
@@ -256,26 +264,91 @@ static void s_fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape)
     if (o < n) snprintf(buf + o, n - o, "]");
 }
 
-/* Count NaN/Inf elements by their exponent bits. */
-static size_t s_count_nonfinite(const st_tensor_t *t)
+/* ---- NaN/Inf scan ---------------------------------------------------------------------- */
+
+/* Elements [e0, e1) of t that are NaN or Inf (all exponent bits set). */
+static size_t s_count_nonfinite(const st_tensor_t *t, size_t e0, size_t e1)
 {
-    size_t n = 0, cnt = t->nbytes / st_dtype_size(t->dtype);
+    size_t n = 0;
     const uint8_t *p = t->data;
     if (t->dtype == ST_F32) {
-        for (size_t i = 0; i < cnt; i++) {
+        for (size_t i = e0; i < e1; i++) {
             uint32_t u;
             memcpy(&u, p + 4 * i, 4);
             n += (u & 0x7f800000u) == 0x7f800000u;
         }
     } else {
         uint16_t mask = t->dtype == ST_BF16 ? 0x7f80 : 0x7c00;
-        for (size_t i = 0; i < cnt; i++) {
+        for (size_t i = e0; i < e1; i++) {
             uint16_t u;
             memcpy(&u, p + 2 * i, 2);
             n += (u & mask) == mask;
         }
     }
     return n;
+}
+
+#define SCAN_CHUNK ((size_t)1 << 24) /* elements per work item */
+
+typedef struct {
+    const scan_item_t *items;
+    size_t n_items;
+    size_t *bad;                /* [n_items], added to atomically */
+    size_t n_chunks, next;      /* next: chunk counter, taken atomically */
+    size_t *first_chunk;        /* [n_items + 1] prefix sums of chunks per item */
+} scan_job_t;
+
+static void *s_scan_worker(void *arg)
+{
+    scan_job_t *j = arg;
+    size_t item = 0;
+    for (;;) {
+        size_t c = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (c >= j->n_chunks) break;
+        while (j->first_chunk[item + 1] <= c) item++; /* chunks are taken in increasing order */
+        const st_tensor_t *t = j->items[item].t;
+        size_t cnt = t->nbytes / st_dtype_size(t->dtype), e0 = (c - j->first_chunk[item]) * SCAN_CHUNK;
+        size_t e1 = e0 + SCAN_CHUNK < cnt ? e0 + SCAN_CHUNK : cnt;
+        size_t bad = s_count_nonfinite(t, e0, e1);
+        if (bad) __atomic_fetch_add(&j->bad[item], bad, __ATOMIC_RELAXED);
+    }
+    return NULL;
+}
+
+/* Scan every used tensor on all cores (the data is read once anyway when it is first used;
+ * this moves that read to load time) and warn about each tensor holding NaN or Inf. */
+static int s_scan(ld_t *L)
+{
+    scan_job_t j = {.items = L->scan_list, .n_items = L->n_scan};
+    j.bad = calloc(j.n_items + 1, sizeof *j.bad);
+    j.first_chunk = calloc(j.n_items + 1, sizeof *j.first_chunk);
+    if (!j.bad || !j.first_chunk) {
+        free(j.bad);
+        free(j.first_chunk);
+        return strata_seterr(L->eb, STRATA_ENOMEM, "%s: out of memory", L->dir);
+    }
+    for (size_t i = 0; i < j.n_items; i++) {
+        const st_tensor_t *t = j.items[i].t;
+        size_t cnt = t->nbytes / st_dtype_size(t->dtype);
+        j.first_chunk[i + 1] = j.first_chunk[i] + (cnt + SCAN_CHUNK - 1) / SCAN_CHUNK;
+    }
+    j.n_chunks = j.first_chunk[j.n_items];
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t nt = ncpu < 1 ? 1 : ncpu > 32 ? 32 : (size_t)ncpu;
+    if (nt > j.n_chunks) nt = j.n_chunks ? j.n_chunks : 1;
+    pthread_t th[32];
+    size_t started = 0;
+    for (size_t i = 1; i < nt; i++, started++)
+        if (pthread_create(&th[i - 1], NULL, s_scan_worker, &j)) break;
+    s_scan_worker(&j);
+    for (size_t i = 0; i < started; i++) pthread_join(th[i], NULL);
+    for (size_t i = 0; i < j.n_items; i++)
+        if (j.bad[i])
+            log_warn("%s: tensor '%s': %zu NaN/Inf value%s", j.items[i].path, j.items[i].t->name, j.bad[i],
+                     j.bad[i] > 1 ? "s" : "");
+    free(j.bad);
+    free(j.first_chunk);
+    return 0;
 }
 
 /* Look up name, check dtype (F32/BF16/F16) and shape; mark it used. *t = NULL when absent and
@@ -309,11 +382,14 @@ static int s_get(ld_t *L, const char *name, int ndim, const int64_t *shape, bool
     size_t idx = (size_t)(t - st_tensor(sh->st, 0));
     if (!sh->used[idx]) {
         sh->used[idx] = 1;
-        if (L->scan) {
-            size_t bad = s_count_nonfinite(t);
-            if (bad)
-                log_warn("%s: tensor '%s': %zu NaN/Inf value%s", st_path(sh->st), name, bad, bad > 1 ? "s" : "");
+        if (L->n_scan == L->cap_scan) {
+            size_t cap = L->cap_scan ? 2 * L->cap_scan : 256;
+            scan_item_t *ns = realloc(L->scan_list, cap * sizeof *ns);
+            if (!ns) return strata_seterr(L->eb, STRATA_ENOMEM, "%s: out of memory", L->dir);
+            L->scan_list = ns;
+            L->cap_scan = cap;
         }
+        L->scan_list[L->n_scan++] = (scan_item_t){t, st_path(sh->st)};
     }
     *out = t;
     return 0;
@@ -579,6 +655,7 @@ static int s_load_hf(ld_t *L)
     for (int l = 0; l < c->n_layers; l++)
         if ((rc = s_layer(L, l)) < 0) return rc;
     s_report_unused(L);
+    if (L->scan && (rc = s_scan(L)) < 0) return rc;
 
     /* The mappings now belong to the model. */
     for (size_t s = 0; s < L->n_shards; s++) {
@@ -619,6 +696,7 @@ fail:
         free(L.shards[s].used);
     }
     free(L.shards);
+    free(L.scan_list);
     json_decref(L.index);
     if (rc < 0) model_free(m);
     return rc;
