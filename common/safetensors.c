@@ -40,11 +40,13 @@ static const struct {
     [ST_U64] = {"U64", 8},
 };
 
+/* Name of a dtype as the format spells it ("?" if out of range). */
 const char *st_dtype_name(st_dtype_t t)
 {
     return (unsigned)t < ST_DTYPE_COUNT ? s_dtypes[t].name : "?";
 }
 
+/* Bytes per element of a dtype (0 if out of range). */
 size_t st_dtype_size(st_dtype_t t)
 {
     return (unsigned)t < ST_DTYPE_COUNT ? s_dtypes[t].size : 0;
@@ -283,6 +285,7 @@ static void s_free(st_file_t *f)
     free(f);
 }
 
+/* Validate a file image in memory; tensor data points into buf. 0 or <0 with eb set. */
 int st_parse(st_file_t **out, const void *buf, size_t len, const char *name, strata_errbuf_t *eb)
 {
     int rc = 0;
@@ -301,6 +304,7 @@ fail:
     return rc;
 }
 
+/* Map path read-only and validate it. 0 or <0 with eb naming the file and the field. */
 int st_open(st_file_t **out, const char *path, strata_errbuf_t *eb)
 {
     int rc = 0, fd = -1;
@@ -349,24 +353,30 @@ fail:
     return rc;
 }
 
+/* Free f and unmap its file unless st_take_mapping took the mapping. */
 void st_close(st_file_t *f) { s_free(f); }
 
+/* The tensor called name, or NULL (binary search over the name-sorted table). */
 const st_tensor_t *st_find(const st_file_t *f, const char *name)
 {
     st_tensor_t key = {.name = name};
     return bsearch(&key, f->t, f->n, sizeof *f->t, s_cmp_name);
 }
 
+/* Number of tensors (the __metadata__ entry is not one). */
 size_t st_count(const st_file_t *f) { return f->n; }
 
+/* The i-th tensor in name order; i < st_count(f). */
 const st_tensor_t *st_tensor(const st_file_t *f, size_t i)
 {
     STRATA_ASSERT(i < f->n);
     return &f->t[i];
 }
 
+/* The path or name the file was opened with. */
 const char *st_path(const st_file_t *f) { return f->path; }
 
+/* A __metadata__ value, or NULL. */
 const char *st_metadata(const st_file_t *f, const char *key)
 {
     for (size_t i = 0; i < f->n_meta; i++)
@@ -374,6 +384,7 @@ const char *st_metadata(const st_file_t *f, const char *key)
     return NULL;
 }
 
+/* Transfer the mapping to the caller; 0, or -EINVAL if there is none to give. */
 int st_take_mapping(st_file_t *f, void **addr, size_t *len)
 {
     if (!f->map || f->map_taken) return -EINVAL;

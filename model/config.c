@@ -714,6 +714,7 @@ static int s_parse(ctx_t *c, model_config_t *cfg)
     return 0;
 }
 
+/* Parse config.json text into cfg (zeroed on error). 0 or <0 with eb naming `name` and the field. */
 int model_config_parse(model_config_t *cfg, const char *json, size_t len, const char *name, strata_errbuf_t *eb)
 {
     int rc;
@@ -739,6 +740,7 @@ fail:
     return rc;
 }
 
+/* Read and parse the config.json at path (at most 16 MB). 0 or <0 with eb set. */
 int model_config_load(model_config_t *cfg, const char *path, strata_errbuf_t *eb)
 {
     int rc = 0;
