@@ -152,6 +152,23 @@ static void s_run_jobs(tpool_t *pool, const mm_job_t *jobs, int n_jobs)
     tpool_run(pool, m.off[n_jobs], grain, s_multi_chunk, &m);
 }
 
+void cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
+                   const int32_t *block_table, int n_ctx, int n_heads, int n_kv_heads, int head_dim,
+                   int block_size, float scale, float *scratch)
+{
+    attn_fn fn = cpu_ref_attention;
+    switch (cpu_ops_init()) {
+#ifdef STRATA_CPU_AVX2
+    case CPU_ISA_AVX2: fn = cpu_avx2_attention; break;
+#endif
+#ifdef STRATA_CPU_AVX512
+    case CPU_ISA_AVX512: fn = cpu_avx512_attention; break;
+#endif
+    default: break;
+    }
+    fn(out, q, k_cache, v_cache, block_table, n_ctx, n_heads, n_kv_heads, head_dim, block_size, scale, scratch);
+}
+
 void cpu_matmul(tpool_t *pool, float *y, const float *x, int n, const qmat_t *w, const float *bias)
 {
     if (n <= 0 || w->rows <= 0) return;

@@ -325,3 +325,55 @@ void cpu_avx512_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1)
     default: STRATA_ASSERT(!"format");
     }
 }
+
+/* Attention of one query over paged KV (contract in ops.h). The heads that share a KV head
+ * (GQA) go together, so each K and V row is read once for all of them: scores for the
+ * group live in the per-thread buffer ([group][n_ctx]; `scratch` is not needed), then a
+ * max-subtracted exp per head, then one pass over V adding every head's weighted row. */
+void cpu_avx512_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
+                        const int32_t *block_table, int n_ctx, int n_heads, int n_kv_heads, int head_dim,
+                        int block_size, float scale, float *scratch)
+{
+    STRATA_ASSERT(n_ctx >= 1 && n_kv_heads >= 1 && n_heads % n_kv_heads == 0);
+    const int group = n_heads / n_kv_heads, hv = head_dim / 16 * 16;
+    float *sc = cpu_row_buf((size_t)group * n_ctx);
+    for (int kvh = 0; kvh < n_kv_heads; kvh++) {
+        const float *qg = q + (int64_t)kvh * group * head_dim;
+        float *og = out + (int64_t)kvh * group * head_dim;
+        for (int p = 0; p < n_ctx; p++) {
+            const int64_t blk = block_table[p / block_size];
+            const float *k = k_cache + ((blk * n_kv_heads + kvh) * block_size + p % block_size) * head_dim;
+            for (int g = 0; g < group; g++) {
+                const float *qh = qg + (int64_t)g * head_dim;
+                __m512 a = _mm512_setzero_ps();
+                for (int i = 0; i < hv; i += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(qh + i), _mm512_loadu_ps(k + i), a);
+                float d = _mm512_reduce_add_ps(a);
+                for (int i = hv; i < head_dim; i++) d += qh[i] * k[i];
+                sc[(int64_t)g * n_ctx + p] = d * scale;
+            }
+        }
+        for (int g = 0; g < group; g++) {
+            float *s = sc + (int64_t)g * n_ctx, mx = -INFINITY;
+            for (int p = 0; p < n_ctx; p++) mx = s[p] > mx ? s[p] : mx;
+            double sum = 0;
+            for (int p = 0; p < n_ctx; p++) {
+                s[p] = expf(s[p] - mx);
+                sum += s[p];
+            }
+            const float inv = (float)(1.0 / sum);
+            for (int p = 0; p < n_ctx; p++) s[p] *= inv;
+        }
+        for (int i = 0; i < group * head_dim; i++) og[i] = 0;
+        for (int p = 0; p < n_ctx; p++) {
+            const int64_t blk = block_table[p / block_size];
+            const float *v = v_cache + ((blk * n_kv_heads + kvh) * block_size + p % block_size) * head_dim;
+            for (int g = 0; g < group; g++) {
+                float *oh = og + (int64_t)g * head_dim;
+                const float a = sc[(int64_t)g * n_ctx + p];
+                const __m512 av = _mm512_set1_ps(a);
+                for (int i = 0; i < hv; i += 16) _mm512_storeu_ps(oh + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(v + i), _mm512_loadu_ps(oh + i)));
+                for (int i = hv; i < head_dim; i++) oh[i] += a * v[i];
+            }
+        }
+    }
+}

@@ -33,6 +33,20 @@ void cpu_avx2_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1);
 /* AVX-512 F/BW/VL (ops_avx512.c; call only if the CPU has them). */
 void cpu_avx512_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1);
 
+/* cpu_attention per ISA (same contract as ops.h). */
+typedef void (*attn_fn)(float *out, const float *q, const float *k_cache, const float *v_cache,
+                        const int32_t *block_table, int n_ctx, int n_heads, int n_kv_heads, int head_dim,
+                        int block_size, float scale, float *scratch);
+void cpu_ref_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
+                       const int32_t *block_table, int n_ctx, int n_heads, int n_kv_heads, int head_dim,
+                       int block_size, float scale, float *scratch);
+void cpu_avx2_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
+                        const int32_t *block_table, int n_ctx, int n_heads, int n_kv_heads, int head_dim,
+                        int block_size, float scale, float *scratch);
+void cpu_avx512_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
+                          const int32_t *block_table, int n_ctx, int n_heads, int n_kv_heads, int head_dim,
+                          int block_size, float scale, float *scratch);
+
 /* A per-thread, 64-byte aligned scratch of at least n floats (grown on demand, freed when
  * the thread exits). Valid until the calling thread's next cpu_row_buf call. */
 float *cpu_row_buf(size_t n);

@@ -59,9 +59,9 @@ void cpu_rope(float *x, int n, int n_heads, int head_dim, int rot_dim, const int
     }
 }
 
-void cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                   const int32_t *block_table, int n_ctx, int n_heads, int n_kv_heads, int head_dim,
-                   int block_size, float scale, float *scratch)
+void cpu_ref_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
+                       const int32_t *block_table, int n_ctx, int n_heads, int n_kv_heads, int head_dim,
+                       int block_size, float scale, float *scratch)
 {
     STRATA_ASSERT(n_ctx >= 1 && n_kv_heads >= 1 && n_heads % n_kv_heads == 0);
     const int group = n_heads / n_kv_heads;
