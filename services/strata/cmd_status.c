@@ -18,7 +18,7 @@ static void s_help(FILE *f)
             "usage: strata status [--config FILE | --demo [--run-dir DIR]] [--json]\n\n"
             "Print every service of the group: pid, state, uptime, restart count, last exit, and\n"
             "the cpus / NUMA memory nodes the process may use (Cpus_allowed_list and\n"
-            "Mems_allowed_list of /proc/PID/status).\n\n"
+            "Mems_allowed_list of /proc/PID/status) and its memory policy (/proc/PID/numa_maps).\n\n"
             "  --config FILE   the group's config (its run_dir holds state.json)\n"
             "  --demo          the demo group (run dir /tmp/strata-demo, or --run-dir DIR)\n"
             "  --json          print state.json as the launcher wrote it\n"
@@ -44,6 +44,19 @@ static void s_proc_field(pid_t pid, const char *key, char *out, size_t cap)
         snprintf(out, cap, "%s", v);
         break;
     }
+    fclose(f);
+}
+
+/* The memory policy the process runs under: numa_maps shows the task policy on every mapping
+ * without its own (e.g. "default", "bind:0"); the first mapping is the executable's. */
+static void s_policy(pid_t pid, char *out, size_t cap)
+{
+    snprintf(out, cap, "-");
+    char path[64], line[512], addr[64], pol[64];
+    snprintf(path, sizeof path, "/proc/%d/numa_maps", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    if (fgets(line, sizeof line, f) && sscanf(line, "%63s %63s", addr, pol) == 2) snprintf(out, cap, "%s", pol);
     fclose(f);
 }
 
@@ -129,19 +142,22 @@ int cmd_status(int argc, char **argv)
         gstate = "dead (launcher gone; state is stale)";
     s_dur(alive ? now - st->started_unix : 0, up, sizeof up);
     printf("group %s: %s, launcher pid %d, up %s\nconfig %s\n\n", st->group, gstate, alive ? (int)st->launcher_pid : 0, up, st->config);
-    printf("%-14s %8s  %-9s %8s %8s  %-12s %-12s %s\n", "SERVICE", "PID", "STATE", "UPTIME", "RESTARTS", "CPUS", "MEMS", "LAST EXIT");
+    printf("%-14s %8s  %-9s %8s %8s  %-12s %-5s %-10s %s\n", "SERVICE", "PID", "STATE", "UPTIME", "RESTARTS", "CPUS", "MEMS", "MEMPOLICY",
+           "LAST EXIT");
     for (int i = 0; i < st->n; i++) {
         gs_service_t *s = &st->svc[i];
-        char cpus[128] = "-", mems[128] = "-", pid[16] = "-";
+        char cpus[128] = "-", mems[128] = "-", pid[16] = "-", pol[64] = "-";
         bool live = alive && s->pid > 0 && kill(s->pid, 0) == 0;
         if (live) {
             s_proc_field(s->pid, "Cpus_allowed_list", cpus, sizeof cpus);
             s_proc_field(s->pid, "Mems_allowed_list", mems, sizeof mems);
+            s_policy(s->pid, pol, sizeof pol);
             snprintf(pid, sizeof pid, "%d", (int)s->pid);
         }
         s_dur(live ? now - s->started_unix : 0, up, sizeof up);
-        printf("%-14s %8s  %-9s %8s %8d  %-12s %-12s %s\n", s->name, pid, alive ? s->state : (strcmp(s->state, "failed") ? "stopped" : "failed"),
-               up, s->restarts, cpus, mems, s->last_exit[0] ? s->last_exit : "-");
+        printf("%-14s %8s  %-9s %8s %8d  %-12s %-5s %-10s %s\n", s->name, pid,
+               alive ? s->state : (strcmp(s->state, "failed") ? "stopped" : "failed"), up, s->restarts, cpus, mems, pol,
+               s->last_exit[0] ? s->last_exit : "-");
     }
     free(st);
     return alive ? 0 : 1;

@@ -126,6 +126,8 @@ def case_pinning():
         for name in want:
             line = [l for l in out.stdout.splitlines() if l.startswith(name)]
             assert line and gl.cpulist(want[name]) in line[0].split(), "status line for %s: %s" % (name, line)
+            pol = "bind:0" if secs[name]["numa_node"] == "0" else "default"
+            assert pol in line[0].split(), "status shows the memory policy %s: %s" % (pol, line)
 
 
 def case_prefetcher_kill():
