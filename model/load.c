@@ -396,10 +396,10 @@ static int s_get(ld_t *L, const char *name, int ndim, const int64_t *shape, bool
 }
 
 /* Elements [off, off+n) of t as an owned F32 buffer, or in place when t is aligned F32. */
-static int s_as_f32(ld_t *L, const st_tensor_t *t, size_t off, size_t n, bool copy_always, float **out)
+static int s_as_f32(ld_t *L, const st_tensor_t *t, size_t off, size_t n, float **out)
 {
     const uint8_t *src = (const uint8_t *)t->data + off * st_dtype_size(t->dtype);
-    if (t->dtype == ST_F32 && !copy_always && ((uintptr_t)src & 3) == 0) {
+    if (t->dtype == ST_F32 && ((uintptr_t)src & 3) == 0) {
         *out = (float *)src;
         return 0;
     }
@@ -446,7 +446,7 @@ static int s_qmat_from(ld_t *L, const st_tensor_t *t, size_t off, int64_t rows, 
         return 0;
     }
     float *f;
-    int rc = s_as_f32(L, t, off, n, false, &f);
+    int rc = s_as_f32(L, t, off, n, &f);
     if (rc < 0) return rc;
     q->fmt = WF_F32;
     q->data = f;
@@ -470,7 +470,7 @@ static int s_vec(ld_t *L, const char *name, int64_t len, bool required, float **
     *v = NULL;
     int rc = s_get(L, name, 1, &len, required, &t);
     if (rc < 0 || !t) return rc;
-    return s_as_f32(L, t, 0, (size_t)len, false, v);
+    return s_as_f32(L, t, 0, (size_t)len, v);
 }
 
 /* ---- the model ------------------------------------------------------------------------- */
