@@ -1,0 +1,442 @@
+/* test_engine.c - the scheduler core (services/scheduler/sched.h) driving the executor engine
+ * (services/executor/exec.h) in one process, on random models, against generate_tokens().
+ *
+ * Each scenario submits requests of random prompt lengths, sampling parameters (greedy and
+ * seeded top-k/top-p sampling) and max_tokens at random steps, runs the plans on an exec_t and
+ * checks that:
+ *   - every request's streamed tokens equal generate_tokens() for it alone (batching changes
+ *     nothing), with contiguous indices, one done, and the right finish reason;
+ *   - every plan respects the token budget, max_seqs and gives each sequence its own blocks;
+ *     the bookkeeping (sched_check) holds after every step; all blocks are free at the end;
+ *   - with a tiny KV cache, preemption by recompute happens and changes nothing;
+ *   - with executor "crashes" (the engine is freed and a new one created, losing its KV and
+ *     the plan in flight), the replay changes nothing;
+ *   - canceled requests get a prefix of their answer and done(cancel).
+ * Plus: plans the engine must refuse, submit refusals, resume and retention.
+ * STRATA_SEED replays a run.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "kernels/cpu/threadpool.h"
+#include "model/generate.h"
+#include "model/synth.h"
+#include "services/executor/exec.h"
+#include "services/scheduler/sched.h"
+
+#define MAXR 64
+#define MAXT 256
+
+typedef struct {
+    uint64_t id;
+    int32_t prompt[MAXT], n_prompt, max_tokens;
+    sampler_params_t sp;
+    int arrival;
+    bool submitted, cancel_sent;
+    int32_t ref[MAXT], n_ref;        /* generate_tokens */
+    int32_t got[MAXT], n_got;        /* streamed */
+    int dones, errors, bad_index;
+    msg_finish_t finish;
+    int32_t done_completion;
+} treq_t;
+
+typedef struct {
+    treq_t r[MAXR];
+    int n;
+} world_t;
+
+static treq_t *s_req(world_t *w, uint64_t id)
+{
+    for (int i = 0; i < w->n; i++)
+        if (w->r[i].id == id) return &w->r[i];
+    return NULL;
+}
+
+static void s_tokens(void *ctx, uint64_t id, int64_t index, const int32_t *toks, int32_t n)
+{
+    treq_t *q = s_req(ctx, id);
+    if (!q) return;
+    if (index != q->n_got) q->bad_index++;
+    for (int32_t i = 0; i < n && q->n_got < MAXT; i++) q->got[q->n_got++] = toks[i];
+}
+
+static void s_done(void *ctx, uint64_t id, const msg_done_t *d)
+{
+    treq_t *q = s_req(ctx, id);
+    if (!q) return;
+    q->dones++;
+    q->finish = d->finish;
+    q->done_completion = d->completion_tokens;
+}
+
+static void s_error(void *ctx, uint64_t id, msg_errcode_t code, const char *text)
+{
+    treq_t *q = s_req(ctx, id);
+    fprintf(stderr, "error event for %llu: %s %s\n", (unsigned long long)id, msg_errcode_name(code), text);
+    if (q) q->errors++;
+}
+
+typedef struct {
+    const char *name;
+    int32_t budget, max_seqs, kv_blocks, block_size, max_context;
+    int n_reqs;
+    int crash_every;    /* every this many plans the executor dies with the plan in flight (0 = never) */
+    double p_cancel;    /* per step: cancel a random live request */
+    bool want_preempt;
+} scen_t;
+
+static int s_run(const model_t *m, tpool_t *pool, const scen_t *sc, uint64_t *rng)
+{
+    int fails0 = t_failed;
+    world_t *w = calloc(1, sizeof *w);
+    sched_t *s = NULL;
+    exec_t *ex = NULL;
+    int32_t *toks = malloc(MSG_MAX_STEP_SEQS * sizeof *toks);
+    uint64_t *reqs = malloc(MSG_MAX_STEP_SEQS * sizeof *reqs);
+    int crashes = 0, mixed_steps = 0, steps = 0;
+
+    exec_opts_t eo;
+    exec_opts_default(&eo);
+    eo.threads = 2;
+    eo.kv_blocks = sc->kv_blocks;
+    eo.block_size = sc->block_size;
+    eo.max_tokens = sc->budget;
+    eo.max_context = sc->max_context;
+    strata_errbuf_t eb = {{0}};
+    T_CHECK(exec_create(&ex, m, &eo, &eb) == 0, "%s: exec_create: %s", sc->name, eb.msg);
+    if (!ex) goto out;
+    int32_t ctx = exec_max_context(ex);
+
+    sched_opts_t so;
+    sched_opts_default(&so);
+    so.max_batch_tokens = sc->budget;
+    so.max_seqs = sc->max_seqs;
+    so.kv_blocks = sc->kv_blocks;
+    so.block_size = sc->block_size;
+    so.max_context = ctx;
+    so.vocab = m->cfg.vocab;
+    so.eos_id = m->cfg.eos_id;
+    sched_sink_t sink = {s_tokens, s_done, s_error, w};
+    T_CHECK(sched_create(&s, &so, &sink) == 0, "%s: sched_create", sc->name);
+    if (!s) goto out;
+
+    /* requests and their references */
+    w->n = sc->n_reqs;
+    for (int i = 0; i < w->n; i++) {
+        treq_t *q = &w->r[i];
+        q->id = t_rng_next(rng) | 1;
+        q->n_prompt = 1 + (int32_t)(t_rng_next(rng) % 40);
+        if (q->n_prompt > ctx - 2) q->n_prompt = ctx - 2;
+        for (int32_t k = 0; k < q->n_prompt; k++) q->prompt[k] = (int32_t)(t_rng_next(rng) % (uint64_t)m->cfg.vocab);
+        q->max_tokens = 1 + (int32_t)(t_rng_next(rng) % 40);
+        sampler_params_default(&q->sp);
+        if (t_rng_next(rng) % 2) {
+            q->sp.temperature = 0.5f + (float)(t_rng_next(rng) % 100) / 100.0f;
+            q->sp.top_k = (int32_t)(t_rng_next(rng) % 30);
+            q->sp.top_p = t_rng_next(rng) % 2 ? 0.9f : 1.0f;
+            q->sp.seed = t_rng_next(rng);
+        }
+        q->sp.ignore_eos = t_rng_next(rng) % 4 == 0;
+        q->arrival = (int)(t_rng_next(rng) % 30);
+        int32_t mt = q->max_tokens < ctx - q->n_prompt ? q->max_tokens : ctx - q->n_prompt;
+        int rc = generate_tokens(m, pool, q->prompt, q->n_prompt, mt, &q->sp, 0, q->ref, &q->n_ref, NULL);
+        T_CHECK(rc == 0, "%s: generate_tokens: %s", sc->name, strata_strerror(rc));
+    }
+
+    for (int step = 0; step < 100000; step++) {
+        double now = step * 0.001;
+        int live = 0;
+        for (int i = 0; i < w->n; i++) {
+            treq_t *q = &w->r[i];
+            if (!q->submitted && q->arrival <= step) {
+                msg_submit_t sub;
+                memset(&sub, 0, sizeof sub);
+                sub.prompt = q->prompt;
+                sub.n_prompt = q->n_prompt;
+                sub.max_tokens = q->max_tokens;
+                sub.samp.temperature = q->sp.temperature;
+                sub.samp.top_k = q->sp.top_k;
+                sub.samp.top_p = q->sp.top_p;
+                sub.samp.seed = q->sp.seed;
+                sub.ignore_eos = q->sp.ignore_eos;
+                char text[256];
+                msg_errcode_t code = sched_submit(s, q->id, &sub, now, text, sizeof text);
+                T_CHECK(code == MSG_E_NONE, "%s: submit %d: %s", sc->name, i, text);
+                q->submitted = true;
+            }
+            if (!q->submitted || q->dones == 0) live++;
+        }
+        if (live == 0) break;
+        if (sc->p_cancel > 0 && (t_rng_next(rng) % 10000) < sc->p_cancel * 10000) {
+            treq_t *q = &w->r[t_rng_next(rng) % (uint64_t)w->n];
+            if (q->submitted && q->dones == 0) {
+                T_CHECK(sched_cancel(s, q->id, now) == MSG_E_NONE, "%s: cancel", sc->name);
+                q->cancel_sent = true;
+            }
+        }
+        msg_step_t plan;
+        int n = sched_plan(s, exec_instance(ex), &plan, now);
+        if (n == 0) continue; /* waiting for arrivals */
+        steps++;
+        /* the plan's shape */
+        int32_t tot = 0;
+        bool has_prefill = false, has_decode = false;
+        for (int i = 0; i < n; i++) {
+            tot += plan.seqs[i].n_tokens;
+            if (plan.seqs[i].n_tokens > 1) has_prefill = true;
+            if (plan.seqs[i].n_tokens == 1 && plan.seqs[i].sample && plan.seqs[i].pos0 > 0) has_decode = true;
+            int32_t need = (plan.seqs[i].pos0 + plan.seqs[i].n_tokens + sc->block_size - 1) / sc->block_size;
+            T_CHECK(plan.seqs[i].n_blocks >= need, "%s: seq %d has %d blocks for %d", sc->name, i, plan.seqs[i].n_blocks, need);
+            for (int j = 0; j < i; j++)
+                for (int a = 0; a < plan.seqs[i].n_blocks; a++)
+                    for (int b = 0; b < plan.seqs[j].n_blocks; b++)
+                        if (plan.seqs[i].blocks[a] == plan.seqs[j].blocks[b]) {
+                            T_CHECK(0, "%s: block %d shared by two sequences of one plan", sc->name, plan.seqs[i].blocks[a]);
+                            a = plan.seqs[i].n_blocks;
+                            break;
+                        }
+        }
+        mixed_steps += has_prefill && has_decode;
+        T_CHECK(tot <= sc->budget, "%s: plan of %d tokens over the budget %d", sc->name, tot, sc->budget);
+        T_CHECK(n <= sc->max_seqs, "%s: plan of %d sequences over max_seqs %d", sc->name, n, sc->max_seqs);
+        char text[300];
+        if (sc->crash_every > 0 && steps % sc->crash_every == sc->crash_every / 2) {
+            /* the executor dies: the plan in flight is lost with the KV cache */
+            exec_free(ex);
+            ex = NULL;
+            T_CHECK(exec_create(&ex, m, &eo, &eb) == 0, "%s: exec_create after crash: %s", sc->name, eb.msg);
+            if (!ex) goto out;
+            sched_reset_kv(s);
+            crashes++;
+        } else {
+            double fus, sus;
+            msg_errcode_t code;
+            int rc = exec_step(ex, &plan, toks, &fus, &sus, &code, text, sizeof text);
+            T_CHECK(rc == 0, "%s: exec_step: %s", sc->name, text);
+            if (rc < 0) break;
+            for (int i = 0; i < n; i++) reqs[i] = plan.seqs[i].req;
+            msg_result_t res = {exec_instance(ex), n, reqs, toks, fus, sus};
+            T_CHECK(sched_apply(s, &res, now) == 0, "%s: apply", sc->name);
+        }
+        int c = sched_check(s, text, sizeof text);
+        T_CHECK(c == 0, "%s: step %d: %s", sc->name, step, text);
+        if (c != 0) break;
+    }
+
+    sched_counters_t cn;
+    sched_get_counters(s, &cn);
+    for (int i = 0; i < w->n; i++) {
+        treq_t *q = &w->r[i];
+        T_CHECK(q->dones == 1 && q->errors == 0 && q->bad_index == 0, "%s: req %d: %d dones, %d errors, %d bad indices", sc->name,
+                i, q->dones, q->errors, q->bad_index);
+        T_CHECK(q->done_completion == q->n_got, "%s: req %d: done says %d tokens, %d streamed", sc->name, i, q->done_completion,
+                q->n_got);
+        bool prefix = q->n_got <= q->n_ref && !memcmp(q->got, q->ref, (size_t)q->n_got * sizeof *q->got);
+        if (q->cancel_sent && q->finish == MSG_FINISH_CANCEL) {
+            T_CHECK(prefix, "%s: req %d (canceled): streamed tokens are not a prefix of the reference", sc->name, i);
+            continue;
+        }
+        T_CHECK(q->n_got == q->n_ref && prefix, "%s: req %d (prompt %d, temp %.2f, max %d): %d tokens vs %d of generate_tokens%s",
+                sc->name, i, q->n_prompt, q->sp.temperature, q->max_tokens, q->n_got, q->n_ref, prefix ? "" : ", differing");
+        if (q->n_got > 0) {
+            bool eos = !q->sp.ignore_eos && q->got[q->n_got - 1] == m->cfg.eos_id;
+            T_CHECK(q->finish == (eos ? MSG_FINISH_STOP : MSG_FINISH_LENGTH), "%s: req %d: finish %s", sc->name, i,
+                    msg_finish_name(q->finish));
+        }
+    }
+    T_CHECK(cn.kv_free == sc->kv_blocks && cn.running == 0 && cn.waiting == 0, "%s: at the end %d of %d blocks free, %d running, %d waiting",
+            sc->name, cn.kv_free, sc->kv_blocks, cn.running, cn.waiting);
+    T_CHECK(mixed_steps > 0, "%s: no step mixed a prefill chunk with decode tokens", sc->name);
+    if (sc->want_preempt) T_CHECK(cn.preemptions > 0, "%s: the tight KV cache caused no preemption", sc->name);
+    if (sc->crash_every > 0) T_CHECK(crashes > 0 && cn.replayed > 0, "%s: %d crashes, %llu replayed", sc->name, crashes,
+                                 (unsigned long long)cn.replayed);
+    fprintf(stderr, "%-16s %4d steps (%d mixed), %llu prefill + %llu decode tokens, %llu preemptions, %d crashes (%llu seqs replayed)%s\n",
+            sc->name, steps, mixed_steps, (unsigned long long)cn.prefill_tokens, (unsigned long long)cn.decode_tokens,
+            (unsigned long long)cn.preemptions, crashes, (unsigned long long)cn.replayed, t_failed > fails0 ? " FAILED" : "");
+out:
+    sched_free(s);
+    exec_free(ex);
+    free(toks);
+    free(reqs);
+    free(w);
+    return 0;
+}
+
+/* Plans an engine must refuse, before touching anything. */
+static void s_refusals(const model_t *m)
+{
+    exec_opts_t eo;
+    exec_opts_default(&eo);
+    eo.threads = 1;
+    eo.kv_blocks = 8;
+    eo.block_size = 4;
+    eo.max_tokens = 16;
+    exec_t *ex = NULL;
+    strata_errbuf_t eb = {{0}};
+    T_CHECK(exec_create(&ex, m, &eo, &eb) == 0, "exec_create: %s", eb.msg);
+    if (!ex) return;
+    T_CHECK(exec_max_context(ex) == 32, "max context %d (8 blocks x 4)", exec_max_context(ex));
+    int32_t tk[20] = {1, 2, 3, 4, 5}, blocks[3] = {0, 1, 2}, out[2];
+    msg_step_seq_t q = {.req = 7, .pos0 = 0, .n_tokens = 5, .tokens = tk, .n_blocks = 2, .blocks = blocks, .sample = true};
+    q.samp.top_p = 1;
+    msg_step_t st = {exec_instance(ex), 1, &q};
+    double f, sm;
+    msg_errcode_t code;
+    char text[300];
+    T_CHECK(exec_step(ex, &st, out, &f, &sm, &code, text, sizeof text) == 0 && out[0] >= 0 && out[0] < m->cfg.vocab, "good plan: %s", text);
+    st.instance = exec_instance(ex) + 1;
+    T_CHECK(exec_step(ex, &st, out, &f, &sm, &code, text, sizeof text) < 0 && code == MSG_E_UNAVAILABLE && strstr(text, "stale"),
+            "stale instance: %s", text);
+    st.instance = 0; /* any */
+    T_CHECK(exec_step(ex, &st, out, &f, &sm, &code, text, sizeof text) == 0, "instance 0: %s", text);
+    blocks[1] = 8;
+    T_CHECK(exec_step(ex, &st, out, &f, &sm, &code, text, sizeof text) < 0 && code == MSG_E_INVALID_PARAM && strstr(text, "blocks[1]"),
+            "block outside: %s", text);
+    blocks[1] = 1;
+    q.n_blocks = 1;
+    T_CHECK(exec_step(ex, &st, out, &f, &sm, &code, text, sizeof text) < 0 && strstr(text, "blocks"), "too few blocks: %s", text);
+    q.n_blocks = 2;
+    tk[2] = m->cfg.vocab;
+    T_CHECK(exec_step(ex, &st, out, &f, &sm, &code, text, sizeof text) < 0 && strstr(text, "tokens[2]"), "token outside: %s", text);
+    tk[2] = 3;
+    q.pos0 = 30;
+    q.n_blocks = 3;
+    T_CHECK(exec_step(ex, &st, out, &f, &sm, &code, text, sizeof text) < 0 && strstr(text, "pos0"), "past the context: %s", text);
+    q.pos0 = 0;
+    q.n_tokens = 17;
+    T_CHECK(exec_step(ex, &st, out, &f, &sm, &code, text, sizeof text) < 0 && strstr(text, "max_batch_tokens"), "over budget: %s", text);
+    exec_free(ex);
+
+    eo.kv_blocks = 0;
+    T_CHECK(exec_create(&ex, m, &eo, &eb) < 0, "kv_blocks 0 refused");
+    eo.kv_blocks = 8;
+    snprintf(eo.backend, sizeof eo.backend, "tpu");
+    T_CHECK(exec_create(&ex, m, &eo, &eb) < 0 && strstr(eb.msg, "tpu"), "unknown backend: %s", eb.msg);
+#ifndef STRATA_HAVE_CUDA
+    snprintf(eo.backend, sizeof eo.backend, "cuda");
+    T_CHECK(exec_create(&ex, m, &eo, &eb) == STRATA_EUNSUPPORTED && strstr(eb.msg, "CUDA"), "cuda without CUDA: %s", eb.msg);
+#endif
+
+    /* the draw is the n-th number of the seeded stream */
+    sampler_rng_t r;
+    sampler_rng_seed(&r, 1234);
+    for (int i = 0; i < 50; i++) {
+        double u = sampler_rng_uniform(&r);
+        T_CHECK(exec_draw(1234, (uint64_t)i) == u, "draw %d", i);
+    }
+}
+
+static void s_submit_rules(void)
+{
+    world_t *w = calloc(1, sizeof *w);
+    sched_opts_t so;
+    sched_opts_default(&so);
+    so.kv_blocks = 4;
+    so.block_size = 4;
+    so.max_context = 100; /* clamped to 16 */
+    so.vocab = 10;
+    so.eos_id = 9;
+    so.max_live = 2;
+    so.retain_s = 5;
+    sched_sink_t sink = {s_tokens, s_done, s_error, w};
+    sched_t *s = NULL;
+    T_CHECK(sched_create(&s, &so, &sink) == 0 && sched_opts(s)->max_context == 16, "create, context clamped to the KV cache");
+    if (!s) {
+        free(w);
+        return;
+    }
+    int32_t p[20] = {1, 2, 3};
+    msg_submit_t sub = {.prompt = p, .n_prompt = 3, .max_tokens = 100};
+    sub.samp.top_p = 1;
+    char text[300];
+    w->n = 3;
+    w->r[0].id = 11;
+    w->r[1].id = 12;
+    w->r[2].id = 13;
+    T_CHECK(sched_submit(s, 11, &sub, 0, text, sizeof text) == MSG_E_NONE, "submit: %s", text);
+    T_CHECK(sched_submit(s, 11, &sub, 0, text, sizeof text) == MSG_E_DUPLICATE, "duplicate: %s", text);
+    T_CHECK(sched_submit(s, 0, &sub, 0, text, sizeof text) == MSG_E_INVALID_PARAM, "id 0: %s", text);
+    p[1] = 10;
+    T_CHECK(sched_submit(s, 12, &sub, 0, text, sizeof text) == MSG_E_INVALID_PARAM && strstr(text, "prompt[1]"), "token: %s", text);
+    p[1] = 2;
+    sub.n_prompt = 16;
+    T_CHECK(sched_submit(s, 12, &sub, 0, text, sizeof text) == MSG_E_CONTEXT_OVERFLOW, "overflow: %s", text);
+    sub.n_prompt = 0;
+    T_CHECK(sched_submit(s, 12, &sub, 0, text, sizeof text) == MSG_E_INVALID_PARAM, "empty: %s", text);
+    sub.n_prompt = 3;
+    T_CHECK(sched_submit(s, 12, &sub, 0, text, sizeof text) == MSG_E_NONE, "second: %s", text);
+    T_CHECK(sched_submit(s, 13, &sub, 0, text, sizeof text) == MSG_E_BUSY, "busy: %s", text);
+    T_CHECK(sched_cancel(s, 99, 0) == MSG_E_NOT_FOUND, "cancel unknown");
+    T_CHECK(sched_resume(s, 99, 0) == MSG_E_NOT_FOUND, "resume unknown");
+    /* run request 11 by hand: the plan asks for 3 prompt tokens + sample */
+    msg_step_t plan;
+    int n = sched_plan(s, 5, &plan, 0.1);
+    T_CHECK(n == 2 && plan.instance == 5 && plan.seqs[0].n_tokens == 3 && plan.seqs[0].sample, "first plan: %d seqs", n);
+    T_CHECK(sched_plan(s, 5, &plan, 0.1) == 0, "one plan in flight");
+    uint64_t rq[2] = {11, 99};
+    int32_t tk[2] = {4, 5};
+    msg_result_t res = {5, 2, rq, tk, 0, 0};
+    T_CHECK(sched_apply(s, &res, 0.2) < 0, "a result of other requests is refused");
+    rq[1] = 12;
+    T_CHECK(sched_apply(s, &res, 0.2) == 0 && w->r[0].n_got == 1 && w->r[0].got[0] == 4, "apply");
+    T_CHECK(sched_cancel(s, 12, 0.3) == MSG_E_NONE && w->r[1].dones == 1 && w->r[1].finish == MSG_FINISH_CANCEL, "cancel live");
+    n = sched_plan(s, 5, &plan, 0.3);
+    T_CHECK(n == 1 && plan.seqs[0].pos0 == 3 && plan.seqs[0].n_tokens == 1 && plan.seqs[0].tokens[0] == 4 &&
+                plan.seqs[0].n_sampled == 1, "decode plan");
+    rq[0] = 11;
+    tk[0] = 9; /* eos */
+    res.n_seqs = 1;
+    T_CHECK(sched_apply(s, &res, 0.4) == 0 && w->r[0].dones == 1 && w->r[0].finish == MSG_FINISH_STOP, "eos stops");
+    T_CHECK(sched_has_work(s) == false, "idle");
+    w->r[0].n_got = 0;
+    T_CHECK(sched_resume(s, 11, 2) == MSG_E_NONE && w->r[0].n_got == 0 && w->r[0].dones == 2, "resume from 2: no tokens, done");
+    w->r[0].n_got = 1;
+    T_CHECK(sched_resume(s, 11, 1) == MSG_E_NONE && w->r[0].n_got == 2 && w->r[0].got[1] == 9, "resume from 1: the eos token");
+    w->r[0].n_got = 0;
+    T_CHECK(sched_resume(s, 11, 0) == MSG_E_NONE && w->r[0].n_got == 2 && w->r[0].got[1] == 9 && w->r[0].dones == 4,
+            "resume from 0: both tokens and done");
+    T_CHECK(sched_submit(s, 11, &sub, 1, text, sizeof text) == MSG_E_NONE, "a finished id is replaced: %s", text);
+    T_CHECK(sched_cancel(s, 11, 1) == MSG_E_NONE, "cancel");
+    sched_expire(s, 3);
+    T_CHECK(sched_resume(s, 11, 0) == MSG_E_NONE, "retained for 5 s");
+    sched_expire(s, 7);
+    T_CHECK(sched_resume(s, 11, 0) == MSG_E_NOT_FOUND && sched_resume(s, 12, 0) == MSG_E_NOT_FOUND, "expired after 5 s");
+    T_CHECK(sched_check(s, text, sizeof text) == 0, "check: %s", text);
+    sched_free(s);
+    free(w);
+}
+
+int main(void)
+{
+    uint64_t seed = t_seed();
+    tpool_t *pool = tpool_create(2);
+    static const struct {
+        arch_t arch;
+        wfmt_t fmt;
+    } models[] = {{ARCH_MIXTRAL, WF_F32}, {ARCH_QWEN3_MOE, WF_BF16}};
+    static const scen_t scens[] = {
+        {"roomy", 64, 8, 256, 4, 0, 24, 0, 0, false},
+        {"tight-kv", 12, 6, 20, 4, 0, 20, 0, 0, true},
+        {"crashes", 32, 8, 128, 8, 0, 20, 12, 0, false},
+        {"tight+all", 10, 4, 16, 4, 60, 20, 15, 0.02, true},
+    };
+    s_submit_rules();
+    for (size_t a = 0; a < sizeof models / sizeof models[0]; a++) {
+        model_config_t c;
+        synth_config(&c, models[a].arch, 61, 32, 2, 4, 2, 8, 4, 2, 24);
+        c.eos_id = 7;
+        model_t m;
+        uint64_t rng = seed + a;
+        int rc = synth_model(&m, &c, models[a].fmt, 32, seed + 100 + a);
+        T_CHECK(rc == 0, "synth_model: %s", strata_strerror(rc));
+        if (rc < 0) continue;
+        m.cfg.max_pos = 64;
+        if (a == 0) s_refusals(&m);
+        for (size_t k = 0; k < sizeof scens / sizeof scens[0]; k++) s_run(&m, pool, &scens[k], &rng);
+        model_free(&m);
+    }
+    tpool_destroy(pool);
+    return t_done("engine");
+}
