@@ -1055,9 +1055,16 @@ void router_destroy(router_t *r)
 int router_run(router_t *r, volatile sig_atomic_t *stop)
 {
     zmq_pollitem_t items[2] = {{r->cli, 0, ZMQ_POLLIN, 0}, {r->sch, 0, ZMQ_POLLIN, 0}};
-    notify_ready();
+    bool ready = false;
     log_info("serving clients on %s; scheduler at %s", r->cfg->router.endpoint, r->cfg->scheduler.endpoint);
     while (!*stop) {
+        /* READY once the scheduler has described the model (so the first client's request
+         * can be checked against it), or after the start grace period without it: a router
+         * must also come up while its scheduler is down, and then answers `unavailable` */
+        if (!ready && (r->have_hello || strata_now() - r->t_start >= START_GRACE_S)) {
+            notify_ready();
+            ready = true;
+        }
         int n = zmq_poll(items, 2, 50);
         if (n < 0 && zmq_errno() != EINTR) {
             log_error("zmq_poll: %s", zmq_strerror(zmq_errno()));

@@ -27,7 +27,8 @@ int router_create(const strata_config_t *cfg, router_t **out, strata_errbuf_t *e
 
 /* Serve until *stop becomes non-zero; then answer in-flight clients with `shutting_down`,
  * cancel their requests at the scheduler, and return 0 (or <0 on a fatal socket error).
- * Calls notify_ready() once serving and notify_watchdog() from the loop. */
+ * Calls notify_ready() once the scheduler has answered its hello (or after 5 s without), and
+ * notify_watchdog() from the loop. */
 int router_run(router_t *r, volatile sig_atomic_t *stop);
 
 void router_destroy(router_t *r);

@@ -258,13 +258,23 @@ def test_flood(g):
     b = g.client(timeout=60)
     flood_prompt = [21, 22]
     t0 = time.monotonic()
-    for i in range(N):
-        a.send({"type": "generate", "id": i + 1, "tokens": flood_prompt, "max_tokens": 5})
-    t_sent = time.monotonic() - t0
-    # B streams while A's replies pile up
+    sent = [0]
+
+    def flood():  # A floods from its own thread while B streams
+        for i in range(N):
+            a.send({"type": "generate", "id": i + 1, "tokens": flood_prompt, "max_tokens": 5})
+            sent[0] = i + 1
+
+    fa = threading.Thread(target=flood)
+    fa.start()
+    while sent[0] < 500:
+        time.sleep(0.001)
     tb = time.monotonic()
     text, toks, d = b.complete(tokens=[31, 32, 33], max_tokens=40, seed=9)
     b_time = time.monotonic() - tb
+    print("flood: client B finished with A %s" % ("still sending (%d sent)" % sent[0] if sent[0] < N else "done sending"))
+    fa.join()
+    t_sent = time.monotonic() - t0
     check(toks == expected([31, 32, 33], 9, 40) and d["finish_reason"] == "length",
           "client B gets its full exact stream during the flood (%.2fs)" % b_time)
     check(b_time < 10, "client B is not starved (%.2fs for 40 tokens at 5 ms/step)" % b_time)
