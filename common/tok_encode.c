@@ -65,12 +65,14 @@ void tk_ws_free(tk_ws_t *ws)
     tk_nstr_free(&ws->n3);
     free(ws->mt.v);
     free(ws->mt2.v);
+    free(ws->mt3.v);
     if (ws->md) pcre2_match_data_free(ws->md);
     if (ws->mctx) pcre2_match_context_free(ws->mctx);
     if (ws->jst) pcre2_jit_stack_free(ws->jst);
     free(ws->sym);
     free(ws->heap);
     tk_buf_free(&ws->tmp);
+    tk_buf_free(&ws->tmp2);
     free(ws->cache);
     tk_buf_free(&ws->cache_arena);
     free(ws->ids);
@@ -188,9 +190,15 @@ static int s_added_find(const tok_t *tok, const tk_trie_t *tr, const char *s, si
     const unsigned char *u = (const unsigned char *)s;
     size_t start_offset = 0, i = 0;
     while (i < n) {
-        if (tr->root[u[i]] < 0) {
-            i++;
-            continue;
+        if (!tr->first[u[i]]) { /* skip to the next byte that can start a pattern */
+            if (tr->nfirst == 1) {
+                const unsigned char *f = memchr(u + i, tr->first1, n - i);
+                if (!f) break;
+                i = (size_t)(f - u);
+            } else {
+                while (i < n && !tr->first[u[i]]) i++;
+                if (i == n) break;
+            }
         }
         size_t ml = 0;
         int32_t id = s_trie_longest(tr, u + i, n - i, &ml);
@@ -251,9 +259,48 @@ static int s_stage_added_raw(const tok_t *tok, tk_ws_t *ws)
     return 0;
 }
 
+/* Whether the normalizer chain leaves s unchanged for sure (NFC and friends on text whose
+ * chars are all below tok->norm_stable_below). */
+static bool s_norm_noop(const tok_t *tok, const char *s, size_t n)
+{
+    if (!tok->nnorm) return true;
+    if (!tok->norm_unicode_only) return false;
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        if (u[i] < 0x80) {
+            i += tk_ascii_prefix(u + i, n - i);
+            continue;
+        }
+        int l;
+        if (tk_utf8_dec(u + i, n - i, &l) >= tok->norm_stable_below) return false;
+        i += (size_t)l;
+    }
+    return true;
+}
+
 /* Normalize every text split, then cut out the normalized added tokens. */
 static int s_stage_normalize(const tok_t *tok, tk_ws_t *ws)
 {
+    {
+        /* fast path: nothing to normalize, only (maybe) normalized added tokens to find */
+        const tk_nstr_t *t = &ws->t[ws->ti];
+        const tk_splits_t *in = &ws->sl[ws->si];
+        bool noop = true;
+        for (size_t k = 0; noop && k < in->n; k++)
+            if (in->v[k].id < 0) noop = s_norm_noop(tok, t->s.p + in->v[k].off, in->v[k].len);
+        if (noop) {
+            if (!tok->trie_norm.nnode) return 0;
+            tk_splits_t *out = s_next_splits(ws);
+            for (size_t k = 0; k < in->n; k++) {
+                tk_split_t sp = in->v[k];
+                int rc = sp.id >= 0 ? s_sp_add(out, sp.off, sp.len, sp.id)
+                                    : s_added_find(tok, &tok->trie_norm, t->s.p + sp.off, sp.len, sp.off, out);
+                if (rc) return rc;
+            }
+            ws->si = !ws->si;
+            return 0;
+        }
+    }
     const tk_nstr_t *t = &ws->t[ws->ti];
     const tk_splits_t *in = &ws->sl[ws->si];
     tk_nstr_t *t2 = s_next_text(ws);
@@ -292,9 +339,11 @@ static int s_split_by(tk_ws_t *ws, tk_splits_t *out, size_t base, const tk_match
     bool prev = false;
     switch (behavior) {
     case SPLIT_ISOLATED:
-        for (size_t i = 0; i < mt->n; i++)
-            if (s_mt_push(acc, mt->v[i].s, mt->v[i].e, true)) return STRATA_ENOMEM;
-        break;
+        for (size_t i = 0; i < mt->n; i++) {
+            tk_match_t m = mt->v[i];
+            if (m.e > m.s && s_sp_add(out, base + m.s, m.e - m.s, -1)) return STRATA_ENOMEM;
+        }
+        return 0;
     case SPLIT_REMOVED:
         for (size_t i = 0; i < mt->n; i++)
             if (s_mt_push(acc, mt->v[i].s, mt->v[i].e, !mt->v[i].m)) return STRATA_ENOMEM;
@@ -343,17 +392,36 @@ static bool s_pred_ws(uint32_t cp, uint32_t arg) { (void)arg; return tk_is_white
 static bool s_pred_num(uint32_t cp, uint32_t arg) { (void)arg; return tk_is_numeric(cp); }
 static bool s_pred_punct(uint32_t cp, uint32_t arg) { (void)arg; return tk_is_punct(cp); }
 
-/* find_matches of a char predicate: each matching char is one match. */
-static int s_char_matches(const char *s, size_t n, s_pred_fn pred, uint32_t arg, tk_matches_t *mt)
+/* ASCII answers of the predicates (pred_eq has none). */
+static uint8_t s_tab_ws[128], s_tab_num[128], s_tab_punct[128];
+static pthread_once_t s_tab_once = PTHREAD_ONCE_INIT;
+
+static void s_tab_init(void)
+{
+    for (uint32_t c = 0; c < 128; c++) {
+        s_tab_ws[c] = tk_is_whitespace(c);
+        s_tab_num[c] = tk_is_numeric(c);
+        s_tab_punct[c] = tk_is_punct(c);
+    }
+}
+
+/* find_matches of a char predicate: each matching char is one match. tab: the predicate on
+ * ASCII, or NULL. */
+static int s_char_matches(const char *s, size_t n, s_pred_fn pred, uint32_t arg, const uint8_t *tab,
+                          tk_matches_t *mt)
 {
     mt->n = 0;
     if (!n) return s_mt_push(mt, 0, 0, false);
     const unsigned char *u = (const unsigned char *)s;
     size_t last = 0;
     for (size_t i = 0; i < n;) {
+        if (tab && u[i] < 0x80 && !tab[u[i]]) {
+            i++;
+            continue;
+        }
         int l = 1;
         uint32_t cp = u[i] < 0x80 ? u[i] : tk_utf8_dec(u + i, n - i, &l);
-        if (pred(cp, arg)) {
+        if (tab && cp < 0x80 ? tab[cp] : pred(cp, arg)) {
             if (last < i && s_mt_push(mt, last, i, false)) return STRATA_ENOMEM;
             if (s_mt_push(mt, i, i + (size_t)l, true)) return STRATA_ENOMEM;
             last = i + (size_t)l;
@@ -412,32 +480,30 @@ static int s_stage_split(const tok_t *tok, tk_ws_t *ws, const tk_pt_t *pt)
             rc = s_split_by(ws, out, sp.off, &ws->mt, pt->behavior);
             break;
         case PT_DIGITS:
-            if ((rc = s_char_matches(s, sp.len, s_pred_num, 0, &ws->mt))) return rc;
+            if ((rc = s_char_matches(s, sp.len, s_pred_num, 0, s_tab_num, &ws->mt))) return rc;
             rc = s_split_by(ws, out, sp.off, &ws->mt, pt->individual_digits ? SPLIT_ISOLATED : SPLIT_CONTIGUOUS);
             break;
         case PT_WHITESPACE: rc = s_whitespace_pieces(s, sp.len, sp.off, out); break;
         case PT_WHITESPACE_SPLIT:
-            if ((rc = s_char_matches(s, sp.len, s_pred_ws, 0, &ws->mt))) return rc;
+            if ((rc = s_char_matches(s, sp.len, s_pred_ws, 0, s_tab_ws, &ws->mt))) return rc;
             rc = s_split_by(ws, out, sp.off, &ws->mt, SPLIT_REMOVED);
             break;
         case PT_PUNCTUATION:
-            if ((rc = s_char_matches(s, sp.len, s_pred_punct, 0, &ws->mt))) return rc;
+            if ((rc = s_char_matches(s, sp.len, s_pred_punct, 0, s_tab_punct, &ws->mt))) return rc;
             rc = s_split_by(ws, out, sp.off, &ws->mt, pt->behavior);
             break;
         case PT_CHAR_DELIMITER:
-            if ((rc = s_char_matches(s, sp.len, s_pred_eq, pt->repl_cp, &ws->mt))) return rc;
+            if ((rc = s_char_matches(s, sp.len, s_pred_eq, pt->repl_cp, NULL, &ws->mt))) return rc;
             rc = s_split_by(ws, out, sp.off, &ws->mt, SPLIT_REMOVED);
             break;
         case PT_BERT: {
             /* whitespace (removed), then punctuation (isolated) in each piece */
-            if ((rc = s_char_matches(s, sp.len, s_pred_ws, 0, &ws->mt))) return rc;
+            if ((rc = s_char_matches(s, sp.len, s_pred_ws, 0, s_tab_ws, &ws->mt))) return rc;
             for (size_t i = 0; i < ws->mt.n; i++) {
                 tk_match_t m = ws->mt.v[i];
                 if (m.m || m.e == m.s) continue;
-                tk_matches_t sub = {0};
-                rc = s_char_matches(s + m.s, m.e - m.s, s_pred_punct, 0, &sub);
-                if (!rc) rc = s_split_by(ws, out, sp.off + m.s, &sub, SPLIT_ISOLATED);
-                free(sub.v);
+                rc = s_char_matches(s + m.s, m.e - m.s, s_pred_punct, 0, s_tab_punct, &ws->mt3);
+                if (!rc) rc = s_split_by(ws, out, sp.off + m.s, &ws->mt3, SPLIT_ISOLATED);
                 if (rc) return rc;
             }
             break;
@@ -476,12 +542,16 @@ static int s_put_bytelevel(tk_nstr_t *t2, tk_splits_t *out, const tk_nstr_t *ns,
     return s_sp_add(out, off, w, -1);
 }
 
-/* ByteLevel: optional prefix space, the GPT-2 regex (Isolated), then bytes -> chars. */
+/* ByteLevel: optional prefix space, the GPT-2 regex (Isolated), then bytes -> chars. When it
+ * is the last pre-tokenizer (tok->bl_last) the pieces stay raw bytes and BPE maps them. */
 static int s_stage_bytelevel(const tok_t *tok, tk_ws_t *ws, const tk_pt_t *pt)
 {
     const tk_nstr_t *t = &ws->t[ws->ti];
     const tk_splits_t *in = &ws->sl[ws->si];
-    tk_nstr_t *t2 = s_next_text(ws);
+    bool raw = tok->bl_last && pt == &tok->pt[tok->npt - 1];
+    bool prefix = pt->add_prefix_space;
+    bool copy = !raw || prefix;
+    tk_nstr_t *t2 = copy ? s_next_text(ws) : NULL;
     tk_splits_t *out = s_next_splits(ws);
     tk_nstr_t *ns = &ws->n1;
     for (size_t k = 0; k < in->n; k++) {
@@ -491,28 +561,43 @@ static int s_stage_bytelevel(const tok_t *tok, tk_ws_t *ws, const tk_pt_t *pt)
             if ((rc = s_sp_add(out, 0, 0, sp.id))) return rc;
             continue;
         }
-        ns->s.n = 0;
-        ns->track = t->track;
-        const uint32_t *al = t->track ? t->al + sp.off : NULL;
-        if (pt->add_prefix_space && t->s.p[sp.off] != ' ' && (rc = s_text_put(ns, " ", 1, NULL, al ? al[0] : 0)))
-            return rc;
-        if ((rc = s_text_put(ns, t->s.p + sp.off, sp.len, al, 0))) return rc;
+        const char *s = t->s.p + sp.off;
+        size_t n = sp.len, base = sp.off;
+        if (copy) {
+            ns->s.n = 0;
+            ns->track = t->track;
+            const uint32_t *al = t->track ? t->al + sp.off : NULL;
+            if (prefix && s[0] != ' ' && (rc = s_text_put(ns, " ", 1, NULL, al ? al[0] : 0))) return rc;
+            if ((rc = s_text_put(ns, s, n, al, 0))) return rc;
+            s = ns->s.p;
+            n = ns->s.n;
+        }
+        if (raw && copy) { /* raw bytes with the prefix: into the next text as they are */
+            base = t2->s.n;
+            if ((rc = s_text_put(t2, s, n, ns->track ? ns->al : NULL, 0))) return rc;
+            s = t2->s.p + base;
+        }
         if (!pt->use_regex) {
-            if ((rc = s_put_bytelevel(t2, out, ns, 0, ns->s.n))) return rc;
+            rc = raw ? s_sp_add(out, base, n, -1) : s_put_bytelevel(t2, out, ns, 0, n);
+            if (rc) return rc;
             continue;
         }
-        if ((rc = tk_re_find_matches(ws, &tok->re_bytelevel, ns->s.p, ns->s.n, &ws->mt))) return rc;
+        if ((rc = tk_re_find_matches(ws, &tok->re_bytelevel, s, n, &ws->mt))) return rc;
         for (size_t i = 0; i < ws->mt.n; i++) {
             tk_match_t m = ws->mt.v[i];
-            if (m.e > m.s && (rc = s_put_bytelevel(t2, out, ns, m.s, m.e))) return rc;
+            if (m.e <= m.s) continue;
+            rc = raw ? s_sp_add(out, base + m.s, m.e - m.s, -1) : s_put_bytelevel(t2, out, ns, m.s, m.e);
+            if (rc) return rc;
         }
     }
-    ws->ti = !ws->ti;
+    if (copy) ws->ti = !ws->ti;
     ws->si = !ws->si;
+    ws->raw_bytes = raw;
     return 0;
 }
 
-/* Metaspace: ' ' -> replacement, prepend by scheme, split before each replacement char. */
+/* Metaspace: ' ' -> replacement, prepend by scheme, split before each replacement char
+ * (MergedWithNext on single-char matches is exactly "a piece starts at each one"). */
 static int s_stage_metaspace(const tok_t *tok, tk_ws_t *ws, const tk_pt_t *pt)
 {
     (void)tok;
@@ -520,7 +605,7 @@ static int s_stage_metaspace(const tok_t *tok, tk_ws_t *ws, const tk_pt_t *pt)
     const tk_splits_t *in = &ws->sl[ws->si];
     tk_nstr_t *t2 = s_next_text(ws);
     tk_splits_t *out = s_next_splits(ws);
-    tk_nstr_t *ns = &ws->n1;
+    const size_t rn = (size_t)pt->repl_n;
     for (size_t k = 0; k < in->n; k++) {
         tk_split_t sp = in->v[k];
         int rc;
@@ -528,29 +613,35 @@ static int s_stage_metaspace(const tok_t *tok, tk_ws_t *ws, const tk_pt_t *pt)
             if ((rc = s_sp_add(out, 0, 0, sp.id))) return rc;
             continue;
         }
-        ns->s.n = 0;
-        ns->track = t->track;
         const char *s = t->s.p + sp.off;
         const uint32_t *al = t->track ? t->al + sp.off : NULL;
-        bool starts_repl = s[0] == ' ' || (sp.len >= (size_t)pt->repl_n && !memcmp(s, pt->repl, (size_t)pt->repl_n));
+        bool starts_repl = s[0] == ' ' || (sp.len >= rn && !memcmp(s, pt->repl, rn));
         bool prepend = !starts_repl && (pt->prepend_scheme == PREPEND_ALWAYS ||
                                         (pt->prepend_scheme == PREPEND_FIRST && al && al[0] == 0));
-        if (prepend && (rc = s_text_put(ns, pt->repl, (size_t)pt->repl_n, NULL, al ? al[0] : 0))) return rc;
+        size_t off = t2->s.n;
+        if ((rc = tk_nstr_reserve(t2, sp.len * rn + rn))) return rc;
+        if (prepend && (rc = s_text_put(t2, pt->repl, rn, NULL, al ? al[0] : 0))) return rc;
         size_t run = 0;
         for (size_t i = 0; i <= sp.len; i++) {
             if (i < sp.len && s[i] != ' ') continue;
-            if (i > run && (rc = s_text_put(ns, s + run, i - run, al ? al + run : NULL, 0))) return rc;
-            if (i < sp.len && (rc = s_text_put(ns, pt->repl, (size_t)pt->repl_n, NULL, al ? al[i] : 0))) return rc;
+            if (i > run && (rc = s_text_put(t2, s + run, i - run, al ? al + run : NULL, 0))) return rc;
+            if (i < sp.len && (rc = s_text_put(t2, pt->repl, rn, NULL, al ? al[i] : 0))) return rc;
             run = i + 1;
         }
-        size_t off = t2->s.n;
-        if ((rc = s_text_put(t2, ns->s.p, ns->s.n, ns->track ? ns->al : NULL, 0))) return rc;
+        size_t end = t2->s.n;
         if (!pt->split) {
-            if ((rc = s_sp_add(out, off, ns->s.n, -1))) return rc;
+            if ((rc = s_sp_add(out, off, end - off, -1))) return rc;
             continue;
         }
-        if ((rc = s_char_matches(ns->s.p, ns->s.n, s_pred_eq, pt->repl_cp, &ws->mt))) return rc;
-        if ((rc = s_split_by(ws, out, off, &ws->mt, SPLIT_MERGED_NEXT))) return rc;
+        const char *o = t2->s.p;
+        size_t start = off;
+        for (size_t i = off + 1; i + rn <= end; i++) {
+            if (o[i] != pt->repl[0] || memcmp(o + i, pt->repl, rn)) continue;
+            if ((rc = s_sp_add(out, start, i - start, -1))) return rc;
+            start = i;
+            i += rn - 1;
+        }
+        if ((rc = s_sp_add(out, start, end - start, -1))) return rc;
     }
     ws->ti = !ws->ti;
     ws->si = !ws->si;
@@ -559,20 +650,34 @@ static int s_stage_metaspace(const tok_t *tok, tk_ws_t *ws, const tk_pt_t *pt)
 
 /* ---------------------------------------------------------------- BPE */
 
+static inline bool s_same(const char *a, const char *b, size_t n)
+{
+    if (n > 16) return !memcmp(a, b, n);
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i]) return false;
+    return true;
+}
+
 static int s_cache_get(tk_ws_t *ws, uint64_t h, const char *p, size_t n)
 {
     if (!ws->cache) return 0;
     uint32_t mask = TK_CACHE_CAP - 1, i = (uint32_t)h & mask;
     for (;;) {
-        tk_cache_ent_t *e = &ws->cache[i];
+        const tk_cache_ent_t *e = &ws->cache[i];
         if (!e->h) return 0;
-        if (e->h == h && e->klen == n && !memcmp(ws->cache_arena.p + e->koff, p, n)) {
+        if (e->h == h && e->klen == n && s_same(n <= 16 ? e->key : ws->cache_arena.p + e->koff, p, n)) {
+            if (e->nids == 1) return s_push_id(ws, e->id0) ? STRATA_ENOMEM : 1;
             const char *v = ws->cache_arena.p + e->voff;
-            for (uint32_t j = 0; j < e->vlen; j++) {
-                int32_t id;
-                memcpy(&id, v + 4 * (size_t)j, 4);
-                if (s_push_id(ws, id)) return STRATA_ENOMEM;
+            if (ws->nids + e->nids > ws->ids_cap) {
+                size_t c = ws->ids_cap ? ws->ids_cap : 256;
+                while (c < ws->nids + e->nids) c *= 2;
+                int32_t *nv = realloc(ws->ids, c * sizeof *nv);
+                if (!nv) return STRATA_ENOMEM;
+                ws->ids = nv;
+                ws->ids_cap = c;
             }
+            memcpy(ws->ids + ws->nids, v, (size_t)e->nids * 4);
+            ws->nids += e->nids;
             return 1;
         }
         i = (i + 1) & mask;
@@ -581,6 +686,7 @@ static int s_cache_get(tk_ws_t *ws, uint64_t h, const char *p, size_t n)
 
 static void s_cache_put(tk_ws_t *ws, uint64_t h, const char *p, size_t n, const int32_t *ids, size_t nids)
 {
+    if (nids > UINT16_MAX) return;
     if (!ws->cache) {
         ws->cache = calloc(TK_CACHE_CAP, sizeof *ws->cache);
         if (!ws->cache) return;
@@ -590,15 +696,22 @@ static void s_cache_put(tk_ws_t *ws, uint64_t h, const char *p, size_t n, const 
         ws->cache_n = 0;
         ws->cache_arena.n = 0;
     }
-    size_t koff = ws->cache_arena.n;
-    if (tk_buf_put(&ws->cache_arena, p, n)) return;
-    size_t pad = (4 - ws->cache_arena.n % 4) % 4;
-    if (tk_buf_put(&ws->cache_arena, "\0\0\0", pad)) return;
-    size_t voff = ws->cache_arena.n;
-    if (tk_buf_put(&ws->cache_arena, ids, nids * 4)) return;
+    tk_cache_ent_t e = {.h = h, .klen = (uint16_t)n, .nids = (uint16_t)nids, .id0 = nids ? ids[0] : -1};
+    if (n <= 16) {
+        memcpy(e.key, p, n);
+    } else {
+        e.koff = (uint32_t)ws->cache_arena.n;
+        if (tk_buf_put(&ws->cache_arena, p, n)) return;
+    }
+    if (nids > 1) {
+        size_t pad = (4 - ws->cache_arena.n % 4) % 4;
+        if (tk_buf_put(&ws->cache_arena, "\0\0\0", pad)) return;
+        e.voff = (uint32_t)ws->cache_arena.n;
+        if (tk_buf_put(&ws->cache_arena, ids, nids * 4)) return;
+    }
     uint32_t mask = TK_CACHE_CAP - 1, i = (uint32_t)h & mask;
     while (ws->cache[i].h) i = (i + 1) & mask;
-    ws->cache[i] = (tk_cache_ent_t){h, (uint32_t)koff, (uint32_t)n, (uint32_t)voff, (uint32_t)nids};
+    ws->cache[i] = e;
     ws->cache_n++;
 }
 
@@ -693,26 +806,89 @@ static int s_merge_all(const tk_bpe_t *m, tk_ws_t *ws, size_t nsym)
     return 0;
 }
 
-/* BPE::tokenize of one piece; appends ids to ws->ids. */
-static int s_bpe(const tok_t *tok, tk_ws_t *ws, const char *p, size_t n)
+/* Append the byte-level form of raw bytes to out. */
+static int s_map_bytes(tk_buf_t *out, const char *p, size_t n)
+{
+    out->n = 0;
+    if (tk_buf_reserve(out, 2 * n)) return STRATA_ENOMEM;
+    unsigned char *o = (unsigned char *)out->p;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t cp = tk_byte_cp[(unsigned char)p[i]];
+        if (cp < 0x80) {
+            o[out->n++] = (unsigned char)cp;
+        } else {
+            o[out->n++] = (unsigned char)(0xC0 | (cp >> 6));
+            o[out->n++] = (unsigned char)(0x80 | (cp & 0x3F));
+        }
+    }
+    out->p[out->n] = 0;
+    return 0;
+}
+
+/* merge_all for a short word, then its ids appended to ws->ids. The same result as the heap:
+ * symbols only ever absorb their right neighbour, so a heap entry that is still valid always
+ * describes the pair now at its position, and the heap's order (rank, then position) is the
+ * lowest rank, leftmost first, which a scan over the pairs finds directly. */
+static int s_merge_small(const tk_bpe_t *m, tk_ws_t *ws, size_t n)
+{
+    int32_t id[48], nid[48];
+    uint32_t rk[48];
+    for (size_t i = 0; i < n; i++) id[i] = ws->sym[i].id;
+    for (size_t i = 0; i + 1 < n; i++)
+        if (!tk_pair_get(&m->merges, id[i], id[i + 1], &rk[i], &nid[i])) rk[i] = UINT32_MAX;
+    while (n > 1) {
+        size_t best = 0;
+        for (size_t i = 1; i + 1 < n; i++)
+            if (rk[i] < rk[best]) best = i;
+        if (rk[best] == UINT32_MAX) break;
+        id[best] = nid[best];
+        for (size_t i = best + 1; i + 1 < n; i++) {
+            id[i] = id[i + 1];
+            rk[i] = rk[i + 1];
+            nid[i] = nid[i + 1];
+        }
+        n--;
+        if (best > 0 && !tk_pair_get(&m->merges, id[best - 1], id[best], &rk[best - 1], &nid[best - 1]))
+            rk[best - 1] = UINT32_MAX;
+        if (best + 1 < n && !tk_pair_get(&m->merges, id[best], id[best + 1], &rk[best], &nid[best]))
+            rk[best] = UINT32_MAX;
+    }
+    if (ws->nids + n > ws->ids_cap) {
+        size_t c = ws->ids_cap ? ws->ids_cap : 256;
+        while (c < ws->nids + n) c *= 2;
+        int32_t *v = realloc(ws->ids, c * sizeof *v);
+        if (!v) return STRATA_ENOMEM;
+        ws->ids = v;
+        ws->ids_cap = c;
+    }
+    memcpy(ws->ids + ws->nids, id, n * sizeof *id);
+    ws->nids += n;
+    return 0;
+}
+
+/* BPE::merge_word + word_to_tokens of one piece (no cache); appends ids to ws->ids.
+ * raw: p holds raw bytes whose byte-level chars are the symbols. */
+static int s_bpe_word(const tok_t *tok, tk_ws_t *ws, const char *p, size_t n, bool raw)
 {
     const tk_bpe_t *m = &tok->bpe;
-    if (!n) return 0;
-    if (m->ignore_merges) {
-        int32_t id = tk_map_get(&m->vocab, p, n, -1);
-        if (id >= 0) return s_push_id(ws, id);
-    }
-    uint64_t h = 0;
-    if (n < TK_CACHE_MAX_KEY) {
-        h = tk_hash64(p, n);
-        int r = s_cache_get(ws, h, p, n);
-        if (r) return r < 0 ? r : 0;
+    size_t nsym = 0;
+    bool special_syms = false; /* unk or byte-fallback symbols: their strings are not the text */
+    int rc;
+    if (raw) {
+        bool all = true;
+        for (size_t i = 0; i < n && all; i++) all = m->byte_sym[(unsigned char)p[i]] >= 0;
+        if (all) {
+            for (size_t i = 0; i < n; i++)
+                if ((rc = s_sym_add(ws, &nsym, m->byte_sym[(unsigned char)p[i]], 1))) return rc;
+            goto merge;
+        }
+        if ((rc = s_map_bytes(&ws->tmp2, p, n))) return rc; /* a char missing: the general path */
+        p = ws->tmp2.p;
+        n = ws->tmp2.n;
     }
     const unsigned char *u = (const unsigned char *)p;
-    size_t nsym = 0;
     bool have_unk = false;
     uint32_t unk_len = 0;
-    int rc;
     for (size_t i = 0; i < n;) {
         int l;
         uint32_t cp = tk_utf8_dec(u + i, n - i, &l);
@@ -743,14 +919,12 @@ static int s_bpe(const tok_t *tok, tk_ws_t *ws, const char *p, size_t n)
             continue;
         }
         if (m->byte_fallback) {
-            if (plain && cp < TK_CP_FAST) { /* the key is the char itself */
-                key = p + i;
-                keyn = (size_t)l;
-            }
             bool all = true;
             for (size_t j = 0; j < keyn; j++)
                 if (m->byte_id[(unsigned char)key[j]] < 0) all = false;
             if (all) {
+                special_syms = true;
+                /* the pending unk (if any) stays pending, as in tokenizers */
                 for (size_t j = 0; j < keyn; j++)
                     if ((rc = s_sym_add(ws, &nsym, m->byte_id[(unsigned char)key[j]], 1))) return rc;
                 i += (size_t)l;
@@ -759,6 +933,7 @@ static int s_bpe(const tok_t *tok, tk_ws_t *ws, const char *p, size_t n)
         }
         if (m->unk_id == -2) return STRATA_EINVAL_INPUT; /* unk_token not in the vocab */
         if (m->unk_id >= 0) {
+            special_syms = true;
             if (have_unk && m->fuse_unk) {
                 unk_len += (uint32_t)l;
             } else {
@@ -770,12 +945,97 @@ static int s_bpe(const tok_t *tok, tk_ws_t *ws, const char *p, size_t n)
         i += (size_t)l;
     }
     if (have_unk && (rc = s_sym_add(ws, &nsym, m->unk_id, unk_len))) return rc;
+merge:
+    if (nsym <= 48 && !special_syms) return s_merge_small(m, ws, nsym);
     if ((rc = s_merge_all(m, ws, nsym))) return rc;
-    size_t first_id = ws->nids;
     for (size_t i = 0; i < nsym; i++)
         if (ws->sym[i].len && (rc = s_push_id(ws, ws->sym[i].id))) return rc;
-    if (n < TK_CACHE_MAX_KEY) s_cache_put(ws, h, p, n, ws->ids + first_id, ws->nids - first_id);
     return 0;
+}
+
+/* s_bpe_word behind the piece cache; with check_vocab, the ignore_merges lookup of the whole
+ * piece runs first on a miss (its result is cached too). */
+static int s_bpe_cached(const tok_t *tok, tk_ws_t *ws, const char *p, size_t n, bool raw, bool check_vocab)
+{
+    uint64_t h = 0;
+    if (n < TK_CACHE_MAX_KEY) {
+        h = tk_hash64(p, n);
+        int r = s_cache_get(ws, h, p, n);
+        if (r) return r < 0 ? r : 0;
+    }
+    size_t first = ws->nids;
+    int rc = 0;
+    int32_t id = -1;
+    if (check_vocab) {
+        const char *k = p;
+        size_t kn = n;
+        if (raw) {
+            if (s_map_bytes(&ws->tmp2, p, n)) return STRATA_ENOMEM;
+            k = ws->tmp2.p;
+            kn = ws->tmp2.n;
+        }
+        id = tk_map_get(&tok->bpe.vocab, k, kn, -1);
+    }
+    rc = id >= 0 ? s_push_id(ws, id) : s_bpe_word(tok, ws, p, n, raw);
+    if (!rc && n < TK_CACHE_MAX_KEY) s_cache_put(ws, h, p, n, ws->ids + first, ws->nids - first);
+    return rc;
+}
+
+/* The next char of a piece for chunking: its code point and whether it is a one-char token. */
+static inline uint32_t s_chunk_char(const tk_bpe_t *m, const unsigned char *u, size_t n, bool raw, int *len,
+                                    bool *known)
+{
+    if (raw) {
+        *len = 1;
+        *known = m->byte_sym[u[0]] >= 0;
+        return tk_byte_cp[u[0]];
+    }
+    uint32_t cp = tk_utf8_dec(u, n, len);
+    *known = cp < TK_CP_FAST ? m->cp_id[cp] >= 0 : tk_map_find(&m->vocab, (const char *)u, (size_t)*len) >= 0;
+    return cp;
+}
+
+/* BPE::tokenize of one piece; appends ids to ws->ids. A long piece is cut where no merge can
+ * cross (see tk_bpe_t.joinable) and the parts go through the cache one by one. */
+static int s_bpe(const tok_t *tok, tk_ws_t *ws, const char *p, size_t n, bool raw)
+{
+    const tk_bpe_t *m = &tok->bpe;
+    if (!n) return 0;
+    bool chunk = m->can_chunk && n > 32;
+    /* Chunks are pure BPE: when they may share the cache with whole pieces, the whole-piece
+     * vocab lookup of ignore_merges stays out of the cache. */
+    if (m->ignore_merges && m->can_chunk) {
+        const char *k = p;
+        size_t kn = n;
+        if (raw) {
+            if (s_map_bytes(&ws->tmp2, p, n)) return STRATA_ENOMEM;
+            k = ws->tmp2.p;
+            kn = ws->tmp2.n;
+        }
+        int32_t id = tk_map_get(&m->vocab, k, kn, -1);
+        if (id >= 0) return s_push_id(ws, id);
+    }
+    if (!chunk) return s_bpe_cached(tok, ws, p, n, raw, m->ignore_merges && !m->can_chunk);
+    const unsigned char *u = (const unsigned char *)p;
+    size_t start = 0, i = 0;
+    int l;
+    bool known_prev, known;
+    uint32_t prev = s_chunk_char(m, u, n, raw, &l, &known_prev);
+    i = (size_t)l;
+    while (i < n) {
+        uint32_t cp = s_chunk_char(m, u + i, n - i, raw, &l, &known);
+        uint32_t rk;
+        int32_t v;
+        if (known && known_prev && !tk_pair_get(&m->joinable, (int32_t)prev, (int32_t)cp, &rk, &v)) {
+            int rc = s_bpe_cached(tok, ws, p + start, i - start, raw, false);
+            if (rc) return rc;
+            start = i;
+        }
+        prev = cp;
+        known_prev = known;
+        i += (size_t)l;
+    }
+    return s_bpe_cached(tok, ws, p + start, n - start, raw, false);
 }
 
 /* ---------------------------------------------------------------- the pipeline */
@@ -784,6 +1044,7 @@ static int s_encode(const tok_t *tok, tk_ws_t *ws, const char *text, size_t len,
 {
     int rc;
     ws->ti = ws->si = 0;
+    ws->raw_bytes = false;
     tk_nstr_t *t = &ws->t[0];
     t->s.n = 0;
     t->track = tok->track_align;
@@ -797,6 +1058,26 @@ static int s_encode(const tok_t *tok, tk_ws_t *ws, const char *text, size_t len,
     }
     if (t->track)
         for (size_t i = 0; i < t->s.n; i++) t->al[i] = (uint32_t)i;
+    /* size the buffers once for this input (a warm workspace already is) */
+    for (int i = 0; i < 2; i++) {
+        ws->t[i].track = t->track;
+        size_t keep = ws->t[i].s.n;
+        ws->t[i].s.n = 0;
+        if ((rc = tk_nstr_reserve(&ws->t[i], 3 * t->s.n + 64))) return rc;
+        ws->t[i].s.n = keep;
+        if (ws->sl[i].cap < t->s.n / 2 + 16) {
+            tk_split_t *v = realloc(ws->sl[i].v, (t->s.n / 2 + 16) * sizeof *v);
+            if (!v) return STRATA_ENOMEM;
+            ws->sl[i].v = v;
+            ws->sl[i].cap = t->s.n / 2 + 16;
+        }
+    }
+    if (ws->ids_cap < t->s.n / 2 + 16) {
+        int32_t *v = realloc(ws->ids, (t->s.n / 2 + 16) * sizeof *v);
+        if (!v) return STRATA_ENOMEM;
+        ws->ids = v;
+        ws->ids_cap = t->s.n / 2 + 16;
+    }
     tk_splits_t *l = &ws->sl[0];
     l->n = 0;
     if (t->s.n && (rc = s_sp_add(l, 0, t->s.n, -1))) return rc;
@@ -816,7 +1097,7 @@ static int s_encode(const tok_t *tok, tk_ws_t *ws, const char *text, size_t len,
     l = &ws->sl[ws->si];
     for (size_t k = 0; k < l->n; k++) {
         tk_split_t sp = l->v[k];
-        rc = sp.id >= 0 ? s_push_id(ws, sp.id) : s_bpe(tok, ws, t->s.p + sp.off, sp.len);
+        rc = sp.id >= 0 ? s_push_id(ws, sp.id) : s_bpe(tok, ws, t->s.p + sp.off, sp.len, ws->raw_bytes);
         if (rc) return rc;
     }
 
@@ -862,6 +1143,7 @@ static int s_encode(const tok_t *tok, tk_ws_t *ws, const char *text, size_t len,
 
 int tok_encode(const tok_t *tok, const char *text, size_t len, bool add_special, int32_t **ids, size_t *n)
 {
+    pthread_once(&s_tab_once, s_tab_init);
     *ids = NULL;
     *n = 0;
     if (len >= TK_MAX_INPUT) return STRATA_ETOOLARGE;

@@ -53,7 +53,14 @@ static inline uint64_t tk_hash64(const void *p, size_t n)
         n -= 8;
     }
     uint64_t v = 0;
-    for (size_t i = 0; i < n; i++) v |= (uint64_t)s[i] << (8 * i);
+    if (n >= 4) {
+        uint32_t a, b;
+        __builtin_memcpy(&a, s, 4);
+        __builtin_memcpy(&b, s + n - 4, 4);
+        v = ((uint64_t)a << 32) | b;
+    } else if (n) {
+        v = ((uint64_t)s[0] << 16) | ((uint64_t)s[n >> 1] << 8) | s[n - 1];
+    }
     h = (h ^ v) * 0xc4ceb9fe1a85ec53ull;
     h ^= h >> 29;
     h *= 0xff51afd7ed558ccdull;
@@ -102,9 +109,16 @@ static inline bool tk_pair_get(const tk_pairmap_t *m, int32_t a, int32_t b, uint
 void tk_pair_free(tk_pairmap_t *m);
 
 /* ---------------------------------------------------------------- regex (Oniguruma semantics) */
+/* Pre-tokenizer regexes common enough to get a hand-written matcher (same matches as the
+ * regex; tests/tokenizer/test_tok_regex.c checks them against PCRE2). */
+enum { RE_PCRE = 0, RE_GPT2, RE_CL100K_N1 /* Qwen2 */, RE_CL100K_N3 /* Llama 3, cl100k */ };
+
 typedef struct {
     pcre2_code *code;
     bool jit;
+    int fast;            /* RE_* : which matcher find_matches uses */
+    char *lit;           /* a non-empty literal pattern: found with memmem, not PCRE2 */
+    size_t lit_n;
 } tk_re_t;
 
 /* One piece of a find_matches() result: [s, e) of the subject, whether the pattern matched. */
@@ -120,6 +134,8 @@ typedef struct {
 
 /* Compile an Oniguruma regex (literal: the pattern is a plain string). On error fills msg. */
 int tk_re_compile(tk_re_t *re, const char *pat, size_t n, bool literal, char *msg, size_t msgcap);
+/* The GPT-2 pattern (ByteLevel's use_regex). */
+extern const char tk_re_gpt2[];
 void tk_re_free(tk_re_t *re);
 
 /* ---------------------------------------------------------------- components */
@@ -208,6 +224,9 @@ typedef struct {
     } *node;             /* [nnode]; node 0 is the root */
     uint32_t nnode, cap;
     int32_t root[256];   /* child of the root per byte, -1 none */
+    uint8_t first[256];  /* 1 for bytes that start a pattern */
+    int nfirst;          /* how many distinct first bytes */
+    uint8_t first1;      /* the first byte when nfirst == 1 */
 } tk_trie_t;
 
 typedef struct {
@@ -220,9 +239,15 @@ typedef struct {
     bool fuse_unk, byte_fallback, ignore_merges;
     int32_t byte_id[256];    /* "<0xNN>" ids, -1 when missing */
     int32_t *cp_id;          /* [TK_CP_FAST] id of the one-char token for small code points */
+    int32_t byte_sym[256];   /* id of the one-char token of byte b's byte-level char, -1 none */
+    /* Char pairs that occur inside some vocab token ((cp1 << 32) | cp2, value 1). A long piece
+     * may be cut between two in-vocab chars that form no such pair: no merge can cross there,
+     * so BPE of the parts equals BPE of the whole. Built only when pieces can be long. */
+    tk_pairmap_t joinable;
+    bool can_chunk;
 } tk_bpe_t;
 
-#define TK_CP_FAST 0x800
+#define TK_CP_FAST 0x10000 /* the BMP: 256 KiB per tokenizer */
 
 struct tk_ws;
 
@@ -259,6 +284,10 @@ struct tok {
     uint32_t id_cap;
 
     bool track_align;        /* a Metaspace pre-tokenizer uses prepend_scheme "first" */
+    bool bl_last;            /* the last pre-tokenizer is ByteLevel and BPE has no prefix/suffix:
+                              * pieces stay raw bytes, BPE maps them itself (byte_sym) */
+    bool norm_unicode_only;  /* every normalizer is NFC/NFD/NFKC/NFKD */
+    uint32_t norm_stable_below; /* ... and chars below this code point never change */
     tk_re_t re_bytelevel;    /* GPT-2 regex of the ByteLevel pre-tokenizer */
     tk_re_t re_whitespace;   /* \w+|[^\w\s]+ of the Whitespace pre-tokenizer */
 
@@ -300,6 +329,18 @@ static inline int tk_utf8_len(unsigned char c) { return c < 0x80 ? 1 : c < 0xE0 
 int tk_utf8_enc(uint32_t cp, char *out);
 /* Length of the longest prefix of p[0..n) that is valid UTF-8. */
 size_t tk_utf8_valid_prefix(const unsigned char *p, size_t n);
+/* Length of the longest all-ASCII prefix of p[0..n). */
+static inline size_t tk_ascii_prefix(const unsigned char *p, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t v;
+        __builtin_memcpy(&v, p + i, 8);
+        if (v & 0x8080808080808080ull) break;
+    }
+    while (i < n && p[i] < 0x80) i++;
+    return i;
+}
 /* Length of the maximal subpart at p (a valid char or the bytes an invalid sequence spans,
  * as Python and Rust's from_utf8_lossy count them); *valid says which. n >= 1. When the
  * sequence is a proper prefix of a valid char cut by the end of the buffer, *incomplete. */
@@ -338,10 +379,16 @@ typedef struct {
     uint32_t base;       /* original offset of the segment start ("(0, 0)" in tokenizers) */
 } tk_nstr_t;
 
+/* One cached piece. Keys of up to 16 bytes and results of one id live in the entry itself;
+ * longer ones in cache_arena. */
 typedef struct {
-    uint64_t h;
-    uint32_t koff, klen;   /* key in arena */
-    uint32_t voff, vlen;   /* ids (int32) in arena, offset in bytes */
+    uint64_t h;            /* hash of the key; 0 = empty slot */
+    uint16_t klen;         /* key length, bytes */
+    uint16_t nids;         /* ids in the result */
+    int32_t id0;           /* the result when nids == 1 */
+    uint32_t koff;         /* key in cache_arena when klen > 16 */
+    uint32_t voff;         /* ids (int32) in cache_arena when nids > 1, byte offset */
+    char key[16];          /* the key when klen <= 16 */
 } tk_cache_ent_t;
 
 typedef struct tk_ws {
@@ -350,7 +397,7 @@ typedef struct tk_ws {
     tk_splits_t sl[2];       /* current and next split list */
     int ti, si;              /* which of t[] / sl[] is current */
     tk_nstr_t n1, n3;        /* one segment being normalized, and the normalizer's output */
-    tk_matches_t mt, mt2;    /* find_matches results; split-behavior scratch */
+    tk_matches_t mt, mt2, mt3; /* find_matches results; split-behavior scratch; Bert scratch */
     pcre2_match_data *md;
     pcre2_match_context *mctx;
     pcre2_jit_stack *jst;
@@ -359,7 +406,8 @@ typedef struct tk_ws {
     size_t nsym_cap;
     struct tk_heap { uint32_t rank; uint32_t pos; int32_t new_id; } *heap;
     size_t heap_cap;
-    tk_buf_t tmp;
+    tk_buf_t tmp, tmp2;
+    bool raw_bytes;          /* the current text splits are raw bytes (see tok_t.bl_last) */
     /* word cache: piece bytes -> ids */
     tk_cache_ent_t *cache;   /* [cache_cap] h == 0 empty */
     uint32_t cache_cap, cache_n;

@@ -676,10 +676,13 @@ static int s_parse_model(tok_t *tok, strata_errbuf_t *eb, json_t *o)
     }
     m->cp_id = malloc(TK_CP_FAST * sizeof *m->cp_id);
     if (!m->cp_id) return STRATA_ENOMEM;
-    for (uint32_t c = 0; c < TK_CP_FAST; c++) {
-        char k[4];
-        int l = tk_utf8_enc(c, k);
-        m->cp_id[c] = tk_map_get(&m->vocab, k, (size_t)l, -1);
+    memset(m->cp_id, 0xff, TK_CP_FAST * sizeof *m->cp_id);
+    for (uint32_t e = 0; e < m->vocab.n; e++) {
+        const unsigned char *k = (const unsigned char *)m->vocab.arena + m->vocab.koff[e];
+        int l;
+        if (!m->vocab.klen[e]) continue;
+        uint32_t c = tk_utf8_dec(k, m->vocab.klen[e], &l);
+        if ((size_t)l == m->vocab.klen[e] && c < TK_CP_FAST) m->cp_id[c] = m->vocab.val[e];
     }
     return 0;
 }
@@ -789,6 +792,11 @@ static int s_trie_insert(tk_trie_t *tr, const unsigned char *p, size_t n, int32_
         node = c;
     }
     if (tr->node[node].term < 0) tr->node[node].term = id;
+    if (!tr->first[p[0]]) {
+        tr->first[p[0]] = 1;
+        tr->first1 = p[0];
+        tr->nfirst++;
+    }
     return 0;
 }
 
@@ -926,6 +934,42 @@ static int s_parse_trunc_pad(tok_t *tok, strata_errbuf_t *eb, json_t *root)
     return 0;
 }
 
+/* Facts the encoder's fast paths use, derived from the parsed components. */
+static int s_derive(tok_t *tok)
+{
+    tk_bpe_t *m = &tok->bpe;
+    for (int b = 0; b < 256; b++) m->byte_sym[b] = m->cp_id[tk_byte_cp[b]];
+    tok->bl_last = tok->npt && tok->pt[tok->npt - 1].kind == PT_BYTELEVEL && !m->prefix && !m->suffix;
+    tok->norm_unicode_only = tok->nnorm > 0;
+    tok->norm_stable_below = 0x300;
+    for (size_t i = 0; i < tok->nnorm; i++) {
+        tk_norm_kind_t k = tok->norm[i].kind;
+        if (k != NORM_NFC && k != NORM_NFD && k != NORM_NFKC && k != NORM_NFKD) tok->norm_unicode_only = false;
+        if (k != NORM_NFC) tok->norm_stable_below = 0x80;
+    }
+    /* Pieces can be long when no pre-tokenizer splits the text (Llama/Mixtral's layout). */
+    bool splits = false;
+    for (size_t i = 0; i < tok->npt; i++) {
+        const tk_pt_t *pt = &tok->pt[i];
+        if (!((pt->kind == PT_METASPACE && !pt->split) || (pt->kind == PT_BYTELEVEL && !pt->use_regex))) splits = true;
+    }
+    if (splits || m->prefix || m->suffix) return 0;
+    for (uint32_t e = 0; e < m->vocab.n; e++) {
+        const unsigned char *k = (const unsigned char *)m->vocab.arena + m->vocab.koff[e];
+        size_t n = m->vocab.klen[e], i = 0;
+        uint32_t prev = UINT32_MAX;
+        while (i < n) {
+            int l = 1;
+            uint32_t cp = tk_utf8_dec(k + i, n - i, &l); /* JSON keys are valid UTF-8 */
+            if (prev != UINT32_MAX && tk_pair_set(&m->joinable, (int32_t)prev, (int32_t)cp, 0, 1)) return STRATA_ENOMEM;
+            prev = cp;
+            i += (size_t)l;
+        }
+    }
+    m->can_chunk = true;
+    return 0;
+}
+
 /* ---------------------------------------------------------------- the file */
 
 int tk_parse_tokenizer(tok_t *tok, const char *json, size_t len, strata_errbuf_t *eb)
@@ -959,6 +1003,7 @@ int tk_parse_tokenizer(tok_t *tok, const char *json, size_t len, strata_errbuf_t
         goto fail;
     if ((rc = s_parse_trunc_pad(tok, eb, root))) goto fail;
     rc = s_parse_added(tok, eb, json_object_get(root, "added_tokens"));
+    if (!rc) rc = s_derive(tok);
 fail:
     json_decref(root);
     return rc;
@@ -977,6 +1022,7 @@ void tk_release(tok_t *tok)
 {
     tk_map_free(&tok->bpe.vocab);
     tk_pair_free(&tok->bpe.merges);
+    tk_pair_free(&tok->bpe.joinable);
     free(tok->bpe.unk_token);
     free(tok->bpe.prefix);
     free(tok->bpe.suffix);

@@ -35,10 +35,15 @@ void tk_nstr_free(tk_nstr_t *ns)
     memset(ns, 0, sizeof *ns);
 }
 
-/* Append n bytes, all aligned to a. */
-static int s_put(tk_nstr_t *o, const char *p, size_t n, uint32_t a)
+static inline bool s_room(const tk_nstr_t *o, size_t n)
 {
-    if (tk_nstr_reserve(o, n)) return STRATA_ENOMEM;
+    return o->s.n + n + 1 <= o->s.cap && (!o->track || o->s.n + n + 1 <= o->alcap);
+}
+
+/* Append n bytes, all aligned to a. */
+static inline int s_put(tk_nstr_t *o, const char *p, size_t n, uint32_t a)
+{
+    if (!s_room(o, n) && tk_nstr_reserve(o, n)) return STRATA_ENOMEM;
     memcpy(o->s.p + o->s.n, p, n);
     if (o->track)
         for (size_t i = 0; i < n; i++) o->al[o->s.n + i] = a;
@@ -48,9 +53,9 @@ static int s_put(tk_nstr_t *o, const char *p, size_t n, uint32_t a)
 }
 
 /* Append in[off, off + n) with its alignment. */
-static int s_copy(tk_nstr_t *o, const tk_nstr_t *in, size_t off, size_t n)
+static inline int s_copy(tk_nstr_t *o, const tk_nstr_t *in, size_t off, size_t n)
 {
-    if (tk_nstr_reserve(o, n)) return STRATA_ENOMEM;
+    if (!s_room(o, n) && tk_nstr_reserve(o, n)) return STRATA_ENOMEM;
     memcpy(o->s.p + o->s.n, in->s.p + off, n);
     if (o->track) memcpy(o->al + o->s.n, in->al + off, n * sizeof *o->al);
     o->s.n += n;
@@ -65,6 +70,7 @@ static void s_begin(tk_nstr_t *o, const tk_nstr_t *in)
     o->s.n = 0;
     o->track = in->track;
     o->base = in->base;
+    tk_nstr_reserve(o, in->s.n + in->s.n / 4 + 16); /* a hint; appends still check */
 }
 
 /* ---------------------------------------------------------------- NFC / NFD / NFKC / NFKD */
@@ -169,10 +175,12 @@ static int s_lowercase(tk_nstr_t *o, const tk_nstr_t *in)
     s_begin(o, in);
     for (size_t i = 0; i < in->s.n;) {
         if (p[i] < 0x80) {
-            char c = (char)p[i];
-            if (c >= 'A' && c <= 'Z') c = (char)(c + 32);
-            if (s_put(o, &c, 1, s_al(in, i))) return STRATA_ENOMEM;
-            i++;
+            size_t run = tk_ascii_prefix(p + i, in->s.n - i);
+            size_t at = o->s.n;
+            if (s_copy(o, in, i, run)) return STRATA_ENOMEM;
+            for (size_t k = at; k < at + run; k++)
+                if ((unsigned char)(o->s.p[k] - 'A') < 26) o->s.p[k] = (char)(o->s.p[k] + 32);
+            i += run;
             continue;
         }
         int l;
@@ -221,8 +229,14 @@ static int s_strip_accents(tk_nstr_t *o, const tk_nstr_t *in, bool only_mn)
     const unsigned char *p = (const unsigned char *)in->s.p;
     s_begin(o, in);
     for (size_t i = 0; i < in->s.n;) {
+        if (p[i] < 0x80) { /* ASCII has no marks */
+            size_t run = tk_ascii_prefix(p + i, in->s.n - i);
+            if (s_copy(o, in, i, run)) return STRATA_ENOMEM;
+            i += run;
+            continue;
+        }
         int l = 1;
-        uint32_t cp = p[i] < 0x80 ? p[i] : tk_utf8_dec(p + i, in->s.n - i, &l);
+        uint32_t cp = tk_utf8_dec(p + i, in->s.n - i, &l);
         bool drop = only_mn ? tk_is_mn(cp) : tk_is_mark(cp);
         if (!drop && s_copy(o, in, i, (size_t)l)) return STRATA_ENOMEM;
         i += (size_t)l;
@@ -267,6 +281,13 @@ static int s_bert_clean(tk_nstr_t *o, const tk_nstr_t *in, bool clean, bool chin
     const unsigned char *p = (const unsigned char *)in->s.p;
     s_begin(o, in);
     for (size_t i = 0; i < in->s.n;) {
+        if (p[i] >= 0x20 && p[i] < 0x7F) { /* printable ASCII: kept as is */
+            size_t j = i + 1;
+            while (j < in->s.n && p[j] >= 0x20 && p[j] < 0x7F) j++;
+            if (s_copy(o, in, i, j - i)) return STRATA_ENOMEM;
+            i = j;
+            continue;
+        }
         int l;
         uint32_t cp = tk_utf8_dec(p + i, in->s.n - i, &l);
         uint32_t a = s_al(in, i);

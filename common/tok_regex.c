@@ -18,6 +18,8 @@
 
 #include "common/tok_int.h"
 
+#include <utf8proc.h>
+
 #define WS_CLASS "\\t-\\r\\x{85}\\p{Z}"
 #define WORD_CLASS "\\p{L}\\p{M}\\p{N}\\p{Pc}"
 #define HEX_CLASS "0-9a-fA-F"
@@ -116,6 +118,12 @@ static int s_translate(const char *p, size_t n, tk_buf_t *out)
     return 0;
 }
 
+const char tk_re_gpt2[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+static const char s_re_cl100k_n1[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+                                     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char s_re_cl100k_n3[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+                                     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
 int tk_re_compile(tk_re_t *re, const char *pat, size_t n, bool literal, char *msg, size_t msgcap)
 {
     tk_buf_t tb = {0};
@@ -150,6 +158,17 @@ int tk_re_compile(tk_re_t *re, const char *pat, size_t n, bool literal, char *ms
         goto fail;
     }
     re->jit = pcre2_jit_compile(re->code, PCRE2_JIT_COMPLETE) == 0;
+    if (literal && n) {
+        if (!(re->lit = malloc(n))) {
+            rc = STRATA_ENOMEM;
+            goto fail;
+        }
+        memcpy(re->lit, pat, n);
+        re->lit_n = n;
+    }
+    if (!literal && n == strlen(tk_re_gpt2) && !memcmp(pat, tk_re_gpt2, n)) re->fast = RE_GPT2;
+    if (!literal && n == strlen(s_re_cl100k_n1) && !memcmp(pat, s_re_cl100k_n1, n)) re->fast = RE_CL100K_N1;
+    if (!literal && n == strlen(s_re_cl100k_n3) && !memcmp(pat, s_re_cl100k_n3, n)) re->fast = RE_CL100K_N3;
     rc = 0;
 fail:
     pcre2_compile_context_free(cc);
@@ -160,12 +179,13 @@ fail:
 void tk_re_free(tk_re_t *re)
 {
     if (re->code) pcre2_code_free(re->code);
+    free(re->lit);
     memset(re, 0, sizeof *re);
 }
 
-static int s_push(tk_matches_t *mt, uint32_t s, uint32_t e, bool m)
+static inline int s_push(tk_matches_t *mt, uint32_t s, uint32_t e, bool m)
 {
-    if (mt->n == mt->cap) {
+    if (__builtin_expect(mt->n == mt->cap, 0)) {
         size_t c = mt->cap ? mt->cap * 2 : 64;
         tk_match_t *v = realloc(mt->v, c * sizeof *v);
         if (!v) return STRATA_ENOMEM;
@@ -176,10 +196,194 @@ static int s_push(tk_matches_t *mt, uint32_t s, uint32_t e, bool m)
     return 0;
 }
 
+/* ---------------------------------------------------------------- hand-written matchers
+ * Classes as the translated regex sees them: L = \p{L}, N = \p{N}, S = \s (U+0009-000D,
+ * U+0085, Z*). Every char is L, N, S or "other", and each pattern matches at every position,
+ * so the matches cover the subject with no gaps; a matcher returns the end of the match at i,
+ * taking the alternatives in order, with the backtracking the regex engine would do. */
+enum { CL_L = 1, CL_N = 2, CL_S = 4 };
+
+/* ASCII classes */
+#define A_L CL_L, CL_L, CL_L, CL_L, CL_L, CL_L, CL_L, CL_L, CL_L, CL_L, CL_L, CL_L, CL_L
+static const unsigned char s_ascii_cls[128] = {
+    0, 0, 0, 0, 0, 0, 0, 0, 0, CL_S, CL_S, CL_S, CL_S, CL_S, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    CL_S, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    CL_N, CL_N, CL_N, CL_N, CL_N, CL_N, CL_N, CL_N, CL_N, CL_N, 0, 0, 0, 0, 0, 0,
+    0, A_L, A_L, 0, 0, 0, 0, 0,
+    0, A_L, A_L, 0, 0, 0, 0, 0,
+};
+
+static inline int s_class(uint32_t c)
+{
+    if (c < 0x80) return s_ascii_cls[c];
+    if (c == 0x85) return CL_S;
+    switch (utf8proc_category((utf8proc_int32_t)c)) {
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO: return CL_L;
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_NO: return CL_N;
+    case UTF8PROC_CATEGORY_ZS:
+    case UTF8PROC_CATEGORY_ZL:
+    case UTF8PROC_CATEGORY_ZP: return CL_S;
+    default: return 0;
+    }
+}
+
+/* Class of the char at i (n > i), and its length. */
+static inline int s_cls_at(const unsigned char *p, size_t n, size_t i, int *len)
+{
+    if (p[i] < 0x80) {
+        *len = 1;
+        return s_class(p[i]);
+    }
+    return s_class(tk_utf8_dec(p + i, n - i, len));
+}
+
+/* End of the run of chars of class k (0 = other) starting at i, at most max chars. */
+static inline size_t s_run(const unsigned char *p, size_t n, size_t i, int k, size_t max)
+{
+    size_t cnt = 0;
+    if (max == SIZE_MAX)
+        while (i < n && p[i] < 0x80 && s_ascii_cls[p[i]] == k) i++;
+    while (i < n && cnt < max) {
+        int l;
+        if (s_cls_at(p, n, i, &l) != k) break;
+        i += (size_t)l;
+        cnt++;
+    }
+    return i;
+}
+
+/* \s+(?!\S) | \s+ at i (p[i] is S). */
+static size_t s_space_tail(const unsigned char *p, size_t n, size_t i)
+{
+    size_t j = i, last = i;
+    while (j < n) {
+        int l;
+        if (s_cls_at(p, n, j, &l) != CL_S) break;
+        last = j;
+        j += (size_t)l;
+    }
+    if (j == n) return j;             /* (?!\S) holds at the end */
+    return last > i ? last : j;       /* give back one char, unless that leaves nothing */
+}
+
+static size_t s_gpt2_at(const unsigned char *p, size_t n, size_t i)
+{
+    if (p[i] == '\'' && i + 1 < n) {
+        unsigned char a = p[i + 1];
+        if (a == 's' || a == 't') return i + 2;
+        if (i + 2 < n && ((a == 'r' && p[i + 2] == 'e') || (a == 'v' && p[i + 2] == 'e'))) return i + 3;
+        if (a == 'm') return i + 2;
+        if (i + 2 < n && a == 'l' && p[i + 2] == 'l') return i + 3;
+        if (a == 'd') return i + 2;
+    }
+    int l;
+    int k = s_cls_at(p, n, i, &l);
+    if (p[i] == ' ' && i + 1 < n) {
+        int l2;
+        int k2 = s_cls_at(p, n, i + 1, &l2);
+        if (k2 != CL_S) return s_run(p, n, i + 1, k2, SIZE_MAX); /* " ?" + L+, N+ or other+ */
+    }
+    if (k != CL_S) return s_run(p, n, i, k, SIZE_MAX);
+    return s_space_tail(p, n, i);
+}
+
+/* (?i:'s|'t|'re|'ve|'m|'ll|'d): the letter(s) after p[i] == '\'', case-insensitively (U+017F
+ * LONG S folds to s). Returns the match end or 0. */
+static size_t s_contraction_ci(const unsigned char *p, size_t n, size_t i)
+{
+    if (i + 1 >= n) return 0;
+    unsigned char a = p[i + 1], b = i + 2 < n ? p[i + 2] : 0;
+    unsigned char la = (unsigned char)(a | 0x20), lb = (unsigned char)(b | 0x20);
+    if (la >= 'a' && la <= 'z') {
+        if (la == 's' || la == 't') return i + 2;
+        if ((la == 'r' || la == 'v') && lb == 'e') return i + 3;
+        if (la == 'm') return i + 2;
+        if (la == 'l' && lb == 'l') return i + 3;
+        if (la == 'd') return i + 2;
+    }
+    if (a == 0xC5 && b == 0xBF) return i + 3; /* 'ſ */
+    return 0;
+}
+
+static size_t s_cl100k_at(const unsigned char *p, size_t n, size_t i, size_t nmax)
+{
+    if (p[i] == '\'') {
+        size_t e = s_contraction_ci(p, n, i);
+        if (e) return e;
+    }
+    int l;
+    int k = s_cls_at(p, n, i, &l);
+    size_t next = i + (size_t)l;
+    /* [^\r\n\p{L}\p{N}]?\p{L}+ */
+    if (k == CL_L) return s_run(p, n, i, CL_L, SIZE_MAX);
+    if (k != CL_N && p[i] != '\r' && p[i] != '\n' && next < n) {
+        int l2;
+        if (s_cls_at(p, n, next, &l2) == CL_L) return s_run(p, n, next, CL_L, SIZE_MAX);
+    }
+    /* \p{N} or \p{N}{1,3} */
+    if (k == CL_N) return s_run(p, n, i, CL_N, nmax);
+    /* " ?[^\s\p{L}\p{N}]+[\r\n]*" */
+    size_t o = 0;
+    if (p[i] == ' ' && next < n) {
+        int l2;
+        if (s_cls_at(p, n, next, &l2) == 0) o = s_run(p, n, next, 0, SIZE_MAX);
+    }
+    if (!o && k == 0) o = s_run(p, n, i, 0, SIZE_MAX);
+    if (o) {
+        while (o < n && (p[o] == '\r' || p[o] == '\n')) o++;
+        return o;
+    }
+    /* p[i] is S: \s*[\r\n]+ , then \s+(?!\S) , then \s+ */
+    size_t j = i, lastnl = SIZE_MAX;
+    while (j < n) {
+        int l2;
+        if (s_cls_at(p, n, j, &l2) != CL_S) break;
+        if (p[j] == '\r' || p[j] == '\n') lastnl = j;
+        j += (size_t)l2;
+    }
+    if (lastnl != SIZE_MAX) return lastnl + 1;
+    return s_space_tail(p, n, i);
+}
+
+static int s_fast_matches(int kind, const char *subj, size_t n, tk_matches_t *mt)
+{
+    const unsigned char *p = (const unsigned char *)subj;
+    size_t i = 0;
+    while (i < n) {
+        size_t e = kind == RE_GPT2 ? s_gpt2_at(p, n, i) : s_cl100k_at(p, n, i, kind == RE_CL100K_N1 ? 1 : 3);
+        if (e <= i) e = i + (size_t)tk_utf8_len(p[i]); /* cannot happen: every char matches */
+        if (s_push(mt, (uint32_t)i, (uint32_t)e, true)) return STRATA_ENOMEM;
+        i = e;
+    }
+    return 0;
+}
+
 int tk_re_find_matches(tk_ws_t *ws, const tk_re_t *re, const char *subj, size_t n, tk_matches_t *mt)
 {
     mt->n = 0;
     if (n == 0) return s_push(mt, 0, 0, false);
+    if (re->fast) return s_fast_matches(re->fast, subj, n, mt);
+    if (re->lit) { /* leftmost non-overlapping occurrences of a non-empty literal */
+        size_t prev = 0, i = 0;
+        while (i + re->lit_n <= n) {
+            const char *f = re->lit_n == 1 ? memchr(subj + i, re->lit[0], n - i)
+                                           : memmem(subj + i, n - i, re->lit, re->lit_n);
+            if (!f) break;
+            size_t s = (size_t)(f - subj);
+            if (prev != s && s_push(mt, (uint32_t)prev, (uint32_t)s, false)) return STRATA_ENOMEM;
+            if (s_push(mt, (uint32_t)s, (uint32_t)(s + re->lit_n), true)) return STRATA_ENOMEM;
+            i = prev = s + re->lit_n;
+        }
+        if (prev != n && s_push(mt, (uint32_t)prev, (uint32_t)n, false)) return STRATA_ENOMEM;
+        return 0;
+    }
     size_t prev = 0, last_end = 0, lme = 0;
     bool have_lme = false;
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(ws->md);

@@ -257,7 +257,7 @@ size_t tk_utf8_valid_prefix(const unsigned char *p, size_t n)
     size_t i = 0;
     while (i < n) {
         if (p[i] < 0x80) {
-            i++;
+            i += tk_ascii_prefix(p + i, n - i);
             continue;
         }
         bool v, inc;
