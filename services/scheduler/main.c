@@ -177,6 +177,7 @@ static void s_reply_stats(svc_t *S, const void *route, size_t len, const msg_t *
     S_STAT("prefill_tokens", c.prefill_tokens);
     S_STAT("decode_tokens", c.decode_tokens);
     S_STAT("generated_tokens", c.generated);
+    S_STAT("mixed_steps", c.mixed_steps);
     S_STAT("step_tokens_max", c.step_tokens_max);
     S_STAT("step_seqs_max", c.step_seqs_max);
     S_STAT("preemptions", c.preemptions);

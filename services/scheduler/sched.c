@@ -528,6 +528,12 @@ int sched_plan(sched_t *s, uint64_t instance, msg_step_t *plan, double now)
         budget -= n;
     }
     if (s->n_fly == 0) return 0;
+    bool prefill = false, decode = false;
+    for (int32_t i = 0; i < s->n_fly; i++) {
+        if (s->pseqs[i].n_tokens > 1) prefill = true;
+        else if (s->pseqs[i].pos0 > 0) decode = true;
+    }
+    s->c.mixed_steps += prefill && decode;
     s->inflight = true;
     plan->instance = instance;
     plan->n_seqs = s->n_fly;

@@ -59,6 +59,7 @@ typedef struct {
 typedef struct {
     uint64_t submitted, finished, canceled, failed;
     uint64_t steps, prefill_tokens, decode_tokens, generated;
+    uint64_t mixed_steps;      /* steps holding both a prefill chunk and a decode token */
     uint64_t preemptions, replayed, kv_resets;
     int32_t waiting, running, retained, kv_free;
     int32_t step_tokens_max, step_seqs_max;

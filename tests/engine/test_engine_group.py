@@ -1,0 +1,222 @@
+#!/usr/bin/python3
+"""test_engine_group.py - the scheduler and executor as real processes, in a real group
+(prefetcher, executor, scheduler, router under `strata up`) on the demo model (random weights).
+
+Cases:
+  batching        32 concurrent clients, each its own DEALER, prompts of 3..60 tokens, answers of
+                  8..48 tokens (greedy, and 8 of them seeded top-k/top-p sampling), twice: with
+                  room for all of them in one step, and with a token budget of 48 per step (so
+                  prefill is chunked) and a KV cache too small for all of them at once (so
+                  sequences are preempted and recomputed). Every client receives its full
+                  streamed answer (contiguous indices, one done), and every answer equals the
+                  single-process `strata generate` for the same prompt and sampling flags. The
+                  scheduler's counters show that steps held many sequences of different lengths
+                  and mixed prefill chunks with decode tokens.
+  executor_crash  16 clients stream 200-token answers; once the first has a few tokens, the
+                  executor gets kill -9. The launcher restarts it (from the weight arena), the
+                  scheduler replays, and every request completes with exactly the tokens
+                  `strata generate` gives (the answer it would have had without the crash); at
+                  the moment of the kill no request had finished.
+
+usage: test_engine_group.py --strata BIN --prefetcher BIN --executor BIN --scheduler BIN
+                            --router BIN --client-py DIR CASE...
+"""
+import argparse
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "group"))
+import grouplib as gl  # noqa: E402
+
+A = None
+
+
+def reference(prompt, max_tokens, ignore_eos=False, temperature=0.0, top_k=0, top_p=1.0, seed=0):
+    """Token ids of the single-process `strata generate` on the packed demo model."""
+    cmd = [A.strata, "generate", A.model, "--tokens", ",".join(map(str, prompt)), "--max-tokens", str(max_tokens),
+           "--threads", "1"]
+    if ignore_eos:
+        cmd.append("--ignore-eos")
+    if temperature > 0:
+        cmd += ["--temperature", repr(temperature), "--top-k", str(top_k), "--top-p", repr(top_p), "--seed", str(seed)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, (cmd, out.stderr)
+    return [int(x) for x in out.stdout.split()]
+
+
+def stream_all(g, reqs, during=None, during_when=4):
+    """Run every request dict from its own client thread, all released at once. Each thread
+    checks that token indices are contiguous. during(progress) runs once, from the thread that
+    first holds during_when tokens. Returns (results, progress at that moment)."""
+    from strata_client import StrataClient
+    res = [None] * len(reqs)
+    prog = [0] * len(reqs)
+    fin = [False] * len(reqs)
+    snap = {}
+    lock = threading.Lock()
+    go = threading.Barrier(len(reqs))
+
+    def run(i, r):
+        try:
+            with StrataClient("tcp://127.0.0.1:%d" % g.port, timeout=90.0, resume_after=30.0) as c:
+                toks = []
+                go.wait(30)
+                kw = dict(r)
+                for ev in c.generate(tokens=kw.pop("prompt"), **kw):
+                    assert ev["index"] == len(toks), "index %d after %d tokens" % (ev["index"], len(toks))
+                    toks.extend(ev["tokens"])
+                    fire = False
+                    with lock:
+                        prog[i] = len(toks)
+                        if during and not snap and len(toks) >= during_when:
+                            snap["prog"] = list(prog)
+                            snap["fin"] = list(fin)
+                            fire = True
+                    if fire:
+                        during()
+                d = c.last_done
+                assert d is not None and d["type"] == "done", d
+                assert d["usage"]["completion_tokens"] == len(toks), (d, len(toks))
+                with lock:
+                    fin[i] = True
+                res[i] = (toks, d)
+        except Exception as e:  # noqa: BLE001 - reported per request below
+            res[i] = e
+
+    th = [threading.Thread(target=run, args=(i, r)) for i, r in enumerate(reqs)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(180)
+    assert not any(t.is_alive() for t in th), "a client thread hung"
+    return res, snap
+
+
+def sched_stats(g):
+    from strata_client import StrataClient
+    with StrataClient("tcp://127.0.0.1:%d" % g.port, timeout=10.0) as c:
+        return c.stats()
+
+
+def check_answers(reqs, res, refs):
+    bad = []
+    for i, (r, got, ref) in enumerate(zip(reqs, res, refs)):
+        if isinstance(got, Exception):
+            bad.append("request %d: %r" % (i, got))
+        elif got[0] != ref:
+            n = next((k for k in range(min(len(got[0]), len(ref))) if got[0][k] != ref[k]), min(len(got[0]), len(ref)))
+            bad.append("request %d (prompt %d tokens, temperature %s): %d tokens vs %d of strata generate, first difference at %d"
+                       % (i, len(r["prompt"]), r.get("temperature", 0), len(got[0]), len(ref), n))
+    assert not bad, "\n".join(bad)
+
+
+def case_batching():
+    rnd = random.Random(A.seed)
+    reqs = []
+    for i in range(32):
+        n = 3 + (i * 19) % 58
+        r = {"prompt": [rnd.randrange(0, 286) for _ in range(n)], "max_tokens": 8 + (i * 7) % 41,
+             "ignore_eos": i % 3 != 0}
+        if i % 4 == 1:
+            r.update(temperature=0.7 + 0.1 * (i % 5), top_k=(0, 20, 50)[i % 3], top_p=(1.0, 0.9)[i % 2],
+                     seed=rnd.randrange(1 << 63))
+        reqs.append(r)
+    refs = [reference(r["prompt"], r["max_tokens"], r["ignore_eos"], r.get("temperature", 0.0), r.get("top_k", 0),
+                      r.get("top_p", 1.0), r.get("seed", 0)) for r in reqs]
+    # roomy: all 32 fit in one step; tight: a budget of 48 tokens (chunked prefill) and 48 KV
+    # blocks of 8 tokens (preemption by recompute)
+    for name, sched, want in (("roomy", {"max_batch_tokens": "256", "max_seqs": "32", "kv_blocks": "1024"}, "seqs"),
+                              ("tight", {"max_batch_tokens": "48", "max_seqs": "32", "kv_blocks": "48", "block_size": "8"},
+                               "preempt")):
+        with gl.Group(A, kind="real", sections={"scheduler": sched}) as g:
+            g.start()
+            t0 = time.time()
+            res, _ = stream_all(g, reqs)
+            wall = time.time() - t0
+            check_answers(reqs, res, refs)
+            st = sched_stats(g)
+            log = g.read_log()
+        s = lambda k: st.get("scheduler." + k, -1)  # noqa: E731
+        budget, blocks = int(sched["max_batch_tokens"]), int(sched["kv_blocks"])
+        assert s("step_tokens_max") <= budget, "a step went over the token budget: %s" % st
+        assert s("mixed_steps") > 0, "no step mixed prefill chunks and decode tokens: %s" % st
+        if want == "seqs":
+            assert s("step_seqs_max") >= 24, "32 concurrent requests, but at most %d sequences in a step" % s("step_seqs_max")
+        else:
+            assert s("preemptions") > 0, "the small KV cache caused no preemption: %s" % st
+        assert s("requests_finished") >= 32 and s("running") == 0 and s("kv_blocks_free") == blocks, st
+        assert "Traceback" not in log
+        print("  %s: 32 clients, %d tokens in %.2f s; %d steps, at most %d sequences / %d tokens a step, %d mixed steps, "
+              "%d preemptions" % (name, sum(len(x[0]) for x in res), wall, s("steps"), s("step_seqs_max"),
+                                  s("step_tokens_max"), s("mixed_steps"), s("preemptions")))
+
+
+def case_executor_crash():
+    rnd = random.Random(A.seed + 1)
+    reqs = []
+    for i in range(16):
+        r = {"prompt": [rnd.randrange(0, 286) for _ in range(2 + i % 9)], "max_tokens": 200, "ignore_eos": True}
+        if i % 2:
+            r.update(temperature=0.9, top_k=40, top_p=0.95, seed=rnd.randrange(1 << 63))
+        reqs.append(r)
+    refs = [reference(r["prompt"], r["max_tokens"], True, r.get("temperature", 0.0), r.get("top_k", 0), r.get("top_p", 1.0),
+                      r.get("seed", 0)) for r in reqs]
+    with gl.Group(A, kind="real") as g:
+        g.start()
+        old = g.svc("executor")
+        killed = {}
+
+        def kill():
+            killed["t"] = time.time()
+            os.kill(old["pid"], signal.SIGKILL)
+
+        res, snap = stream_all(g, reqs, during=kill, during_when=6)
+        assert killed, "the executor was never killed"
+        check_answers(reqs, res, refs)
+        new = g.wait_svc("executor", lambda s: s["restarts"] >= 1 and s["state"] == "ready", timeout=20)
+        assert new["pid"] != old["pid"], (old, new)
+        st = sched_stats(g)
+        log = g.read_log()
+    s = lambda k: st.get("scheduler." + k, -1)  # noqa: E731
+    assert not any(snap["fin"]), "a request finished before the kill: %s" % snap
+    assert s("executor_restarts") >= 1 and s("replayed_seqs") >= 1, st
+    assert "built over the weight arenas" in log, "the restarted executor did not use the arena"
+    print("  kill -9 of the executor after %s tokens per request; %d sequences replayed; the new executor built its model in %.1f ms"
+          % (snap["prog"], s("replayed_seqs"), s("executor_load_ms")))
+
+
+CASES = {"batching": case_batching, "executor_crash": case_executor_crash}
+
+
+def main():
+    global A
+    ap = argparse.ArgumentParser()
+    for k in ("strata", "prefetcher", "executor", "scheduler", "router", "client_py"):
+        ap.add_argument("--" + k.replace("_", "-"), required=True)
+    ap.add_argument("cases", nargs="*")
+    A = ap.parse_args()
+    for k in ("strata", "prefetcher", "executor", "scheduler", "router", "client_py"):
+        setattr(A, k, os.path.abspath(getattr(A, k)))
+    A.fake = A.executor  # grouplib wants one; every service is real here
+    sys.path.insert(0, A.client_py)
+    A.seed = int(os.environ.get("STRATA_SEED", "0") or 0) or int(time.time())
+    print("seed: STRATA_SEED=%d" % A.seed, flush=True)
+    work = tempfile.mkdtemp(prefix="strata-engine-model-")
+    try:
+        out = subprocess.run([A.strata, "demo", "--out", work], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out
+        A.model = out.stdout.strip()
+        gl.run_cases(CASES, A.cases or list(CASES))
+    finally:
+        subprocess.run(["rm", "-rf", work])
+
+
+if __name__ == "__main__":
+    main()
