@@ -44,11 +44,11 @@ uint64_t notify_watchdog_usec(void)
 
 int notify_watchdog(void)
 {
-    static int64_t interval_ns = -1;
-    if (interval_ns < 0) interval_ns = (int64_t)notify_watchdog_usec() * 1000;
+    /* read every time (a getenv and a parse): cheap, and never stale */
+    uint64_t interval_ns = notify_watchdog_usec() * 1000;
     if (interval_ns == 0) return 0;
     uint64_t now = strata_now_ns();
-    if (s_last_watchdog_ns && now - s_last_watchdog_ns < (uint64_t)interval_ns / 2) return 0;
+    if (s_last_watchdog_ns && now - s_last_watchdog_ns < interval_ns / 2) return 0;
     s_last_watchdog_ns = now;
     return s_send("WATCHDOG=1");
 }
