@@ -82,6 +82,7 @@ def case_stop_kill():
         g.start()
         pids = g.pids()
         dt, rc = g.stop()
+        print("  stop with a service ignoring SIGTERM: %.2fs" % dt)
         assert rc == 0, rc
         assert dt < 5.0, "stop took %.2fs" % dt
         assert dt > 2.5, "the executor ignored TERM, so the stop must have waited for the grace period (%.2fs)" % dt
