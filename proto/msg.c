@@ -5,7 +5,7 @@
  * encoder walk the same table, so what one emits the other accepts, and every range check
  * is written once.
  *
- * Decoding outside input safely: msgpack-c's msgpack_unpack_next() allocates
+ * Decoding outside input safely: msgpack-c's unpacker allocates
  * n * sizeof(msgpack_object) as soon as it reads an array or map header, before it knows
  * whether n elements follow; a 5-byte frame claiming 2^32 elements would ask for ~100 GB.
  * s_scan() therefore walks the frame first, without allocating, and refuses any header whose
@@ -47,6 +47,18 @@ static void *s_alloc(msg_t *m, size_t n)
     void *p = c->data + c->used;
     c->used += n;
     return p;
+}
+
+/* Start the chain with an empty chunk of cap bytes (decoders size it from the frame). */
+static int s_reserve(msg_t *m, size_t cap)
+{
+    msg_mem_t *c = malloc(sizeof *c + cap);
+    if (!c) return STRATA_ENOMEM;
+    c->next = m->mem;
+    c->used = 0;
+    c->cap = cap;
+    m->mem = c;
+    return 0;
 }
 
 void msg_init(msg_t *m, msg_type_t type)
@@ -167,6 +179,9 @@ typedef enum {
 #define FL_SHCNT 4u /* count shared with another array: lengths must agree */
 #define FL_DEF1 8u  /* optional scalar whose default is 1 (else 0 / false); see s_emitted */
 #define FL_DEFM1 16u /* optional scalar whose default is -1 */
+#define FL_PACKED 32u /* F_I32S / F_U64S sent as one msgpack bin of little-endian values (the
+                       * per-step arrays: one header instead of one object per element);
+                       * a decoder also accepts the plain array form */
 
 typedef struct fdesc fdesc_t;
 struct fdesc {
@@ -301,8 +316,8 @@ static const fdesc_t s_f_hello[] = {
 static const fdesc_t s_f_step_seq[] = {
     {"req", F_U64, FL_REQ, offsetof(msg_step_seq_t, req), 0, 0, 0, 0, 0, NULL, 0},
     {"pos0", F_I32, FL_REQ, offsetof(msg_step_seq_t, pos0), 0, 0, I32MAX, 0, 0, NULL, 0},
-    {"tokens", F_I32S, FL_REQ, offsetof(msg_step_seq_t, tokens), offsetof(msg_step_seq_t, n_tokens), 1, MSG_MAX_TOKENS_ARRAY, 0, I32MAX, NULL, 0},
-    {"blocks", F_I32S, FL_REQ, offsetof(msg_step_seq_t, blocks), offsetof(msg_step_seq_t, n_blocks), 1, MSG_MAX_TOKENS_ARRAY, 0, I32MAX, NULL, 0},
+    {"tokens", F_I32S, FL_REQ | FL_PACKED, offsetof(msg_step_seq_t, tokens), offsetof(msg_step_seq_t, n_tokens), 1, MSG_MAX_TOKENS_ARRAY, 0, I32MAX, NULL, 0},
+    {"blocks", F_I32S, FL_REQ | FL_PACKED, offsetof(msg_step_seq_t, blocks), offsetof(msg_step_seq_t, n_blocks), 1, MSG_MAX_TOKENS_ARRAY, 0, I32MAX, NULL, 0},
     {"sample", F_BOOL, FL_REQ, offsetof(msg_step_seq_t, sample), 0, 0, 0, 0, 0, NULL, 0},
     SAMPLING_FIELDS(msg_step_seq_t, samp),
     {"n_sampled", F_U64, 0, offsetof(msg_step_seq_t, n_sampled), 0, 0, 0, 0, 0, NULL, 0},
@@ -315,8 +330,8 @@ static const fdesc_t s_f_step[] = {
 
 static const fdesc_t s_f_result[] = {
     {"instance", F_U64, FL_REQ, offsetof(msg_result_t, instance), 0, 0, 0, 0, 0, NULL, 0},
-    {"reqs", F_U64S, FL_REQ | FL_SHCNT, offsetof(msg_result_t, reqs), offsetof(msg_result_t, n_seqs), 1, MSG_MAX_STEP_SEQS, 0, 0, NULL, 0},
-    {"tokens", F_I32S, FL_REQ | FL_SHCNT, offsetof(msg_result_t, tokens), offsetof(msg_result_t, n_seqs), 1, MSG_MAX_STEP_SEQS, -1, I32MAX, NULL, 0},
+    {"reqs", F_U64S, FL_REQ | FL_SHCNT | FL_PACKED, offsetof(msg_result_t, reqs), offsetof(msg_result_t, n_seqs), 1, MSG_MAX_STEP_SEQS, 0, 0, NULL, 0},
+    {"tokens", F_I32S, FL_REQ | FL_SHCNT | FL_PACKED, offsetof(msg_result_t, tokens), offsetof(msg_result_t, n_seqs), 1, MSG_MAX_STEP_SEQS, -1, I32MAX, NULL, 0},
     {"forward_us", F_F64, 0, offsetof(msg_result_t, forward_us), 0, 0, 1e15, 0, 0, NULL, 0},
     {"sample_us", F_F64, 0, offsetof(msg_result_t, sample_us), 0, 0, 1e15, 0, 0, NULL, 0},
     END_FIELDS};
@@ -526,6 +541,7 @@ static int s_scan(const unsigned char **pp, const unsigned char *end, int depth)
             /* fast path for fixed-size scalars (ints, floats, nil, bools): token ids, blocks */
             if (p < end) {
                 unsigned k = s_fixed_len[*p];
+                if (*p >= 0xa0 && *p <= 0xbf) k = 1 + (*p & 0x1f); /* fixstr: keys, short strings */
                 if (k) {
                     if ((size_t)(end - p) < k) return -1;
                     p += k;
@@ -637,6 +653,55 @@ static int s_copy_str(dctx_t *d, const char *p, size_t n, msg_str_t *out)
 static int s_decode_fields(dctx_t *d, const msgpack_object *map, const fdesc_t *fields, char *body,
                            const path_t *path, bool top);
 
+/* An F_I32S / F_U64S field sent packed: a bin of n little-endian int32 / uint64 values. */
+static int s_decode_packed(dctx_t *d, const fdesc_t *f, const msgpack_object *o, char *body, const path_t *path)
+{
+    char pb[192];
+    size_t esz = f->kind == F_I32S ? 4 : 8;
+    const unsigned char *p = (const unsigned char *)o->via.bin.ptr;
+    size_t bytes = o->via.bin.size;
+    if (bytes % esz)
+        return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': packed length %zu is not a multiple of %zu", CTX,
+                      f->name, bytes, esz);
+    size_t n = bytes / esz;
+    if ((double)n < f->lo || (double)n > f->hi)
+        return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': array must have [%.0f, %.0f] elements, got %zu", CTX,
+                      f->name, f->lo, f->hi, n);
+    int32_t *cnt = (int32_t *)(body + f->cnt);
+    if ((f->flags & FL_SHCNT) && *cnt != 0 && *cnt != (int32_t)n)
+        return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': length %zu differs from a sibling array's %d", CTX,
+                      f->name, n, *cnt);
+    char *arr = s_alloc(d->m, esz * (n ? n : 1));
+    if (!arr) return STRATA_ENOMEM;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (n) memcpy(arr, p, bytes); /* the wire order is the host order */
+    if (esz == 4)
+        for (size_t i = 0; i < n; i++) {
+            int32_t v = ((const int32_t *)arr)[i];
+            if ((double)v < f->elo || (double)v > f->ehi)
+                return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s[%zu]': must be in [%.0f, %.0f]", CTX, f->name, i,
+                              f->elo, f->ehi);
+        }
+    n = 0; /* done: skip the portable loop below */
+#endif
+    for (size_t i = 0; i < n; i++, p += esz) {
+        if (esz == 4) {
+            int32_t v = (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+            if ((double)v < f->elo || (double)v > f->ehi)
+                return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s[%zu]': must be in [%.0f, %.0f]", CTX, f->name, i,
+                              f->elo, f->ehi);
+            ((int32_t *)arr)[i] = v;
+        } else {
+            uint64_t v = 0;
+            for (int k = 7; k >= 0; k--) v = v << 8 | p[k];
+            ((uint64_t *)arr)[i] = v;
+        }
+    }
+    *(void **)(body + f->off) = arr;
+    *cnt = (int32_t)(bytes / esz);
+    return 0;
+}
+
 static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, char *body, const path_t *path)
 {
     char pb[192];
@@ -720,6 +785,8 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
     }
     case F_I32S:
     case F_U64S:
+        if ((f->flags & FL_PACKED) && o->type == MSGPACK_OBJECT_BIN) return s_decode_packed(d, f, o, body, path);
+        /* fall through */
     case F_STRS:
     case F_OBJARR: {
         if (o->type != MSGPACK_OBJECT_ARRAY) return WRONG();
@@ -831,10 +898,12 @@ static int s_decode_fields(dctx_t *d, const msgpack_object *map, const fdesc_t *
         size_t kl = k->via.str.size;
         if (top && ((kl == 1 && kn[0] == 'v') || (kl == 4 && !memcmp(kn, "type", 4)) || (kl == 2 && !memcmp(kn, "id", 2))))
             continue;
-        size_t j = hint < nf && strnlen(fields[hint].name, kl + 1) == kl && !memcmp(fields[hint].name, kn, kl) ? hint : nf;
+#define NAME_IS(nm) (kl > 0 && (nm)[0] == kn[0] && strnlen((nm), kl + 1) == kl && !memcmp((nm), kn, kl))
+        size_t j = hint < nf && NAME_IS(fields[hint].name) ? hint : nf;
         if (j == nf)
             for (j = 0; j < nf; j++)
-                if (strnlen(fields[j].name, kl + 1) == kl && !memcmp(fields[j].name, kn, kl)) break;
+                if (NAME_IS(fields[j].name)) break;
+#undef NAME_IS
         hint = j + 1;
         if (j == nf) {
             /* Print the name safely: at most 64 bytes, non-printables as '?'. */
@@ -874,8 +943,9 @@ static const msgpack_object *s_map_get(const msgpack_object *map, const char *ke
 int msg_decode(msg_family_t fam, const void *buf, size_t len, msg_t *m, msg_err_t *err)
 {
     int rc = 0;
-    msgpack_unpacked up;
-    bool have_up = false;
+    msgpack_zone zone;
+    msgpack_object obj;
+    bool have_zone = false;
     dctx_t d = {m, err, MSG_INVALID};
     msg_init(m, MSG_INVALID);
     if (err) {
@@ -891,15 +961,21 @@ int msg_decode(msg_family_t fam, const void *buf, size_t len, msg_t *m, msg_err_
     if (sr < 0) return s_fail(err, MSG_E_MALFORMED, "not valid msgpack (truncated or bad header)");
     if (p != end) return s_fail(err, MSG_E_MALFORMED, "%zu trailing bytes after the message", (size_t)(end - p));
 
-    msgpack_unpacked_init(&up);
-    have_up = true;
+    /* One zone sized for this frame (the scan bounds the objects at one per byte, 24 bytes
+     * each), and one chunk of our own sized likewise: small messages then live in two small
+     * allocations instead of msgpack-c's default 8 KiB chunk. */
+    size_t zc = 24 * len + 256;
+    if (zc > (1u << 20)) zc = 1u << 20;
+    if (!msgpack_zone_init(&zone, zc)) return STRATA_ENOMEM;
+    have_zone = true;
+    if (s_reserve(m, len * 6 + 64 < 4096 ? len * 6 + 64 : 4096) < 0) { rc = STRATA_ENOMEM; goto fail; }
     size_t off = 0;
-    msgpack_unpack_return ur = msgpack_unpack_next(&up, buf, len, &off);
+    msgpack_unpack_return ur = msgpack_unpack(buf, len, &off, &zone, &obj);
     if (ur != MSGPACK_UNPACK_SUCCESS || off != len) {
         rc = ur == MSGPACK_UNPACK_NOMEM_ERROR ? STRATA_ENOMEM : s_fail(err, MSG_E_MALFORMED, "not valid msgpack");
         goto fail;
     }
-    const msgpack_object *o = &up.data;
+    const msgpack_object *o = &obj;
     if (o->type != MSGPACK_OBJECT_MAP) {
         rc = s_fail(err, MSG_E_MALFORMED, "message is a %s, not a map", s_obj_type_name(o));
         goto fail;
@@ -946,7 +1022,9 @@ int msg_decode(msg_family_t fam, const void *buf, size_t len, msg_t *m, msg_err_
         rc = s_fail(err, MSG_E_UNKNOWN_TYPE, "unknown message type '%s'", safe);
         goto fail;
     }
+    msg_mem_t *mem = m->mem; /* msg_init clears the struct; keep the reserved chunk */
     msg_init(m, td->type);
+    m->mem = mem;
     m->has_id = id && !dup && id->type == MSGPACK_OBJECT_POSITIVE_INTEGER;
     m->id = m->has_id ? id->via.u64 : 0;
     d.type = td->type;
@@ -964,10 +1042,10 @@ int msg_decode(msg_family_t fam, const void *buf, size_t len, msg_t *m, msg_err_
     if (td->id_required && !id) { rc = s_fail(err, MSG_E_MISSING_FIELD, "%s: missing field 'id'", td->name); goto fail; }
     rc = s_check_type(td->type, &m->u, td->name, err);
     if (rc < 0) goto fail;
-    msgpack_unpacked_destroy(&up);
+    msgpack_zone_destroy(&zone);
     return 0;
 fail:
-    if (have_up) msgpack_unpacked_destroy(&up);
+    if (have_zone) msgpack_zone_destroy(&zone);
     return rc;
 }
 
@@ -1084,6 +1162,41 @@ static int s_encode_value(ectx_t *e, const fdesc_t *f, const char *body)
         const char *arr = *(const char *const *)at;
         if ((double)n < f->lo || (double)n > f->hi || (n > 0 && !arr))
             return s_fail(&e->err, MSG_E_INVALID_PARAM, "%s: field '%s': bad element count %d", e->tname, f->name, n);
+        if (f->flags & FL_PACKED) {
+            size_t esz = f->kind == F_I32S ? 4 : 8;
+            PK(msgpack_pack_bin(pk, esz * (size_t)n));
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+            if (f->kind == F_I32S)
+                for (int32_t i = 0; i < n; i++) {
+                    int32_t x = ((const int32_t *)arr)[i];
+                    if ((double)x < f->elo || (double)x > f->ehi)
+                        return s_fail(&e->err, MSG_E_INVALID_PARAM, "%s: field '%s[%d]' out of range: %d", e->tname,
+                                      f->name, i, x);
+                }
+            if (n) PK(msgpack_pack_bin_body(pk, arr, esz * (size_t)n)); /* the host order is the wire order */
+            return 0;
+#endif
+            unsigned char tmp[256];
+            size_t k = 0;
+            for (int32_t i = 0; i < n; i++) {
+                uint64_t v;
+                if (f->kind == F_I32S) {
+                    int32_t x = ((const int32_t *)arr)[i];
+                    if ((double)x < f->elo || (double)x > f->ehi)
+                        return s_fail(&e->err, MSG_E_INVALID_PARAM, "%s: field '%s[%d]' out of range: %d", e->tname,
+                                      f->name, i, x);
+                    v = (uint32_t)x;
+                } else {
+                    v = ((const uint64_t *)arr)[i];
+                }
+                for (size_t b = 0; b < esz; b++) tmp[k++] = (unsigned char)(v >> (8 * b));
+                if (k + 8 > sizeof tmp || i == n - 1) {
+                    PK(msgpack_pack_bin_body(pk, tmp, k));
+                    k = 0;
+                }
+            }
+            return 0;
+        }
         PK(msgpack_pack_array(pk, (size_t)n));
         for (int32_t i = 0; i < n; i++) {
             if (f->kind == F_I32S) {

@@ -7,6 +7,7 @@ One file per seed: a valid message of each type of the family (two-direction tar
 leading byte, 0 = towards the service, 1 = from it), plus a few near misses.
 """
 import os
+import struct
 
 import msgpack
 
@@ -68,6 +69,12 @@ corpora = {
         b"\1" + p({"type": "result", "id": 1000, "instance": 99, "reqs": [1, 2], "tokens": [17, -1],
                    "forward_us": 812.5, "sample_us": 3.0}),
         b"\1" + p({"type": "error", "id": 1000, "code": "unavailable", "message": "stale instance"}),
+        # the packed form the C encoder writes: int32 / uint64 little-endian in a bin
+        b"\0" + p({"type": "step", "id": 1001, "instance": 99, "seqs": [
+            {"req": 3, "pos0": 40, "tokens": struct.pack("<2i", 5, 6), "blocks": struct.pack("<3i", 0, 7, 9),
+             "sample": True, "temperature": 0.5}]}),
+        b"\1" + p({"type": "result", "id": 1001, "instance": 99, "reqs": struct.pack("<2Q", 3, 4),
+                   "tokens": struct.pack("<2i", 17, -1)}),
     ],
     "msg_prefetch": [
         b"\0" + p({"type": "status", "id": 1}),
