@@ -397,6 +397,9 @@ int main(int argc, char **argv)
 out:
     if (sock) zmq_close(sock);
     if (ctx) zmq_ctx_term(ctx);
+    /* libzmq leaves the ipc socket file behind; remove ours (a crash leaves it, and the next
+     * bind or the launcher's clean-up replaces it) */
+    if (!strncmp(cfg->prefetcher[part].endpoint, "ipc://", 6)) unlink(cfg->prefetcher[part].endpoint + 6);
     shm_detach(&arena.seg);
     free(plan);
     free(cfg);

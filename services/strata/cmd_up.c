@@ -280,6 +280,10 @@ static void s_spawn(svc_t *s)
         .env = L->env,
         .stdio_count = 3,
         .stdio = io,
+        /* own session: a terminal's Ctrl-C or hang-up reaches only the launcher, which then
+         * stops the services in order instead of racing them (they still die with it:
+         * strata pin --parent arms the parent-death signal) */
+        .flags = UV_PROCESS_DETACHED,
     };
     s->proc.data = s;
     if (s->first_spawn_t == 0) s->first_spawn_t = strata_now();
