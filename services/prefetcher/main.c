@@ -397,8 +397,8 @@ int main(int argc, char **argv)
 out:
     if (sock) zmq_close(sock);
     if (ctx) zmq_ctx_term(ctx);
-    /* libzmq leaves the ipc socket file behind; remove ours (a crash leaves it, and the next
-     * bind or the launcher's clean-up replaces it) */
+    /* libzmq removes a bound ipc socket file when the socket closes cleanly; make sure ours is
+     * gone even if it did not (after a crash the next bind or the launcher's clean-up does it) */
     if (!strncmp(cfg->prefetcher[part].endpoint, "ipc://", 6)) unlink(cfg->prefetcher[part].endpoint + 6);
     shm_detach(&arena.seg);
     free(plan);
