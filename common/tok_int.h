@@ -289,7 +289,6 @@ struct tok {
     bool norm_unicode_only;  /* every normalizer is NFC/NFD/NFKC/NFKD */
     uint32_t norm_stable_below; /* ... and chars below this code point never change */
     tk_re_t re_bytelevel;    /* GPT-2 regex of the ByteLevel pre-tokenizer */
-    tk_re_t re_whitespace;   /* \w+|[^\w\s]+ of the Whitespace pre-tokenizer */
 
     /* truncation / padding (single sequence) */
     bool trunc;

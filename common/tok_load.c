@@ -11,10 +11,6 @@
 
 #define PATHMAX 256
 
-/* GPT-2's pre-tokenizer regex (ByteLevel with use_regex) and the Whitespace one. */
-static const char s_gpt2_re[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-
 static int s_fail(const tok_t *tok, strata_errbuf_t *eb, int code, const char *path, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
@@ -310,6 +306,10 @@ static int s_parse_pt(tok_t *tok, strata_errbuf_t *eb, json_t *o, const char *pa
         pt->kind = PT_BYTELEVEL;
         if ((rc = s_bool(tok, eb, o, "add_prefix_space", path, true, &pt->add_prefix_space))) return rc;
         if ((rc = s_bool(tok, eb, o, "use_regex", path, true, &pt->use_regex))) return rc;
+        char msg[64];
+        if (pt->use_regex && !tok->re_bytelevel.code &&
+            (rc = tk_re_compile(&tok->re_bytelevel, tk_re_gpt2, strlen(tk_re_gpt2), false, msg, sizeof msg)))
+            return rc;
         bool trim;
         return s_bool(tok, eb, o, "trim_offsets", path, true, &trim);
     }
@@ -988,8 +988,6 @@ int tk_parse_tokenizer(tok_t *tok, const char *json, size_t len, strata_errbuf_t
         rc = s_fail(tok, eb, STRATA_EVERSION, "version", "unknown tokenizer version (expected \"1.0\")");
         goto fail;
     }
-    char msg[64];
-    if ((rc = tk_re_compile(&tok->re_bytelevel, s_gpt2_re, strlen(s_gpt2_re), false, msg, sizeof msg))) goto fail;
     if ((rc = s_parse_model(tok, eb, json_object_get(root, "model")))) goto fail;
     if ((v = json_object_get(root, "normalizer")) && !json_is_null(v) && (rc = s_parse_norm(tok, eb, v, "normalizer", 0)))
         goto fail;
@@ -1057,5 +1055,4 @@ void tk_release(tok_t *tok)
     free(tok->id_added);
     free(tok->id_special);
     tk_re_free(&tok->re_bytelevel);
-    tk_re_free(&tok->re_whitespace);
 }
