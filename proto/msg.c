@@ -380,9 +380,11 @@ static const tdesc_t s_types[] = {
     {MSG_SCHED_HELLO_REPLY, MSG_FAM_SCHED_OUT, "hello", s_f_hello, false},
     {MSG_EXEC_HELLO, MSG_FAM_EXEC_IN, "hello", s_f_none, false},
     {MSG_STEP, MSG_FAM_EXEC_IN, "step", s_f_step, true},
+    {MSG_EXEC_STATS, MSG_FAM_EXEC_IN, "stats", s_f_none, false},
     {MSG_EXEC_HELLO_REPLY, MSG_FAM_EXEC_OUT, "hello", s_f_hello, false},
     {MSG_STEP_RESULT, MSG_FAM_EXEC_OUT, "result", s_f_result, true},
     {MSG_EXEC_ERROR, MSG_FAM_EXEC_OUT, "error", s_f_error, false},
+    {MSG_EXEC_STATS_REPLY, MSG_FAM_EXEC_OUT, "stats", s_f_stats, false},
     {MSG_PF_STATUS, MSG_FAM_PF_IN, "status", s_f_none, false},
     {MSG_PF_STATUS_REPLY, MSG_FAM_PF_OUT, "status", s_f_pf_status, false},
 };

@@ -79,10 +79,12 @@ typedef enum {
     /* scheduler -> executor */
     MSG_EXEC_HELLO = 80,      /* "hello"     no body */
     MSG_STEP,                 /* "step"      body: step; id = step number */
+    MSG_EXEC_STATS,           /* "stats"     no body */
     /* executor -> scheduler */
     MSG_EXEC_HELLO_REPLY = 100, /* "hello"   body: hello */
     MSG_STEP_RESULT,          /* "result"    body: result; id = the plan's step number */
     MSG_EXEC_ERROR,           /* "error"     body: error; id = the plan's step number if known */
+    MSG_EXEC_STATS_REPLY,     /* "stats"     body: stats (executor counters, incl. the GPU expert cache) */
     /* anyone -> prefetcher, prefetcher -> requester */
     MSG_PF_STATUS = 120,      /* "status"    no body */
     MSG_PF_STATUS_REPLY,      /* "status"    body: pf_status */
