@@ -185,13 +185,19 @@ ALWAYS void s_int4_row_dots(const s_row_t *rw, int cols, const float *x, int64_t
     __m128 a0[4], a1[4];
     for (int t = 0; t < T; t++) a0[t] = a1[t] = _mm_setzero_ps();
     const uint8_t *p = rw->p;
-    const int nb = cols / 32, gshift = __builtin_ctz((unsigned)rw->group / 32);
+    const int nb = cols / 32, gshift = __builtin_ctz((unsigned)rw->group / 32), ng = cols / rw->group;
+    /* the row's scales in fp32 up front: a broadcast from memory is a plain load, where a
+     * per-block convert + broadcast would add to the shuffle port the lookups already load */
+    float dsc[ng + 8];
+    int g = 0;
+    for (; g + 8 <= ng; g += 8) _mm256_storeu_ps(dsc + g, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rw->sc + g))));
+    for (; g < ng; g++) dsc[g] = _cvtsh_ss(rw->sc[g]);
     int b = 0;
     for (; b + 2 <= nb; b += 2) {
-        s_int4_block(p, b * 32, x, ldx, T, a0, _mm_set1_ps(_cvtsh_ss(rw->sc[b >> gshift])));
-        s_int4_block(p, b * 32 + 32, x, ldx, T, a1, _mm_set1_ps(_cvtsh_ss(rw->sc[(b + 1) >> gshift])));
+        s_int4_block(p, b * 32, x, ldx, T, a0, _mm_broadcast_ss(dsc + (b >> gshift)));
+        s_int4_block(p, b * 32 + 32, x, ldx, T, a1, _mm_broadcast_ss(dsc + ((b + 1) >> gshift)));
     }
-    if (b < nb) s_int4_block(p, b * 32, x, ldx, T, a0, _mm_set1_ps(_cvtsh_ss(rw->sc[b >> gshift])));
+    if (b < nb) s_int4_block(p, b * 32, x, ldx, T, a0, _mm_broadcast_ss(dsc + (b >> gshift)));
     for (int t = 0; t < T; t++) {
         __m128 a = _mm_add_ps(a0[t], a1[t]);
         a = _mm_add_ps(a, _mm_movehl_ps(a, a));
