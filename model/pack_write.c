@@ -379,6 +379,31 @@ int packed_copy_side_files(const char *src_dir, const char *dst_dir, uint32_t *c
 
 /* ------------------------------------------------------------------------------------------ */
 
+int packed_plan(const model_config_t *c, const packed_write_opts_t *o, packed_manifest_t *pm, int32_t *fallbacks,
+                strata_errbuf_t *eb)
+{
+    int rc = 0;
+    packed_slot_t *slots = NULL;
+    int32_t n_slots = 0, fb = 0;
+    memset(pm, 0, sizeof *pm);
+    if (o->fmt < 0 || o->fmt >= WF_COUNT || o->attn_fmt < 0 || o->attn_fmt >= WF_COUNT ||
+        (o->embed_fmt != WF_F32 && o->embed_fmt != WF_BF16))
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "packed_plan: bad format choice");
+    if ((o->fmt == WF_INT4 || o->attn_fmt == WF_INT4) && o->group != 32 && o->group != 64 && o->group != 128)
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "packed_plan: int4 group must be 32, 64 or 128 (got %d)", o->group);
+    if (o->alignment < PACKED_MIN_ALIGN || o->alignment > PACKED_MAX_ALIGN || (o->alignment & (o->alignment - 1)))
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "packed_plan: alignment %" PRIu64 " must be a power of two in [%u, %u]",
+                             o->alignment, PACKED_MIN_ALIGN, PACKED_MAX_ALIGN);
+    S_TRY(packed_slots(c, NULL, &slots, &n_slots));
+    S_TRY(s_plan(c, slots, n_slots, o, pm, &fb));
+    S_TRY(packed_manifest_check(pm, c, "pack plan", NULL, eb));
+    if (fallbacks) *fallbacks = fb;
+fail:
+    if (rc < 0) packed_manifest_free(pm);
+    free(slots);
+    return rc;
+}
+
 int packed_write(const model_t *src, const char *src_dir, const char *out_dir, const packed_write_opts_t *o,
                  packed_write_stats_t *st, strata_errbuf_t *eb)
 {

@@ -143,6 +143,14 @@ typedef struct {
  * progress. */
 void packed_write_opts_default(packed_write_opts_t *o, wfmt_t fmt);
 
+/* Plan the packed layout of a model with config c under o, writing nothing: every manifest
+ * record (formats, files, offsets, expert blocks) exactly as packed_write lays it out, checked
+ * with packed_manifest_check; crc32 fields are 0 and o->embed_as_source is ignored (embeddings
+ * take o->embed_fmt). For writers that make the bytes themselves (model/synth_fast.c). *fallbacks
+ * (if not NULL) counts int4 tensors stored with a smaller group or int8. Returns 0 or <0, eb set. */
+int packed_plan(const model_config_t *c, const packed_write_opts_t *o, packed_manifest_t *pm, int32_t *fallbacks,
+                strata_errbuf_t *eb);
+
 /* Pack src (any loaded model) into out_dir, which must exist and hold no manifest. Copies
  * config.json and the tokenizer files from src_dir, writes the weight files, re-reads them and
  * checks their crc32, then writes the manifest last. Returns 0 or <0 with eb set. */
