@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/threadpool.h"
@@ -61,6 +62,13 @@ void exec_opts_default(exec_opts_t *o)
     o->kv_blocks = 2048;
     o->block_size = 16;
     o->max_tokens = 256;
+}
+
+double exec_thread_cpu_us(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return t.tv_sec * 1e6 + t.tv_nsec * 1e-3;
 }
 
 static void s_sampler_skip(sampler_rng_t *r, uint64_t n)
@@ -300,7 +308,7 @@ int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_
         .n_logits = n_logits,
         .logit_rows = e->rows,
     };
-    double t0 = strata_now();
+    double t0 = strata_now(), c0 = exec_thread_cpu_us();
     bool have_ids = false;
     if (e->bk == BK_CPU) {
         rc = model_forward(e->fwd, &e->kv, &b, n_logits ? e->logits : NULL);
@@ -336,6 +344,7 @@ int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_
         tokens[i] = cpu_sample(e->logits + (size_t)r * vocab, (int)vocab, q->samp.temperature, q->samp.top_k, q->samp.top_p, u);
     }
     double t2 = strata_now();
+    e->st.compute_cpu_us += exec_thread_cpu_us() - c0;
     *forward_us = (t1 - t0) * 1e6;
     *sample_us = (t2 - t1) * 1e6;
     e->st.steps++;

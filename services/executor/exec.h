@@ -38,7 +38,8 @@ typedef struct {
 /* Counters since exec_create; the cache fields are filled by the cuda backend only. */
 typedef struct {
     uint64_t steps, tokens, sampled, bad_plans;
-    double forward_us, sample_us;   /* totals */
+    double forward_us, sample_us;   /* totals, wall time */
+    double compute_cpu_us;          /* CPU time of the calling thread in forward + sampling */
     bool has_cache;                 /* the fields below are meaningful */
     uint64_t hits, misses, prefetches, prefetch_used, bytes_h2d;
     int32_t slots, n_experts_total;
@@ -67,6 +68,9 @@ int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_
               msg_errcode_t *code, char *text, size_t tlen);
 
 void exec_get_stats(const exec_t *e, exec_stats_t *st);
+
+/* CPU time of the calling thread, microseconds. */
+double exec_thread_cpu_us(void);
 
 /* The uniform draw number n of the stream seeded with seed (sampler_rng_*), as exec_step uses it. */
 double exec_draw(uint64_t seed, uint64_t n);

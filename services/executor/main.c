@@ -65,6 +65,7 @@ typedef struct {
     char model_name[257];
     int32_t *tokens;       /* [MSG_MAX_STEP_SEQS] */
     bool heard;            /* the scheduler has sent something */
+    double ctrl_cpu_us;    /* CPU of this thread handling messages, minus forward and sampling */
     double t_hello;
 } svc_t;
 
@@ -125,11 +126,56 @@ static void s_on_step(svc_t *S, const void *route, size_t len, const msg_t *in)
     free(reqs);
 }
 
+static void s_on_stats(svc_t *S, const void *route, size_t len, const msg_t *in)
+{
+    exec_stats_t st;
+    exec_get_stats(S->ex, &st);
+    msg_stat_t items[40];
+    int n = 0;
+#define S_STAT(name, val) items[n++] = (msg_stat_t){msg_str(name), (double)(val)}
+    S_STAT("pid", getpid());
+    S_STAT("load_ms", S->em.load_ms);
+    S_STAT("from_arena", S->em.from_arena);
+    S_STAT("arena_bytes", S->em.arena_bytes);
+    S_STAT("cuda", !strcmp(S->cfg->executor.backend, "cuda"));
+    S_STAT("steps", st.steps);
+    S_STAT("tokens", st.tokens);
+    S_STAT("sampled", st.sampled);
+    S_STAT("bad_plans", st.bad_plans);
+    S_STAT("forward_us_total", st.forward_us);
+    S_STAT("sample_us_total", st.sample_us);
+    S_STAT("compute_cpu_us_total", st.compute_cpu_us);
+    S_STAT("ctrl_cpu_us_total", S->ctrl_cpu_us);
+    if (st.has_cache) {
+        /* the GPU expert cache (model/gpu.h gpu_stats_t) */
+        S_STAT("hits", st.hits);
+        S_STAT("misses", st.misses);
+        S_STAT("prefetches", st.prefetches);
+        S_STAT("prefetch_used", st.prefetch_used);
+        S_STAT("bytes_h2d", st.bytes_h2d);
+        S_STAT("slots", st.slots);
+        S_STAT("experts_total", st.n_experts_total);
+        S_STAT("hit_rate", st.hits + st.misses ? (double)st.hits / (double)(st.hits + st.misses) : 0);
+    }
+#undef S_STAT
+    msg_t m;
+    msg_init(&m, MSG_EXEC_STATS_REPLY);
+    m.has_id = in->has_id;
+    m.id = in->id;
+    m.u.stats.n = n;
+    m.u.stats.items = items;
+    int rc = zmsg_send(S->sock, route, len, &m, &S->buf, 0);
+    if (rc < 0) log_warn("send stats: %s", strata_strerror(rc));
+}
+
 /* One message from the ROUTER socket: [routing id][payload]. 1 handled, 0 none, <0 error. */
 static int s_recv(svc_t *S)
 {
     zmq_msg_t idf, body;
     zmq_msg_init(&idf);
+    double c0 = exec_thread_cpu_us();
+    exec_stats_t st0;
+    exec_get_stats(S->ex, &st0);
     if (zmq_msg_recv(&idf, S->sock, ZMQ_DONTWAIT) < 0) {
         int e = zmq_errno();
         zmq_msg_close(&idf);
@@ -165,11 +211,16 @@ static int s_recv(svc_t *S)
             s_send_hello(S, route, len, 0);
         } else if (m.type == MSG_STEP) {
             s_on_step(S, route, len, &m);
+        } else if (m.type == MSG_EXEC_STATS) {
+            s_on_stats(S, route, len, &m);
         }
         msg_free(&m);
     }
     zmq_msg_close(&body);
     zmq_msg_close(&idf);
+    exec_stats_t st1;
+    exec_get_stats(S->ex, &st1);
+    S->ctrl_cpu_us += exec_thread_cpu_us() - c0 - (st1.compute_cpu_us - st0.compute_cpu_us);
     return 1;
 }
 

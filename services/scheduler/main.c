@@ -44,6 +44,8 @@
 #define READY_ANYWAY_S 5.0    /* report READY without an executor after this long */
 #define EXPIRE_EVERY_S 1.0
 #define ROUTER_BATCH 1024     /* router messages handled between plans */
+#define STATS_WAIT_S 0.3      /* a stats reply waits this long for the executor's counters */
+#define MAX_PENDING_STATS 16
 
 static volatile sig_atomic_t s_stop;
 
@@ -67,6 +69,16 @@ static void s_usage(FILE *f)
             "Exit codes: 0 clean stop (SIGTERM/SIGINT), 1 runtime failure, 2 bad config or usage.\n");
 }
 
+/* A router `stats` request waiting for the executor's counters. */
+typedef struct {
+    uint8_t route[256];
+    size_t route_len;
+    bool has_id;
+    uint64_t id;          /* the router's request id */
+    uint64_t seq;         /* id of our `stats` request to the executor */
+    double deadline;
+} pending_stats_t;
+
 typedef struct {
     const strata_config_t *cfg;
     void *zctx, *rsock, *esock;
@@ -87,9 +99,12 @@ typedef struct {
     int32_t sent_tokens;
     /* counters */
     uint64_t exec_restarts, events_dropped, bad_msgs, stale_results;
-    double sum_rtt_us, sum_fwd_us, sum_smp_us, sum_plan_us;
+    double sum_rtt_us, sum_fwd_us, sum_smp_us, sum_plan_us, sum_apply_us;
     uint64_t n_rtt;
     double t_expire;
+    pending_stats_t pstats[MAX_PENDING_STATS];
+    int n_pstats;
+    uint64_t stats_seq;
 } svc_t;
 
 /* ---- events to the router ---- */
@@ -157,9 +172,12 @@ static void s_reply_hello(svc_t *S, const void *route, size_t len)
     if (zmsg_send(S->rsock, route, len, &m, &S->buf, ZMQ_DONTWAIT) < 0) S->events_dropped++;
 }
 
-static void s_reply_stats(svc_t *S, const void *route, size_t len, const msg_t *in)
+/* Reply to a router `stats` request: the scheduler's counters, plus the executor's under
+ * "executor." if ex is not NULL. */
+static void s_reply_stats(svc_t *S, const void *route, size_t len, bool has_id, uint64_t id, const msg_stats_t *ex)
 {
-    msg_stat_t items[48];
+    msg_stat_t items[64 + 48];
+    char names[48][136];
     int n = 0;
     double now = strata_now();
     sched_counters_t c;
@@ -200,14 +218,73 @@ static void s_reply_stats(svc_t *S, const void *route, size_t len, const msg_t *
     S_STAT("step_sample_us_avg", S->sum_smp_us / k);
     S_STAT("step_plan_us_avg", S->sum_plan_us / k);
     S_STAT("step_ctrl_us_avg", (S->sum_rtt_us - S->sum_fwd_us - S->sum_smp_us) / k);
+    S_STAT("step_apply_us_avg", S->sum_apply_us / k);
+    /* totals, for rates over an interval (bench/group_bench.py) */
+    S_STAT("steps_timed", S->n_rtt);
+    S_STAT("step_rtt_us_total", S->sum_rtt_us);
+    S_STAT("step_forward_us_total", S->sum_fwd_us);
+    S_STAT("step_sample_us_total", S->sum_smp_us);
+    S_STAT("step_plan_us_total", S->sum_plan_us);
+    S_STAT("step_apply_us_total", S->sum_apply_us);
 #undef S_STAT
+    for (int i = 0; ex && i < ex->n && i < 48; i++) {
+        int l = snprintf(names[i], sizeof names[i], "executor.%.*s", (int)ex->items[i].name.len, ex->items[i].name.s);
+        if (l <= 0 || l > 128) continue;
+        items[n++] = (msg_stat_t){{names[i], (size_t)l}, ex->items[i].value};
+    }
     msg_t m;
     msg_init(&m, MSG_SCHED_STATS_REPLY);
-    m.has_id = in->has_id;
-    m.id = in->id;
+    m.has_id = has_id;
+    m.id = id;
     m.u.stats.n = n;
     m.u.stats.items = items;
     if (zmsg_send(S->rsock, route, len, &m, &S->buf, ZMQ_DONTWAIT) < 0) S->events_dropped++;
+}
+
+/* A router `stats` request: ask the executor for its counters first (answered between its
+ * steps); s_on_exec_stats or the deadline sends the reply. */
+static void s_stats_request(svc_t *S, const void *route, size_t len, const msg_t *in, double now)
+{
+    if (S->exec_instance == 0 || S->n_pstats >= MAX_PENDING_STATS || len > sizeof S->pstats[0].route) {
+        s_reply_stats(S, route, len, in->has_id, in->id, NULL);
+        return;
+    }
+    pending_stats_t *p = &S->pstats[S->n_pstats++];
+    memcpy(p->route, route, len);
+    p->route_len = len;
+    p->has_id = in->has_id;
+    p->id = in->id;
+    p->seq = ++S->stats_seq;
+    p->deadline = now + STATS_WAIT_S;
+    msg_t m;
+    msg_init(&m, MSG_EXEC_STATS);
+    m.has_id = true;
+    m.id = p->seq;
+    if (zmsg_send(S->esock, NULL, 0, &m, &S->ebuf, ZMQ_DONTWAIT) < 0) p->deadline = now; /* replied at the next tick */
+}
+
+static void s_on_exec_stats(svc_t *S, const msg_t *m)
+{
+    for (int i = 0; i < S->n_pstats; i++)
+        if (m->has_id && S->pstats[i].seq == m->id) {
+            pending_stats_t p = S->pstats[i];
+            S->pstats[i] = S->pstats[--S->n_pstats];
+            s_reply_stats(S, p.route, p.route_len, p.has_id, p.id, &m->u.stats);
+            return;
+        }
+}
+
+static void s_stats_timeouts(svc_t *S, double now)
+{
+    for (int i = 0; i < S->n_pstats;) {
+        if (now >= S->pstats[i].deadline) {
+            pending_stats_t p = S->pstats[i];
+            S->pstats[i] = S->pstats[--S->n_pstats];
+            s_reply_stats(S, p.route, p.route_len, p.has_id, p.id, NULL);
+        } else {
+            i++;
+        }
+    }
 }
 
 static void s_on_router_msg(svc_t *S, const void *route, size_t len, const void *data, size_t size)
@@ -248,7 +325,7 @@ static void s_on_router_msg(svc_t *S, const void *route, size_t len, const void 
             s_reply_error(S, route, len, true, m.id, MSG_E_NOT_FOUND, text);
         }
         break;
-    case MSG_SCHED_STATS: s_reply_stats(S, route, len, &m); break;
+    case MSG_SCHED_STATS: s_stats_request(S, route, len, &m, now); break;
     case MSG_SCHED_HELLO: s_reply_hello(S, route, len); break;
     default: STRATA_ASSERT(!"router family decoded to a foreign type");
     }
@@ -395,6 +472,7 @@ static void s_on_exec_msg(svc_t *S, const msg_t *m, double now)
         }
         break;
     }
+    case MSG_EXEC_STATS_REPLY: s_on_exec_stats(S, m); break;
     default: STRATA_ASSERT(!"executor family decoded to a foreign type");
     }
 }
@@ -403,6 +481,7 @@ static int s_exec_recv(svc_t *S)
 {
     msg_t m;
     msg_err_t err;
+    double t0 = strata_now();
     int rc = zmsg_recv(S->esock, MSG_FAM_EXEC_OUT, &m, &err, ZMQ_DONTWAIT);
     if (rc == -EAGAIN || rc == -EINTR) {
         msg_free(&m);
@@ -416,7 +495,10 @@ static int s_exec_recv(svc_t *S)
         S->bad_msgs++;
         log_error("bad message from the executor: %s", err.text);
     } else {
+        uint64_t n0 = S->n_rtt;
         s_on_exec_msg(S, &m, strata_now());
+        /* receive + decode + apply + token events to the router, for an applied result */
+        if (S->n_rtt != n0) S->sum_apply_us += (strata_now() - t0) * 1e6;
     }
     msg_free(&m);
     return 1;
@@ -567,6 +649,7 @@ int main(int argc, char **argv)
             notify_ready();
             S.ready = true;
         }
+        if (S.n_pstats) s_stats_timeouts(&S, now);
         if (S.sc && now - S.t_expire >= EXPIRE_EVERY_S) {
             sched_expire(S.sc, now);
             S.t_expire = now;

@@ -188,6 +188,9 @@ def case_executor_crash():
     assert not any(snap["fin"]), "a request finished before the kill: %s" % snap
     assert s("executor_restarts") >= 1 and s("replayed_seqs") >= 1, st
     assert "built over the weight arenas" in log, "the restarted executor did not use the arena"
+    # the executor's own counters come through the scheduler (executor `stats`): the new one
+    # built its model over the arena and ran the replayed steps
+    assert s("executor.from_arena") == 1 and s("executor.pid") == new["pid"] and s("executor.steps") > 0, st
     print("  kill -9 of the executor after %s tokens per request; %d sequences replayed; the new executor built its model in %.1f ms"
           % (snap["prog"], s("replayed_seqs"), s("executor_load_ms")))
 
