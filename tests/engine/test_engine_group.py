@@ -17,6 +17,9 @@ Cases:
                   scheduler replays, and every request completes with exactly the tokens
                   `strata generate` gives (the answer it would have had without the crash); at
                   the moment of the kill no request had finished.
+  scheduler_crash 8 clients stream 150-token answers; the scheduler gets kill -9 after a few
+                  tokens. The launcher restarts it, the router resubmits the live requests, and
+                  every client gets exactly the answer of `strata generate`, each token once.
 
 usage: test_engine_group.py --strata BIN --prefetcher BIN --executor BIN --scheduler BIN
                             --router BIN --client-py DIR CASE...
@@ -195,7 +198,37 @@ def case_executor_crash():
           % (snap["prog"], s("replayed_seqs"), s("executor_load_ms")))
 
 
-CASES = {"batching": case_batching, "executor_crash": case_executor_crash}
+def case_scheduler_crash():
+    rnd = random.Random(A.seed + 2)
+    reqs = []
+    for i in range(8):
+        r = {"prompt": [rnd.randrange(0, 286) for _ in range(3 + i)], "max_tokens": 150, "ignore_eos": True}
+        if i % 2:
+            r.update(temperature=0.8, top_k=30, top_p=0.9, seed=rnd.randrange(1 << 63))
+        reqs.append(r)
+    refs = [reference(r["prompt"], r["max_tokens"], True, r.get("temperature", 0.0), r.get("top_k", 0), r.get("top_p", 1.0),
+                      r.get("seed", 0)) for r in reqs]
+    with gl.Group(A, kind="real") as g:
+        g.start()
+        old = g.svc("scheduler")
+
+        def kill():
+            os.kill(old["pid"], signal.SIGKILL)
+
+        res, snap = stream_all(g, reqs, during=kill, during_when=6)
+        check_answers(reqs, res, refs)
+        new = g.wait_svc("scheduler", lambda s: s["restarts"] >= 1 and s["state"] == "ready", timeout=20)
+        assert new["pid"] != old["pid"], (old, new)
+        from strata_client import StrataClient
+        with StrataClient("tcp://127.0.0.1:%d" % g.port, timeout=10.0) as c:
+            st = c.stats()
+    assert not any(snap["fin"]), "a request finished before the kill: %s" % snap
+    assert st.get("router.resubmits", 0) >= 1, st
+    print("  kill -9 of the scheduler after %s tokens per request; the router resubmitted %d requests"
+          % (snap["prog"], st["router.resubmits"]))
+
+
+CASES = {"batching": case_batching, "executor_crash": case_executor_crash, "scheduler_crash": case_scheduler_crash}
 
 
 def main():
