@@ -1,0 +1,212 @@
+/* roofline.c - decode bound arithmetic and ceilings (see roofline.h). */
+#include "bench/roofline.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+const machine_t roofline_rtx3090 = {"rtx3090+pcie3+2xE5-2699v4", 24.0 * GIB, 936e9, 12e9, 120e9};
+const machine_t roofline_rtx4090 = {"rtx4090+pcie4+ddr5", 24.0 * GIB, 1008e9, 25e9, 80e9};
+
+void roofline_model_from_manifest(roofline_model_t *rm, const model_config_t *c, const packed_manifest_t *pm)
+{
+    memset(rm, 0, sizeof *rm);
+    for (int32_t i = 0; i < pm->n_tensors; i++) {
+        const packed_tensor_t *t = &pm->tensors[i];
+        double b = (double)(t->bytes + t->scale_bytes);
+        if (!strcmp(t->name, "embed")) rm->embed_bytes += b;
+        else if (!strstr(t->name, ".experts.")) rm->resident_bytes += b;
+    }
+    if (c->tie_embeddings) rm->resident_bytes += rm->embed_bytes; /* lm_head reads the table */
+    /* one expert: the largest block's tensors (all experts share one shape) */
+    for (int32_t i = 0; i < pm->n_tensors; i++) {
+        const packed_tensor_t *t = &pm->tensors[i];
+        if (!strncmp(t->name, "layers.", 7) && strstr(t->name, ".experts.0.")) {
+            /* count expert 0 of the first MoE layer only */
+            int l = atoi(t->name + 7);
+            int first = -1;
+            for (int k = 0; k < c->n_layers && first < 0; k++)
+                if (c->layer_sparse[k]) first = k;
+            if (l == first) rm->expert_bytes += (double)(t->bytes + t->scale_bytes);
+        }
+    }
+    for (int l = 0; l < c->n_layers; l++) rm->n_moe_layers += c->layer_sparse[l] ? 1 : 0;
+    rm->n_experts = c->n_experts;
+    rm->top_k = c->top_k;
+    rm->n_experts_total = (int64_t)rm->n_moe_layers * c->n_experts;
+    rm->kv_bytes_per_token = 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
+}
+
+int roofline_model_from_config(roofline_model_t *rm, const model_config_t *c, wfmt_t fmt, int group,
+                               strata_errbuf_t *eb)
+{
+    packed_write_opts_t o;
+    packed_manifest_t pm;
+    packed_write_opts_default(&o, fmt);
+    o.group = group;
+    o.embed_fmt = fmt == WF_F32 ? WF_F32 : WF_BF16;
+    o.embed_as_source = false;
+    int rc = packed_plan(c, &o, &pm, NULL, eb);
+    if (rc < 0) return rc;
+    roofline_model_from_manifest(rm, c, &pm);
+    packed_manifest_free(&pm);
+    return 0;
+}
+
+void roofline_run_default(roofline_run_t *r)
+{
+    memset(r, 0, sizeof *r);
+    r->batch = 1;
+    r->slots = -1;
+    r->hit_rate = -1;
+}
+
+int roofline_decode(const roofline_model_t *m, const machine_t *mc, const roofline_run_t *r, roofline_t *out)
+{
+    memset(out, 0, sizeof *out);
+    if (r->batch < 1) return STRATA_EINVAL_INPUT;
+    const double B = r->batch, E = m->n_experts, k = m->top_k;
+    /* distinct experts per MoE layer: each of E is missed by one token with probability 1 - k/E */
+    out->distinct_experts = E > 0 ? E * (1.0 - pow(1.0 - k / E, B)) : 0.0;
+    const double touched = m->n_moe_layers * out->distinct_experts * m->expert_bytes;
+    out->kv_bytes = B * r->context * m->kv_bytes_per_token;
+    out->bytes_per_token = (m->resident_bytes + out->kv_bytes + touched) / B;
+
+    if (r->cpu_backend) {
+        if (!(mc->cpu_bw > 0)) return STRATA_EINVAL_INPUT;
+        out->slots = (double)m->n_experts_total;
+        out->hit_rate = 1.0;
+        out->hit_bytes = touched;
+        out->gpu_bytes = 0;
+        out->step_s = (m->resident_bytes + out->kv_bytes + touched) / mc->cpu_bw;
+        out->cpu_share = 1.0;
+        out->limit = "cpu memory";
+        out->bound_tok_s = B / out->step_s;
+        return 0;
+    }
+    if (!(mc->hbm_bw > 0) || !(mc->pcie_bw > 0 || mc->cpu_bw > 0)) return STRATA_EINVAL_INPUT;
+    double budget = r->gpu_mem > 0 ? r->gpu_mem : mc->gpu_mem;
+    double slots;
+    if (r->slots >= 0) {
+        slots = (double)r->slots;
+    } else {
+        double left = budget - m->resident_bytes - r->reserved_bytes;
+        if (budget > 0 && left < 0) return STRATA_EINVAL_INPUT;
+        slots = budget > 0 && m->expert_bytes > 0 ? floor(left / m->expert_bytes) : (double)m->n_experts_total;
+    }
+    if (slots > (double)m->n_experts_total) slots = (double)m->n_experts_total;
+    out->slots = slots;
+    double h = r->hit_rate >= 0 ? r->hit_rate : (m->n_experts_total ? slots / (double)m->n_experts_total : 1.0);
+    if (h > 1) h = 1;
+    out->hit_rate = h;
+    out->hit_bytes = h * touched;
+    const double M = touched - out->hit_bytes;
+    out->miss_bytes = M;
+    out->gpu_bytes = m->resident_bytes + out->kv_bytes + touched;
+
+    /* min over x of max(a + b(1-x), c(1-x), d x): a = fixed GPU reads, b = missed bytes read again
+     * by the GPU, c = transfer, d = CPU. The max of the two decreasing lines meets the
+     * increasing one at the larger of their separate crossings. */
+    const double a = (m->resident_bytes + out->kv_bytes + out->hit_bytes) / mc->hbm_bw;
+    const double b = M / mc->hbm_bw;
+    if (M <= 0) {
+        out->step_s = a;
+        out->limit = "hbm";
+    } else {
+        const double c = mc->pcie_bw > 0 ? M / mc->pcie_bw : INFINITY;
+        const double d = mc->cpu_bw > 0 ? M / mc->cpu_bw : INFINITY;
+        double x;
+        if (!isfinite(d)) x = 0; /* no CPU path */
+        else if (!isfinite(c)) x = 1; /* no transfer path */
+        else {
+            double x1 = (a + b) / (b + d), x2 = c / (c + d);
+            x = x1 > x2 ? x1 : x2;
+            if (x > 1) x = 1;
+        }
+        double t1 = a + b * (1 - x), t2 = isfinite(c) ? c * (1 - x) : (x < 1 ? INFINITY : 0), t3 = isfinite(d) ? d * x : 0;
+        double t = t1 > t2 ? t1 : t2;
+        if (t3 > t) t = t3;
+        out->step_s = t;
+        out->cpu_share = x;
+        out->limit = t1 >= t2 && t1 >= t3 ? "hbm" : "pcie+cpu";
+    }
+    out->bound_tok_s = B / out->step_s;
+    return 0;
+}
+
+/* ---- host memory bandwidth --------------------------------------------------------------- */
+
+typedef long long s_v2i __attribute__((vector_size(16)));
+
+typedef struct {
+    const s_v2i *buf;
+    s_v2i sink[64]; /* per-thread results, so the loads are not optimized away */
+} s_bw_t;
+
+static void s_bw_chunk(void *ctx, int64_t i0, int64_t i1, int tid)
+{
+    s_bw_t *c = ctx;
+    s_v2i a0 = {0, 0}, a1 = a0, a2 = a0, a3 = a0;
+    const s_v2i *p = c->buf;
+    for (int64_t i = i0 * 1024; i < i1 * 1024; i += 4) {
+        a0 += p[i];
+        a1 += p[i + 1];
+        a2 += p[i + 2];
+        a3 += p[i + 3];
+    }
+    c->sink[tid & 63] += a0 + a1 + a2 + a3;
+}
+
+double roofline_cpu_membw(tpool_t *pool, size_t bytes, int passes)
+{
+    s_bw_t c;
+    memset(&c, 0, sizeof c);
+    s_v2i *buf = NULL;
+    bytes &= ~(size_t)(16 * 1024 - 1);
+    if (bytes == 0 || posix_memalign((void **)&buf, 4096, bytes) != 0) return 0;
+    memset(buf, 1, bytes);
+    c.buf = buf;
+    int64_t items = (int64_t)(bytes / (1024 * sizeof(s_v2i))); /* items of 16 KiB */
+    double best = 0;
+    for (int i = 0; i < passes; i++) {
+        double t0 = strata_now();
+        tpool_run(pool, items, 16, s_bw_chunk, &c);
+        double t = strata_now() - t0;
+        double bw = (double)items * 1024 * sizeof(s_v2i) / t;
+        if (bw > best) best = bw;
+    }
+    free(buf);
+    return best;
+}
+
+void roofline_print(FILE *f, const roofline_model_t *m, const machine_t *here, const roofline_run_t *r,
+                    double measured_tok_s)
+{
+    const machine_t *ms[3] = {here, &roofline_rtx3090, &roofline_rtx4090};
+    fprintf(f, "%-28s %9s %8s %8s %8s %7s %6s %7s %10s %10s %9s\n", "roofline (decode)", "gpu_mem", "hbm", "pcie",
+            "cpu", "slots", "hit", "cpu%", "bound", "limit", "ratio");
+    for (int i = 0; i < 3; i++) {
+        const machine_t *mc = ms[i];
+        roofline_run_t rr = *r;
+        if (i > 0) { /* projection: same run, that machine's memory and a uniform-routing cache */
+            rr.cpu_backend = false;
+            rr.slots = -1;
+            rr.hit_rate = -1;
+            if (rr.gpu_mem <= 0 || rr.gpu_mem > mc->gpu_mem) rr.gpu_mem = mc->gpu_mem;
+        }
+        roofline_t o;
+        if (roofline_decode(m, mc, &rr, &o) < 0) {
+            fprintf(f, "%-28s (does not fit or lacks a bandwidth)\n", mc->name);
+            continue;
+        }
+        double gm = rr.cpu_backend ? 0 : (rr.gpu_mem > 0 ? rr.gpu_mem : mc->gpu_mem);
+        fprintf(f, "%-28s %8.1fG %7.0fG %7.1fG %7.1fG %7.0f %6.3f %6.1f%% %7.1f t/s %10s", mc->name, gm / GIB,
+                mc->hbm_bw / 1e9, mc->pcie_bw / 1e9, mc->cpu_bw / 1e9, o.slots, o.hit_rate, 100 * o.cpu_share,
+                o.bound_tok_s, o.limit);
+        if (i == 0 && measured_tok_s > 0) fprintf(f, " %9.3f", measured_tok_s / o.bound_tok_s);
+        fprintf(f, "\n");
+    }
+}

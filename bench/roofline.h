@@ -1,0 +1,108 @@
+/* roofline.h - the physical bound on decode speed (DESIGN.md "Physical limits") and the
+ * machine ceilings it is computed from.
+ *
+ * One decode step of `batch` sequences must at least:
+ *   - read from GPU memory the resident weights (attention, norms, routers, shared expert,
+ *     dense MLPs, lm_head), every sequence's KV cache, and the routed experts found in the
+ *     expert cache;
+ *   - get the routed experts that miss the cache either over PCIe (then the GPU reads them
+ *     too) or computed on the CPU from host memory.
+ * The transfer and the CPU path run in parallel, so a fraction x of the missed bytes goes to
+ * the CPU and the step takes at least
+ *     T(x) = max( (resident + kv + hit + (1-x) miss) / hbm,  (1-x) miss / pcie,  x miss / cpu )
+ * and the bound is min over x in [0,1], which has a closed form (roofline_decode). When the GPU
+ * term does not bind this is miss / (pcie + cpu): the two paths' bandwidths add. Without a
+ * GPU (the CPU backend) every byte comes from host memory: T = all bytes / cpu.
+ *
+ * Routing is uniform: each token picks top_k distinct experts of E at random, so a step of B
+ * tokens touches E (1 - (1 - k/E)^B) distinct experts per MoE layer, and a cache of S slots
+ * over N = layers * E experts hits S / N of them (any replacement policy, uniform accesses),
+ * unless a measured hit rate is given. Compute (FLOPs) is not a term: decode at these batch
+ * sizes is bound by memory traffic. Prefill is not bounded here.
+ */
+#ifndef STRATA_BENCH_ROOFLINE_H
+#define STRATA_BENCH_ROOFLINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/strata.h"
+#include "kernels/cpu/threadpool.h"
+#include "model/model.h"
+#include "model/packed.h"
+
+/* A machine's ceilings. Bandwidths in bytes per second. */
+typedef struct {
+    char name[64];
+    double gpu_mem;   /* bytes of GPU memory; 0 = no GPU */
+    double hbm_bw;    /* GPU memory read bandwidth; 0 = no GPU */
+    double pcie_bw;   /* host -> GPU copy bandwidth from pinned memory */
+    double cpu_bw;    /* host memory read bandwidth, all sockets */
+} machine_t;
+
+/* The projection targets of issue #5: RTX 3090 24 GB (936 GB/s) on PCIe 3 x16 at 12 GB/s with
+ * 2 x Xeon E5-2699 v4 at 2 x 60 GB/s, and RTX 4090 24 GB (1008 GB/s) on PCIe 4 at 25 GB/s with
+ * DDR5 at 80 GB/s. (24 GB = 24 GiB of device memory.) */
+extern const machine_t roofline_rtx3090;
+extern const machine_t roofline_rtx4090;
+
+/* What a model costs in bytes, from its packed layout. */
+typedef struct {
+    double resident_bytes;      /* weights read every step on the GPU: everything but the embedding and
+                                 * the routed experts (data + scales) */
+    double embed_bytes;         /* embedding table (stays in host memory; a row per token is read) */
+    double expert_bytes;        /* one routed expert: gate + up + down, data + scales (the largest one) */
+    double kv_bytes_per_token;  /* K and V of every layer for one token, as this engine stores them (fp32) */
+    int32_t n_moe_layers, n_experts, top_k;
+    int64_t n_experts_total;    /* n_moe_layers * n_experts */
+} roofline_model_t;
+
+/* Bytes of config c laid out as pm (a packed manifest or plan). */
+void roofline_model_from_manifest(roofline_model_t *rm, const model_config_t *c, const packed_manifest_t *pm);
+/* Same from a config and a format (experts/shared/dense fmt, int4 group, attention bf16 unless
+ * fmt is f32), through packed_plan. 0 or <0 with eb set. */
+int roofline_model_from_config(roofline_model_t *rm, const model_config_t *c, wfmt_t fmt, int group,
+                               strata_errbuf_t *eb);
+
+/* One run's operating point. */
+typedef struct {
+    int32_t batch;          /* sequences decoding together (tokens per step) */
+    double context;         /* average tokens held in each sequence's KV cache during the steps */
+    double gpu_mem;         /* the budget (--gpu-mem) in bytes; 0 = the machine's gpu_mem */
+    double reserved_bytes;  /* KV cache + workspace charged to the budget besides resident weights */
+    int64_t slots;          /* expert slots when known (gpu_get_stats); < 0: from the budget */
+    double hit_rate;        /* measured or assumed cache hit rate; < 0: uniform routing, slots / total */
+    bool cpu_backend;       /* all weights in host memory, computed on the CPU */
+} roofline_run_t;
+
+/* Defaults: batch 1, context 0, budget = machine, reserved 0, slots from the budget, uniform. */
+void roofline_run_default(roofline_run_t *r);
+
+typedef struct {
+    double distinct_experts;    /* per MoE layer per step */
+    double slots;               /* expert slots (<= n_experts_total) */
+    double hit_rate;
+    double gpu_bytes;           /* read from GPU memory per step if every miss is transferred */
+    double hit_bytes, miss_bytes, kv_bytes;  /* per step */
+    double cpu_share;           /* fraction of the missed bytes the best split computes on the CPU */
+    double step_s;              /* the bound on one step's time */
+    double bound_tok_s;         /* batch / step_s: aggregate decode tokens per second */
+    double bytes_per_token;     /* (resident + kv + experts touched) / batch */
+    const char *limit;          /* "hbm", "pcie+cpu", "cpu memory" */
+} roofline_t;
+
+/* The decode bound of model m on machine mc at operating point r. Returns 0, or
+ * STRATA_EINVAL_INPUT if the machine cannot run it (GPU machine without hbm or pcie bandwidth,
+ * CPU run without cpu bandwidth, batch < 1, resident weights larger than the budget). */
+int roofline_decode(const roofline_model_t *m, const machine_t *mc, const roofline_run_t *r, roofline_t *out);
+
+/* Host memory read bandwidth in bytes/s: every thread of pool streams its share of a `bytes`
+ * buffer (well beyond the caches), best of `passes`. pool may be NULL (one thread). */
+double roofline_cpu_membw(tpool_t *pool, size_t bytes, int passes);
+
+/* One line per machine: this one and the two projections, bound tok/s and what binds. */
+void roofline_print(FILE *f, const roofline_model_t *m, const machine_t *here, const roofline_run_t *r,
+                    double measured_tok_s);
+
+#endif

@@ -1,0 +1,195 @@
+/* test_roofline.c - the decode bound arithmetic (bench/roofline.h) against hand-computed cases.
+ *
+ * Every expected number below is worked out in the comments from the model's shapes and the
+ * formulas of DESIGN.md "Physical limits", independently of the code under test: bytes of one
+ * expert and of the resident weights from the config, the slots a budget leaves, distinct
+ * experts per step under uniform routing, and the split of missed bytes between PCIe and CPU.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "bench/roofline.h"
+#include "bench/shapes.h"
+#include "tests/unit/check.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+static bool s_close(double a, double b, double rel) { return fabs(a - b) <= rel * fabs(b) + 1e-12; }
+
+/* Mixtral-8x7B, int4 group 32 experts, bf16 attention and lm_head, at a 24 GiB budget. */
+static void s_mixtral_int4_24g(void)
+{
+    const shape_t *s = shape_find("mixtral-8x7b");
+    T_CHECK(s != NULL, "shape");
+    model_config_t c;
+    strata_errbuf_t eb = {{0}};
+    T_CHECK(shape_config(s, &c, &eb) == 0, "%s", eb.msg);
+    roofline_model_t m;
+    T_CHECK(roofline_model_from_config(&m, &c, WF_INT4, 32, &eb) == 0, "%s", eb.msg);
+
+    /* One expert: gate, up [14336][4096] and down [4096][14336]; int4 data = 4096*14336/2 =
+     * 29,360,128 bytes per matrix, fp16 scales = 4096*14336/32*2 = 3,670,016; x3 = 99,090,432. */
+    T_CHECK(m.expert_bytes == 99090432.0, "expert bytes %.0f", m.expert_bytes);
+    /* Resident (no embedding): per layer q,o [4096][4096] + k,v [1024][4096] bf16 =
+     * (2*16,777,216 + 2*4,194,304) * 2 = 83,886,080; two f32 norms 32,768; router [8][4096] f32
+     * 131,072: 84,049,920 x 32 layers = 2,689,597,440; final norm 16,384; lm_head [32000][4096]
+     * bf16 262,144,000. Total 2,951,757,824. */
+    T_CHECK(m.resident_bytes == 2951757824.0, "resident bytes %.0f", m.resident_bytes);
+    T_CHECK(m.embed_bytes == 262144000.0, "embed bytes %.0f", m.embed_bytes);
+    /* K and V fp32: 2 * 32 layers * 8 kv heads * 128 * 4 = 262,144 bytes per token */
+    T_CHECK(m.kv_bytes_per_token == 262144.0, "kv/token %.0f", m.kv_bytes_per_token);
+    T_CHECK(m.n_experts_total == 256 && m.top_k == 2, "experts %lld top_k %d", (long long)m.n_experts_total, m.top_k);
+
+    /* Budget 24 GiB = 25,769,803,776; reserved: KV for 4096 tokens (1 GiB) + 0.25 GiB workspace =
+     * 1,342,177,280. Slots = floor((25,769,803,776 - 2,951,757,824 - 1,342,177,280) / 99,090,432)
+     * = floor(21,475,868,672 / 99,090,432) = floor(216.73) = 216; hit rate 216/256 = 0.84375.
+     * Batch 1: 2 distinct experts per layer; touched = 32 * 2 * 99,090,432 = 6,341,787,648;
+     * hits 5,350,883,328; misses 990,904,320. Context 1024: KV read 268,435,456. */
+    roofline_run_t r;
+    roofline_run_default(&r);
+    r.batch = 1;
+    r.context = 1024;
+    r.gpu_mem = 24.0 * GIB;
+    r.reserved_bytes = 1.25 * GIB;
+    roofline_t o;
+
+    /* RTX 4090: a = (2,951,757,824 + 268,435,456 + 5,350,883,328) / 1008e9 = 8.5030e-3 s; the
+     * split x = max((a+b)/(b+d), c/(c+d)) with b = M/1008e9, c = M/25e9, d = M/80e9 gives
+     * x = 80/105 = 0.7619 (transfer-bound), step = M / (25e9 + 80e9) = 9.43718e-3 s:
+     * 105.96 tok/s. The GPU term there is a + b(1-x) = 8.74e-3 s < step. */
+    T_CHECK(roofline_decode(&m, &roofline_rtx4090, &r, &o) == 0, "decode");
+    T_CHECK(o.slots == 216, "slots %.0f", o.slots);
+    T_CHECK(s_close(o.hit_rate, 0.84375, 1e-12), "hit %.6f", o.hit_rate);
+    T_CHECK(s_close(o.distinct_experts, 2.0, 1e-12), "distinct %.6f", o.distinct_experts);
+    T_CHECK(o.miss_bytes == 990904320.0, "miss %.0f", o.miss_bytes);
+    T_CHECK(o.kv_bytes == 268435456.0, "kv %.0f", o.kv_bytes);
+    T_CHECK(s_close(o.cpu_share, 80.0 / 105.0, 1e-9), "cpu share %.6f", o.cpu_share);
+    T_CHECK(s_close(o.step_s, 990904320.0 / 105e9, 1e-9), "step %.9f", o.step_s);
+    T_CHECK(s_close(o.bound_tok_s, 105.9629, 1e-5), "tok/s %.4f", o.bound_tok_s);
+    T_CHECK(!strcmp(o.limit, "pcie+cpu"), "limit %s", o.limit);
+    /* bytes per token: 2,951,757,824 + 268,435,456 + 6,341,787,648 = 9,561,980,928 */
+    T_CHECK(o.bytes_per_token == 9561980928.0, "bytes/token %.0f", o.bytes_per_token);
+
+    /* RTX 3090 (936 GB/s, PCIe 12 GB/s, CPU 120 GB/s): a = 8,571,076,608 / 936e9 = 9.15713e-3 s
+     * exceeds M / (12e9 + 120e9) = 7.5068e-3 s, and x1 = (a+b)/(b+d) = 1.097 > 1: everything
+     * missed goes to the CPU (x = 1, d = 8.2575e-3 s < a), the GPU binds: 109.20 tok/s. */
+    T_CHECK(roofline_decode(&m, &roofline_rtx3090, &r, &o) == 0, "decode");
+    T_CHECK(s_close(o.step_s, 8571076608.0 / 936e9, 1e-9), "step %.9f", o.step_s);
+    T_CHECK(s_close(o.bound_tok_s, 109.2043, 1e-5), "tok/s %.4f", o.bound_tok_s);
+    T_CHECK(o.cpu_share == 1.0 && !strcmp(o.limit, "hbm"), "share %.3f limit %s", o.cpu_share, o.limit);
+
+    /* Batch 16: distinct experts per layer = 8 * (1 - (6/8)^16) = 8 * (1 - 0.0100226) = 7.91982;
+     * touched = 32 * 7.91982 * 99,090,432 = 25,113,... ; on the RTX 4090 with the same cache the
+     * misses are (1 - 0.84375) of it and the step is M / 105e9. */
+    r.batch = 16;
+    T_CHECK(roofline_decode(&m, &roofline_rtx4090, &r, &o) == 0, "decode");
+    double distinct = 8.0 * (1.0 - pow(0.75, 16));
+    T_CHECK(s_close(o.distinct_experts, distinct, 1e-12), "distinct %.6f", o.distinct_experts);
+    double miss16 = 32.0 * distinct * 99090432.0 * (1.0 - 0.84375);
+    T_CHECK(s_close(o.miss_bytes, miss16, 1e-12), "miss %.0f vs %.0f", o.miss_bytes, miss16);
+    /* GPU term: (2,951,757,824 + 16 * 268,435,456 + 0.84375 * touched) / 1008e9 = 0.0317 s versus
+     * M / 105e9 = 0.0378 s: still the transfer. 16 / 0.03781 = 423.2 tok/s. */
+    T_CHECK(s_close(o.step_s, miss16 / 105e9, 1e-9), "step %.6f", o.step_s);
+    T_CHECK(s_close(o.bound_tok_s, 16.0 / (miss16 / 105e9), 1e-9), "tok/s %.2f", o.bound_tok_s);
+
+    /* A budget that holds every expert: 256 slots, hit 1, no misses; batch 1 step =
+     * (2,951,757,824 + 268,435,456 + 6,341,787,648) / 1008e9 = 9.48609e-3 s -> 105.42 tok/s. */
+    r.batch = 1;
+    r.gpu_mem = 64.0 * GIB;
+    T_CHECK(roofline_decode(&m, &roofline_rtx4090, &r, &o) == 0, "decode");
+    T_CHECK(o.slots == 256 && o.hit_rate == 1.0 && o.miss_bytes == 0, "all resident");
+    T_CHECK(s_close(o.step_s, 9561980928.0 / 1008e9, 1e-12), "step %.9f", o.step_s);
+
+    /* The CPU backend reads everything from host memory: 9,561,980,928 / 120e9 = 79.68 ms. */
+    r.cpu_backend = true;
+    T_CHECK(roofline_decode(&m, &roofline_rtx3090, &r, &o) == 0, "decode");
+    T_CHECK(s_close(o.step_s, 9561980928.0 / 120e9, 1e-12), "cpu step %.6f", o.step_s);
+    T_CHECK(!strcmp(o.limit, "cpu memory"), "limit %s", o.limit);
+
+    /* A budget below the resident weights is refused. */
+    r.cpu_backend = false;
+    r.gpu_mem = 2.0 * GIB;
+    T_CHECK(roofline_decode(&m, &roofline_rtx4090, &r, &o) == STRATA_EINVAL_INPUT, "too small");
+}
+
+/* A small made-up model, every number round: resident 1e9 B, expert 1e8 B, 10 MoE layers of 4
+ * experts, top 1, no KV. Machine: hbm 1e12, pcie 1e10, cpu 3e10, budget fits 20 of 40 experts. */
+static void s_round_numbers(void)
+{
+    roofline_model_t m = {.resident_bytes = 1e9, .expert_bytes = 1e8, .n_moe_layers = 10, .n_experts = 4,
+                          .top_k = 1, .n_experts_total = 40};
+    machine_t mc = {"round", 4e9, 1e12, 1e10, 3e10};
+    roofline_run_t r;
+    roofline_run_default(&r);
+    roofline_t o;
+    /* slots = floor((4e9 - 1e9 - 1e9 reserved) / 1e8) = 20, hit 0.5; batch 1: touched 10 * 1 *
+     * 1e8 = 1e9, miss 5e8. a = (1e9 + 5e8)/1e12 = 1.5e-3; transfer+cpu: 5e8/4e10 = 1.25e-2 s. */
+    r.reserved_bytes = 1e9;
+    T_CHECK(roofline_decode(&m, &mc, &r, &o) == 0, "decode");
+    T_CHECK(o.slots == 20 && o.hit_rate == 0.5, "slots %.0f hit %.3f", o.slots, o.hit_rate);
+    T_CHECK(s_close(o.step_s, 1.25e-2, 1e-12), "step %.6f", o.step_s);
+    T_CHECK(s_close(o.cpu_share, 0.75, 1e-12), "share %.4f", o.cpu_share);
+    /* a given hit rate overrides the cache size: hit 0.9 -> miss 1e8, step 1e8/4e10 = 2.5e-3 */
+    r.hit_rate = 0.9;
+    T_CHECK(roofline_decode(&m, &mc, &r, &o) == 0 && s_close(o.step_s, 2.5e-3, 1e-12), "step %.6f", o.step_s);
+    /* batch 4: distinct = 4 * (1 - 0.75^4) = 2.734375 per layer, touched 2.734375e9, hit 0.9:
+     * miss 2.734375e8 -> 6.8359375e-3; GPU (1e9 + 0.9*2.734375e9 + 0.1*(1-x)...) stays below */
+    r.batch = 4;
+    T_CHECK(roofline_decode(&m, &mc, &r, &o) == 0, "decode");
+    T_CHECK(s_close(o.distinct_experts, 2.734375, 1e-12), "distinct %.6f", o.distinct_experts);
+    T_CHECK(s_close(o.step_s, 2.734375e8 / 4e10, 1e-12), "step %.9f", o.step_s);
+    T_CHECK(s_close(o.bound_tok_s, 4 / (2.734375e8 / 4e10), 1e-12), "tok/s %.3f", o.bound_tok_s);
+    /* GPU-bound: a slow GPU (hbm 1e11) with everything resident except one expert:
+     * hit 39/40 at batch 1 -> touched 1e9, miss 2.5e7: a = (1e9 + 9.75e8)/1e11 = 1.975e-2,
+     * b = 2.5e-4, c = 2.5e-3, d = 8.33e-4: x1 = (a+b)/(b+d) > 1, so x = 1 and the step is a. */
+    mc.hbm_bw = 1e11;
+    r.batch = 1;
+    r.hit_rate = 39.0 / 40.0;
+    T_CHECK(roofline_decode(&m, &mc, &r, &o) == 0, "decode");
+    T_CHECK(s_close(o.step_s, 1.975e-2, 1e-12) && !strcmp(o.limit, "hbm"), "step %.6f %s", o.step_s, o.limit);
+    /* No CPU path (cpu 0): transfer only, 2.5e7/1e10 = 2.5e-3 < a: still a. Faster GPU:
+     * hbm 1e13 -> a = 1.975e-4 + b: the transfer binds: (1 - 0) * 2.5e7 / 1e10 = 2.5e-3. */
+    mc.cpu_bw = 0;
+    mc.hbm_bw = 1e13;
+    T_CHECK(roofline_decode(&m, &mc, &r, &o) == 0, "decode");
+    T_CHECK(s_close(o.step_s, 2.5e-3, 1e-12) && o.cpu_share == 0, "step %.6f share %.3f", o.step_s, o.cpu_share);
+    /* batch 0 is refused */
+    r.batch = 0;
+    T_CHECK(roofline_decode(&m, &mc, &r, &o) == STRATA_EINVAL_INPUT, "batch 0");
+}
+
+/* Every real shape's config parses and plans, and the counts match the published totals. */
+static void s_shapes(void)
+{
+    struct {
+        const char *name;
+        double params_b; /* total parameters in billions, from the model cards */
+    } known[] = {{"mixtral-8x7b", 46.7}, {"mixtral-8x22b", 140.6}, {"qwen3-30b-a3b", 30.5},
+                 {"qwen3-235b-a22b", 235.1}, {"qwen2-57b-a14b", 57.4}, {"olmoe-1b-7b", 6.9}};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        const shape_t *s = shape_find(known[i].name);
+        T_CHECK(s != NULL, "%s", known[i].name);
+        if (!s) continue;
+        model_config_t c;
+        strata_errbuf_t eb = {{0}};
+        T_CHECK(shape_config(s, &c, &eb) == 0, "%s: %s", s->name, eb.msg);
+        double p = (double)c.vocab * c.hidden * 2; /* embed + lm_head */
+        for (int l = 0; l < c.n_layers; l++) {
+            p += (double)c.hidden * c.head_dim * (2.0 * c.n_heads + 2.0 * c.n_kv_heads);
+            p += c.layer_sparse[l] ? 3.0 * c.hidden * c.moe_inter * c.n_experts + (double)c.n_experts * c.hidden
+                                   : 3.0 * c.hidden * c.dense_inter;
+            if (c.layer_sparse[l] && c.shared_inter) p += 3.0 * c.hidden * c.shared_inter + c.hidden;
+        }
+        T_CHECK(fabs(p / 1e9 - known[i].params_b) < 0.15, "%s: %.2f B params, published %.1f", s->name, p / 1e9,
+                known[i].params_b);
+        T_CHECK(c.n_experts == s->n_experts && c.top_k == s->top_k && c.n_layers == s->n_layers, "%s", s->name);
+    }
+}
+
+int main(void)
+{
+    s_mixtral_int4_24g();
+    s_round_numbers();
+    s_shapes();
+    return t_done("roofline");
+}
