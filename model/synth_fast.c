@@ -959,22 +959,14 @@ static int s_slurp(const char *path, char **out, size_t *len, strata_errbuf_t *e
     return 0;
 }
 
-int synth_dir_open(synth_gen_t **out, const char *dir, bool *is_virtual, strata_errbuf_t *eb)
+int synth_marker_parse(synth_marker_t *mk, const char *text, size_t len, const char *name, strata_errbuf_t *eb)
 {
     int rc = 0;
-    char path[4200];
-    char *text = NULL;
-    size_t len = 0;
-    json_t *j = NULL;
-    packed_manifest_t pm = {0};
-    model_config_t cfg;
-    *out = NULL;
-
-    snprintf(path, sizeof path, "%s/%s", dir, SYNTH_MARKER);
     json_error_t je;
-    j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    memset(mk, 0, sizeof *mk);
+    json_t *j = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
     if (!j || !json_is_object(j)) {
-        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: not a JSON object: %s", path, j ? "" : je.text);
+        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: not a JSON object%s%s", name, j ? "" : ": ", j ? "" : je.text);
         goto fail;
     }
     const char *key;
@@ -985,50 +977,76 @@ int synth_dir_open(synth_gen_t **out, const char *dir, bool *is_virtual, strata_
         bool ok = false;
         for (const char *const *k = known; *k; k++) ok |= !strcmp(*k, key);
         if (!ok) {
-            rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: unknown field '%s'", path, key);
+            rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: unknown field '%.64s'", name, key);
             goto fail;
         }
     }
     json_t *gen = json_object_get(j, "generator"), *ver = json_object_get(j, "version"),
            *seed = json_object_get(j, "seed"), *skew = json_object_get(j, "route_skew"),
-           *virt = json_object_get(j, "virtual");
+           *virt = json_object_get(j, "virtual"), *shape = json_object_get(j, "shape");
     if (!json_is_string(gen) || strcmp(json_string_value(gen), "strata synth")) {
-        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: field 'generator' must be \"strata synth\"", path);
+        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: field 'generator' must be \"strata synth\"", name);
         goto fail;
     }
-    if (!json_is_integer(ver) || json_integer_value(ver) != SYNTH_GEN_VERSION) {
-        rc = strata_seterr(eb, STRATA_EVERSION, "%s: field 'version' must be %d (this build's generator; regenerate the model)",
-                           path, SYNTH_GEN_VERSION);
+    if (!json_is_integer(ver)) {
+        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: field 'version' must be an integer", name);
+        goto fail;
+    }
+    if (json_integer_value(ver) != SYNTH_GEN_VERSION) {
+        rc = strata_seterr(eb, STRATA_EVERSION, "%s: field 'version' = %lld, this build generates version %d (regenerate the model)",
+                           name, (long long)json_integer_value(ver), SYNTH_GEN_VERSION);
         goto fail;
     }
     if (!json_is_integer(seed) || json_integer_value(seed) < 0) {
-        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: field 'seed' must be an integer >= 0", path);
+        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: field 'seed' must be an integer >= 0", name);
         goto fail;
     }
-    double zipf_s = 0;
-    if (!json_is_string(skew) || synth_parse_skew(json_string_value(skew), &zipf_s) < 0) {
+    if (!json_is_string(skew) || synth_parse_skew(json_string_value(skew), &mk->zipf_s) < 0) {
         rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: field 'route_skew' must be \"uniform\" or \"zipf:S\" with 0 < S <= 16",
-                           path);
+                           name);
         goto fail;
     }
     if (!json_is_boolean(virt)) {
-        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: field 'virtual' must be true or false", path);
+        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: field 'virtual' must be true or false", name);
         goto fail;
     }
-    if (json_object_get(j, "shape") && !json_is_string(json_object_get(j, "shape"))) {
-        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: field 'shape' must be a string", path);
+    if (shape && (!json_is_string(shape) || strlen(json_string_value(shape)) >= sizeof mk->shape)) {
+        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: field 'shape' must be a string of at most %zu bytes", name,
+                           sizeof mk->shape - 1);
         goto fail;
     }
-    if (is_virtual) *is_virtual = json_is_true(virt);
+    mk->seed = (uint64_t)json_integer_value(seed);
+    mk->is_virtual = json_is_true(virt);
+    if (shape) snprintf(mk->shape, sizeof mk->shape, "%s", json_string_value(shape));
+fail:
+    json_decref(j);
+    return rc;
+}
 
+int synth_dir_open(synth_gen_t **out, const char *dir, bool *is_virtual, strata_errbuf_t *eb)
+{
+    int rc = 0;
+    char path[4200];
+    char *text = NULL;
+    size_t len = 0;
+    packed_manifest_t pm = {0};
+    model_config_t cfg;
+    synth_marker_t mk;
+    *out = NULL;
+
+    snprintf(path, sizeof path, "%s/%s", dir, SYNTH_MARKER);
+    S_TRY(s_slurp(path, &text, &len, eb));
+    S_TRY(synth_marker_parse(&mk, text, len, path, eb));
+    free(text);
+    text = NULL;
+    if (is_virtual) *is_virtual = mk.is_virtual;
     snprintf(path, sizeof path, "%s/config.json", dir);
     S_TRY(model_config_load(&cfg, path, eb));
     snprintf(path, sizeof path, "%s/%s", dir, PACKED_MANIFEST);
     S_TRY(s_slurp(path, &text, &len, eb));
     S_TRY(packed_manifest_parse(&pm, text, len, path, eb));
-    S_TRY(synth_gen_create(out, &cfg, &pm, (uint64_t)json_integer_value(seed), zipf_s, eb));
+    S_TRY(synth_gen_create(out, &cfg, &pm, mk.seed, mk.zipf_s, eb));
 fail:
-    json_decref(j);
     free(text);
     packed_manifest_free(&pm);
     return rc;

@@ -97,6 +97,19 @@ int synth_write(const char *out_dir, const char *config_json, const synth_params
 /* Parse a route skew: "uniform" (0) or "zipf:S" with 0 < S <= 16. 0 or STRATA_EINVAL_INPUT. */
 int synth_parse_skew(const char *s, double *zipf_s);
 
+/* The marker file's content. */
+typedef struct {
+    uint64_t seed;
+    double zipf_s;       /* 0 = uniform */
+    bool is_virtual;     /* weight files are placeholders */
+    char shape[64];      /* informational, may be empty */
+} synth_marker_t;
+
+/* Parse marker text (JSON object: generator "strata synth", version SYNTH_GEN_VERSION, seed,
+ * route_skew, virtual, optional shape; nothing else). 0 or <0 with eb naming `name` and the
+ * field (STRATA_EVERSION for another generator version). */
+int synth_marker_parse(synth_marker_t *mk, const char *text, size_t len, const char *name, strata_errbuf_t *eb);
+
 /* True if dir holds SYNTH_MARKER. */
 bool synth_is_synthetic(const char *dir);
 /* The generator of a folder written by synth_write: reads config.json, the manifest and the
