@@ -201,6 +201,7 @@ static void s_reply_stats(svc_t *S, const void *route, size_t len, bool has_id, 
     S_STAT("preemptions", c.preemptions);
     S_STAT("replayed_seqs", c.replayed);
     S_STAT("kv_resets", c.kv_resets);
+    S_STAT("requests_poisoned", c.poisoned);
     S_STAT("kv_blocks", S->sc ? sched_opts(S->sc)->kv_blocks : 0);
     S_STAT("kv_blocks_free", c.kv_free);
     S_STAT("executor_restarts", S->exec_restarts);
@@ -423,13 +424,12 @@ static void s_on_exec_hello(svc_t *S, const msg_hello_t *h, double now)
         S->exec_restarts++;
         log_warn("executor restarted (instance %016llx, pid %d, model built in %.1f ms): replaying %d running sequences",
                  (unsigned long long)h->instance, h->pid, h->load_ms, c.running);
-        sched_reset_kv(S->sc);
+        sched_reset_kv(S->sc, now);
     } else {
         log_info("executor instance %016llx (pid %d) ready; model built in %.1f ms", (unsigned long long)h->instance, h->pid,
                  h->load_ms);
     }
     S->exec_instance = h->instance;
-    (void)now;
 }
 
 static void s_on_exec_msg(svc_t *S, const msg_t *m, double now)
@@ -461,7 +461,7 @@ static void s_on_exec_msg(svc_t *S, const msg_t *m, double now)
             /* "stale instance": a new executor got our plan; learn its instance, then replay */
             log_warn("executor refused step %llu: %.*s; probing it", (unsigned long long)m->id, (int)e->message.len, e->message.s);
             S->exec_instance = 0;
-            sched_reset_kv(S->sc);
+            sched_reset_kv(S->sc, now);
             s_probe(S, now);
         } else {
             log_error("executor refused step %llu: %s: %.*s; failing its requests", (unsigned long long)m->id,
@@ -520,7 +520,7 @@ static void s_step(svc_t *S)
     if (rc < 0) {
         /* the plan never left: treat it like a lost one (recompute; nothing was applied) */
         log_warn("send step to the executor: %s", strata_strerror(rc));
-        sched_reset_kv(S->sc);
+        sched_reset_kv(S->sc, t1);
         S->exec_instance = 0;
         s_probe(S, t1);
         return;

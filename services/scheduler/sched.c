@@ -23,6 +23,7 @@ typedef struct {
     int32_t n_blocks;
     uint64_t preempt_round;   /* plan round in which it was preempted (not re-admitted in it) */
     uint64_t plan_round;      /* plan round in which it was put into the plan */
+    int32_t losses;           /* plans holding it lost with the executor in a row */
     msg_finish_t finish;
     double t_submit, t_sched, t_first, t_done;
 } req_t;
@@ -495,6 +496,16 @@ int sched_plan(sched_t *s, uint64_t instance, msg_step_t *plan, double now)
     s->n_fly = 0;
     int32_t budget = s->o.max_batch_tokens;
 
+    /* 0. quarantine: a sequence whose plans were lost with the executor twice in a row runs
+     * alone, so that a request that kills the executor fails by itself (third loss, see
+     * sched_reset_kv) and the ones that shared its plans get a successful step */
+    for (int32_t i = 0; i < s->n_running; i++) {
+        req_t *r = s->running[i];
+        if (r->losses < SCHED_MAX_LOSSES - 1) continue;
+        if (s_schedule_running(s, r, budget, now) > 0) goto planned;
+        break;
+    }
+
     /* 1. decodes, 2. running prefills; both in admission order. A preemption while scheduling
      * running[i] removes the newest sequence not in the plan: one after i, or running[i]
      * itself (never an earlier one: running[i] is newer and not in the plan), so the index
@@ -527,6 +538,7 @@ int sched_plan(sched_t *s, uint64_t instance, msg_step_t *plan, double now)
         s_add(s, r, n, now);
         budget -= n;
     }
+planned:
     if (s->n_fly == 0) return 0;
     bool prefill = false, decode = false;
     for (int32_t i = 0; i < s->n_fly; i++) {
@@ -556,6 +568,7 @@ int sched_apply(sched_t *s, const msg_result_t *res, double now)
         req_t *r = s_find(s, f->id);
         if (!r || r->serial != f->serial || r->state != R_RUNNING) continue; /* canceled meanwhile */
         r->n_computed += f->n_fed;
+        r->losses = 0;
         if (!f->sample) continue;
         int32_t t = res->tokens[i];
         if (t >= s->o.vocab) {
@@ -595,8 +608,22 @@ void sched_fail_inflight(sched_t *s, msg_errcode_t code, const char *text, doubl
     s->n_fly = 0;
 }
 
-void sched_reset_kv(sched_t *s)
+void sched_reset_kv(sched_t *s, double now)
 {
+    if (s->inflight) {
+        for (int32_t i = 0; i < s->n_fly; i++) {
+            req_t *r = s_find(s, s->fly[i].id);
+            if (!r || r->serial != s->fly[i].serial || r->state != R_RUNNING) continue;
+            if (++r->losses < SCHED_MAX_LOSSES) continue;
+            char text[160];
+            snprintf(text, sizeof text, "the executor was lost %d times while running this request; giving up on it",
+                     r->losses);
+            s->c.failed++;
+            s->c.poisoned++;
+            if (s->sink.error) s->sink.error(s->sink.ctx, r->id, MSG_E_INTERNAL, text);
+            s_retire(s, r, MSG_FINISH_NONE, now);
+        }
+    }
     s->inflight = false;
     s->n_fly = 0;
     s->c.kv_resets++;

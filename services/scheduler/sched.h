@@ -60,12 +60,14 @@ typedef struct {
     uint64_t submitted, finished, canceled, failed;
     uint64_t steps, prefill_tokens, decode_tokens, generated;
     uint64_t mixed_steps;      /* steps holding both a prefill chunk and a decode token */
-    uint64_t preemptions, replayed, kv_resets;
+    uint64_t preemptions, replayed, kv_resets, poisoned;
     int32_t waiting, running, retained, kv_free;
     int32_t step_tokens_max, step_seqs_max;
 } sched_counters_t;
 
 typedef struct sched sched_t;
+
+#define SCHED_MAX_LOSSES 3
 
 /* Defaults for the fields not tied to the model: budget 256, 64 seqs, 2048 x 16 blocks,
  * max_live 4096, retain 60 s. */
@@ -103,8 +105,10 @@ int sched_apply(sched_t *s, const msg_result_t *r, double now);
  * error event (code, text). */
 void sched_fail_inflight(sched_t *s, msg_errcode_t code, const char *text, double now);
 /* The executor lost its KV cache (restart): drop the plan in flight and recompute every
- * running sequence from its first token. */
-void sched_reset_kv(sched_t *s);
+ * running sequence from its first token. A sequence whose plans were lost twice in a row runs
+ * alone in its next plans; one lost SCHED_MAX_LOSSES times in a row (a request that kills the
+ * executor, say) ends with an error event instead of being replayed again. */
+void sched_reset_kv(sched_t *s, double now);
 /* Forget finished requests older than retain_s. */
 void sched_expire(sched_t *s, double now);
 

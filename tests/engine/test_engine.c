@@ -85,6 +85,7 @@ typedef struct {
     int crash_every;    /* every this many plans the executor dies with the plan in flight (0 = never) */
     double p_cancel;    /* per step: cancel a random live request */
     bool want_preempt;
+    bool poison;        /* the executor dies on every plan holding request 0 */
 } scen_t;
 
 static int s_run(const model_t *m, tpool_t *pool, const scen_t *sc, uint64_t *rng)
@@ -202,13 +203,15 @@ static int s_run(const model_t *m, tpool_t *pool, const scen_t *sc, uint64_t *rn
         T_CHECK(tot <= sc->budget, "%s: plan of %d tokens over the budget %d", sc->name, tot, sc->budget);
         T_CHECK(n <= sc->max_seqs, "%s: plan of %d sequences over max_seqs %d", sc->name, n, sc->max_seqs);
         char text[300];
-        if (sc->crash_every > 0 && steps % sc->crash_every == sc->crash_every / 2) {
+        bool poisoned = false;
+        for (int i = 0; sc->poison && i < n; i++) poisoned |= plan.seqs[i].req == w->r[0].id;
+        if (poisoned || (sc->crash_every > 0 && steps % sc->crash_every == sc->crash_every / 2)) {
             /* the executor dies: the plan in flight is lost with the KV cache */
             exec_free(ex);
             ex = NULL;
             T_CHECK(exec_create(&ex, m, &eo, &eb) == 0, "%s: exec_create after crash: %s", sc->name, eb.msg);
             if (!ex) goto out;
-            sched_reset_kv(s);
+            sched_reset_kv(s, now);
             crashes++;
         } else {
             double fus, sus;
@@ -229,6 +232,12 @@ static int s_run(const model_t *m, tpool_t *pool, const scen_t *sc, uint64_t *rn
     sched_get_counters(s, &cn);
     for (int i = 0; i < w->n; i++) {
         treq_t *q = &w->r[i];
+        if (sc->poison && i == 0) {
+            /* it took the executor down SCHED_MAX_LOSSES times: one error, no done, nothing left */
+            T_CHECK(q->errors == 1 && q->dones == 0 && cn.poisoned == 1, "%s: poisoned request: %d errors, %d dones", sc->name,
+                    q->errors, q->dones);
+            continue;
+        }
         T_CHECK(q->dones == 1 && q->errors == 0 && q->bad_index == 0, "%s: req %d: %d dones, %d errors, %d bad indices", sc->name,
                 i, q->dones, q->errors, q->bad_index);
         T_CHECK(q->done_completion == q->n_got, "%s: req %d: done says %d tokens, %d streamed", sc->name, i, q->done_completion,
@@ -421,6 +430,7 @@ int main(void)
         {"tight-kv", 12, 6, 20, 4, 0, 20, 0, 0, true},
         {"crashes", 32, 8, 128, 8, 0, 20, 12, 0, false},
         {"tight+all", 10, 4, 16, 4, 60, 20, 15, 0.02, true},
+        {"poison", 32, 8, 128, 8, 0, 12, 0, 0, false, true},
     };
     s_submit_rules();
     for (size_t a = 0; a < sizeof models / sizeof models[0]; a++) {
