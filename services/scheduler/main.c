@@ -185,6 +185,7 @@ static void s_reply_stats(svc_t *S, const void *route, size_t len, bool has_id, 
     if (S->sc) sched_get_counters(S->sc, &c);
 #define S_STAT(name, val) items[n++] = (msg_stat_t){msg_str(name), (double)(val)}
     S_STAT("requests_submitted", c.submitted);
+    S_STAT("requests_resubmitted", c.resubmits);
     S_STAT("requests_finished", c.finished);
     S_STAT("requests_canceled", c.canceled);
     S_STAT("requests_failed", c.failed);

@@ -333,8 +333,23 @@ msg_errcode_t sched_submit(sched_t *s, uint64_t id, const msg_submit_t *sub, dou
     text[0] = 0;
     if (id == 0) return s_refuse(MSG_E_INVALID_PARAM, text, tlen, "submit: field 'id': 0 is not a request id");
     req_t *old = s_find(s, id);
-    if (old && old->state != R_FINISHED)
-        return s_refuse(MSG_E_DUPLICATE, text, tlen, "submit: request %llu is already live", (unsigned long long)id);
+    if (old && old->state != R_FINISHED) {
+        /* The same request again is a resubmission (a router that saw this scheduler start
+         * resubmits what it has in flight, while its earlier submit, queued in ZeroMQ when the
+         * old scheduler died, reached us too): it keeps running; the router drops the token
+         * indices it already has. Another request under a live id is a duplicate. */
+        int32_t mt = sub->max_tokens;
+        if (sub->n_prompt > 0 && sub->n_prompt < s->o.max_context && mt > s->o.max_context - sub->n_prompt)
+            mt = s->o.max_context - sub->n_prompt;
+        if (sub->n_prompt == old->n_prompt && sub->prompt &&
+            !memcmp(sub->prompt, old->toks, (size_t)old->n_prompt * sizeof *old->toks) && mt == old->max_tokens &&
+            sub->samp.temperature == old->samp.temperature && sub->samp.top_p == old->samp.top_p &&
+            sub->samp.top_k == old->samp.top_k && sub->samp.seed == old->samp.seed && sub->ignore_eos == old->ignore_eos) {
+            s->c.resubmits++;
+            return MSG_E_NONE;
+        }
+        return s_refuse(MSG_E_DUPLICATE, text, tlen, "submit: another request %llu is already live", (unsigned long long)id);
+    }
     if (sub->n_prompt < 1 || !sub->prompt)
         return s_refuse(MSG_E_INVALID_PARAM, text, tlen, "submit: field 'prompt': at least one token is needed");
     for (int32_t i = 0; i < sub->n_prompt; i++)

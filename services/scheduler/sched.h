@@ -57,7 +57,7 @@ typedef struct {
 } sched_sink_t;
 
 typedef struct {
-    uint64_t submitted, finished, canceled, failed;
+    uint64_t submitted, finished, canceled, failed, resubmits;
     uint64_t steps, prefill_tokens, decode_tokens, generated;
     uint64_t mixed_steps;      /* steps holding both a prefill chunk and a decode token */
     uint64_t preemptions, replayed, kv_resets, poisoned;
@@ -79,7 +79,8 @@ void sched_free(sched_t *s);
 const sched_opts_t *sched_opts(const sched_t *s);
 
 /* A new request id (internal id, see PROTOCOL.md). Returns MSG_E_NONE, or the error code with
- * text[tlen] (duplicate: id is live; invalid_param: bad token id or empty prompt;
+ * text[tlen] (duplicate: id is live with another request; the same request again is
+ * accepted and changes nothing; invalid_param: bad token id or empty prompt;
  * context_overflow: prompt >= max_context; busy: too many live requests). max_tokens is
  * clamped so that prompt + generated fits max_context. A finished id is replaced. */
 msg_errcode_t sched_submit(sched_t *s, uint64_t id, const msg_submit_t *sub, double now, char *text, size_t tlen);

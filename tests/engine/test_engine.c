@@ -365,7 +365,13 @@ static void s_submit_rules(void)
     w->r[1].id = 12;
     w->r[2].id = 13;
     T_CHECK(sched_submit(s, 11, &sub, 0, text, sizeof text) == MSG_E_NONE, "submit: %s", text);
+    T_CHECK(sched_submit(s, 11, &sub, 0, text, sizeof text) == MSG_E_NONE, "the same request again: %s", text);
+    sub.samp.seed = 5;
     T_CHECK(sched_submit(s, 11, &sub, 0, text, sizeof text) == MSG_E_DUPLICATE, "duplicate: %s", text);
+    sub.samp.seed = 0;
+    p[2] = 4;
+    T_CHECK(sched_submit(s, 11, &sub, 0, text, sizeof text) == MSG_E_DUPLICATE, "duplicate: %s", text);
+    p[2] = 3;
     T_CHECK(sched_submit(s, 0, &sub, 0, text, sizeof text) == MSG_E_INVALID_PARAM, "id 0: %s", text);
     p[1] = 10;
     T_CHECK(sched_submit(s, 12, &sub, 0, text, sizeof text) == MSG_E_INVALID_PARAM && strstr(text, "prompt[1]"), "token: %s", text);
