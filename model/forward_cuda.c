@@ -439,6 +439,17 @@ static int s_create_workspace(gpu_model_t *g, strata_errbuf_t *eb)
     WS(d_bt, T * (size_t)g->o.kv_blocks * 4);
     if (c->n_experts > 0) WS(moe_scr, cuda_moe_scratch_bytes((int)T, c->top_k, c->hidden, g->inter, c->n_experts));
 #undef WS
+    {
+        /* int8 activations for INT4/INT8 matmuls: the widest input is hidden, q or an MLP */
+        int wide = c->hidden > (int)qd ? c->hidden : (int)qd;
+        if ((int)mi > wide) wide = (int)mi;
+        size_t qb = cuda_q8_bytes((int)T, wide);
+        if (!rc && g->budget > 0 && g->used + (int64_t)qb > g->budget)
+            rc = strata_seterr(eb, STRATA_ENOMEM, "gpu: int8 activation workspace needs %zu bytes beyond --gpu-mem", qb);
+        if (!rc && (rc = cuda_ctx_reserve_q8(g->cx, (int)T, wide)))
+            strata_seterr(eb, rc, "gpu: int8 activation workspace failed");
+        if (!rc) g->used += (int64_t)qb;
+    }
     g->st.workspace_bytes = g->used - before;
     if (rc) return rc;
     if (cuda_host_alloc((void **)&g->h_x, T * H * 4) || cuda_host_alloc((void **)&g->h_bt, T * (size_t)g->o.kv_blocks * 4) ||

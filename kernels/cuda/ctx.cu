@@ -35,9 +35,32 @@ extern "C" int cuda_ctx_create(cuda_ctx_t **out, int device)
     return 0;
 }
 
+extern "C" size_t cuda_q8_bytes(int rows, int cols)
+{
+    size_t e = (size_t)rows * cols;
+    return ((e + 255) & ~(size_t)255) + 2 * (((e / 32) * 4 + 255) & ~(size_t)255);
+}
+
+extern "C" int cuda_ctx_reserve_q8(cuda_ctx_t *c, int max_rows, int max_cols)
+{
+    size_t e = (size_t)max_rows * max_cols;
+    if (e <= c->q8_elems) return 0;
+    if (c->q8) cudaFree(c->q8);
+    c->q8 = NULL;
+    c->q8_elems = 0;
+    char *p;
+    CUDA_CHECK(cudaMalloc((void **)&p, cuda_q8_bytes(max_rows, max_cols)));
+    c->q8 = (int8_t *)p;
+    c->q8d = (float *)(p + ((e + 255) & ~(size_t)255));
+    c->q8s = (int32_t *)((char *)c->q8d + (((e / 32) * 4 + 255) & ~(size_t)255));
+    c->q8_elems = e;
+    return 0;
+}
+
 extern "C" void cuda_ctx_destroy(cuda_ctx_t *c)
 {
     if (!c) return;
+    if (c->q8) cudaFree(c->q8);
     if (c->cublas) cublasDestroy((cublasHandle_t)c->cublas);
     if (c->stream) cudaStreamDestroy(c->stream);
     if (c->copy_stream) cudaStreamDestroy(c->copy_stream);

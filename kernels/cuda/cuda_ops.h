@@ -66,6 +66,15 @@ int cuda_graph_end(cuda_ctx_t *c, cuda_graph_t **g);
 int cuda_graph_launch(cuda_ctx_t *c, cuda_graph_t *g);
 void cuda_graph_destroy(cuda_graph_t *g);
 
+/* Reserve the context's activation-quantization workspace for up to max_rows x max_cols
+ * inputs (device memory, about 1.3 bytes per element). With it, INT4 and INT8 weights take
+ * the integer path: activations are quantized to int8 in blocks of 32 with an fp32 scale
+ * (as llama.cpp's Q8_1) and dotted with __dp4a, about 5x less ALU work than dequantizing to
+ * fp32. Without it, or when cols % 32 != 0, every format takes the fp32 path. Not during capture. */
+int cuda_ctx_reserve_q8(cuda_ctx_t *c, int max_rows, int max_cols);
+/* Bytes cuda_ctx_reserve_q8 allocates. */
+size_t cuda_q8_bytes(int rows, int cols);
+
 /* y[n][w->rows] = x[n][w->cols] @ W^T (+ bias). Any n; fused dequantization for every format. */
 int cuda_matmul(cuda_ctx_t *c, float *y, const float *x, int n, const qmat_t *w, const float *bias);
 

@@ -12,6 +12,9 @@ static size_t s_al(size_t b) { return (b + 255) & ~(size_t)255; }
 typedef struct {
     int32_t *counts, *offsets, *perm, *inv;
     float *xs, *hs, *os;
+    int8_t *q;     /* [P][wide] int8 activations (xs, then hs) for the integer path */
+    float *qd;     /* [P][wide/32] block scales */
+    int32_t *qs;   /* [P][wide/32] block sums of q */
 } moe_scratch_t;
 
 static size_t s_layout(moe_scratch_t *m, void *base, int n, int top_k, int hidden, int inter, int E)
@@ -30,6 +33,9 @@ static size_t s_layout(moe_scratch_t *m, void *base, int n, int top_k, int hidde
     TAKE(xs, float, P * hidden);
     TAKE(hs, float, P * inter);
     TAKE(os, float, P * hidden);
+    TAKE(q, int8_t, P * hidden);
+    TAKE(qd, float, P * hidden / 32 + 1);
+    TAKE(qs, int32_t, P * hidden / 32 + 1);
 #undef TAKE
     return off;
 }
@@ -76,6 +82,99 @@ __global__ void k_moe_gather(float *xs, const float *x, const int32_t *perm, int
     if (p >= P) return;
     const float *src = x + (size_t)(perm[p] / top_k) * hidden;
     for (int d = threadIdx.x; d < hidden; d += blockDim.x) xs[(size_t)p * hidden + d] = src[d];
+}
+
+/* Integer path: gather token rows by expert straight into int8 blocks. */
+__global__ void k_moe_gather_q8(int8_t *q, float *d, int32_t *s, const float *x, const int32_t *perm, int top_k,
+                                int hidden)
+{
+    const int p = blockIdx.x;
+    const size_t nb = hidden / 32;
+    q8_quant_row(q + (size_t)p * hidden, d + p * nb, s + p * nb, x + (size_t)(perm[p] / top_k) * hidden, hidden);
+}
+
+template <int FMT, int NT>
+__global__ void k_moe_gate_up_q8(float *hs, const int8_t *q, const float *qd, const int32_t *qs,
+                                 const cuda_expert_t *experts, const int32_t *counts, const int32_t *offsets, int hidden,
+                                 int inter)
+{
+    const int e = blockIdx.y;
+    const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int cnt = counts[e];
+    if (r >= inter || cnt == 0) return;
+    const cuda_expert_t *ex = experts + e;
+    if (!ex->gate.data) return;
+    const int off = offsets[e], nb = hidden / 32;
+    for (int t0 = 0; t0 < cnt; t0 += NT) {
+        const int m = cnt - t0 < NT ? cnt - t0 : NT;
+        const size_t p0 = (size_t)(off + t0);
+        float g[NT], u[NT];
+        q8_row_dot<FMT, NT>(ex->gate, r, q + p0 * hidden, qd + p0 * nb, qs + p0 * nb, m, hidden, g);
+        q8_row_dot<FMT, NT>(ex->up, r, q + p0 * hidden, qd + p0 * nb, qs + p0 * nb, m, hidden, u);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float gs = warp_sum(g[t]), us = warp_sum(u[t]);
+            if (t < m && (threadIdx.x & 31) == 0) hs[(p0 + t) * inter + r] = gs / (1.f + expf(-gs)) * us;
+        }
+    }
+}
+
+__global__ void k_moe_quant_rows(int8_t *q, float *d, int32_t *s, const float *h, int cols, const int32_t *offsets,
+                                 int E)
+{
+    const int p = blockIdx.x;
+    if (p >= offsets[E]) return;
+    const size_t nb = cols / 32;
+    q8_quant_row(q + (size_t)p * cols, d + p * nb, s + p * nb, h + (size_t)p * cols, cols);
+}
+
+template <int FMT, int NT>
+__global__ void k_moe_down_q8(float *os, const int8_t *q, const float *qd, const int32_t *qs,
+                              const cuda_expert_t *experts, const int32_t *counts, const int32_t *offsets, int hidden,
+                              int inter)
+{
+    const int e = blockIdx.y;
+    const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int cnt = counts[e];
+    if (r >= hidden || cnt == 0) return;
+    const cuda_expert_t *ex = experts + e;
+    if (!ex->gate.data) return;
+    const int off = offsets[e], nb = inter / 32;
+    for (int t0 = 0; t0 < cnt; t0 += NT) {
+        const int m = cnt - t0 < NT ? cnt - t0 : NT;
+        const size_t p0 = (size_t)(off + t0);
+        float acc[NT];
+        q8_row_dot<FMT, NT>(ex->down, r, q + p0 * inter, qd + p0 * nb, qs + p0 * nb, m, inter, acc);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = warp_sum(acc[t]);
+            if (t < m && (threadIdx.x & 31) == 0) os[(p0 + t) * hidden + r] = v;
+        }
+    }
+}
+
+template <int FMT, int NT>
+static int s_moe_launch_q8(cudaStream_t st, const moe_scratch_t *s, const cuda_expert_t *experts, int E, int hidden,
+                           int inter, int P)
+{
+    dim3 g1(cdiv((long)inter * 32, 256), E), g2(cdiv((long)hidden * 32, 256), E);
+    k_moe_gate_up_q8<FMT, NT><<<g1, 256, 0, st>>>(s->hs, s->q, s->qd, s->qs, experts, s->counts, s->offsets, hidden,
+                                                    inter);
+    CUDA_LAUNCH_CHECK();
+    k_moe_quant_rows<<<P, 256, 0, st>>>(s->q, s->qd, s->qs, s->hs, inter, s->offsets, E);
+    CUDA_LAUNCH_CHECK();
+    k_moe_down_q8<FMT, NT><<<g2, 256, 0, st>>>(s->os, s->q, s->qd, s->qs, experts, s->counts, s->offsets, hidden, inter);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
+template <int FMT>
+static int s_moe_q8(cudaStream_t st, int n, const moe_scratch_t *s, const cuda_expert_t *experts, int E, int hidden,
+                    int inter, int P)
+{
+    if (n <= 1) return s_moe_launch_q8<FMT, 1>(st, s, experts, E, hidden, inter, P);
+    if (n <= 4) return s_moe_launch_q8<FMT, 4>(st, s, experts, E, hidden, inter, P);
+    return s_moe_launch_q8<FMT, 16>(st, s, experts, E, hidden, inter, P);
 }
 
 /* hs[p][r] = silu(gate_e[r] . xs[p]) * (up_e[r] . xs[p]) for every pair p of expert e = blockIdx.y. */
@@ -185,9 +284,19 @@ extern "C" int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, in
     cudaStream_t st = c->stream;
     k_moe_route<<<1, n_experts, 0, st>>>(idx, P, n_experts, s.counts, s.offsets, s.perm, s.inv);
     CUDA_LAUNCH_CHECK();
+    int rc;
+    if ((fmt == WF_INT4 || fmt == WF_INT8) && hidden % 32 == 0 && inter % 32 == 0) {
+        k_moe_gather_q8<<<P, 256, 0, st>>>(s.q, s.qd, s.qs, x, s.perm, top_k, hidden);
+        CUDA_LAUNCH_CHECK();
+        rc = fmt == WF_INT4 ? s_moe_q8<WF_INT4>(st, n, &s, experts_dev, n_experts, hidden, inter, P)
+                            : s_moe_q8<WF_INT8>(st, n, &s, experts_dev, n_experts, hidden, inter, P);
+        if (rc) return rc;
+        k_moe_combine<<<n, 128, 0, st>>>(out, s.os, s.inv, idx, weight, experts_dev, top_k, hidden);
+        CUDA_LAUNCH_CHECK();
+        return 0;
+    }
     k_moe_gather<<<P, 128, 0, st>>>(s.xs, x, s.perm, top_k, hidden, P);
     CUDA_LAUNCH_CHECK();
-    int rc;
     switch (fmt) {
     case WF_F32: rc = s_moe_fmt<WF_F32>(st, n, &s, experts_dev, n_experts, hidden, inter); break;
     case WF_BF16: rc = s_moe_fmt<WF_BF16>(st, n, &s, experts_dev, n_experts, hidden, inter); break;

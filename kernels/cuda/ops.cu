@@ -159,7 +159,7 @@ extern "C" int cuda_kv_write(cuda_ctx_t *c, float *k_cache, float *v_cache, cons
 /* Attention: one block of ATT_WARPS warps per (token, head). Each warp takes every
  * ATT_WARPS-th position with an online softmax (running max m, sum l, acc over the lane's
  * dims d = lane + 32 i); the warps' partial states merge through shared memory. */
-#define ATT_WARPS 4
+#define ATT_WARPS 16
 #define ATT_MAX_DPL 8 /* head_dim <= 256 */
 __global__ void k_attention(float *out, const float *q, const float *kc, const float *vc, const int32_t *seq,
                             const int32_t *pos, const int32_t *bt, int max_blocks, int n_heads, int n_kv, int hd,

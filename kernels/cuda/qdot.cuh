@@ -93,6 +93,7 @@ __device__ __forceinline__ void q_row_dot(const qmat_t &w, int r, const float *x
     if (vec) {
         constexpr int C = qfmt<FMT>::COLS;
         const int nch = w.cols / C;
+#pragma unroll 4
         for (int c = lane; c < nch; c += 32) {
             float wv[C];
             q_chunk<FMT>(w, r, c, wv);
@@ -127,3 +128,71 @@ static inline bool q_can_vec(const qmat_t *w, int ldx)
     return w->cols % C == 0 && (q_row_bytes(w->fmt, w->cols) % 16) == 0 && ((uintptr_t)w->data % 16) == 0 &&
            ldx % 4 == 0;
 }
+
+/* Per-lane partial dot products of row r of an INT4 or INT8 matrix with NT int8-quantized
+ * activation rows (q8 layout of cuda_common.cuh, row stride cols). cols % 32 == 0 and rows are
+ * 16-byte aligned. INT4 chunk c = one 32-column block: byte j of the 16 holds columns j (low
+ * nibble) and 16+j (high), so the low nibbles of word i pair with activation word i and the high
+ * nibbles with word 4+i. The +8 offset is removed with the block sum of q:
+ *   sum_j (n_j - 8) a_j = dot(n, a) - 8 * sum(a). */
+template <int FMT, int NT>
+__device__ __forceinline__ void q8_row_dot(const qmat_t &w, int r, const int8_t *xq, const float *xd, const int32_t *xs,
+                                           int n, int cols, float *acc)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+    const int nb = cols / 32;
+    if constexpr (FMT == WF_INT4) {
+        const uint8_t *row = (const uint8_t *)w.data + (size_t)r * (cols / 2);
+        const uint16_t *sc = (const uint16_t *)w.scales + (size_t)r * (cols / w.group);
+        const int bpg = w.group / 32;
+        /* unrolled so each lane has several 16-byte loads in flight: rows are short (a 4096
+         * column int4 row is only 4 blocks per lane), so latency, not bandwidth, binds otherwise */
+#pragma unroll 4
+        for (int b = lane; b < nb; b += 32) {
+            const uint4 v = __ldg((const uint4 *)(row + (size_t)b * 16));
+            const float s = d_f16(__ldg(sc + b / bpg));
+            const int lo0 = v.x & 0x0F0F0F0F, lo1 = v.y & 0x0F0F0F0F, lo2 = v.z & 0x0F0F0F0F, lo3 = v.w & 0x0F0F0F0F;
+            const int hi0 = (v.x >> 4) & 0x0F0F0F0F, hi1 = (v.y >> 4) & 0x0F0F0F0F, hi2 = (v.z >> 4) & 0x0F0F0F0F,
+                      hi3 = (v.w >> 4) & 0x0F0F0F0F;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t < n) {
+                    const int4 *xa = (const int4 *)(xq + (size_t)t * cols + (size_t)b * 32);
+                    const int4 a0 = __ldg(xa), a1 = __ldg(xa + 1);
+                    int dot = __dp4a(lo0, a0.x, 0);
+                    dot = __dp4a(lo1, a0.y, dot);
+                    dot = __dp4a(lo2, a0.z, dot);
+                    dot = __dp4a(lo3, a0.w, dot);
+                    dot = __dp4a(hi0, a1.x, dot);
+                    dot = __dp4a(hi1, a1.y, dot);
+                    dot = __dp4a(hi2, a1.z, dot);
+                    dot = __dp4a(hi3, a1.w, dot);
+                    const size_t bi = (size_t)t * nb + b;
+                    acc[t] += s * __ldg(xd + bi) * (float)(dot - 8 * __ldg(xs + bi));
+                }
+            }
+        }
+    } else { /* WF_INT8: 16-byte chunks, two per activation block; one scale per row */
+        const int8_t *row = (const int8_t *)w.data + (size_t)r * cols;
+        const float s = __ldg((const float *)w.scales + r);
+#pragma unroll 4
+        for (int c = lane; c < nb * 2; c += 32) {
+            const int4 v = __ldg((const int4 *)(row + (size_t)c * 16));
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t < n) {
+                    const int4 a = __ldg((const int4 *)(xq + (size_t)t * cols + (size_t)c * 16));
+                    int dot = __dp4a(v.x, a.x, 0);
+                    dot = __dp4a(v.y, a.y, dot);
+                    dot = __dp4a(v.z, a.z, dot);
+                    dot = __dp4a(v.w, a.w, dot);
+                    acc[t] += s * __ldg(xd + (size_t)t * nb + c / 2) * (float)dot;
+                }
+            }
+        }
+    }
+}
+
+__global__ void k_q8_quant(int8_t *q, float *d, int32_t *s, const float *x, int cols);

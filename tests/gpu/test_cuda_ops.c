@@ -2,6 +2,7 @@
  * the device output poisoned (NaN) before each call so unwritten elements show.
  * Needs a GPU; part of the GPU suite (tests/gpu/run), never of the CPU CI run. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -71,7 +72,9 @@ static void s_mat_free(tmat_t *m)
     free(m->hscales);
 }
 
-static void test_matmul(void)
+/* q8: with the int8-activation workspace reserved, INT4/INT8 take the __dp4a path, whose
+ * activation rounding (1/254 of each 32-block's max) bounds the error near 1e-2. */
+static void test_matmul(bool q8)
 {
     static const int shapes[][2] = {{96, 128}, {257, 256}, {64, 2048}, {33, 64}, {40, 50}};
     static const int ns[] = {1, 3, 16, 37};
@@ -93,7 +96,9 @@ static void test_matmul(void)
                 T_CHECK(cuda_matmul(ctx, dy, dx, n, &m.dev, (k & 1) ? db : NULL) == 0, "launch");
                 float *y = s_down(dy, (size_t)n * rows);
                 double e = t_relerr(y, ref, (size_t)n * rows);
-                T_CHECK(e < 1e-5, "matmul %s %dx%d n=%d rel err %.3g", wfmt_name((wfmt_t)f), rows, cols, n, e);
+                bool intpath = q8 && (f == WF_INT4 || f == WF_INT8) && cols % 32 == 0;
+                double bound = intpath ? 1e-2 : 1e-5;
+                T_CHECK(e < bound, "matmul %s %dx%d n=%d q8=%d rel err %.3g", wfmt_name((wfmt_t)f), rows, cols, n, q8, e);
                 free(y), free(x), free(bias), free(ref);
                 cuda_free(dx), cuda_free(db), cuda_free(dy);
                 s_mat_free(&m);
@@ -101,7 +106,7 @@ static void test_matmul(void)
 }
 
 static void test_moe(void)
-{
+{ /* INT4/INT8 here always take the integer (q8) path: hidden and inter are multiples of 32 */
     static const int ns[] = {1, 2, 5, 16, 40};
     const int E = 8, K = 2, H = 128, I = 96;
     for (int f = 0; f < WF_COUNT; f++)
@@ -145,7 +150,8 @@ static void test_moe(void)
                 T_CHECK(cuda_moe_ffn(ctx, dout, dx, n, H, I, (wfmt_t)f, dex, E, didx, dw, K, dscr) == 0, "moe launch");
                 float *out = s_down(dout, (size_t)n * H);
                 double e = t_relerr(out, ref, (size_t)n * H);
-                T_CHECK(e < 1e-5, "moe %s n=%d missing=%d rel err %.3g", wfmt_name((wfmt_t)f), n, missing, e);
+                /* the integer path rounds two activations (x, then silu(g)*u) to int8 blocks */
+                T_CHECK(e < (f == WF_INT4 || f == WF_INT8 ? 2e-2 : 1e-5), "moe %s n=%d missing=%d rel err %.3g", wfmt_name((wfmt_t)f), n, missing, e);
                 free(out), free(x), free(base), free(ref), free(idx), free(wt), free(logits), free(scratch);
                 cuda_free(dx), cuda_free(dout), cuda_free(didx), cuda_free(dw), cuda_free(dex), cuda_free(dscr);
                 for (int e2 = 0; e2 < E; e2++) s_mat_free(&g[e2]), s_mat_free(&u[e2]), s_mat_free(&d[e2]);
@@ -328,7 +334,9 @@ int main(void)
         return 1;
     }
     if (cuda_ctx_create(&ctx, 0)) return 1;
-    test_matmul();
+    test_matmul(false);
+    if (cuda_ctx_reserve_q8(ctx, 64, 4096)) return 1;
+    test_matmul(true);
     test_moe();
     test_rmsnorm_rope();
     test_gate();

@@ -226,8 +226,22 @@ static void test_synth_formats(uint64_t *rng)
                 gseq_t s;
                 gs_init(&s, g, 32);
                 T_CHECK(gs_feed(&s, toks, 20, got) == 0, "forward");
+                /* INT4/INT8 run with int8 activations on the GPU (the __dp4a path): compare
+                 * loosely, and require the same top-1 almost everywhere */
+                bool intpath = fmts[f] == WF_INT4 || fmts[f] == WF_INT8;
                 double e = t_relerr(got, ref, 20 * 300);
-                T_CHECK(e < 1e-4, "synth arch %d %s: GPU vs CPU rel err %.3g", a, wfmt_name(fmts[f]), e);
+                int agree = 0;
+                for (int t = 0; t < 20; t++) {
+                    int ag = 0, ar = 0;
+                    for (int v = 1; v < 300; v++) {
+                        if (got[t * 300 + v] > got[t * 300 + ag]) ag = v;
+                        if (ref[t * 300 + v] > ref[t * 300 + ar]) ar = v;
+                    }
+                    agree += ag == ar;
+                }
+                T_CHECK(e < (intpath ? 3e-2 : 1e-4), "synth arch %d %s: GPU vs CPU rel err %.3g", a, wfmt_name(fmts[f]), e);
+                T_CHECK(agree >= (intpath ? 18 : 20), "synth arch %d %s: top-1 agrees on %d/20", a, wfmt_name(fmts[f]), agree);
+                fprintf(stderr, "synth arch %d %-5s GPU vs CPU rel err %.2e, top-1 %d/20\n", a, wfmt_name(fmts[f]), e, agree);
                 gs_free(&s);
                 gpu_model_free(g);
             }
