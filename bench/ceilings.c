@@ -1,0 +1,104 @@
+/* ceilings - the machine's bandwidth ceilings for the roofline (bench/roofline.h): host memory
+ * read bandwidth, and with a GPU the pinned host->GPU copy bandwidth and GPU memory read
+ * bandwidth (kernels/cuda/probe.h). One JSON object on stdout (or --json FILE); `strata bench`
+ * runs it so that the strata tool itself needs no CUDA. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench/roofline.h"
+#ifdef STRATA_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/probe.h"
+#endif
+
+static void s_help(FILE *f)
+{
+    fprintf(f,
+            "usage: ceilings [--mib N] [--device D] [--no-gpu] [--threads T] [--json FILE]\n\n"
+            "Measure host memory read bandwidth and, when a CUDA GPU is present, pinned host->GPU copy\n"
+            "bandwidth and GPU memory read bandwidth. Prints one JSON object:\n"
+            "  {\"machine\", \"gpu\", \"gpu_mem\", \"cpu_gb_s\", \"pcie_gb_s\", \"hbm_gb_s\"} (GPU fields null without a GPU)\n\n"
+            "  --mib N      probe buffer size in MiB (default 1024)\n"
+            "  --device D   CUDA device (default 0)\n"
+            "  --no-gpu     skip the GPU probes\n"
+            "  --threads T  threads for the host probe (default: all CPUs)\n"
+            "  --json FILE  write there instead of stdout\n"
+            "  -h, --help   this help\n\n"
+            "Exit codes: 0 ok, 1 a probe failed, 2 bad usage.\n");
+}
+
+int main(int argc, char **argv)
+{
+    long mib = 1024, device = 0, threads = 0;
+    bool no_gpu = false;
+    const char *json = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char *e = NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            s_help(stdout);
+            return 0;
+        } else if (!strcmp(a, "--no-gpu")) {
+            no_gpu = true;
+        } else if (v && !strcmp(a, "--json")) {
+            json = v;
+            i++;
+        } else if (v && (!strcmp(a, "--mib") || !strcmp(a, "--device") || !strcmp(a, "--threads"))) {
+            long x = strtol(v, &e, 10);
+            if (*e || e == v || x < 0 || x > (1 << 20) || (!strcmp(a, "--mib") && x < 16)) {
+                fprintf(stderr, "ceilings: %s '%s': not a valid number\n", a, v);
+                return 2;
+            }
+            if (!strcmp(a, "--mib")) mib = x;
+            else if (!strcmp(a, "--device")) device = x;
+            else threads = x;
+            i++;
+        } else {
+            fprintf(stderr, "ceilings: unexpected argument '%s' (see --help)\n", a);
+            return 2;
+        }
+    }
+    if (!getenv("STRATA_LOG")) log_set_level(LOG_WARN);
+    char host[128] = "?";
+    gethostname(host, sizeof host - 1);
+    tpool_t *pool = tpool_create((int)threads);
+    double cpu = roofline_cpu_membw(pool, (size_t)mib << 20, 5);
+    tpool_destroy(pool);
+    json_t *o = json_pack("{s:s,s:f}", "machine", host, "cpu_gb_s", cpu / 1e9);
+    json_object_set_new(o, "gpu", json_null());
+    json_object_set_new(o, "gpu_mem", json_null());
+    json_object_set_new(o, "pcie_gb_s", json_null());
+    json_object_set_new(o, "hbm_gb_s", json_null());
+    int rc = cpu > 0 ? 0 : 1;
+#ifdef STRATA_HAVE_CUDA
+    if (!no_gpu && cuda_device_count() > device) {
+        char name[128] = "";
+        size_t total = 0;
+        double h2d = 0, hbm = 0;
+        size_t pb = (size_t)mib << 20;
+        if (cuda_probe_device((int)device, name, sizeof name, &total) < 0 ||
+            cuda_probe_h2d((int)device, pb / 4, 5, &h2d) < 0 || cuda_probe_membw((int)device, pb, 5, &hbm) < 0) {
+            rc = 1;
+        } else {
+            json_object_set_new(o, "gpu", json_string(name));
+            json_object_set_new(o, "gpu_mem", json_integer((json_int_t)total));
+            json_object_set_new(o, "pcie_gb_s", json_real(h2d / 1e9));
+            json_object_set_new(o, "hbm_gb_s", json_real(hbm / 1e9));
+        }
+    }
+#else
+    (void)device;
+    (void)no_gpu;
+#endif
+    int w = json ? json_dump_file(o, json, JSON_INDENT(2)) : json_dumpf(o, stdout, JSON_INDENT(2));
+    if (!json) printf("\n");
+    json_decref(o);
+    if (w < 0) {
+        fprintf(stderr, "ceilings: cannot write the result\n");
+        return 1;
+    }
+    return rc;
+}
