@@ -146,11 +146,11 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    static const char *const dflt[] = {"bl_qwen2", "bl_olmoe", "bl_llama3", "sp_llama", "sp_meta", "bert_bpe",
-                                       "suffix_bpe"};
-    static char dpaths[7][256];
+    static const char *const dflt[] = {"bl_qwen2", "bl_olmoe",  "bl_llama3", "sp_llama",
+                                       "sp_mistral", "sp_meta", "bert_bpe",  "suffix_bpe"};
+    static char dpaths[8][256];
     if (!ntok)
-        for (int i = 0; i < 7; i++) {
+        for (int i = 0; i < 8; i++) {
             snprintf(dpaths[i], sizeof dpaths[i], "tests/tokenizer/fixtures/%s", dflt[i]);
             toks[ntok++] = dpaths[i];
         }

@@ -76,6 +76,8 @@ void tk_ws_free(tk_ws_t *ws)
     free(ws->cache);
     tk_buf_free(&ws->cache_arena);
     free(ws->ids);
+    free(ws->pp_ids[0]);
+    free(ws->pp_ids[1]);
     free(ws);
 }
 
@@ -1038,6 +1040,109 @@ static int s_bpe(const tok_t *tok, tk_ws_t *ws, const char *p, size_t n, bool ra
     return s_bpe_cached(tok, ws, p + start, n - start, raw, false);
 }
 
+/* ---------------------------------------------------------------- post-processing */
+
+/* The encodings between post-processors: ids back to back in one of ws->pp_ids, split in
+ * at most PP_MAX encodings. */
+#define PP_MAX 64
+typedef struct {
+    tk_ws_t *ws;
+    int which;          /* the ws->pp_ids buffer holding ids */
+    int32_t *ids;
+    size_t n;
+    size_t start[PP_MAX], len[PP_MAX];
+    size_t count;
+} s_encs_t;
+
+static int s_enc_begin(tk_ws_t *ws, int which, s_encs_t *e, size_t need)
+{
+    if (ws->pp_cap[which] < need) {
+        int32_t *v = realloc(ws->pp_ids[which], need * sizeof *v);
+        if (!v) return STRATA_ENOMEM;
+        ws->pp_ids[which] = v;
+        ws->pp_cap[which] = need;
+    }
+    e->ws = ws;
+    e->which = which;
+    e->ids = ws->pp_ids[which];
+    e->n = e->count = 0;
+    return 0;
+}
+
+/* Append one encoding made of up to three parts (the sources are never in e's buffer). */
+static int s_enc_add(s_encs_t *e, const int32_t *a, size_t na, const int32_t *b, size_t nb, const int32_t *c,
+                     size_t nc)
+{
+    if (e->count == PP_MAX) return STRATA_EUNSUPPORTED;
+    size_t need = e->n + na + nb + nc;
+    if (need > e->ws->pp_cap[e->which]) {
+        size_t cap = 2 * need;
+        int32_t *v = realloc(e->ws->pp_ids[e->which], cap * sizeof *v);
+        if (!v) return STRATA_ENOMEM;
+        e->ws->pp_ids[e->which] = e->ids = v;
+        e->ws->pp_cap[e->which] = cap;
+    }
+    e->start[e->count] = e->n;
+    if (na) memcpy(e->ids + e->n, a, na * sizeof *a);
+    e->n += na;
+    if (nb) memcpy(e->ids + e->n, b, nb * sizeof *b);
+    e->n += nb;
+    if (nc) memcpy(e->ids + e->n, c, nc * sizeof *c);
+    e->n += nc;
+    e->len[e->count] = e->n - e->start[e->count];
+    e->count++;
+    return 0;
+}
+
+/* PostProcessor::process: the processors in turn over the list of encodings, then merged. */
+static int s_post_process(const tok_t *tok, tk_ws_t *ws, bool add_special)
+{
+    int rc, cur = 0;
+    size_t bound = 2 * ws->nids + 64;
+    s_encs_t e;
+    if ((rc = s_enc_begin(ws, cur, &e, bound))) return rc;
+    if ((rc = s_enc_add(&e, ws->ids, ws->nids, NULL, 0, NULL, 0))) return rc;
+    for (size_t i = 0; i < tok->npp; i++) {
+        const tk_pp_t *pp = &tok->pp[i];
+        if (pp->kind == PP_BYTELEVEL || (pp->kind != PP_TEMPLATE && !add_special)) continue;
+        s_encs_t o;
+        if ((rc = s_enc_begin(ws, !cur, &o, bound))) return rc;
+        if (pp->kind == PP_TEMPLATE) {
+            const tk_tpl_item_t *tpl = e.count == 1 ? pp->single : pp->pair;
+            size_t nt = e.count == 1 ? pp->nsingle : pp->npair;
+            if (e.count > 2 || (e.count == 2 && !pp->pair)) return STRATA_EUNSUPPORTED;
+            for (size_t k = 0; k < nt; k++) {
+                const tk_tpl_item_t *t = &tpl[k];
+                if (t->what == 2) {
+                    if (add_special && (rc = s_enc_add(&o, t->ids, t->n, NULL, 0, NULL, 0))) return rc;
+                    continue;
+                }
+                if ((size_t)t->what >= e.count) return STRATA_EUNSUPPORTED; /* $B with one sequence */
+                rc = s_enc_add(&o, e.ids + e.start[t->what], e.len[t->what], NULL, 0, NULL, 0);
+                if (rc) return rc;
+            }
+        } else { /* Roberta: <s> A </s>, </s> B </s>; Bert: [CLS] A [SEP], B [SEP] */
+            for (size_t k = 0; k < e.count; k++) {
+                const int32_t *first = k == 0 ? &pp->cls : &pp->sep;
+                bool lead = k == 0 || pp->kind == PP_ROBERTA;
+                rc = s_enc_add(&o, lead ? first : NULL, lead, e.ids + e.start[k], e.len[k], &pp->sep, 1);
+                if (rc) return rc;
+            }
+        }
+        e = o;
+        cur = !cur;
+    }
+    if (e.n > ws->ids_cap) {
+        int32_t *v = realloc(ws->ids, e.n * sizeof *v);
+        if (!v) return STRATA_ENOMEM;
+        ws->ids = v;
+        ws->ids_cap = e.n;
+    }
+    memcpy(ws->ids, e.ids, e.n * sizeof *e.ids);
+    ws->nids = e.n;
+    return 0;
+}
+
 /* ---------------------------------------------------------------- the pipeline */
 
 static int s_encode(const tok_t *tok, tk_ws_t *ws, const char *text, size_t len, bool add_special)
@@ -1104,7 +1209,7 @@ static int s_encode(const tok_t *tok, tk_ws_t *ws, const char *text, size_t len,
     /* truncation leaves room for the special tokens the post-processors add */
     size_t n_added = 0;
     if (add_special)
-        for (size_t i = 0; i < tok->npp; i++) n_added += tok->pp[i].npre + tok->pp[i].npost;
+        for (size_t i = 0; i < tok->npp; i++) n_added += tok->pp[i].n_added;
     if (tok->trunc) {
         if (n_added > tok->trunc_max) return STRATA_EINVAL_INPUT;
         size_t max = tok->trunc_max - n_added;
@@ -1113,18 +1218,7 @@ static int s_encode(const tok_t *tok, tk_ws_t *ws, const char *text, size_t len,
             ws->nids = max;
         }
     }
-    if (add_special) {
-        for (size_t i = 0; i < tok->npp; i++) {
-            const tk_pp_t *pp = &tok->pp[i];
-            if (!pp->npre && !pp->npost) continue;
-            size_t n0 = ws->nids;
-            for (size_t j = 0; j < pp->npre + pp->npost; j++)
-                if ((rc = s_push_id(ws, 0))) return rc;
-            memmove(ws->ids + pp->npre, ws->ids, n0 * sizeof *ws->ids);
-            memcpy(ws->ids, pp->pre, pp->npre * sizeof *ws->ids);
-            memcpy(ws->ids + pp->npre + n0, pp->post, pp->npost * sizeof *ws->ids);
-        }
-    }
+    if (tok->npp && (rc = s_post_process(tok, ws, add_special))) return rc;
     if (tok->pad) {
         size_t target = tok->pad_fixed ? tok->pad_fixed : ws->nids;
         if (tok->pad_multiple && target % tok->pad_multiple) target += tok->pad_multiple - target % tok->pad_multiple;

@@ -194,14 +194,24 @@ typedef struct {
     bool cleanup;                     /* WordPiece */
 } tk_dec_t;
 
-typedef enum { PP_TEMPLATE, PP_BYTELEVEL, PP_ROBERTA } tk_pp_kind_t;
+typedef enum { PP_TEMPLATE, PP_BYTELEVEL, PP_ROBERTA, PP_BERT } tk_pp_kind_t;
 
+/* One piece of a template: sequence A, sequence B, or special ids. */
+typedef struct {
+    int what;         /* 0 = $A, 1 = $B, 2 = special token */
+    int32_t *ids;     /* [n] special token ids */
+    size_t n;
+} tk_tpl_item_t;
+
+/* A post-processor. tokenizers runs them on a list of encodings (one per input sequence);
+ * a template emits one encoding per piece, so a later processor of a Sequence can see two
+ * and take its pair template. */
 typedef struct {
     tk_pp_kind_t kind;
-    int32_t *pre;     /* [npre] ids before the sequence */
-    size_t npre;
-    int32_t *post;    /* [npost] ids after it */
-    size_t npost;
+    tk_tpl_item_t *single, *pair;  /* [nsingle] / [npair] TemplateProcessing */
+    size_t nsingle, npair;
+    int32_t cls, sep;              /* RobertaProcessing / BertProcessing */
+    size_t n_added;                /* special ids it adds to one sequence (truncation room) */
 } tk_pp_t;
 
 typedef struct {
@@ -414,6 +424,8 @@ typedef struct tk_ws {
     /* output */
     int32_t *ids;
     size_t nids, ids_cap;
+    int32_t *pp_ids[2];      /* post-processing: the encodings' ids back to back */
+    size_t pp_cap[2];
 } tk_ws_t;
 
 tk_ws_t *tk_ws_get(const tok_t *tok);

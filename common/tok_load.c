@@ -443,15 +443,6 @@ static int s_pp_push(tok_t *tok, tk_pp_t **out)
     return 0;
 }
 
-static int s_ids_append(int32_t **v, size_t *n, int32_t id)
-{
-    int32_t *w = realloc(*v, (*n + 1) * sizeof *w);
-    if (!w) return STRATA_ENOMEM;
-    *v = w;
-    w[(*n)++] = id;
-    return 0;
-}
-
 /* RobertaProcessing / BertProcessing "cls" / "sep": ["token", id]. */
 static int s_tok_pair(const tok_t *tok, strata_errbuf_t *eb, json_t *o, const char *key, const char *path,
                       int32_t *id)
@@ -467,62 +458,70 @@ static int s_tok_pair(const tok_t *tok, strata_errbuf_t *eb, json_t *o, const ch
     return 0;
 }
 
-static int s_parse_template(tok_t *tok, strata_errbuf_t *eb, json_t *o, const char *path, tk_pp_t *pp)
+/* One template ("single" or "pair") into items. */
+static int s_parse_tpl(tok_t *tok, strata_errbuf_t *eb, json_t *o, const char *key, const char *path,
+                       tk_tpl_item_t **out, size_t *nout, size_t *n_added)
 {
     char p[PATHMAX], q[PATHMAX], r[PATHMAX];
-    json_t *single = json_object_get(o, "single"), *sp = json_object_get(o, "special_tokens");
-    s_sub(p, path, "single");
-    if (!json_is_array(single)) return s_fail(tok, eb, STRATA_EFORMAT, p, "expected an array");
+    json_t *tpl = json_object_get(o, key), *sp = json_object_get(o, "special_tokens");
+    s_sub(p, path, key);
+    if (!json_is_array(tpl)) return s_fail(tok, eb, STRATA_EFORMAT, p, "expected an array");
     if (sp && !json_is_object(sp)) {
         s_sub(q, path, "special_tokens");
         return s_fail(tok, eb, STRATA_EFORMAT, q, "expected an object");
     }
-    bool seen_seq = false;
-    for (size_t i = 0; i < json_array_size(single); i++) {
-        json_t *it = json_array_get(single, i);
+    size_t n = json_array_size(tpl);
+    *out = calloc(n ? n : 1, sizeof **out);
+    if (!*out) return STRATA_ENOMEM;
+    *nout = n;
+    for (size_t i = 0; i < n; i++) {
+        json_t *it = json_array_get(tpl, i);
+        tk_tpl_item_t *t = &(*out)[i];
         s_idx(q, p, i);
         json_t *st = json_object_get(it, "SpecialToken"), *sq = json_object_get(it, "Sequence");
         if (!json_is_object(it) || (!st == !sq))
             return s_fail(tok, eb, STRATA_EFORMAT, q, "expected {\"SpecialToken\": ...} or {\"Sequence\": ...}");
+        const char *id;
+        int rc;
         if (sq) {
-            const char *id;
             s_sub(r, q, "Sequence");
-            int rc = s_str(tok, eb, sq, "id", r, true, &id, NULL);
-            if (rc) return rc;
-            if (strcmp(id, "A")) {
+            if ((rc = s_str(tok, eb, sq, "id", r, true, &id, NULL))) return rc;
+            if (strcmp(id, "A") && strcmp(id, "B")) {
                 s_sub(q, r, "id");
-                return s_fail(tok, eb, STRATA_EUNSUPPORTED, q, "a single-sequence template may only use A");
+                return s_fail(tok, eb, STRATA_EFORMAT, q, "expected \"A\" or \"B\"");
             }
-            if (seen_seq) return s_fail(tok, eb, STRATA_EUNSUPPORTED, r, "the sequence appears twice");
-            seen_seq = true;
+            t->what = id[0] == 'A' ? 0 : 1;
             continue;
         }
-        const char *name;
         s_sub(r, q, "SpecialToken");
-        int rc = s_str(tok, eb, st, "id", r, true, &name, NULL);
-        if (rc) return rc;
-        json_t *ent = json_object_get(sp, name);
-        json_t *ids = json_object_get(ent, "ids");
+        if ((rc = s_str(tok, eb, st, "id", r, true, &id, NULL))) return rc;
+        json_t *ids = json_object_get(json_object_get(sp, id), "ids");
         if (!json_is_array(ids)) {
             s_sub(q, r, "id");
-            return s_fail(tok, eb, STRATA_EFORMAT, q, "'%s' is not in special_tokens (or has no ids)", name);
+            return s_fail(tok, eb, STRATA_EFORMAT, q, "'%s' is not in special_tokens (or has no ids)", id);
         }
-        for (size_t j = 0; j < json_array_size(ids); j++) {
+        t->what = 2;
+        t->n = json_array_size(ids);
+        t->ids = malloc((t->n ? t->n : 1) * sizeof *t->ids);
+        if (!t->ids) return STRATA_ENOMEM;
+        for (size_t j = 0; j < t->n; j++) {
             json_t *v = json_array_get(ids, j);
             if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= TK_MAX_ID) {
-                if (snprintf(q, sizeof q, "%s.special_tokens.%.60s.ids[%zu]", path, name, j) >= (int)sizeof q)
+                if (snprintf(q, sizeof q, "%s.special_tokens.%.60s.ids[%zu]", path, id, j) >= (int)sizeof q)
                     q[sizeof q - 1] = 0;
                 return s_fail(tok, eb, STRATA_EFORMAT, q, "expected a token id");
             }
-            int32_t id = (int32_t)json_integer_value(v);
-            rc = seen_seq ? s_ids_append(&pp->post, &pp->npost, id) : s_ids_append(&pp->pre, &pp->npre, id);
-            if (rc) return rc;
+            t->ids[j] = (int32_t)json_integer_value(v);
         }
+        if (n_added) *n_added += t->n;
     }
-    if (!seen_seq) return s_fail(tok, eb, STRATA_EFORMAT, p, "the template has no $A");
     return 0;
 }
 
+/* tokenizers reads a post-processor as the first of Roberta, Bert, ByteLevel, Template and
+ * Sequence whose fields it has, without checking "type" for the first ones: an object with
+ * sep and cls is a RobertaProcessing when it also has trim_offsets and add_prefix_space, a
+ * BertProcessing otherwise, whatever its type says. */
 static int s_parse_pp(tok_t *tok, strata_errbuf_t *eb, json_t *o, const char *path, int depth)
 {
     const char *type;
@@ -530,6 +529,27 @@ static int s_parse_pp(tok_t *tok, strata_errbuf_t *eb, json_t *o, const char *pa
     if (rc) return rc;
     if (depth > 16) return s_fail(tok, eb, STRATA_EFORMAT, path, "nested too deep");
     tk_pp_t *pp;
+    if (json_object_get(o, "sep") && json_object_get(o, "cls")) {
+        bool roberta = json_is_boolean(json_object_get(o, "trim_offsets")) &&
+                       json_is_boolean(json_object_get(o, "add_prefix_space"));
+        if ((rc = s_pp_push(tok, &pp))) return rc;
+        pp->kind = roberta ? PP_ROBERTA : PP_BERT;
+        pp->n_added = 2;
+        if ((rc = s_tok_pair(tok, eb, o, "cls", path, &pp->cls))) return rc;
+        return s_tok_pair(tok, eb, o, "sep", path, &pp->sep);
+    }
+    if (type && !strcmp(type, "ByteLevel")) {
+        if ((rc = s_pp_push(tok, &pp))) return rc;
+        pp->kind = PP_BYTELEVEL;
+        return 0;
+    }
+    if (json_object_get(o, "single")) {
+        if ((rc = s_pp_push(tok, &pp))) return rc;
+        pp->kind = PP_TEMPLATE;
+        if ((rc = s_parse_tpl(tok, eb, o, "single", path, &pp->single, &pp->nsingle, &pp->n_added))) return rc;
+        if (!json_object_get(o, "pair")) return 0;
+        return s_parse_tpl(tok, eb, o, "pair", path, &pp->pair, &pp->npair, NULL);
+    }
     if (type && !strcmp(type, "Sequence")) {
         char p[PATHMAX], q[PATHMAX];
         s_sub(p, path, "processors");
@@ -540,25 +560,6 @@ static int s_parse_pp(tok_t *tok, strata_errbuf_t *eb, json_t *o, const char *pa
             if ((rc = s_parse_pp(tok, eb, json_array_get(a, i), q, depth + 1))) return rc;
         }
         return 0;
-    }
-    if (type && !strcmp(type, "ByteLevel")) {
-        if ((rc = s_pp_push(tok, &pp))) return rc;
-        pp->kind = PP_BYTELEVEL;
-        return 0;
-    }
-    if (type && !strcmp(type, "TemplateProcessing")) {
-        if ((rc = s_pp_push(tok, &pp))) return rc;
-        pp->kind = PP_TEMPLATE;
-        return s_parse_template(tok, eb, o, path, pp);
-    }
-    if (type && (!strcmp(type, "RobertaProcessing") || !strcmp(type, "BertProcessing"))) {
-        int32_t cls, sep;
-        if ((rc = s_tok_pair(tok, eb, o, "cls", path, &cls))) return rc;
-        if ((rc = s_tok_pair(tok, eb, o, "sep", path, &sep))) return rc;
-        if ((rc = s_pp_push(tok, &pp))) return rc;
-        pp->kind = PP_ROBERTA;
-        if ((rc = s_ids_append(&pp->pre, &pp->npre, cls))) return rc;
-        return s_ids_append(&pp->post, &pp->npost, sep);
     }
     return s_unknown(tok, eb, path, type, "post_processor");
 }
@@ -583,12 +584,13 @@ static int s_parse_model(tok_t *tok, strata_errbuf_t *eb, json_t *o)
     size_t n;
     if ((rc = s_str(tok, eb, o, "unk_token", path, false, &s, &n))) return rc;
     if (s && !(m->unk_token = s_dup(s, n))) return STRATA_ENOMEM;
+    /* an empty prefix or suffix (Qwen2 has "") changes nothing: the same as none */
     if ((rc = s_str(tok, eb, o, "continuing_subword_prefix", path, false, &s, &n))) return rc;
-    if (s && !(m->prefix = s_dup(s, n))) return STRATA_ENOMEM;
-    m->prefix_n = n;
+    if (s && n && !(m->prefix = s_dup(s, n))) return STRATA_ENOMEM;
+    m->prefix_n = m->prefix ? n : 0;
     if ((rc = s_str(tok, eb, o, "end_of_word_suffix", path, false, &s, &n))) return rc;
-    if (s && !(m->suffix = s_dup(s, n))) return STRATA_ENOMEM;
-    m->suffix_n = n;
+    if (s && n && !(m->suffix = s_dup(s, n))) return STRATA_ENOMEM;
+    m->suffix_n = m->suffix ? n : 0;
     if ((rc = s_bool(tok, eb, o, "fuse_unk", path, false, &m->fuse_unk))) return rc;
     if ((rc = s_bool(tok, eb, o, "byte_fallback", path, false, &m->byte_fallback))) return rc;
     if ((rc = s_bool(tok, eb, o, "ignore_merges", path, false, &m->ignore_merges))) return rc;
@@ -1039,8 +1041,10 @@ void tk_release(tok_t *tok)
     }
     free(tok->dec);
     for (size_t i = 0; i < tok->npp; i++) {
-        free(tok->pp[i].pre);
-        free(tok->pp[i].post);
+        for (size_t k = 0; k < tok->pp[i].nsingle; k++) free(tok->pp[i].single[k].ids);
+        for (size_t k = 0; k < tok->pp[i].npair; k++) free(tok->pp[i].pair[k].ids);
+        free(tok->pp[i].single);
+        free(tok->pp[i].pair);
     }
     free(tok->pp);
     s_added_free(tok->spec, tok->nspec);

@@ -295,7 +295,7 @@ static int s_bert_clean(tk_nstr_t *o, const tk_nstr_t *in, bool clean, bool chin
             int k = cp > 0x10FFFF ? UTF8PROC_CATEGORY_CN : utf8proc_category((utf8proc_int32_t)cp);
             bool ws = cp == '\t' || cp == '\n' || cp == '\r' || cp == ' ' || k == UTF8PROC_CATEGORY_ZS;
             bool ctl = !(cp == '\t' || cp == '\n' || cp == '\r') &&
-                       (k == UTF8PROC_CATEGORY_CC || k == UTF8PROC_CATEGORY_CF || k == UTF8PROC_CATEGORY_CN ||
+                       (k == UTF8PROC_CATEGORY_CC || k == UTF8PROC_CATEGORY_CF ||
                         k == UTF8PROC_CATEGORY_CO || k == UTF8PROC_CATEGORY_CS);
             if (cp == 0 || cp == 0xFFFD || ctl) {
                 i += (size_t)l;

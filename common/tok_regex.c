@@ -4,8 +4,13 @@
  * Unicode classes). PCRE2 in UTF + UCP mode agrees on almost everything; the escapes whose
  * Unicode meaning differs are rewritten to explicit classes before compiling:
  *   \s  Onig: U+0009-000D, U+0085, Z*        PCRE2 also matches U+180E
- *   \w  Onig: L, M, N, Pc                    PCRE2 10.42: L, N, '_'
+ *   \w  Onig: Alphabetic, M, Nd, Pc; outside a class also ²³¹¼½¾ (its Latin-1 table)
+ *                                            PCRE2 10.42: L, N, '_'
+ *   \b \B  Onig: boundaries of its \w       -> lookarounds on that class
+ *   \p{Script}  Onig: Script                 PCRE2: Script_Extensions -> \p{sc:Script}
  *   \h  Onig: a hex digit                    PCRE2: horizontal space
+ *   [:punct:] [:alpha:] [:space:] [:word:] [:alnum:] [:digit:] [:upper:] [:lower:]
+ *       Onig: Unicode properties (punct is P and S)    PCRE2: mostly ASCII-minded
  *   \uHHHH  Onig only                        -> \x{HHHH}
  *   (?m)    Onig: dot matches newline        -> (?s)
  * and ^ / $ always match at line boundaries in Onig (PCRE2_MULTILINE). Inside a character
@@ -21,7 +26,8 @@
 #include <utf8proc.h>
 
 #define WS_CLASS "\\t-\\r\\x{85}\\p{Z}"
-#define WORD_CLASS "\\p{L}\\p{M}\\p{N}\\p{Pc}"
+#define UWORD "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}"
+#define WORD_CLASS UWORD "\\x{B2}\\x{B3}\\x{B9}\\x{BC}-\\x{BE}"
 #define HEX_CLASS "0-9a-fA-F"
 
 static int s_put(tk_buf_t *b, const char *s) { return tk_buf_put(b, s, strlen(s)); }
@@ -32,6 +38,41 @@ static int s_hexval(char c)
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
     if (c >= 'A' && c <= 'F') return c - 'A' + 10;
     return -1;
+}
+
+/* \p{NAME} / \P{NAME}: a name PCRE2 reads as a script means Script in Onig but
+ * Script_Extensions in PCRE2, so it becomes sc:NAME; general categories and binary
+ * properties stay. */
+static int s_property(tk_buf_t *out, char pp, const char *name, size_t n)
+{
+    static const char *const keep[] = {
+        "L", "Lu", "Ll", "Lt", "Lm", "Lo", "L&", "LC", "M", "Mn", "Mc", "Me", "N", "Nd", "Nl", "No", "P", "Pc",
+        "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "S", "Sm", "Sc", "Sk", "So", "Z", "Zs", "Zl", "Zp", "C", "Cc",
+        "Cf", "Cs", "Co", "Cn", "Any",
+    };
+    const char *nm = name;
+    size_t nn = n;
+    if (nn && nm[0] == '^') {
+        nm++;
+        nn--;
+    }
+    bool script = nn > 0 && nn < 64 && !memchr(nm, ':', nn) && !memchr(nm, '=', nn);
+    for (size_t k = 0; script && k < sizeof keep / sizeof keep[0]; k++)
+        if (strlen(keep[k]) == nn && !memcmp(keep[k], nm, nn)) script = false;
+    if (script) { /* only if PCRE2 knows it as a script */
+        char pat[80];
+        int e;
+        PCRE2_SIZE eo;
+        snprintf(pat, sizeof pat, "\\p{sc:%.*s}", (int)nn, nm);
+        pcre2_code *c = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &e, &eo, NULL);
+        script = c != NULL;
+        pcre2_code_free(c);
+    }
+    char head[4] = {'\\', pp, '{', 0};
+    if (s_put(out, head)) return STRATA_ENOMEM;
+    if (script && (tk_buf_put(out, name, n - nn) || s_put(out, "sc:"))) return STRATA_ENOMEM;
+    if (tk_buf_put(out, nm, nn) || tk_buf_put(out, "}", 1)) return STRATA_ENOMEM;
+    return 0;
 }
 
 /* Rewrite an Oniguruma pattern into out (see the file comment). */
@@ -47,7 +88,30 @@ static int s_translate(const char *p, size_t n, tk_buf_t *out)
             switch (d) {
             case 's': rc = s_put(out, in_class ? WS_CLASS : "[" WS_CLASS "]"); break;
             case 'S': rc = s_put(out, in_class ? "\\S" : "[^" WS_CLASS "]"); break;
-            case 'w': rc = s_put(out, in_class ? WORD_CLASS : "[" WORD_CLASS "]"); break;
+            case 'w': rc = s_put(out, in_class ? UWORD : "[" WORD_CLASS "]"); break;
+            case 'b':
+                rc = s_put(out, in_class ? "\\b"
+                                         : "(?:(?<=[" WORD_CLASS "])(?![" WORD_CLASS "])|(?<![" WORD_CLASS
+                                           "])(?=[" WORD_CLASS "]))");
+                break;
+            case 'B':
+                rc = s_put(out, in_class ? "\\B"
+                                         : "(?:(?<=[" WORD_CLASS "])(?=[" WORD_CLASS "])|(?<![" WORD_CLASS
+                                           "])(?![" WORD_CLASS "]))");
+                break;
+            case 'p':
+            case 'P':
+                if (i + 1 < n && p[i + 1] == '{') {
+                    const char *close = memchr(p + i + 2, '}', n - i - 2);
+                    if (close) {
+                        size_t nl = (size_t)(close - (p + i + 2));
+                        rc = s_property(out, d, p + i + 2, nl);
+                        i += nl + 2;
+                        break;
+                    }
+                }
+                rc = tk_buf_put(out, d == 'p' ? "\\p" : "\\P", 2);
+                break;
             case 'W': rc = s_put(out, in_class ? "\\W" : "[^" WORD_CLASS "]"); break;
             case 'h': rc = s_put(out, in_class ? HEX_CLASS : "[" HEX_CLASS "]"); break;
             case 'H': rc = s_put(out, in_class ? "\\H" : "[^" HEX_CLASS "]"); break;
@@ -81,7 +145,12 @@ static int s_translate(const char *p, size_t n, tk_buf_t *out)
             continue;
         }
         if (in_class && c == '[' && i + 1 < n && p[i + 1] == ':') {
-            /* POSIX class [:name:], copied through */
+            /* POSIX class [:name:]: the Unicode meaning Onig gives it, else copied through */
+            static const char *const posix[][2] = {
+                {"[:punct:]", "\\p{P}\\p{S}"}, {"[:alpha:]", "\\p{Alphabetic}"}, {"[:space:]", WS_CLASS},
+                {"[:word:]", WORD_CLASS}, {"[:alnum:]", "\\p{Alphabetic}\\p{Nd}"}, {"[:digit:]", "\\p{Nd}"},
+                {"[:upper:]", "\\p{Uppercase}"}, {"[:lower:]", "\\p{Lowercase}"},
+            };
             const char *end = NULL;
             for (size_t j = i + 2; j + 1 < n; j++)
                 if (p[j] == ':' && p[j + 1] == ']') {
@@ -89,7 +158,11 @@ static int s_translate(const char *p, size_t n, tk_buf_t *out)
                     break;
                 }
             if (end) {
-                if (tk_buf_put(out, p + i, (size_t)(end - (p + i)))) return STRATA_ENOMEM;
+                size_t len = (size_t)(end - (p + i));
+                const char *rep = NULL;
+                for (size_t k = 0; k < sizeof posix / sizeof posix[0]; k++)
+                    if (strlen(posix[k][0]) == len && !memcmp(p + i, posix[k][0], len)) rep = posix[k][1];
+                if (rep ? s_put(out, rep) : tk_buf_put(out, p + i, len)) return STRATA_ENOMEM;
                 i = (size_t)(end - p) - 1;
                 continue;
             }

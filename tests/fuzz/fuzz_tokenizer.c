@@ -16,8 +16,8 @@
 
 #include "common/tokenizer.h"
 
-static const char *const s_names[] = {"bl_qwen2", "bl_olmoe", "bl_llama3", "sp_llama", "sp_meta", "bert_bpe",
-                                      "suffix_bpe"};
+static const char *const s_names[] = {"bl_qwen2",   "bl_olmoe", "bl_llama3", "sp_llama",
+                                      "sp_mistral", "sp_meta",  "bert_bpe",  "suffix_bpe"};
 static tok_t *s_tok[8];
 static int s_ntok;
 

@@ -6,7 +6,8 @@
 
 Trains small tokenizers of the styles Strata must read (byte-level BPE with Qwen2's,
 GPT-2's and Llama 3's pre-tokenizer regexes; SentencePiece-style BPE with byte fallback,
-Llama/Mixtral's normalizer form and the Metaspace form; BPE with a continuing-subword prefix
+Llama/Mixtral's normalizer form, the current Mistral form (Metaspace "first", no split) and a
+Metaspace form with split pieces; BPE with a continuing-subword prefix
 and one with an end-of-word suffix) on tests/tokenizer/prose.txt plus a few multilingual
 lines, and writes for each, under OUT_DIR (default tests/tokenizer/fixtures):
 
@@ -124,6 +125,8 @@ CORPUS = [
     "<|sep|>first<|sep|> second",
     "special phrase here and the special phrase",
     "<|tool|>call<|tool|>",
+    "[INST] What is 2+2? [/INST] 4</s>[INST]again[/INST]",
+    "a  b   c    d        e                        f",
     "</s></s><s>",
     "<|im_start|><|im_end|>",
     # odds and ends
@@ -173,6 +176,8 @@ def byte_level(name, regex, post, ignore_merges=False, legacy_merges=False):
                         AddedToken("w\u00f6rld", normalized=True)])
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
     elif name == "bl_olmoe":
+        # GPT-NeoX style: runs of spaces are added tokens, matched on the normalized text
+        tok.add_tokens([AddedToken(" " * k, normalized=True) for k in (24, 8, 4, 3, 2)])
         tok.post_processor = processors.TemplateProcessing(
             single="$A <|endoftext|>", special_tokens=[("<|endoftext|>", tok.token_to_id("<|endoftext|>"))])
     else:
@@ -182,6 +187,9 @@ def byte_level(name, regex, post, ignore_merges=False, legacy_merges=False):
             processors.TemplateProcessing(single="<|begin_of_text|> $A",
                                           special_tokens=[("<|begin_of_text|>", bos)])])
     j = json.loads(tok.to_str())
+    if name == "bl_qwen2":  # as Qwen2's file has them
+        j["model"]["continuing_subword_prefix"] = ""
+        j["model"]["end_of_word_suffix"] = ""
     if legacy_merges:
         j["model"]["merges"] = [a + " " + b for a, b in j["model"]["merges"]]
     return j
@@ -219,6 +227,15 @@ def sentencepiece(name):
             {"type": "ByteFallback"}, {"type": "Fuse"},
             {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
         extra = [("<|tool|>", True, False), ("special phrase", False, True)]
+    elif name == "sp_mistral":  # the current Mistral/Mixtral layout: Metaspace "first", no split
+        j["normalizer"] = None
+        j["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first",
+                              "split": False}
+        j["decoder"] = {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+        extra = [("[INST]", True, False), ("[/INST]", True, False)]
     else:  # sp_meta: Metaspace "first", digits split, NFKC
         j["normalizer"] = {"type": "NFKC"}
         j["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
@@ -278,6 +295,7 @@ def build_all():
         "bl_olmoe": byte_level("bl_olmoe", None, None, legacy_merges=True),
         "bl_llama3": byte_level("bl_llama3", LLAMA3, None, ignore_merges=True),
         "sp_llama": sentencepiece("sp_llama"),
+        "sp_mistral": sentencepiece("sp_mistral"),
         "sp_meta": sentencepiece("sp_meta"),
         "bert_bpe": prefix_suffix("bert_bpe"),
         "suffix_bpe": prefix_suffix("suffix_bpe"),
