@@ -145,10 +145,12 @@ ALWAYS __m256 s_int4_scale(const s_row_t *rw, int b, int gshift)
 
 /* INT4 decode kernel. Converting nibbles with vpmovsxbd + vcvtdq2ps is bound by the
  * conversion port on Zen-class cores; a table lookup is cheaper: every value q - 8 in
- * [-8, 7] is a float whose low two bytes are zero, so two pshufb lookups give its bytes 3
- * and 2, and two unpacks place them as the high half of each 32-bit lane. All of it in
- * 128-bit registers (a 256-bit op is two on those cores, and the lane inserts would cost
- * more than they save). Exact: the same values as (float)(q - 8). */
+ * [-8, 7] is a float whose low two bytes are zero (a bf16), so two pshufb lookups give its
+ * bytes 3 and 2 and an unpack pairs them into 16-bit high halves. Those become floats
+ * without more shuffles: a 32-bit shift left by 16 gives the even columns, a mask of the
+ * high halves the odd ones, so the activations come permuted to match (each 8 columns as
+ * [0 2 4 6 1 3 5 7], made once per call in s_fused). All in 128-bit registers: a 256-bit
+ * op is two on those cores. Exact: the same values as (float)(q - 8). */
 ALWAYS void s_int4_block(const uint8_t *p, int c, const float *x, int64_t ldx, int T, __m128 *acc, __m128 d)
 {
     const __m128i lut3 = _mm_setr_epi8((char)0xC1, (char)0xC0, (char)0xC0, (char)0xC0, (char)0xC0, (char)0xC0,
@@ -156,7 +158,7 @@ ALWAYS void s_int4_block(const uint8_t *p, int c, const float *x, int64_t ldx, i
     const __m128i lut2 = _mm_setr_epi8(0x00, (char)0xE0, (char)0xC0, (char)0xA0, (char)0x80, 0x40, 0x00,
                                        (char)0x80, 0x00, (char)0x80, 0x00, 0x40, (char)0x80, (char)0xA0,
                                        (char)0xC0, (char)0xE0);
-    const __m128i m = _mm_set1_epi8(0x0f), z = _mm_setzero_si128();
+    const __m128i m = _mm_set1_epi8(0x0f), hm = _mm_set1_epi32((int)0xFFFF0000);
     __m128i b = _mm_loadu_si128((const __m128i *)(p + c / 2));
     __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
     __m128i l3 = _mm_shuffle_epi8(lut3, lo), l2 = _mm_shuffle_epi8(lut2, lo);
@@ -164,9 +166,9 @@ ALWAYS void s_int4_block(const uint8_t *p, int c, const float *x, int64_t ldx, i
     __m128i v[4] = {_mm_unpacklo_epi8(l2, l3), _mm_unpackhi_epi8(l2, l3), _mm_unpacklo_epi8(h2, h3),
                     _mm_unpackhi_epi8(h2, h3)}; /* 16-bit high halves of cols 0-7, 8-15, 16-23, 24-31 */
     __m128 w[8];
-    for (int k = 0; k < 4; k++) {
-        w[2 * k] = _mm_castsi128_ps(_mm_unpacklo_epi16(z, v[k]));
-        w[2 * k + 1] = _mm_castsi128_ps(_mm_unpackhi_epi16(z, v[k]));
+    for (int k = 0; k < 4; k++) { /* even columns, odd columns: x comes permuted to match */
+        w[2 * k] = _mm_castsi128_ps(_mm_slli_epi32(v[k], 16));
+        w[2 * k + 1] = _mm_castsi128_ps(_mm_and_si128(v[k], hm));
     }
     for (int t = 0; t < T; t++) {
         const float *xt = x + t * ldx + c;
@@ -267,13 +269,22 @@ ALWAYS void s_fused(const mm_job_t *j, wfmt_t fmt, int T, int32_t r0, int32_t r1
 {
     const qmat_t *w = j->w;
     const size_t row_bytes = qmat_data_bytes(fmt, 1, w->cols);
+    float *xp = NULL;
+    if (fmt == WF_INT4) { /* x with each 8 columns as [0 2 4 6 1 3 5 7], see s_int4_block */
+        xp = cpu_row_buf((size_t)T * w->cols);
+        const __m256i perm = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < w->cols; c += 8)
+                _mm256_storeu_ps(xp + (int64_t)t * w->cols + c,
+                                 _mm256_permutevar8x32_ps(_mm256_loadu_ps(j->x + t * j->ldx + c), perm));
+    }
     for (int32_t r = r0; r < r1; r++) {
         s_row_t rw = {0};
         float rs, out[4];
         s_row_view(w, r, &rw, &rs);
         if (r + 4 < r1) /* a hint ahead of the hardware prefetcher */
             _mm_prefetch((const char *)rw.p + 4 * row_bytes, _MM_HINT_T0);
-        if (fmt == WF_INT4) s_int4_row_dots(&rw, w->cols, j->x, j->ldx, T, out);
+        if (fmt == WF_INT4) s_int4_row_dots(&rw, w->cols, xp, w->cols, T, out);
         else s_row_dots(fmt, &rw, w->cols, j->x, j->ldx, T, out);
         for (int t = 0; t < T; t++) mm_store(j, t, r, out[t] * rs);
     }
