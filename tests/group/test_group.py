@@ -13,6 +13,8 @@ Cases:
                     5 s, no shm segment, no socket file; no client hangs
   pinning           every thread of every real service runs on its configured cpus with its
                     NUMA policy (/proc/PID/task/*/status, /proc/PID/numa_maps)
+  two_arenas        two prefetchers: the weight files split over two arenas, the executor
+                    built over both, same answers; kill -9 of one prefetcher
   demo              `strata up --demo` (detached) + `strata client` + `strata status` +
                     `strata down`, in a temp run dir on a free port
 
@@ -174,6 +176,30 @@ def case_pinning():
                 assert got == gl.cpulist(want[name]), "%s task %d: %s want %s" % (name, tid, got, gl.cpulist(want[name]))
             assert "0" in gl.proc_status(pid, "Mems_allowed_list")
             assert "bind:0" in gl.numa_policies(pid), "%s: %s" % (name, gl.numa_policies(pid))
+
+
+def case_two_arenas():
+    """Two prefetchers (nodes 0 and 1; no memory binding, this box may have one node): two
+    arenas sharing the weight files, the executor built over both, same answers as one arena;
+    kill -9 of prefetcher 1 reattaches its arena."""
+    with gl.Group(A, kind="real") as g:
+        g.start()
+        want = answer(g, PROMPTS[2])
+    secs = {"prefetcher.0": {"numa_node": "-1"}, "prefetcher.1": {"numa_node": "-1"}}
+    with gl.Group(A, kind="real", sections=secs) as g:
+        g.start()
+        segs = gl.shm_segments(g.name)
+        assert [os.path.basename(p)[-7:] for p in segs] == ["arena-0", "arena-1"], segs
+        sizes = [gl.shm_header(p)["size"] for p in segs]
+        assert all(s < model_bytes() for s in sizes), "each arena holds part of the weights: %s vs %d" % (sizes, model_bytes())
+        m = maps(g.svc("executor")["pid"])
+        assert all(any(os.path.basename(p) in l for l in m) for p in segs), "executor maps both arenas"
+        assert answer(g, PROMPTS[2]) == want
+        old = g.svc("prefetcher.1")["pid"]
+        os.kill(old, signal.SIGKILL)
+        g.wait_svc("prefetcher.1", lambda s: s["pid"] not in (0, old) and s["state"] == "ready")
+        assert answer(g, PROMPTS[2]) == want
+        print("  two arenas: %s bytes" % sizes)
 
 
 def case_demo():
