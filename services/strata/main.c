@@ -18,6 +18,7 @@ int cmd_pin(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 static const strata_cmd_t s_cmds[] = {
     {"eval", cmd_eval, "logits of every position of a token sequence, to a file"},
     {"generate", cmd_generate, "sample token ids after a prompt of token ids"},
@@ -31,6 +32,7 @@ static const strata_cmd_t s_cmds[] = {
     {"demo", cmd_demo, "write the demo model (tiny, random weights) and a config"},
     {"tokenize", cmd_tokenize, "text to token ids (or back) with a tokenizer.json, line by line"},
     {"synth", cmd_synth, "write a packed model with random weights and a real model's shapes"},
+    {"bench", cmd_bench, "load generator over the client protocol, with the roofline bound"},
     {NULL, NULL, NULL},
 };
 

@@ -1,0 +1,1168 @@
+/* cmd_bench.c - `strata bench`: a load generator over the real client protocol
+ * (proto/PROTOCOL.md), with the roofline bound next to every figure (bench/roofline.h).
+ *
+ * It starts its own process group for the run (`strata up` with a generated config in a fresh
+ * run dir; `strata down` at the end) unless --endpoint names a running one. Each client is a
+ * ZeroMQ DEALER with its own identity, speaking msgpack through proto/msg.h and proto/zmsg.h,
+ * exactly like `strata client`. One thread drives every socket with zmq_poll, so timestamps are
+ * taken when a frame arrives.
+ *
+ * Load:
+ *   closed loop  --batch 1,16: N clients, each sends its next request when the last one is
+ *                done (N = the batch the engine sees once prompts are prefilled);
+ *   open loop    --rate R[,R2]: requests arrive as a Poisson process of R per second (seeded
+ *                exponential gaps), spread over a pool of client sockets.
+ * Each request is --prompt random token ids (ignore_eos, greedy) asking for --gen tokens. The
+ * first --warmup requests of a level are not measured.
+ *
+ * Figures per level, over the window from the end of warm-up to the last measured answer:
+ *   decode_tok_s            tokens received per second from every request (aggregate);
+ *   decode_tok_s_per_seq    median over requests of (tokens - 1) / (last token - first token);
+ *   prefill_tok_s           median over requests of prompt tokens / (server ttft - queue time);
+ *   ttft_*_ms, itl_*_ms     client-side time to first token and gaps between tokens (a frame
+ *                           carrying k tokens counts k gaps of 1/k of its wait);
+ *   hit_rate, pcie_gb_s     deltas of the group's `stats` (scheduler.executor.hits / misses /
+ *                           bytes_h2d) between the two ends of the window;
+ *   cpu_expert_share        scheduler.executor.cpu_expert_uses / all expert uses when the group
+ *                           reports it, 1 for the CPU backend, else null;
+ *   bound_tok_s, ratio      the roofline bound for the model, format, budget and batch on this
+ *                           machine (ceilings measured at start) and measured / bound.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "bench/roofline.h"
+#include "model/packed.h"
+#include "model/synth_fast.h"
+#include "proto/msg.h"
+#include "proto/zmsg.h"
+#include "services/strata/cli_util.h"
+
+static const char *const C = "bench";
+extern char **environ;
+
+#define MAX_LEVELS 32
+#define OPEN_SOCKETS 16      /* client sockets of the open loop; each carries <= 32 requests */
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+static volatile sig_atomic_t s_stop;
+static void s_on_signal(int sig)
+{
+    (void)sig;
+    s_stop = 1;
+}
+
+static void s_help(FILE *f)
+{
+    fprintf(f,
+            "usage: strata bench --model DIR [--backend cpu|cuda] [--gpu-mem BYTES] --batch 1,16\n"
+            "                    --prompt 128 --gen 128 --json FILE [options]\n"
+            "       strata bench --endpoint E [--model DIR] ...\n"
+            "\n"
+            "Load generator over the real client protocol. Starts its own process group for the run\n"
+            "(`strata up` with a generated config, `strata down` after) unless --endpoint is given.\n"
+            "Reports decode tok/s (aggregate and per sequence), prefill tok/s, TTFT and inter-token\n"
+            "latency p50/p99, expert-cache hit rate, PCIe GB/s and CPU-expert share from the group's\n"
+            "stats, next to the roofline bound (ceilings measured at start) and its projection onto\n"
+            "an RTX 3090 / PCIe 3 / 2 x E5-2699 v4 and an RTX 4090 / PCIe 4 / DDR5 host.\n"
+            "\n"
+            "  --model DIR        packed model folder (e.g. from `strata synth`)\n"
+            "  --endpoint E       use the running group at router endpoint E instead of starting one\n"
+            "  --backend B        cpu (default) or cuda (started group)\n"
+            "  --gpu-mem BYTES    executor GPU budget, K/M/G suffixes (started group; default 0)\n"
+            "  --threads T        executor CPU threads (started group; default 0 = all)\n"
+            "  --batch LIST       closed loop: concurrent clients per level (default 1,16)\n"
+            "  --rate LIST        open loop instead: Poisson arrivals, requests per second per level\n"
+            "  --prompt N         prompt tokens per request (default 128)\n"
+            "  --gen N            tokens generated per request (default 128)\n"
+            "  --requests N       measured requests per level (default: 2 x batch, at least 4)\n"
+            "  --warmup N         unmeasured requests first (default: batch, at least 1)\n"
+            "  --seed N           prompts and arrivals seed (default 1)\n"
+            "  --timeout S        give up on a level after S seconds (default 600)\n"
+            "  --json FILE        write the rows (JSON array)\n"
+            "  --plot FILE        PNG of throughput vs batch (gnuplot; default FILE.png next to --json)\n"
+            "  --no-plot          no PNG\n"
+            "  --no-probe         skip the bandwidth probes (no bound)\n"
+            "  --probe-mib N      probe buffer size (default 1024)\n"
+            "  --run-dir DIR      run dir of the started group (default /tmp/strata-bench-PID)\n"
+            "  --keep             leave the started group running (prints its config)\n"
+            "  -h, --help         this help\n"
+            "\n"
+            "Exit codes: 0 ok, 1 runtime failure (group did not start, every request failed), 2 usage.\n");
+}
+
+typedef struct {
+    const char *model, *endpoint_arg, *backend, *json, *plot, *run_dir_arg;
+    int64_t gpu_mem;
+    int threads, prompt, gen, requests, warmup, timeout_s, probe_mib;
+    uint64_t seed;
+    int levels[MAX_LEVELS], n_levels;
+    double rates[MAX_LEVELS];
+    bool open_loop, no_plot, no_probe, keep;
+} s_opts_t;
+
+/* ---- small helpers ------------------------------------------------------------------ */
+
+static int s_parse_list(const char *s, double *out, int cap, int *n, bool integer)
+{
+    *n = 0;
+    while (*s) {
+        char *end;
+        double v = strtod(s, &end);
+        if (end == s || !(v > 0) || v > 1e6 || *n == cap || (integer && (v != floor(v) || v > 4096))) return -1;
+        out[(*n)++] = v;
+        s = end;
+        if (*s == ',') s++;
+        else if (*s) return -1;
+    }
+    return *n ? 0 : -1;
+}
+
+static int s_parse_bytes(const char *s, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0) return -1;
+    double mul = 1;
+    if (*end) {
+        switch (*end) {
+        case 'k': case 'K': mul = 1024.0; break;
+        case 'm': case 'M': mul = 1024.0 * 1024; break;
+        case 'g': case 'G': mul = GIB; break;
+        case 't': case 'T': mul = GIB * 1024; break;
+        default: return -1;
+        }
+        end++;
+        if (*end == 'i') end++;
+        if (*end == 'B') end++;
+        if (*end) return -1;
+    }
+    *out = (int64_t)(v * mul);
+    return 0;
+}
+
+static int s_cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Percentile q in [0,1] of v[n] (sorted in place), nearest rank; NAN if empty. */
+static double s_pct(double *v, size_t n, double q)
+{
+    if (!n) return NAN;
+    qsort(v, n, sizeof *v, s_cmp_d);
+    size_t k = (size_t)ceil(q * (double)n);
+    if (k < 1) k = 1;
+    if (k > n) k = n;
+    return v[k - 1];
+}
+
+static uint64_t s_rng(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static json_t *s_num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+/* v * mul with fmt, or "-" when v is not a number. */
+static void s_fmt(char *buf, size_t cap, const char *fmt, double v, double mul)
+{
+    if (isfinite(v)) snprintf(buf, cap, fmt, v * mul);
+    else snprintf(buf, cap, "-");
+}
+
+/* The folder of the running executable. */
+static void s_self_dir(char *buf, size_t cap)
+{
+    ssize_t n = readlink("/proc/self/exe", buf, cap - 1);
+    if (n < 0) n = 0;
+    buf[n] = 0;
+    char *sl = strrchr(buf, '/');
+    if (sl) *sl = 0;
+}
+
+/* Run argv (argv[0] a path) with its stdout on our stderr (stdout carries the table), wait,
+ * return its exit code (or -1). */
+static int s_run(char *const argv[])
+{
+    pid_t pid;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, 2, 1);
+    int e = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (e != 0) return -1;
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR) return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* ---- the machine's ceilings ------------------------------------------------------------ */
+
+/* From the `ceilings` helper next to this binary (build tree or bundle), which links CUDA;
+ * without it, the host bandwidth measured here and no GPU figures. */
+static void s_ceilings(const s_opts_t *o, machine_t *mc, char *machine, size_t cap, bool want_gpu)
+{
+    char dir[4096], cand[2][4200], cmd[8600];
+    memset(mc, 0, sizeof *mc);
+    s_self_dir(dir, sizeof dir);
+    snprintf(cand[0], sizeof cand[0], "%s/../../bench/ceilings", dir);
+    snprintf(cand[1], sizeof cand[1], "%s/ceilings", dir);
+    gethostname(machine, cap - 1);
+    for (int i = 0; i < 2; i++) {
+        if (access(cand[i], X_OK)) continue;
+        snprintf(cmd, sizeof cmd, "'%s' --mib %d%s", cand[i], o->probe_mib, want_gpu ? "" : " --no-gpu");
+        FILE *p = popen(cmd, "r");
+        if (!p) continue;
+        json_error_t je;
+        json_t *j = json_loadf(p, 0, &je);
+        int st = pclose(p);
+        if (j && json_is_object(j) && st == 0) {
+            mc->cpu_bw = json_number_value(json_object_get(j, "cpu_gb_s")) * 1e9;
+            mc->pcie_bw = json_number_value(json_object_get(j, "pcie_gb_s")) * 1e9;
+            mc->hbm_bw = json_number_value(json_object_get(j, "hbm_gb_s")) * 1e9;
+            mc->gpu_mem = json_number_value(json_object_get(j, "gpu_mem"));
+            const char *g = json_string_value(json_object_get(j, "gpu"));
+            if (g) {
+                size_t l = strlen(machine);
+                snprintf(machine + l, cap - l, "/%s", g);
+            }
+            snprintf(mc->name, sizeof mc->name, "this: %.50s", g ? g : machine);
+            json_decref(j);
+            return;
+        }
+        json_decref(j);
+    }
+    if (want_gpu) log_warn("bench: the ceilings helper was not found or failed; no GPU ceilings (bound null)");
+    tpool_t *pool = tpool_create(0);
+    mc->cpu_bw = roofline_cpu_membw(pool, (size_t)o->probe_mib << 20, 5);
+    tpool_destroy(pool);
+    snprintf(mc->name, sizeof mc->name, "this: %.50s", machine);
+}
+
+/* ---- the model: shape name, format and roofline bytes ---------------------------------- */
+
+typedef struct {
+    bool have;
+    char shape[128], format[32];
+    model_config_t cfg;
+    roofline_model_t rm;
+} s_model_t;
+
+static int s_model_info(const char *dir, s_model_t *mi)
+{
+    memset(mi, 0, sizeof *mi);
+    char path[4200];
+    strata_errbuf_t eb = {{0}};
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (model_config_load(&mi->cfg, path, &eb) < 0) {
+        cli_error(C, "%s", eb.msg);
+        return 2;
+    }
+    const char *b = strrchr(dir, '/');
+    snprintf(mi->shape, sizeof mi->shape, "%s", b && b[1] ? b + 1 : dir);
+    snprintf(path, sizeof path, "%s/%s", dir, SYNTH_MARKER);
+    FILE *f = fopen(path, "rb");
+    if (f) {
+        char buf[4096];
+        size_t n = fread(buf, 1, sizeof buf, f);
+        fclose(f);
+        synth_marker_t mk;
+        if (synth_marker_parse(&mk, buf, n, path, &eb) == 0 && mk.shape[0])
+            snprintf(mi->shape, sizeof mi->shape, "%s", mk.shape);
+    }
+    snprintf(path, sizeof path, "%s/%s", dir, PACKED_MANIFEST);
+    f = fopen(path, "rb");
+    if (!f) {
+        cli_error(C, "%s: not a packed model (no %s); pack it with `strata pack` or make one with `strata synth`", dir,
+                  PACKED_MANIFEST);
+        return 2;
+    }
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = malloc((size_t)sz + 1);
+    size_t got = text ? fread(text, 1, (size_t)sz, f) : 0;
+    fclose(f);
+    packed_manifest_t pm;
+    if (!text || got != (size_t)sz || packed_manifest_parse(&pm, text, got, path, &eb) < 0) {
+        cli_error(C, "%s", eb.msg[0] ? eb.msg : "cannot read the manifest");
+        free(text);
+        return 2;
+    }
+    free(text);
+    if (pm.fmt == WF_INT4) snprintf(mi->format, sizeof mi->format, "int4-g%d", pm.group);
+    else snprintf(mi->format, sizeof mi->format, "%s", wfmt_name(pm.fmt));
+    roofline_model_from_manifest(&mi->rm, &mi->cfg, &pm);
+    packed_manifest_free(&pm);
+    mi->have = true;
+    return 0;
+}
+
+/* ---- the process group ----------------------------------------------------------------- */
+
+typedef struct {
+    char run_dir[256], config[300], endpoint[128];
+    bool started;
+} s_group_t;
+
+static int s_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK), .sin_port = 0};
+    socklen_t l = sizeof a;
+    int port = -1;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &l) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+static int s_group_start(const s_opts_t *o, s_group_t *g, int max_conc)
+{
+    char model_real[4096];
+    if (!realpath(o->model, model_real)) {
+        cli_error(C, "--model %s: %s", o->model, strerror(errno));
+        return 2;
+    }
+    if (o->run_dir_arg) snprintf(g->run_dir, sizeof g->run_dir, "%s", o->run_dir_arg);
+    else snprintf(g->run_dir, sizeof g->run_dir, "/tmp/strata-bench-%d", (int)getpid());
+    if (mkdir(g->run_dir, 0700) < 0 && errno != EEXIST) {
+        cli_error(C, "%s: %s", g->run_dir, strerror(errno));
+        return 1;
+    }
+    int port = s_free_port();
+    if (port <= 0) {
+        cli_error(C, "no free TCP port on 127.0.0.1");
+        return 1;
+    }
+    snprintf(g->endpoint, sizeof g->endpoint, "tcp://127.0.0.1:%d", port);
+    snprintf(g->config, sizeof g->config, "%s/bench.ini", g->run_dir);
+    int bs = 16, per_seq = (o->prompt + o->gen + bs - 1) / bs + 1;
+    int seqs = max_conc < 1 ? 1 : max_conc;
+    FILE *f = fopen(g->config, "w");
+    if (!f) {
+        cli_error(C, "%s: %s", g->config, strerror(errno));
+        return 1;
+    }
+    fprintf(f,
+            "; written by `strata bench` for one run\n"
+            "[group]\nname = bench%d\nrun_dir = %s\nmodel = %s\n\n"
+            "[router]\nendpoint = %s\nmax_queue = 4096\nmax_inflight_per_client = 64\n\n"
+            "[scheduler]\nmax_batch_tokens = %d\nmax_seqs = %d\nkv_blocks = %d\nblock_size = %d\n\n"
+            "[executor]\nbackend = %s\nthreads = %d\ngpu_mem = %lld\n\n"
+            "[prefetcher.0]\nnuma_node = -1\n\n"
+            "[launcher]\nready_timeout_s = 900\nrestart_backoff_ms = 200\nrestart_backoff_max_ms = 2000\n",
+            (int)getpid() % 100000, g->run_dir, model_real, g->endpoint, seqs > 256 ? seqs : 256, seqs,
+            seqs * per_seq + 16, bs, o->backend, o->threads, (long long)o->gpu_mem);
+    if (fclose(f) != 0) {
+        cli_error(C, "%s: write failed", g->config);
+        return 1;
+    }
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n < 0) return 1;
+    self[n] = 0;
+    char *argv[] = {self, "up", "--config", g->config, NULL};
+    fprintf(stderr, "bench: starting the group (%s) ...\n", g->config);
+    double t0 = strata_now();
+    int rc = s_run(argv);
+    if (rc != 0) {
+        cli_error(C, "`strata up --config %s` failed (exit %d); logs in %s/launcher.log and %s/logs/", g->config, rc,
+                  g->run_dir, g->run_dir);
+        return 1;
+    }
+    g->started = true;
+    fprintf(stderr, "bench: group ready in %.1f s at %s\n", strata_now() - t0, g->endpoint);
+    return 0;
+}
+
+/* Remove the run dir the bench made (logs, state), after a clean stop. */
+static void s_rm_run_dir(const char *dir)
+{
+    char cmdline[600];
+    if (strncmp(dir, "/tmp/strata-bench-", 18)) return; /* only the default, never a user's folder */
+    snprintf(cmdline, sizeof cmdline, "rm -rf '%s'", dir);
+    if (system(cmdline) != 0) log_warn("bench: could not remove %s", dir);
+}
+
+static void s_group_stop(s_group_t *g)
+{
+    if (!g->started) return;
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n < 0) return;
+    self[n] = 0;
+    char *argv[] = {self, "down", "--config", g->config, NULL};
+    int rc = s_run(argv);
+    if (rc != 0) log_warn("bench: `strata down --config %s` exited %d", g->config, rc);
+    g->started = false;
+}
+
+/* ---- clients --------------------------------------------------------------------------- */
+
+typedef struct {
+    void *sock;
+    int inflight;
+} s_client_t;
+
+typedef struct {
+    int client;
+    double t_send, t_first, t_last, t_done;
+    int32_t n_tok, prompt_tokens;
+    double srv_ttft_ms, srv_queue_ms;
+    bool sent, done, failed, measured;
+} s_req_t;
+
+typedef struct {
+    void *ctx;
+    s_client_t *cl;
+    int n_cl;
+    void *ctl;              /* control socket: health, models, stats */
+    msg_buf_t buf;
+    uint64_t ctl_id;
+    int32_t vocab, max_context;
+} s_conn_t;
+
+static void *s_socket(s_conn_t *cn, const char *endpoint, const char *ident)
+{
+    void *s = zmq_socket(cn->ctx, ZMQ_DEALER);
+    if (!s) return NULL;
+    int zero = 0, hb = 1000, hbt = 5000;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_ROUTING_ID, ident, strlen(ident));
+    zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &hb, sizeof hb);
+    zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &hbt, sizeof hbt);
+    if (zmq_connect(s, endpoint) < 0) {
+        zmq_close(s);
+        return NULL;
+    }
+    return s;
+}
+
+/* Send a bodyless control request; returns its id (0 if it could not be sent). */
+static uint64_t s_ctl_send(s_conn_t *cn, msg_type_t type)
+{
+    msg_t m;
+    msg_init(&m, type);
+    m.has_id = true;
+    m.id = ++cn->ctl_id;
+    return zmsg_send(cn->ctl, NULL, 0, &m, &cn->buf, ZMQ_DONTWAIT) < 0 ? 0 : m.id;
+}
+
+/* Send a bodyless control request on the control socket and wait up to wait_s for its reply
+ * of `want` type; *out owns it (msg_free). */
+static int s_ctl(s_conn_t *cn, msg_type_t type, msg_type_t want, double wait_s, msg_t *out)
+{
+    msg_t m;
+    msg_init(&m, type);
+    m.has_id = true;
+    m.id = ++cn->ctl_id;
+    int rc = zmsg_send(cn->ctl, NULL, 0, &m, &cn->buf, 0);
+    if (rc < 0) return rc;
+    double t0 = strata_now();
+    while (strata_now() - t0 < wait_s && !s_stop) {
+        zmq_pollitem_t it = {cn->ctl, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 100) <= 0) continue;
+        msg_err_t err;
+        rc = zmsg_recv(cn->ctl, MSG_FAM_REPLY, out, &err, ZMQ_DONTWAIT);
+        if (rc == -EAGAIN) continue;
+        if (rc < 0) {
+            msg_free(out);
+            continue;
+        }
+        if (out->type == want && out->has_id && out->id == cn->ctl_id) return 0;
+        msg_free(out);
+    }
+    return STRATA_ETIMEOUT;
+}
+
+/* Wait until the router hears from its scheduler; read vocab and context from `models`. */
+static int s_wait_ready(s_conn_t *cn, double wait_s)
+{
+    double t0 = strata_now();
+    while (strata_now() - t0 < wait_s && !s_stop) {
+        msg_t r;
+        if (s_ctl(cn, MSG_HEALTH, MSG_HEALTH_REPLY, 2.0, &r) == 0) {
+            bool up = r.u.health.scheduler;
+            msg_free(&r);
+            if (up && s_ctl(cn, MSG_MODELS, MSG_MODELS_REPLY, 2.0, &r) == 0) {
+                if (r.u.models.n > 0) {
+                    cn->vocab = r.u.models.models[0].vocab;
+                    cn->max_context = r.u.models.models[0].max_context;
+                }
+                msg_free(&r);
+                if (cn->vocab > 0) return 0;
+            }
+        }
+        usleep(200 * 1000);
+    }
+    return STRATA_ETIMEOUT;
+}
+
+/* Stats snapshot: the counters bench reads, NAN when absent. */
+typedef struct {
+    double t;
+    double hits, misses, bytes_h2d, cpu_expert, tokens;
+    bool ok;
+} s_snap_t;
+
+static void s_snap_from(const msg_stats_t *st, s_snap_t *s)
+{
+    s->hits = s->misses = s->bytes_h2d = s->cpu_expert = s->tokens = NAN;
+    for (int32_t i = 0; i < st->n; i++) {
+        const char *n = st->items[i].name.s;
+        double v = st->items[i].value;
+        if (!n) continue;
+        if (!strcmp(n, "scheduler.executor.hits")) s->hits = v;
+        else if (!strcmp(n, "scheduler.executor.misses")) s->misses = v;
+        else if (!strcmp(n, "scheduler.executor.bytes_h2d")) s->bytes_h2d = v;
+        else if (!strcmp(n, "scheduler.executor.cpu_expert_uses")) s->cpu_expert = v;
+        else if (!strcmp(n, "scheduler.generated_tokens")) s->tokens = v;
+    }
+    s->ok = true;
+}
+
+/* ---- one level ------------------------------------------------------------------------- */
+
+typedef struct {
+    bool open;
+    int conc;               /* closed: clients */
+    double rate;            /* open: requests per second */
+    int n_req, n_warm;
+    double window_s;
+    int64_t window_tokens;
+    int errors, measured_done;
+    double decode_tok_s, per_seq_tok_s, prefill_tok_s;
+    double ttft_p50, ttft_p99, itl_p50, itl_p99;
+    double hit_rate, pcie_gb_s, cpu_share;
+    double mean_conc;
+    char first_error[200];
+} s_level_t;
+
+/* Send request k on its client's socket. A request that cannot be sent counts as a failed
+ * answer at once (returns -1), so no loop waits for it. */
+static int s_send_req(s_conn_t *cn, const s_opts_t *o, s_req_t *r, int k, uint64_t base_id, uint64_t *rng, int32_t *tok)
+{
+    int32_t V = cn->vocab > 0 ? cn->vocab : 1;
+    for (int i = 0; i < o->prompt; i++) tok[i] = (int32_t)(s_rng(rng) % (uint64_t)V);
+    msg_t m;
+    msg_init(&m, MSG_GENERATE);
+    m.has_id = true;
+    m.id = base_id + (uint64_t)k;
+    m.u.generate.tokens = tok;
+    m.u.generate.n_tokens = o->prompt;
+    m.u.generate.max_tokens = o->gen;
+    m.u.generate.ignore_eos = true;
+    m.u.generate.stream = true;
+    r->t_send = strata_now();
+    r->sent = true;
+    int rc = zmsg_send(cn->cl[r->client].sock, NULL, 0, &m, &cn->buf, 0);
+    if (rc < 0) {
+        r->failed = r->done = true;
+        r->t_done = r->t_send;
+        return -1;
+    }
+    cn->cl[r->client].inflight++;
+    return 0;
+}
+
+static int s_level(s_conn_t *cn, const s_opts_t *o, s_level_t *L, uint64_t level_no)
+{
+    int rc = 0;
+    const int N = L->n_warm + L->n_req;
+    s_req_t *req = calloc((size_t)N, sizeof *req);
+    double *itl = NULL, *ttft = calloc((size_t)N, sizeof *ttft), *pseq = calloc((size_t)N, sizeof *pseq),
+           *pre = calloc((size_t)N, sizeof *pre);
+    size_t n_itl = 0, cap_itl = (size_t)N * (size_t)(o->gen + 1) + 16;
+    itl = malloc(cap_itl * sizeof *itl);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)o->prompt);
+    double *arrive = calloc((size_t)N, sizeof *arrive);
+    zmq_pollitem_t *items = calloc((size_t)cn->n_cl + 1, sizeof *items);
+    if (!req || !itl || !ttft || !pseq || !pre || !tok || !arrive || !items) {
+        rc = -ENOMEM;
+        goto done;
+    }
+    uint64_t rng = o->seed * 1000003u + level_no, base_id = (level_no << 32) + 1;
+    int n_clients = L->open ? cn->n_cl : L->conc;
+    for (int k = 0; k < N; k++) {
+        req[k].client = L->open ? k % n_clients : -1;
+        req[k].measured = k >= L->n_warm;
+    }
+    if (L->open) { /* Poisson arrivals: exponential gaps of mean 1/rate */
+        double t = 0;
+        uint64_t ar = o->seed * 7919u + level_no;
+        for (int k = 0; k < N; k++) {
+            double u = ((double)(s_rng(&ar) >> 11) + 0.5) * 0x1.0p-53;
+            t += -log(u) / L->rate;
+            arrive[k] = t;
+        }
+    }
+    int next = 0, done = 0, warm_done = 0;
+    /* Issue request `next` on client c; one that cannot be sent is answered as failed at once,
+     * and (closed loop) the client moves on to the next one. */
+#define S_ISSUE(c)                                                                                  \
+    do {                                                                                            \
+        while (next < N) {                                                                          \
+            req[next].client = (c);                                                                 \
+            int k_ = next++;                                                                        \
+            if (s_send_req(cn, o, &req[k_], k_, base_id, &rng, tok) == 0) {                         \
+                inflight++;                                                                         \
+                break;                                                                              \
+            }                                                                                       \
+            done++;                                                                                 \
+            L->errors++;                                                                            \
+            if (req[k_].measured) L->measured_done++;                                               \
+            else warm_done++;                                                                       \
+            if (!L->first_error[0]) snprintf(L->first_error, sizeof L->first_error, "cannot send"); \
+            if (L->open) break;                                                                     \
+        }                                                                                           \
+    } while (0)
+    double t_start = strata_now(), t_w0 = -1, t_w1 = 0, conc_area = 0, t_prev = t_start;
+    int inflight = 0;
+    s_snap_t snap0 = {0}, snap1 = {0};
+    uint64_t snap_id = 0;
+    /* closed loop: every client starts one request */
+    if (!L->open)
+        for (int c = 0; c < L->conc && next < N; c++) S_ISSUE(c);
+    if (L->n_warm == 0) {
+        t_w0 = t_start;
+        snap_id = s_ctl_send(cn, MSG_STATS);
+    }
+    while (done < N && !s_stop) {
+        double now = strata_now();
+        if (now - t_start > o->timeout_s) {
+            snprintf(L->first_error, sizeof L->first_error, "level did not finish within %d s (%d of %d answers)",
+                     o->timeout_s, done, N);
+            rc = STRATA_ETIMEOUT;
+            break;
+        }
+        if (L->open)
+            while (next < N && now - t_start >= arrive[next]) S_ISSUE(req[next].client);
+        int timeout_ms = 50;
+        if (L->open && next < N) {
+            double wait = arrive[next] - (now - t_start);
+            timeout_ms = wait <= 0 ? 0 : wait < 0.05 ? (int)(wait * 1000) + 1 : 50;
+        }
+        for (int c = 0; c < n_clients; c++) items[c] = (zmq_pollitem_t){cn->cl[c].sock, 0, ZMQ_POLLIN, 0};
+        items[n_clients] = (zmq_pollitem_t){cn->ctl, 0, ZMQ_POLLIN, 0};
+        int pr = zmq_poll(items, n_clients + 1, timeout_ms);
+        if (pr < 0 && zmq_errno() != EINTR) {
+            rc = STRATA_EZMQ;
+            break;
+        }
+        if (pr > 0 && (items[n_clients].revents & ZMQ_POLLIN)) {
+            msg_t in;
+            msg_err_t err;
+            while (zmsg_recv(cn->ctl, MSG_FAM_REPLY, &in, &err, ZMQ_DONTWAIT) != -EAGAIN) {
+                if (in.type == MSG_STATS_REPLY && in.has_id && in.id == snap_id && snap_id) {
+                    s_snap_from(&in.u.stats, &snap0);
+                    snap0.t = strata_now();
+                }
+                msg_free(&in);
+            }
+        }
+        for (int c = 0; c < n_clients && pr > 0; c++) {
+            if (!(items[c].revents & ZMQ_POLLIN)) continue;
+            for (int burst = 0; burst < 256; burst++) {
+                msg_t in;
+                msg_err_t err;
+                int r = zmsg_recv(cn->cl[c].sock, MSG_FAM_REPLY, &in, &err, ZMQ_DONTWAIT);
+                if (r == -EAGAIN) break;
+                double t = strata_now();
+                if (r < 0 || !in.has_id || in.id < base_id || in.id >= base_id + (uint64_t)N) {
+                    msg_free(&in);
+                    continue;
+                }
+                int k = (int)(in.id - base_id);
+                s_req_t *q = &req[k];
+                bool finished = false;
+                if (in.type == MSG_TOKEN && !q->done) {
+                    int n = in.u.tokens.n_tokens;
+                    if (n > 0) {
+                        if (q->n_tok == 0) q->t_first = t;
+                        else if (q->measured && n_itl + (size_t)n <= cap_itl)
+                            for (int j = 0; j < n; j++) itl[n_itl++] = (t - q->t_last) * 1e3 / n;
+                        q->n_tok += n;
+                        q->t_last = t;
+                        if (t_w0 >= 0) L->window_tokens += n;
+                    }
+                } else if (in.type == MSG_DONE) {
+                    q->t_done = t;
+                    q->prompt_tokens = in.u.done.prompt_tokens;
+                    q->srv_ttft_ms = in.u.done.ttft_ms;
+                    q->srv_queue_ms = in.u.done.queue_ms;
+                    finished = true;
+                } else if (in.type == MSG_ERROR) {
+                    q->failed = true;
+                    q->t_done = t;
+                    if (!L->first_error[0])
+                        snprintf(L->first_error, sizeof L->first_error, "%s: %.*s", msg_errcode_name(in.u.error.code),
+                                 (int)in.u.error.message.len, in.u.error.message.s ? in.u.error.message.s : "");
+                    finished = true;
+                }
+                msg_free(&in);
+                if (!finished || q->done) continue;
+                q->done = true;
+                done++;
+                conc_area += inflight * (t - t_prev);
+                t_prev = t;
+                inflight--;
+                cn->cl[c].inflight--;
+                if (q->failed) L->errors++;
+                if (!q->measured) {
+                    if (++warm_done == L->n_warm) { /* warm-up over: the window opens; stats asked now,
+                                                     * read when the reply comes (never block here) */
+                        t_w0 = t;
+                        snap_id = s_ctl_send(cn, MSG_STATS);
+                    }
+                } else {
+                    t_w1 = t;
+                    L->measured_done++;
+                }
+                if (!L->open && next < N) S_ISSUE(c); /* closed loop: this client's next request */
+            }
+        }
+    }
+    if (s_stop && !rc) {
+        snprintf(L->first_error, sizeof L->first_error, "interrupted");
+        rc = STRATA_ECANCELED;
+    }
+    {
+        msg_t sr;
+        if (s_ctl(cn, MSG_STATS, MSG_STATS_REPLY, 2.0, &sr) == 0) {
+            s_snap_from(&sr.u.stats, &snap1);
+            snap1.t = strata_now();
+            msg_free(&sr);
+        }
+    }
+    /* figures over the measured requests */
+    size_t n_t = 0, n_p = 0, n_r = 0;
+    for (int k = 0; k < N; k++) {
+        const s_req_t *q = &req[k];
+        if (!q->measured || !q->done || q->failed || q->n_tok == 0) continue;
+        ttft[n_t++] = (q->t_first - q->t_send) * 1e3;
+        if (q->n_tok > 1 && q->t_last > q->t_first) pseq[n_p++] = (q->n_tok - 1) / (q->t_last - q->t_first);
+        double srv = (q->srv_ttft_ms - q->srv_queue_ms) * 1e-3;
+        if (q->prompt_tokens > 0 && srv > 0) pre[n_r++] = q->prompt_tokens / srv;
+    }
+    L->window_s = t_w0 >= 0 && t_w1 > t_w0 ? t_w1 - t_w0 : 0;
+    L->decode_tok_s = L->window_s > 0 ? (double)L->window_tokens / L->window_s : NAN;
+    L->per_seq_tok_s = s_pct(pseq, n_p, 0.5);
+    L->prefill_tok_s = s_pct(pre, n_r, 0.5);
+    L->ttft_p50 = s_pct(ttft, n_t, 0.5);
+    L->ttft_p99 = s_pct(ttft, n_t, 0.99);
+    L->itl_p50 = s_pct(itl, n_itl, 0.5);
+    L->itl_p99 = s_pct(itl, n_itl, 0.99);
+    L->mean_conc = t_prev > t_start ? conc_area / (t_prev - t_start) : NAN;
+    L->hit_rate = L->pcie_gb_s = L->cpu_share = NAN;
+    if (snap0.ok && snap1.ok) {
+        double h = snap1.hits - snap0.hits, m = snap1.misses - snap0.misses, c = snap1.cpu_expert - snap0.cpu_expert;
+        if (isfinite(h) && isfinite(m) && h + m > 0) L->hit_rate = h / (h + m);
+        if (isfinite(snap1.bytes_h2d - snap0.bytes_h2d) && snap1.t > snap0.t)
+            L->pcie_gb_s = (snap1.bytes_h2d - snap0.bytes_h2d) / (snap1.t - snap0.t) / 1e9;
+        if (isfinite(c) && isfinite(h) && isfinite(m) && h + m + c > 0) L->cpu_share = c / (h + m + c);
+    }
+    if (!strcmp(o->backend, "cpu") && !o->endpoint_arg) L->cpu_share = 1.0;
+#undef S_ISSUE
+done:
+    free(req), free(itl), free(ttft), free(pseq), free(pre), free(tok), free(arrive), free(items);
+    return rc;
+}
+
+/* ---- output ---------------------------------------------------------------------------- */
+
+static int s_plot(const char *png, const char *dat, const char *title)
+{
+    char script[4500], path[4400];
+    snprintf(path, sizeof path, "%s.gp", dat);
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fprintf(f,
+            "set terminal pngcairo size 900,600 noenhanced\n"
+            "set output '%s'\n"
+            "set title '%s'\n"
+            "set xlabel 'batch (concurrent sequences)'\n"
+            "set ylabel 'decode tokens / s (aggregate)'\n"
+            "set logscale x 2\nset logscale y 10\nset grid\nset key below\n"
+            "plot '%s' using 1:2 with linespoints lw 2 pt 7 title 'measured', \\\n"
+            "     '%s' using 1:3 with linespoints lw 2 dt 2 title 'roofline bound (this machine)', \\\n"
+            "     '%s' using 1:4 with linespoints dt 3 title 'bound: RTX 3090, PCIe 3, 2x E5-2699 v4', \\\n"
+            "     '%s' using 1:5 with linespoints dt 4 title 'bound: RTX 4090, PCIe 4, DDR5'\n",
+            png, title, dat, dat, dat, dat);
+    fclose(f);
+    snprintf(script, sizeof script, "gnuplot '%s' 2>&1", path);
+    FILE *p = popen(script, "r");
+    if (!p) return -1;
+    char line[512];
+    while (fgets(line, sizeof line, p)) fprintf(stderr, "bench: gnuplot: %s", line);
+    int st = pclose(p);
+    return st == 0 ? 0 : -1;
+}
+
+static double s_bound(const s_model_t *mi, const machine_t *mc, const s_opts_t *o, int batch, bool cpu, roofline_t *out)
+{
+    if (!mi->have || !(mc->cpu_bw > 0) || (!cpu && !(mc->hbm_bw > 0))) return NAN;
+    roofline_run_t r;
+    roofline_run_default(&r);
+    r.batch = batch;
+    r.context = o->prompt + o->gen / 2.0;
+    r.gpu_mem = (double)o->gpu_mem;
+    r.reserved_bytes = (double)batch * (o->prompt + o->gen) * mi->rm.kv_bytes_per_token;
+    r.cpu_backend = cpu;
+    return roofline_decode(&mi->rm, mc, &r, out) == 0 ? out->bound_tok_s : NAN;
+}
+
+static double s_proj(const s_model_t *mi, const machine_t *mc, const s_opts_t *o, int batch)
+{
+    if (!mi->have) return NAN;
+    roofline_run_t r;
+    roofline_run_default(&r);
+    r.batch = batch;
+    r.context = o->prompt + o->gen / 2.0;
+    r.gpu_mem = o->gpu_mem > 0 && o->gpu_mem < mc->gpu_mem ? (double)o->gpu_mem : mc->gpu_mem;
+    r.reserved_bytes = (double)batch * (o->prompt + o->gen) * mi->rm.kv_bytes_per_token;
+    roofline_t out;
+    return roofline_decode(&mi->rm, mc, &r, &out) == 0 ? out.bound_tok_s : NAN;
+}
+
+/* `strata bench`; returns the exit code. */
+int cmd_bench(int argc, char **argv)
+{
+    s_opts_t o = {.backend = "cpu", .prompt = 128, .gen = 128, .timeout_s = 600, .probe_mib = 1024, .seed = 1,
+                  .requests = -1, .warmup = -1};
+    const char *v, *batch_s = "1,16", *rate_s = NULL;
+    int rc = 0, r;
+    for (int i = 1; i < argc; i++) {
+        int64_t x;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            s_help(stdout);
+            return 0;
+        }
+        if ((r = cli_opt(C, argc, argv, &i, "--model", &v))) {
+            if (r < 0) return 2;
+            o.model = v;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--endpoint", &v))) {
+            if (r < 0) return 2;
+            o.endpoint_arg = v;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--backend", &v))) {
+            if (r < 0) return 2;
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
+                cli_error(C, "--backend '%s': expected cpu or cuda", v);
+                return 2;
+            }
+            o.backend = v;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--gpu-mem", &v))) {
+            if (r < 0 || s_parse_bytes(v, &o.gpu_mem) < 0) {
+                if (r >= 0) cli_error(C, "--gpu-mem '%s': expected bytes with an optional K/M/G/T suffix", v);
+                return 2;
+            }
+        } else if ((r = cli_opt(C, argc, argv, &i, "--batch", &v))) {
+            if (r < 0) return 2;
+            batch_s = v;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--rate", &v))) {
+            if (r < 0) return 2;
+            rate_s = v;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--threads", &v))) {
+            if (r < 0 || cli_parse_i64(C, "--threads", v, 0, 4096, &x)) return 2;
+            o.threads = (int)x;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--prompt", &v))) {
+            if (r < 0 || cli_parse_i64(C, "--prompt", v, 1, 1 << 20, &x)) return 2;
+            o.prompt = (int)x;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--gen", &v))) {
+            if (r < 0 || cli_parse_i64(C, "--gen", v, 1, MSG_MAX_MAX_TOKENS, &x)) return 2;
+            o.gen = (int)x;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--requests", &v))) {
+            if (r < 0 || cli_parse_i64(C, "--requests", v, 1, 1 << 20, &x)) return 2;
+            o.requests = (int)x;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--warmup", &v))) {
+            if (r < 0 || cli_parse_i64(C, "--warmup", v, 0, 1 << 20, &x)) return 2;
+            o.warmup = (int)x;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--seed", &v))) {
+            if (r < 0 || cli_parse_u64(C, "--seed", v, &o.seed)) return 2;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--timeout", &v))) {
+            if (r < 0 || cli_parse_i64(C, "--timeout", v, 1, 86400, &x)) return 2;
+            o.timeout_s = (int)x;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--json", &v))) {
+            if (r < 0) return 2;
+            o.json = v;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--plot", &v))) {
+            if (r < 0) return 2;
+            o.plot = v;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--probe-mib", &v))) {
+            if (r < 0 || cli_parse_i64(C, "--probe-mib", v, 16, 1 << 20, &x)) return 2;
+            o.probe_mib = (int)x;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--run-dir", &v))) {
+            if (r < 0) return 2;
+            o.run_dir_arg = v;
+        } else if (!strcmp(argv[i], "--no-plot")) {
+            o.no_plot = true;
+        } else if (!strcmp(argv[i], "--no-probe")) {
+            o.no_probe = true;
+        } else if (!strcmp(argv[i], "--keep")) {
+            o.keep = true;
+        } else {
+            cli_error(C, "unexpected argument '%s' (see --help)", argv[i]);
+            return 2;
+        }
+    }
+    if (!o.model && !o.endpoint_arg) {
+        cli_error(C, "give --model DIR (and/or --endpoint E) (see --help)");
+        return 2;
+    }
+    double lv[MAX_LEVELS];
+    if (rate_s) {
+        o.open_loop = true;
+        if (s_parse_list(rate_s, lv, MAX_LEVELS, &o.n_levels, false) < 0) {
+            cli_error(C, "--rate '%s': expected positive numbers separated by commas", rate_s);
+            return 2;
+        }
+        for (int i = 0; i < o.n_levels; i++) o.rates[i] = lv[i];
+    } else {
+        if (s_parse_list(batch_s, lv, MAX_LEVELS, &o.n_levels, true) < 0) {
+            cli_error(C, "--batch '%s': expected sizes in [1, 4096] separated by commas", batch_s);
+            return 2;
+        }
+        for (int i = 0; i < o.n_levels; i++) o.levels[i] = (int)lv[i];
+    }
+    if (!o.plot && o.json && !o.no_plot) {
+        static char png[4200];
+        snprintf(png, sizeof png, "%s", o.json);
+        char *dot = strrchr(png, '.'), *sl = strrchr(png, '/');
+        if (dot && (!sl || dot > sl)) *dot = 0;
+        strncat(png, ".png", sizeof png - strlen(png) - 1);
+        o.plot = png;
+    }
+    cli_quiet_logs();
+
+    s_model_t mi = {0};
+    if (o.model && (rc = s_model_info(o.model, &mi))) return rc;
+    int max_conc = 1;
+    for (int i = 0; i < o.n_levels; i++) {
+        int c = o.open_loop ? 64 : o.levels[i];
+        if (c > max_conc) max_conc = c;
+    }
+    bool cpu = !strcmp(o.backend, "cpu");
+
+    /* ceilings first, on a quiet machine */
+    machine_t here;
+    char machine[256] = "";
+    if (!o.no_probe) {
+        s_ceilings(&o, &here, machine, sizeof machine, !cpu);
+        fprintf(stderr, "bench: ceilings of %s: cpu read %.1f GB/s", machine, here.cpu_bw / 1e9);
+        if (here.hbm_bw > 0)
+            fprintf(stderr, ", h2d %.1f GB/s, gpu read %.0f GB/s, gpu memory %.1f GiB", here.pcie_bw / 1e9,
+                    here.hbm_bw / 1e9, here.gpu_mem / GIB);
+        fprintf(stderr, "\n");
+    } else {
+        memset(&here, 0, sizeof here);
+        gethostname(machine, sizeof machine - 1);
+    }
+
+    struct sigaction sa = {.sa_handler = s_on_signal}, old_int, old_term;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+
+    s_group_t g = {0};
+    s_conn_t cn = {0};
+    json_t *rows = json_array();
+    const char *endpoint = o.endpoint_arg;
+    s_level_t *res = calloc((size_t)o.n_levels, sizeof *res);
+    if (!endpoint) {
+        if ((rc = s_group_start(&o, &g, max_conc))) goto done;
+        endpoint = g.endpoint;
+    }
+    cn.ctx = zmq_ctx_new();
+    cn.n_cl = max_conc > OPEN_SOCKETS ? max_conc : OPEN_SOCKETS;
+    cn.cl = calloc((size_t)cn.n_cl, sizeof *cn.cl);
+    if (!cn.ctx || !cn.cl || !res) {
+        rc = 1;
+        goto done;
+    }
+    char ident[64];
+    snprintf(ident, sizeof ident, "bench-%d-ctl", (int)getpid());
+    if (!(cn.ctl = s_socket(&cn, endpoint, ident))) {
+        cli_error(C, "cannot connect to %s", endpoint);
+        rc = 2;
+        goto done;
+    }
+    for (int c = 0; c < cn.n_cl; c++) {
+        snprintf(ident, sizeof ident, "bench-%d-%d", (int)getpid(), c);
+        if (!(cn.cl[c].sock = s_socket(&cn, endpoint, ident))) {
+            cli_error(C, "cannot connect to %s", endpoint);
+            rc = 2;
+            goto done;
+        }
+    }
+    if (s_wait_ready(&cn, 120) < 0) {
+        cli_error(C, "the router at %s does not report a ready scheduler within 120 s", endpoint);
+        rc = 1;
+        goto done;
+    }
+    if (mi.have && mi.cfg.vocab != cn.vocab)
+        log_warn("bench: the group serves vocab %d, --model has %d", cn.vocab, mi.cfg.vocab);
+    if (cn.max_context > 0 && o.prompt + o.gen > cn.max_context) {
+        cli_error(C, "--prompt %d + --gen %d exceed the group's context of %d tokens", o.prompt, o.gen, cn.max_context);
+        rc = 2;
+        goto done;
+    }
+
+    printf("%-6s %7s %9s %10s %10s %9s %9s %9s %9s %6s %7s %6s %10s %7s\n", o.open_loop ? "rate" : "batch", "reqs",
+           "tok/s", "tok/s/seq", "prefill/s", "ttft p50", "ttft p99", "itl p50", "itl p99", "hit", "pcie", "cpu%",
+           "bound", "ratio");
+    int total_ok = 0;
+    for (int li = 0; li < o.n_levels && !s_stop; li++) {
+        s_level_t *L = &res[li];
+        L->open = o.open_loop;
+        L->conc = o.open_loop ? 0 : o.levels[li];
+        L->rate = o.open_loop ? o.rates[li] : 0;
+        int base = o.open_loop ? 16 : L->conc;
+        L->n_req = o.requests > 0 ? o.requests : (2 * base > 4 ? 2 * base : 4);
+        L->n_warm = o.warmup >= 0 ? o.warmup : (base > 1 ? base : 1);
+        int e = s_level(&cn, &o, L, (uint64_t)li + 1);
+        if (e == -ENOMEM) {
+            rc = 1;
+            goto done;
+        }
+        total_ok += L->measured_done - L->errors;
+        int bb = o.open_loop ? (int)lround(L->mean_conc > 1 ? L->mean_conc : 1) : L->conc;
+        roofline_t bo;
+        double bound = o.no_probe ? NAN : s_bound(&mi, &here, &o, bb, cpu, &bo);
+        double ratio = isfinite(bound) && bound > 0 ? L->decode_tok_s / bound : NAN;
+        char lvl[32];
+        if (o.open_loop) snprintf(lvl, sizeof lvl, "%.3g", L->rate);
+        else snprintf(lvl, sizeof lvl, "%d", L->conc);
+        char f_hit[16], f_pcie[16], f_cpu[16], f_bound[16], f_ratio[16];
+        s_fmt(f_hit, sizeof f_hit, "%.3f", L->hit_rate, 1);
+        s_fmt(f_pcie, sizeof f_pcie, "%.2fG", L->pcie_gb_s, 1);
+        s_fmt(f_cpu, sizeof f_cpu, "%.1f%%", L->cpu_share, 100);
+        s_fmt(f_bound, sizeof f_bound, "%.2f", bound, 1);
+        s_fmt(f_ratio, sizeof f_ratio, "%.3f", ratio, 1);
+        printf("%-6s %7d %9.2f %10.2f %10.1f %8.1fm %8.1fm %8.2fm %8.2fm %6s %7s %6s %10s %7s\n", lvl, L->measured_done,
+               L->decode_tok_s, L->per_seq_tok_s, L->prefill_tok_s, L->ttft_p50, L->ttft_p99, L->itl_p50, L->itl_p99,
+               f_hit, f_pcie, f_cpu, f_bound, f_ratio);
+        if (L->errors || e < 0)
+            fprintf(stderr, "bench: level %s: %d errors%s%s\n", lvl, L->errors, L->first_error[0] ? "; first: " : "",
+                    L->first_error);
+        fflush(stdout);
+        json_t *row = json_object();
+        json_object_set_new(row, "machine", json_string(machine));
+        json_object_set_new(row, "model_shape", mi.have ? json_string(mi.shape) : json_null());
+        json_object_set_new(row, "format", mi.have ? json_string(mi.format) : json_null());
+        json_object_set_new(row, "backend", o.endpoint_arg ? json_null() : json_string(o.backend));
+        json_object_set_new(row, "gpu_mem", json_integer(o.gpu_mem));
+        json_object_set_new(row, "load", json_string(o.open_loop ? "open" : "closed"));
+        json_object_set_new(row, "batch", json_integer(bb));
+        json_object_set_new(row, "rate_rps", o.open_loop ? json_real(L->rate) : json_null());
+        json_object_set_new(row, "mean_concurrency", s_num(L->mean_conc));
+        json_object_set_new(row, "prompt", json_integer(o.prompt));
+        json_object_set_new(row, "gen", json_integer(o.gen));
+        json_object_set_new(row, "requests", json_integer(L->measured_done));
+        json_object_set_new(row, "warmup", json_integer(L->n_warm));
+        json_object_set_new(row, "errors", json_integer(L->errors));
+        json_object_set_new(row, "window_s", s_num(L->window_s));
+        json_object_set_new(row, "decode_tok_s", s_num(L->decode_tok_s));
+        json_object_set_new(row, "decode_tok_s_per_seq", s_num(L->per_seq_tok_s));
+        json_object_set_new(row, "prefill_tok_s", s_num(L->prefill_tok_s));
+        json_object_set_new(row, "ttft_p50_ms", s_num(L->ttft_p50));
+        json_object_set_new(row, "ttft_p99_ms", s_num(L->ttft_p99));
+        json_object_set_new(row, "itl_p50_ms", s_num(L->itl_p50));
+        json_object_set_new(row, "itl_p99_ms", s_num(L->itl_p99));
+        json_object_set_new(row, "hit_rate", s_num(L->hit_rate));
+        json_object_set_new(row, "pcie_gb_s", s_num(L->pcie_gb_s));
+        json_object_set_new(row, "cpu_expert_share", s_num(L->cpu_share));
+        json_object_set_new(row, "bound_tok_s", s_num(bound));
+        json_object_set_new(row, "bound_limit", isfinite(bound) ? json_string(bo.limit) : json_null());
+        json_object_set_new(row, "ratio", s_num(ratio));
+        json_object_set_new(row, "bound_rtx3090_tok_s", s_num(s_proj(&mi, &roofline_rtx3090, &o, bb)));
+        json_object_set_new(row, "bound_rtx4090_tok_s", s_num(s_proj(&mi, &roofline_rtx4090, &o, bb)));
+        json_object_set_new(row, "ceilings",
+                            json_pack("{s:o,s:o,s:o,s:o}", "cpu_gb_s", s_num(here.cpu_bw / 1e9), "pcie_gb_s",
+                                      here.pcie_bw > 0 ? json_real(here.pcie_bw / 1e9) : json_null(), "hbm_gb_s",
+                                      here.hbm_bw > 0 ? json_real(here.hbm_bw / 1e9) : json_null(), "gpu_mem",
+                                      here.gpu_mem > 0 ? json_real(here.gpu_mem) : json_null()));
+        json_object_set_new(row, "first_error", L->first_error[0] ? json_string(L->first_error) : json_null());
+        json_array_append_new(rows, row);
+    }
+    if (mi.have && !o.no_probe && o.n_levels) {
+        roofline_run_t rr;
+        roofline_run_default(&rr);
+        rr.batch = o.open_loop ? 1 : o.levels[0];
+        rr.context = o.prompt + o.gen / 2.0;
+        rr.gpu_mem = (double)o.gpu_mem;
+        rr.reserved_bytes = (double)rr.batch * (o.prompt + o.gen) * mi.rm.kv_bytes_per_token;
+        rr.cpu_backend = cpu;
+        printf("\n%s %s, gpu_mem %.2f GiB, batch %d:\n", mi.shape, mi.format, o.gpu_mem / GIB, rr.batch);
+        roofline_print(stdout, &mi.rm, &here, &rr, res[0].decode_tok_s);
+    }
+    if (o.json && json_dump_file(rows, o.json, JSON_INDENT(2)) < 0) {
+        cli_error(C, "cannot write %s", o.json);
+        rc = 1;
+    }
+    if (o.plot && !o.no_plot && !o.open_loop) {
+        char dat[4300];
+        snprintf(dat, sizeof dat, "%s.dat", o.plot);
+        FILE *f = fopen(dat, "w");
+        if (f) {
+            fprintf(f, "# batch measured_tok_s bound_tok_s bound_rtx3090 bound_rtx4090\n");
+            for (int li = 0; li < o.n_levels; li++) {
+                roofline_t bo;
+                double b = o.no_probe ? NAN : s_bound(&mi, &here, &o, o.levels[li], cpu, &bo);
+                fprintf(f, "%d %g %g %g %g\n", o.levels[li], res[li].decode_tok_s, isfinite(b) ? b : NAN,
+                        s_proj(&mi, &roofline_rtx3090, &o, o.levels[li]), s_proj(&mi, &roofline_rtx4090, &o, o.levels[li]));
+            }
+            fclose(f);
+            char title[400];
+            snprintf(title, sizeof title, "strata bench: %s %s, %s backend, gpu_mem %.1f GiB, prompt %d, gen %d",
+                     mi.have ? mi.shape : "?", mi.have ? mi.format : "", o.backend, o.gpu_mem / GIB, o.prompt, o.gen);
+            if (s_plot(o.plot, dat, title) == 0) fprintf(stderr, "bench: plot %s\n", o.plot);
+            else log_warn("bench: gnuplot failed or is missing; no plot (data in %s)", dat);
+        }
+    }
+    if (total_ok == 0 && !rc) {
+        cli_error(C, "no request completed%s%s", res[0].first_error[0] ? ": " : "", res[0].first_error);
+        rc = 1;
+    }
+done:
+    for (int c = 0; cn.cl && c < cn.n_cl; c++)
+        if (cn.cl[c].sock) zmq_close(cn.cl[c].sock);
+    if (cn.ctl) zmq_close(cn.ctl);
+    free(cn.cl);
+    msg_buf_free(&cn.buf);
+    if (cn.ctx) zmq_ctx_term(cn.ctx);
+    if (g.started) {
+        if (o.keep) {
+            fprintf(stderr, "bench: the group keeps running: strata down --config %s\n", g.config);
+        } else {
+            s_group_stop(&g);
+            if (rc == 0 && !g.started) s_rm_run_dir(g.run_dir);
+            else fprintf(stderr, "bench: logs kept in %s\n", g.run_dir);
+        }
+    }
+    json_decref(rows);
+    free(res);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    return rc;
+}
