@@ -212,15 +212,15 @@ uint64_t exec_instance(const exec_t *e) { return e->instance; }
 
 int32_t exec_max_context(const exec_t *e) { return e->max_context; }
 
-__attribute__((format(printf, 5, 6)))
-static int s_refuse(exec_t *e, msg_errcode_t *code, char *text, size_t tlen, const char *fmt, ...)
+/* Count a refused plan and say why in text[tlen]. */
+__attribute__((format(printf, 4, 5)))
+static int s_refuse(exec_t *e, char *text, size_t tlen, const char *fmt, ...)
 {
     e->st.bad_plans++;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(text, tlen, fmt, ap);
     va_end(ap);
-    (void)code;
     return STRATA_EINVAL_INPUT;
 }
 
@@ -230,33 +230,33 @@ static int s_validate(exec_t *e, const msg_step_t *st, msg_errcode_t *code, char
     *code = MSG_E_INVALID_PARAM;
     if (st->instance != 0 && st->instance != e->instance) {
         *code = MSG_E_UNAVAILABLE;
-        return s_refuse(e, code, text, tlen, "stale instance");
+        return s_refuse(e, text, tlen, "stale instance");
     }
     if (st->n_seqs < 1 || st->n_seqs > MSG_MAX_STEP_SEQS)
-        return s_refuse(e, code, text, tlen, "step: field 'seqs': %d sequences, must be 1..%d", st->n_seqs, MSG_MAX_STEP_SEQS);
+        return s_refuse(e, text, tlen, "step: field 'seqs': %d sequences, must be 1..%d", st->n_seqs, MSG_MAX_STEP_SEQS);
     int64_t total = 0;
     const int32_t bs = e->o.block_size, vocab = e->m->cfg.vocab;
     for (int32_t i = 0; i < st->n_seqs; i++) {
         const msg_step_seq_t *q = &st->seqs[i];
         total += q->n_tokens;
         if (total > e->o.max_tokens)
-            return s_refuse(e, code, text, tlen, "step: field 'seqs': more than %d tokens in one step (max_batch_tokens)",
+            return s_refuse(e, text, tlen, "step: field 'seqs': more than %d tokens in one step (max_batch_tokens)",
                             e->o.max_tokens);
         int64_t end = (int64_t)q->pos0 + q->n_tokens;
         if (q->n_tokens < 1 || q->pos0 < 0 || end > e->max_context)
-            return s_refuse(e, code, text, tlen, "step: seqs[%d] field 'pos0': positions %d..%lld outside the context of %d", i,
+            return s_refuse(e, text, tlen, "step: seqs[%d] field 'pos0': positions %d..%lld outside the context of %d", i,
                             q->pos0, (long long)end - 1, e->max_context);
         int64_t need = (end + bs - 1) / bs;
         if (q->n_blocks < need)
-            return s_refuse(e, code, text, tlen, "step: seqs[%d] field 'blocks': %d blocks for position %lld, need %lld", i,
+            return s_refuse(e, text, tlen, "step: seqs[%d] field 'blocks': %d blocks for position %lld, need %lld", i,
                             q->n_blocks, (long long)end - 1, (long long)need);
         for (int64_t b = 0; b < need; b++)
             if (q->blocks[b] < 0 || q->blocks[b] >= e->o.kv_blocks)
-                return s_refuse(e, code, text, tlen, "step: seqs[%d] field 'blocks[%lld]': block %d outside the KV cache [0, %d)",
+                return s_refuse(e, text, tlen, "step: seqs[%d] field 'blocks[%lld]': block %d outside the KV cache [0, %d)",
                                 i, (long long)b, q->blocks[b], e->o.kv_blocks);
         for (int32_t t = 0; t < q->n_tokens; t++)
             if (q->tokens[t] < 0 || q->tokens[t] >= vocab)
-                return s_refuse(e, code, text, tlen, "step: seqs[%d] field 'tokens[%d]': id %d outside the vocab [0, %d)", i, t,
+                return s_refuse(e, text, tlen, "step: seqs[%d] field 'tokens[%d]': id %d outside the vocab [0, %d)", i, t,
                                 q->tokens[t], vocab);
     }
     return 0;
