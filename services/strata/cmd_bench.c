@@ -92,6 +92,7 @@ static void s_help(FILE *f)
             "  --warmup N         unmeasured requests first (default: batch, at least 1)\n"
             "  --seed N           prompts and arrivals seed (default 1)\n"
             "  --timeout S        give up on a level after S seconds (default 600)\n"
+            "  --ready-timeout S  wait this long for the router to report a ready scheduler (default 120)\n"
             "  --json FILE        write the rows (JSON array)\n"
             "  --plot FILE        PNG of throughput vs batch (gnuplot; default FILE.png next to --json)\n"
             "  --no-plot          no PNG\n"
@@ -107,7 +108,7 @@ static void s_help(FILE *f)
 typedef struct {
     const char *model, *endpoint_arg, *backend, *json, *plot, *run_dir_arg;
     int64_t gpu_mem;
-    int threads, prompt, gen, requests, warmup, timeout_s, probe_mib;
+    int threads, prompt, gen, requests, warmup, timeout_s, probe_mib, ready_s;
     uint64_t seed;
     int levels[MAX_LEVELS], n_levels;
     double rates[MAX_LEVELS];
@@ -849,7 +850,7 @@ static double s_proj(const s_model_t *mi, const machine_t *mc, const s_opts_t *o
 /* `strata bench`; returns the exit code. */
 int cmd_bench(int argc, char **argv)
 {
-    s_opts_t o = {.backend = "cpu", .prompt = 128, .gen = 128, .timeout_s = 600, .probe_mib = 1024, .seed = 1,
+    s_opts_t o = {.backend = "cpu", .prompt = 128, .gen = 128, .timeout_s = 600, .probe_mib = 1024, .seed = 1, .ready_s = 120,
                   .requests = -1, .warmup = -1};
     const char *v, *batch_s = "1,16", *rate_s = NULL;
     int rc = 0, r;
@@ -903,6 +904,9 @@ int cmd_bench(int argc, char **argv)
         } else if ((r = cli_opt(C, argc, argv, &i, "--timeout", &v))) {
             if (r < 0 || cli_parse_i64(C, "--timeout", v, 1, 86400, &x)) return 2;
             o.timeout_s = (int)x;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--ready-timeout", &v))) {
+            if (r < 0 || cli_parse_i64(C, "--ready-timeout", v, 1, 86400, &x)) return 2;
+            o.ready_s = (int)x;
         } else if ((r = cli_opt(C, argc, argv, &i, "--json", &v))) {
             if (r < 0) return 2;
             o.json = v;
@@ -1015,8 +1019,8 @@ int cmd_bench(int argc, char **argv)
             goto done;
         }
     }
-    if (s_wait_ready(&cn, 120) < 0) {
-        cli_error(C, "the router at %s does not report a ready scheduler within 120 s", endpoint);
+    if (s_wait_ready(&cn, o.ready_s) < 0) {
+        cli_error(C, "the router at %s does not report a ready scheduler within %d s", endpoint, o.ready_s);
         rc = 1;
         goto done;
     }

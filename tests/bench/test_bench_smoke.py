@@ -1,0 +1,215 @@
+#!/usr/bin/python3
+"""test_bench_smoke.py - the benchmark harness end to end on a tiny model through the CPU
+backend (issue #5, "CI smoke run"). No timing assertions: every figure must be present, be a
+number where the CPU backend has one (null where it has none: cache hit rate, PCIe), and obey
+the invariants that hold at any speed (p99 >= p50, request counts, nothing left behind).
+
+usage: test_bench_smoke.py --strata STRATA CASE
+  closed    strata synth, then strata bench --batch 1,3 starting its own group: rows, PNG, cleanup
+  open      open loop (Poisson arrivals)
+  endpoint  strata bench --endpoint against a group started with strata up, which keeps running
+  cli       strata synth / strata bench usage errors, --help, --list, --force, --synthetic
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+
+REQUIRED = ["machine", "model_shape", "format", "gpu_mem", "batch", "decode_tok_s", "prefill_tok_s", "ttft_p50_ms",
+            "itl_p99_ms", "hit_rate", "pcie_gb_s", "bound_tok_s", "ratio"]
+
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL: " + what, file=sys.stderr)
+
+
+def run(cmd, timeout=300, **kw):
+    print("$ " + " ".join(cmd), file=sys.stderr)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout, **kw)
+    sys.stderr.write(p.stdout)
+    sys.stderr.write(p.stderr)
+    return p
+
+
+def positive(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def synth(strata, out, shape="tiny-mixtral", extra=()):
+    p = run([strata, "synth", "--shape", shape, "--format", "int4", "--align", "65536", "--quiet", out] + list(extra))
+    check(p.returncode == 0, "strata synth %s exit %d" % (shape, p.returncode))
+
+
+def check_rows(rows, n, load, batches=None):
+    check(isinstance(rows, list) and len(rows) == n, "%d rows expected, got %r" % (n, rows))
+    for i, r in enumerate(rows if isinstance(rows, list) else []):
+        for k in REQUIRED:
+            check(k in r, "row %d lacks '%s'" % (i, k))
+        check(r.get("model_shape") == "tiny-mixtral", "row %d model_shape %r" % (i, r.get("model_shape")))
+        check(r.get("format") == "int4-g32", "row %d format %r" % (i, r.get("format")))
+        check(r.get("gpu_mem") == 0 and r.get("load") == load, "row %d gpu_mem/load" % i)
+        check(r.get("errors") == 0, "row %d: %r errors, first %r" % (i, r.get("errors"), r.get("first_error")))
+        for k in ["decode_tok_s", "decode_tok_s_per_seq", "prefill_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
+                  "itl_p99_ms", "bound_tok_s", "ratio", "bound_rtx3090_tok_s", "bound_rtx4090_tok_s"]:
+            check(positive(r.get(k)), "row %d: %s = %r is not a positive number" % (i, k, r.get(k)))
+        # the CPU backend has no expert cache and no PCIe traffic; every expert runs on the CPU
+        check(r.get("hit_rate") is None and r.get("pcie_gb_s") is None, "row %d: cache figures on the CPU backend" % i)
+        check(r.get("cpu_expert_share") == 1.0, "row %d: cpu_expert_share %r" % (i, r.get("cpu_expert_share")))
+        if positive(r.get("ttft_p50_ms")) and positive(r.get("ttft_p99_ms")):
+            check(r["ttft_p99_ms"] >= r["ttft_p50_ms"], "row %d: ttft p99 < p50" % i)
+        if positive(r.get("itl_p50_ms")) and positive(r.get("itl_p99_ms")):
+            check(r["itl_p99_ms"] >= r["itl_p50_ms"], "row %d: itl p99 < p50" % i)
+        if positive(r.get("decode_tok_s")) and positive(r.get("bound_tok_s")) and positive(r.get("ratio")):
+            check(abs(r["ratio"] - r["decode_tok_s"] / r["bound_tok_s"]) < 1e-6 * r["ratio"] + 1e-12,
+                  "row %d: ratio is not measured / bound" % i)
+        check(r.get("bound_limit") == "cpu memory", "row %d: bound_limit %r" % (i, r.get("bound_limit")))
+        if batches:
+            check(r.get("batch") == batches[i], "row %d: batch %r, expected %r" % (i, r.get("batch"), batches[i]))
+            check(r.get("requests") == max(2 * batches[i], 4), "row %d: %r measured requests" % (i, r.get("requests")))
+
+
+def no_leftovers(run_dirs_before):
+    left = [p for p in glob.glob("/dev/shm/strata-bench*")]
+    check(not left, "shm segments left behind: %r" % left)
+    new_dirs = set(glob.glob("/tmp/strata-bench-*")) - run_dirs_before
+    check(not new_dirs, "run dirs left behind: %r" % sorted(new_dirs))
+
+
+def case_closed(strata, tmp):
+    model = os.path.join(tmp, "m")
+    synth(strata, model)
+    before = set(glob.glob("/tmp/strata-bench-*"))
+    js = os.path.join(tmp, "out.json")
+    p = run([strata, "bench", "--model", model, "--batch", "1,3", "--prompt", "12", "--gen", "8", "--json", js,
+             "--threads", "2", "--probe-mib", "32"])
+    check(p.returncode == 0, "strata bench exit %d" % p.returncode)
+    rows = json.load(open(js)) if os.path.exists(js) else None
+    check_rows(rows, 2, "closed", batches=[1, 3])
+    png = os.path.join(tmp, "out.png")
+    check(os.path.exists(png) and open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n", "no PNG plot at %s" % png)
+    check("roofline (decode)" in p.stdout and "rtx3090" in p.stdout and "rtx4090" in p.stdout,
+          "no roofline table with projections on stdout")
+    no_leftovers(before)
+
+
+def case_open(strata, tmp):
+    model = os.path.join(tmp, "m")
+    synth(strata, model)
+    before = set(glob.glob("/tmp/strata-bench-*"))
+    js = os.path.join(tmp, "open.json")
+    p = run([strata, "bench", "--model", model, "--rate", "20", "--requests", "6", "--warmup", "2", "--prompt", "8",
+             "--gen", "6", "--json", js, "--threads", "2", "--probe-mib", "32"])
+    check(p.returncode == 0, "strata bench --rate exit %d" % p.returncode)
+    rows = json.load(open(js)) if os.path.exists(js) else None
+    check_rows(rows, 1, "open")
+    if rows:
+        check(rows[0].get("rate_rps") == 20 and rows[0].get("requests") == 6, "open row: %r" % rows[0])
+        check(positive(rows[0].get("mean_concurrency")), "open row: mean_concurrency %r" % rows[0].get("mean_concurrency"))
+    no_leftovers(before)
+
+
+def case_endpoint(strata, tmp):
+    model = os.path.join(tmp, "m")
+    synth(strata, model)
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    name = "bsmoke%d" % os.getpid()
+    run_dir = os.path.join(tmp, "run")
+    cfg = os.path.join(tmp, "g.ini")
+    with open(cfg, "w") as f:
+        f.write("[group]\nname = %s\nrun_dir = %s\nmodel = %s\n\n[router]\nendpoint = tcp://127.0.0.1:%d\n\n"
+                "[scheduler]\nmax_seqs = 8\nkv_blocks = 128\n\n[executor]\nbackend = cpu\nthreads = 2\n\n"
+                "[prefetcher.0]\nnuma_node = -1\n" % (name, run_dir, model, port))
+    p = run([strata, "up", "--config", cfg], timeout=120)
+    check(p.returncode == 0, "strata up exit %d" % p.returncode)
+    try:
+        js = os.path.join(tmp, "ep.json")
+        p = run([strata, "bench", "--endpoint", "tcp://127.0.0.1:%d" % port, "--model", model, "--batch", "2",
+                 "--prompt", "8", "--gen", "6", "--json", js, "--probe-mib", "32", "--no-plot"])
+        check(p.returncode == 0, "strata bench --endpoint exit %d" % p.returncode)
+        rows = json.load(open(js)) if os.path.exists(js) else []
+        check(len(rows) == 1 and rows[0].get("errors") == 0 and positive(rows[0].get("decode_tok_s")),
+              "endpoint rows %r" % rows)
+        check(rows and rows[0].get("backend") is None, "endpoint row names a backend it did not start")
+        # the group it did not start is still serving
+        st = run([strata, "status", "--config", cfg])
+        check(st.returncode == 0 and "router" in st.stdout and "running" in st.stdout, "group not running after bench")
+        # a wrong endpoint fails cleanly, not after the whole timeout
+        p = run([strata, "bench", "--endpoint", "tcp://127.0.0.1:1", "--batch", "1", "--no-probe", "--no-plot",
+                 "--ready-timeout", "3"], timeout=60)
+        check(p.returncode == 1 and "does not report a ready scheduler" in p.stderr, "bad endpoint: %d" % p.returncode)
+    finally:
+        run([strata, "down", "--config", cfg], timeout=60)
+
+
+def case_cli(strata, tmp):
+    p = run([strata, "bench", "--help"])
+    check(p.returncode == 0 and "--endpoint" in p.stdout and "--rate" in p.stdout, "bench --help")
+    p = run([strata, "synth", "--help"])
+    check(p.returncode == 0 and "--route-skew" in p.stdout and "--synthetic" in p.stdout, "synth --help")
+    p = run([strata, "synth", "--list"])
+    check(p.returncode == 0 and all(s in p.stdout for s in
+                                    ["mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b",
+                                     "qwen2-57b-a14b", "olmoe-1b-7b", "tiny-mixtral"]), "synth --list")
+    for args, what in [([], "no args"), (["--batch", "0", "--model", "x"], "batch 0"),
+                       (["--model", "x", "--backend", "gpu"], "backend"), (["--model", "x", "--gpu-mem", "3Q"], "gpu-mem"),
+                       (["--model", os.path.join(tmp, "nope")], "missing model"), (["--model", "x", "--zzz"], "unknown")]:
+        p = run([strata, "bench"] + args)
+        check(p.returncode == 2 and p.stderr.strip().startswith("strata bench:"), "bench %s: exit %d" % (what, p.returncode))
+    out = os.path.join(tmp, "s")
+    for args, what in [(["--shape", "nope", "--format", "int4", out], "shape"),
+                       (["--shape", "tiny-olmoe", "--format", "f16", out], "format"),
+                       (["--shape", "tiny-olmoe", "--format", "int4", "--route-skew", "zipf:-1", out], "skew"),
+                       (["--shape", "tiny-olmoe", "--format", "int4", "--group", "48", out], "group"),
+                       (["--shape", "tiny-olmoe", "--format", "int4"], "no out")]:
+        p = run([strata, "synth"] + args)
+        check(p.returncode == 2 and p.stderr.strip().startswith("strata synth:"), "synth %s: exit %d" % (what, p.returncode))
+    synth(strata, out, "tiny-olmoe")
+    p = run([strata, "synth", "--shape", "tiny-olmoe", "--format", "int4", out])
+    check(p.returncode == 2 and "--force" in p.stderr, "synth over an existing folder: %d" % p.returncode)
+    p = run([strata, "synth", "--shape", "tiny-qwen3", "--format", "fp8", "--force", "--quiet", out])
+    check(p.returncode == 0, "synth --force: %d" % p.returncode)
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    check(cfg.get("model_type") == "qwen3_moe", "--force did not replace the model")
+    # the replaced folder is a loadable packed model
+    p = run([strata, "generate", out, "--tokens", "1,2,3", "--max-tokens", "4", "--ignore-eos"])
+    check(p.returncode == 0 and len(p.stdout.split()) == 4, "generate on the synthetic model: %r" % p.stdout)
+    # --synthetic: placeholders take no space, and the marker says so
+    v = os.path.join(tmp, "v")
+    p = run([strata, "synth", "--shape", "tiny-mixtral", "--format", "int8", "--synthetic", "--quiet", v])
+    check(p.returncode == 0, "synth --synthetic: %d" % p.returncode)
+    mk = json.load(open(os.path.join(v, "strata-synthetic.json")))
+    check(mk.get("virtual") is True and mk.get("shape") == "tiny-mixtral", "marker %r" % mk)
+    for f in glob.glob(os.path.join(v, "*.bin")):
+        st = os.stat(f)
+        check(st.st_size > 0 and st.st_blocks * 512 < 65536, "%s is not a sparse placeholder" % f)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--strata", required=True)
+    ap.add_argument("case", choices=["closed", "open", "endpoint", "cli"])
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="strata-bench-smoke-")
+    try:
+        globals()["case_" + a.case](os.path.abspath(a.strata), tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("%s: %d failures" % (a.case, len(failures)), file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
