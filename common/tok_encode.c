@@ -191,12 +191,25 @@ static int s_added_find(const tok_t *tok, const tk_trie_t *tr, const char *s, si
 {
     const unsigned char *u = (const unsigned char *)s;
     size_t start_offset = 0, i = 0;
+    size_t next[4] = {0, 0, 0, 0}; /* next occurrence of each first byte at or after i */
+    bool few = tr->nfirst <= 4;
+    for (int k = 0; few && k < tr->nfirst; k++) {
+        const unsigned char *f = memchr(u, tr->firsts[k], n);
+        next[k] = f ? (size_t)(f - u) : SIZE_MAX;
+    }
     while (i < n) {
         if (!tr->first[u[i]]) { /* skip to the next byte that can start a pattern */
-            if (tr->nfirst == 1) {
-                const unsigned char *f = memchr(u + i, tr->first1, n - i);
-                if (!f) break;
-                i = (size_t)(f - u);
+            if (few) {
+                size_t best = SIZE_MAX;
+                for (int k = 0; k < tr->nfirst; k++) {
+                    if (next[k] < i) {
+                        const unsigned char *f = memchr(u + i, tr->firsts[k], n - i);
+                        next[k] = f ? (size_t)(f - u) : SIZE_MAX;
+                    }
+                    if (next[k] < best) best = next[k];
+                }
+                if (best == SIZE_MAX) break;
+                i = best;
             } else {
                 while (i < n && !tr->first[u[i]]) i++;
                 if (i == n) break;
@@ -622,20 +635,37 @@ static int s_stage_metaspace(const tok_t *tok, tk_ws_t *ws, const tk_pt_t *pt)
                                         (pt->prepend_scheme == PREPEND_FIRST && al && al[0] == 0));
         size_t off = t2->s.n;
         if ((rc = tk_nstr_reserve(t2, sp.len * rn + rn))) return rc;
-        if (prepend && (rc = s_text_put(t2, pt->repl, rn, NULL, al ? al[0] : 0))) return rc;
+        /* room is reserved: write directly */
+        char *o = t2->s.p;
+        uint32_t *oal = t2->track ? t2->al : NULL;
+        size_t w = off;
+        if (prepend) {
+            memcpy(o + w, pt->repl, rn);
+            if (oal)
+                for (size_t k2 = 0; k2 < rn; k2++) oal[w + k2] = al[0];
+            w += rn;
+        }
         size_t run = 0;
-        for (size_t i = 0; i <= sp.len; i++) {
-            if (i < sp.len && s[i] != ' ') continue;
-            if (i > run && (rc = s_text_put(t2, s + run, i - run, al ? al + run : NULL, 0))) return rc;
-            if (i < sp.len && (rc = s_text_put(t2, pt->repl, rn, NULL, al ? al[i] : 0))) return rc;
+        while (run <= sp.len) {
+            const char *sp_at = run < sp.len ? memchr(s + run, ' ', sp.len - run) : NULL;
+            size_t i = sp_at ? (size_t)(sp_at - s) : sp.len;
+            memcpy(o + w, s + run, i - run);
+            if (oal) memcpy(oal + w, al + run, (i - run) * sizeof *oal);
+            w += i - run;
+            if (i == sp.len) break;
+            memcpy(o + w, pt->repl, rn);
+            if (oal)
+                for (size_t k2 = 0; k2 < rn; k2++) oal[w + k2] = al[i];
+            w += rn;
             run = i + 1;
         }
-        size_t end = t2->s.n;
+        t2->s.n = w;
+        o[w] = 0;
+        size_t end = w;
         if (!pt->split) {
             if ((rc = s_sp_add(out, off, end - off, -1))) return rc;
             continue;
         }
-        const char *o = t2->s.p;
         size_t start = off;
         for (size_t i = off + 1; i + rn <= end; i++) {
             if (o[i] != pt->repl[0] || memcmp(o + i, pt->repl, rn)) continue;
@@ -1018,13 +1048,31 @@ static int s_bpe(const tok_t *tok, tk_ws_t *ws, const char *p, size_t n, bool ra
         if (id >= 0) return s_push_id(ws, id);
     }
     if (!chunk) return s_bpe_cached(tok, ws, p, n, raw, m->ignore_merges && !m->can_chunk);
+    /* Cut candidates: before a word-start char (SentencePiece's U+2581, a space, GPT-2's U+0120,
+     * a newline or tab), or anywhere once 256 bytes passed without a cut. Each is checked
+     * against the joinable pairs; the cuts only bound the work, any set of them is exact. */
+    static const uint8_t cand_byte[256] = {[' '] = 1, ['\n'] = 1, ['\t'] = 1, [0xE2] = 2, [0xC4] = 3};
     const unsigned char *u = (const unsigned char *)p;
-    size_t start = 0, i = 0;
-    int l;
-    bool known_prev, known;
-    uint32_t prev = s_chunk_char(m, u, n, raw, &l, &known_prev);
-    i = (size_t)l;
+    size_t start = 0, i = raw ? 1 : (size_t)tk_utf8_len(u[0]);
     while (i < n) {
+        unsigned char b = u[i];
+        int c = cand_byte[b];
+        bool forced = i - start >= 256;
+        if (!raw && (b & 0xC0) == 0x80) { /* inside a char */
+            i++;
+            continue;
+        }
+        if (!forced && (!c || (!raw && c == 2 && !(i + 2 < n && u[i + 1] == 0x96 && u[i + 2] == 0x81)) ||
+                        (!raw && c == 3 && !(i + 1 < n && u[i + 1] == 0xA0)) || (raw && c > 1))) {
+            i++;
+            continue;
+        }
+        /* the char before i, and the one at i */
+        size_t j = i - 1;
+        while (!raw && j > start && (u[j] & 0xC0) == 0x80) j--;
+        int lp, l;
+        bool known_prev, known;
+        uint32_t prev = s_chunk_char(m, u + j, i - j, raw, &lp, &known_prev);
         uint32_t cp = s_chunk_char(m, u + i, n - i, raw, &l, &known);
         uint32_t rk;
         int32_t v;
@@ -1033,8 +1081,6 @@ static int s_bpe(const tok_t *tok, tk_ws_t *ws, const char *p, size_t n, bool ra
             if (rc) return rc;
             start = i;
         }
-        prev = cp;
-        known_prev = known;
         i += (size_t)l;
     }
     return s_bpe_cached(tok, ws, p + start, n - start, raw, false);

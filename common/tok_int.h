@@ -237,6 +237,7 @@ typedef struct {
     uint8_t first[256];  /* 1 for bytes that start a pattern */
     int nfirst;          /* how many distinct first bytes */
     uint8_t first1;      /* the first byte when nfirst == 1 */
+    uint8_t firsts[4];   /* the first bytes when nfirst <= 4 */
 } tk_trie_t;
 
 typedef struct {

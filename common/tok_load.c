@@ -797,6 +797,7 @@ static int s_trie_insert(tk_trie_t *tr, const unsigned char *p, size_t n, int32_
     if (!tr->first[p[0]]) {
         tr->first[p[0]] = 1;
         tr->first1 = p[0];
+        if (tr->nfirst < 4) tr->firsts[tr->nfirst] = p[0];
         tr->nfirst++;
     }
     return 0;
