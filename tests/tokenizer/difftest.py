@@ -2,7 +2,11 @@
 """Differential test against the Hugging Face `tokenizers` library on random tokenizers.
 
     /tmp/tokvenv/bin/python tests/tokenizer/difftest.py OUT_DIR [--n 20] [--seed 1] [--lines 200]
+    /tmp/tokvenv/bin/python tests/tokenizer/difftest.py OUT_DIR --from PATH... [--text FILE]
     BUILD/tests/tokenizer/test_tokenizer OUT_DIR
+
+With --from, the tokenizers are the given tokenizer.json files (or model folders: a real
+checkpoint's tokenizer), checked on the corpus, random text and the lines of --text FILE.
 
 Composes N tokenizer.json files from random normalizers, pre-tokenizers (Split regexes in
 Oniguruma syntax included), BPE options (byte fallback, unk/fuse_unk, ignore_merges, legacy
@@ -198,14 +202,28 @@ def main():
     ap.add_argument("--n", type=int, default=20)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--lines", type=int, default=200)
+    ap.add_argument("--from", dest="given", nargs="+", default=[])
+    ap.add_argument("--text")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     os.makedirs(a.out, exist_ok=True)
     train = gf.train_text()[::7]
     lines = texts(rng, a.lines)
+    if a.text:
+        lines += [l for l in open(a.text, "rb").read().split(b"\n")]
     names = []
     per_tok = {}
-    for k in range(a.n):
+    jobs = [("given", p) for p in a.given] if a.given else [("random", k) for k in range(a.n)]
+    for kind, k in jobs:
+        if kind == "given":
+            path = os.path.join(k, "tokenizer.json") if os.path.isdir(k) else k
+            j = json.load(open(path, encoding="utf-8"))
+            tok = Tokenizer.from_file(path)
+            name = "t%03d" % len(per_tok)
+            print(name, "=", path, file=sys.stderr)
+            per_tok[name] = (j, *reference(tok, lines, rng))
+            names.append(name)
+            continue
         m = base_model(rng, train)
         vs = len(m["vocab"])
         specials = [("<s>", m["vocab"]["<s>"]), ("</s>", m["vocab"]["</s>"])]
@@ -235,32 +253,7 @@ def main():
             print("skip config", k, "(two added tokens normalize alike)", file=sys.stderr)
             continue
         name = "r%03d" % k
-        good = []
-        for i, raw in enumerate(lines):
-            text = raw.decode("utf-8", "replace")
-            try:
-                ids = tok.encode(text).ids
-                plain = tok.encode(text, add_special_tokens=False).ids
-                e = {"ids": ids, "plain": plain, "dec": None, "dec_skip": None, "rt": False}
-            except BaseException:  # pyo3 panics derive from BaseException
-                e = None
-            if e:  # decoders can panic on edge cases (Strip past the start): no decode check then
-                try:
-                    e["dec"] = tok.decode(ids, skip_special_tokens=False).encode().hex()
-                    e["dec_skip"] = tok.decode(ids, skip_special_tokens=True).encode().hex()
-                    e["rt"] = tok.decode(plain, skip_special_tokens=False) == text
-                except BaseException:
-                    pass
-            good.append(e)
-        rnd = []
-        n = tok.get_vocab_size(with_added_tokens=True)
-        for _ in range(30):
-            ids = [rng.randrange(0, n + 2) for _ in range(rng.randrange(1, 25))]
-            try:
-                rnd.append({"ids": ids, "dec": tok.decode(ids, skip_special_tokens=False).encode().hex(),
-                            "dec_skip": tok.decode(ids, skip_special_tokens=True).encode().hex()})
-            except BaseException:
-                pass
+        good, rnd = reference(tok, lines, rng)
         if sum(e is None for e in good) > len(good) // 10:
             print("skip config", k, "(the library fails on many lines)", file=sys.stderr)
             continue
@@ -280,6 +273,37 @@ def main():
         with open(os.path.join(d, "expected.json"), "w") as f:
             json.dump({"lines": [good[i] for i in keep], "random": rnd}, f)
     print(f"{len(names)} tokenizers, {len(keep)} of {len(lines)} lines", file=sys.stderr)
+
+
+def reference(tok, lines, rng):
+    """The library's ids and decodes of every line (None where it fails) and of random ids."""
+    good = []
+    for raw in lines:
+        text = raw.decode("utf-8", "replace")
+        try:
+            ids = tok.encode(text).ids
+            plain = tok.encode(text, add_special_tokens=False).ids
+            e = {"ids": ids, "plain": plain, "dec": None, "dec_skip": None, "rt": False}
+        except BaseException:  # pyo3 panics derive from BaseException
+            e = None
+        if e:  # decoders can panic on edge cases (Strip past the start): no decode check then
+            try:
+                e["dec"] = tok.decode(ids, skip_special_tokens=False).encode().hex()
+                e["dec_skip"] = tok.decode(ids, skip_special_tokens=True).encode().hex()
+                e["rt"] = tok.decode(plain, skip_special_tokens=False) == text
+            except BaseException:
+                pass
+        good.append(e)
+    rnd = []
+    n = tok.get_vocab_size(with_added_tokens=True)
+    for _ in range(30):
+        ids = [rng.randrange(0, n + 2) for _ in range(rng.randrange(1, 25))]
+        try:
+            rnd.append({"ids": ids, "dec": tok.decode(ids, skip_special_tokens=False).encode().hex(),
+                        "dec_skip": tok.decode(ids, skip_special_tokens=True).encode().hex()})
+        except BaseException:
+            pass
+    return good, rnd
 
 
 if __name__ == "__main__":
