@@ -8,6 +8,9 @@
  *   - absent: created, bound to the node with mbind, filled from the model folder by threads
  *     that inherit this process's pinning (the launcher pins it to the node's cpus), then
  *     published (ready flag written last).
+ * A virtual synthetic model folder (`strata synth --synthetic`: model/synth_fast.h) has only
+ * sparse placeholders for its weight files; their bytes are generated into the arena instead
+ * of read, so an 80 GB synthetic model needs no disk.
  * Then it binds a ZeroMQ ROUTER socket at its endpoint and answers "status" requests
  * (proto/msg.h MSG_PF_STATUS). Expert compute and DMA requests come with the GPU work.
  *
@@ -34,6 +37,7 @@
 #include "common/notify.h"
 #include "common/shm.h"
 #include "kernels/cpu/threadpool.h"
+#include "model/synth_fast.h"
 #include "proto/msg.h"
 #include "proto/zmsg.h"
 
@@ -50,6 +54,8 @@ static void s_on_signal(int sig)
 typedef struct {
     const arena_plan_t *plan;
     shm_seg_t *seg;
+    const synth_gen_t *gen;    /* virtual synthetic model (model/synth_fast.h): its generator, else NULL */
+    int32_t *gen_file;         /* [n_files] the generator's index of each weight file, -1 = read from disk */
     int *fds;                  /* [n_files] open model files */
     int64_t *chunk_file;       /* [n_chunks] file index */
     uint64_t *chunk_off;       /* [n_chunks] offset in the file */
@@ -67,6 +73,10 @@ static void s_fill_chunk(void *ctx, int64_t i0, int64_t i1, int tid)
         uint64_t off = f->chunk_off[c];
         uint64_t len = e->bytes - off < FILL_CHUNK ? e->bytes - off : FILL_CHUNK;
         uint8_t *dst = f->seg->base + e->offset + off;
+        if (f->gen && f->gen_file[fi] >= 0) { /* the file on disk is a placeholder: generate its bytes */
+            synth_gen_fill(f->gen, f->gen_file[fi], off, dst, (size_t)len);
+            continue;
+        }
         uint64_t done = 0;
         while (done < len) {
             ssize_t r = pread(f->fds[fi], dst + done, len - done, (off_t)(off + done));
@@ -91,9 +101,30 @@ static int s_fill(shm_seg_t *seg, const arena_plan_t *plan, int threads, strata_
     tpool_t *pool = NULL;
     s_fill_t f = {.plan = plan, .seg = seg};
     int64_t n_chunks = 0;
+    synth_gen_t *gen = NULL;
     f.fds = malloc(sizeof(int) * (plan->n_files ? plan->n_files : 1));
-    if (!f.fds) return STRATA_ENOMEM;
-    for (uint32_t i = 0; i < plan->n_files; i++) f.fds[i] = -1;
+    f.gen_file = malloc(sizeof(int32_t) * (plan->n_files ? plan->n_files : 1));
+    if (!f.fds || !f.gen_file) {
+        free(f.fds);
+        free(f.gen_file);
+        return STRATA_ENOMEM;
+    }
+    for (uint32_t i = 0; i < plan->n_files; i++) f.fds[i] = -1, f.gen_file[i] = -1;
+    /* A virtual synthetic folder (`strata synth --synthetic`) holds sparse placeholders of its
+     * weight files: their bytes are generated here, straight into the arena, from the folder's
+     * config, manifest and seed, so a model of any size needs no disk. */
+    if (synth_is_synthetic(plan->model_dir)) {
+        bool virt = false;
+        if ((rc = synth_dir_open(&gen, plan->model_dir, &virt, eb)) < 0) goto fail;
+        if (!virt) {
+            synth_gen_free(gen);
+            gen = NULL;
+        } else {
+            for (uint32_t i = 0; i < plan->n_files; i++) f.gen_file[i] = synth_gen_file_index(gen, plan->files[i].name);
+            f.gen = gen;
+            log_info("%s is a virtual synthetic model: generating its weight files into the arena", plan->model_dir);
+        }
+    }
     for (uint32_t i = 0; i < plan->n_files; i++) {
         char path[1024];
         snprintf(path, sizeof path, "%s/%s", plan->model_dir, plan->files[i].name);
@@ -148,6 +179,8 @@ fail:
     for (uint32_t i = 0; i < plan->n_files; i++)
         if (f.fds[i] >= 0) close(f.fds[i]);
     free(f.fds);
+    free(f.gen_file);
+    synth_gen_free(gen);
     free(f.chunk_file);
     free(f.chunk_off);
     return rc;
