@@ -81,7 +81,7 @@ cpu_isa_t cpu_ops_init(void)
     return (cpu_isa_t)atomic_load(&s_isa);
 }
 
-static mm_rows_fn s_rows_fn(void)
+static mm_rows_fn_t s_rows_fn(void)
 {
     switch (cpu_ops_init()) {
 #ifdef STRATA_CPU_AVX2
@@ -124,7 +124,7 @@ typedef struct {
     const mm_job_t *jobs;
     int n_jobs;
     int64_t off[4];   /* [n_jobs + 1] first item of each job */
-    mm_rows_fn fn;
+    mm_rows_fn_t fn;
 } s_multi_t;
 
 static void s_multi_chunk(void *ctx, int64_t i0, int64_t i1, int tid)
@@ -156,7 +156,7 @@ void cpu_attention(float *out, const float *q, const float *k_cache, const float
                    const int32_t *block_table, int n_ctx, int n_heads, int n_kv_heads, int head_dim,
                    int block_size, float scale, float *scratch)
 {
-    attn_fn fn = cpu_ref_attention;
+    attn_fn_t fn = cpu_ref_attention;
     switch (cpu_ops_init()) {
 #ifdef STRATA_CPU_AVX2
     case CPU_ISA_AVX2: fn = cpu_avx2_attention; break;

@@ -24,7 +24,7 @@ typedef struct {
 } mm_job_t;
 
 /* Compute rows [r0, r1) of job j, for all its tokens. */
-typedef void (*mm_rows_fn)(const mm_job_t *j, int32_t r0, int32_t r1);
+typedef void (*mm_rows_fn_t)(const mm_job_t *j, int32_t r0, int32_t r1);
 
 /* The plain reference (ops_ref.c). */
 void cpu_ref_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1);
@@ -34,7 +34,7 @@ void cpu_avx2_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1);
 void cpu_avx512_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1);
 
 /* cpu_attention per ISA (same contract as ops.h). */
-typedef void (*attn_fn)(float *out, const float *q, const float *k_cache, const float *v_cache,
+typedef void (*attn_fn_t)(float *out, const float *q, const float *k_cache, const float *v_cache,
                         const int32_t *block_table, int n_ctx, int n_heads, int n_kv_heads, int head_dim,
                         int block_size, float scale, float *scratch);
 void cpu_ref_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
