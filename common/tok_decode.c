@@ -378,7 +378,7 @@ struct tok_stream {
     s_sstep_t *st;     /* [ndec] */
     tk_buf_t bl;       /* ByteLevel bytes not yet final */
     tk_buf_t out;      /* text returned by the current call */
-    tk_ws_t *ws;
+    tk_buf_t scratch;  /* WordPiece */
 };
 
 int tok_stream_new(const tok_t *tok, bool skip_special, tok_stream_t **out)
@@ -389,8 +389,7 @@ int tok_stream_new(const tok_t *tok, bool skip_special, tok_stream_t **out)
     st->tok = tok;
     st->skip_special = skip_special;
     st->st = calloc(tok->ndec ? tok->ndec : 1, sizeof *st->st);
-    st->ws = tk_ws_get(tok);
-    if (!st->st || !st->ws) {
+    if (!st->st) {
         tok_stream_free(st);
         return STRATA_ENOMEM;
     }
@@ -425,7 +424,7 @@ void tok_stream_free(tok_stream_t *st)
     free(st->ids);
     tk_buf_free(&st->bl);
     tk_buf_free(&st->out);
-    if (st->ws) tk_ws_put(st->tok, st->ws);
+    tk_buf_free(&st->scratch);
     free(st);
 }
 
@@ -562,9 +561,15 @@ static int s_pre_in(tok_stream_t *st, size_t k, const char *p, size_t n)
     S->tmp.n = 0;
     switch (d->kind) {
     case DEC_METASPACE: rc = s_metaspace_tok(&S->tmp, d, p, n, S->count++ == 0); break;
-    case DEC_REPLACE: rc = s_replace_tok(st->ws, &S->tmp, d, p, n); break;
+    case DEC_REPLACE: { /* a workspace (regex match data) only for the call */
+        tk_ws_t *ws = tk_ws_get(tok);
+        if (!ws) return STRATA_ENOMEM;
+        rc = s_replace_tok(ws, &S->tmp, d, p, n);
+        tk_ws_put(tok, ws);
+        break;
+    }
     case DEC_STRIP: rc = s_strip_tok(&S->tmp, d, p, n); break;
-    case DEC_WORDPIECE: rc = s_wordpiece_tok(&S->tmp, &st->ws->tmp, d, p, n, S->count++ == 0); break;
+    case DEC_WORDPIECE: rc = s_wordpiece_tok(&S->tmp, &st->scratch, d, p, n, S->count++ == 0); break;
     case DEC_BYTE_FALLBACK: {
         int b = s_byte_token(p, n);
         if (b >= 0) {

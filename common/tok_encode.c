@@ -1055,6 +1055,9 @@ static int s_bpe(const tok_t *tok, tk_ws_t *ws, const char *p, size_t n, bool ra
     const unsigned char *u = (const unsigned char *)p;
     size_t start = 0, i = raw ? 1 : (size_t)tk_utf8_len(u[0]);
     while (i < n) {
+        size_t lim = start + 256 < n ? start + 256 : n;
+        while (i < lim && !cand_byte[u[i]]) i++; /* continuation bytes are never candidates */
+        if (i >= n) break;
         unsigned char b = u[i];
         int c = cand_byte[b];
         bool forced = i - start >= 256;
@@ -1144,6 +1147,47 @@ static int s_enc_add(s_encs_t *e, const int32_t *a, size_t na, const int32_t *b,
 static int s_post_process(const tok_t *tok, tk_ws_t *ws, bool add_special)
 {
     int rc, cur = 0;
+    /* The usual case: one template "specials $A specials" (and ByteLevel ones): in place. */
+    const tk_pp_t *only = NULL;
+    size_t ntpl = 0;
+    for (size_t i = 0; i < tok->npp; i++)
+        if (tok->pp[i].kind != PP_BYTELEVEL) {
+            only = &tok->pp[i];
+            ntpl++;
+        }
+    if (!ntpl) return 0;
+    if (ntpl == 1 && only->kind == PP_TEMPLATE) {
+        size_t na = 0, pre = 0, post = 0;
+        for (size_t k = 0; k < only->nsingle; k++) {
+            const tk_tpl_item_t *t = &only->single[k];
+            if (t->what == 0) na++;
+            else if (t->what == 1) na = 2; /* $B: the general path refuses it */
+            else if (add_special && na) post += t->n;
+            else if (add_special) pre += t->n;
+        }
+        if (na == 1) {
+            size_t n0 = ws->nids, total = pre + n0 + post;
+            if (total > ws->ids_cap) {
+                int32_t *v = realloc(ws->ids, total * sizeof *v);
+                if (!v) return STRATA_ENOMEM;
+                ws->ids = v;
+                ws->ids_cap = total;
+            }
+            memmove(ws->ids + pre, ws->ids, n0 * sizeof *ws->ids);
+            size_t at = 0;
+            for (size_t k = 0; k < only->nsingle; k++) {
+                const tk_tpl_item_t *t = &only->single[k];
+                if (t->what == 0) {
+                    at = pre + n0;
+                } else if (add_special) {
+                    memcpy(ws->ids + at, t->ids, t->n * sizeof *t->ids);
+                    at += t->n;
+                }
+            }
+            ws->nids = total;
+            return 0;
+        }
+    }
     size_t bound = 2 * ws->nids + 64;
     s_encs_t e;
     if ((rc = s_enc_begin(ws, cur, &e, bound))) return rc;

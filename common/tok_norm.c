@@ -246,6 +246,28 @@ static int s_strip_accents(tk_nstr_t *o, const tk_nstr_t *in, bool only_mn)
 
 static int s_replace(tk_ws_t *ws, tk_nstr_t *o, const tk_nstr_t *in, const tk_norm_t *nm)
 {
+    if (nm->re.lit && nm->re.lit_n == 1 && !in->track) {
+        /* one byte for a string (Llama's ' ' -> U+2581): a direct copy */
+        s_begin(o, in);
+        size_t need = in->s.n * (nm->str_n > 1 ? nm->str_n : 1) + 1;
+        if (tk_nstr_reserve(o, need)) return STRATA_ENOMEM;
+        const char *p = in->s.p, *end = p + in->s.n;
+        char *w = o->s.p;
+        char c = nm->re.lit[0];
+        while (p < end) {
+            const char *f = memchr(p, c, (size_t)(end - p));
+            size_t run = f ? (size_t)(f - p) : (size_t)(end - p);
+            memcpy(w, p, run);
+            w += run;
+            if (!f) break;
+            memcpy(w, nm->str, nm->str_n);
+            w += nm->str_n;
+            p = f + 1;
+        }
+        o->s.n = (size_t)(w - o->s.p);
+        o->s.p[o->s.n] = 0;
+        return 0;
+    }
     int rc = tk_re_find_matches(ws, &nm->re, in->s.p, in->s.n, &ws->mt);
     if (rc) return rc;
     s_begin(o, in);
