@@ -636,6 +636,52 @@ typedef struct {
     bool progress;
 } s_job_t;
 
+static int s_pwrite_all(int fd, const uint8_t *buf, size_t len, uint64_t off)
+{
+    size_t w = 0;
+    while (w < len) {
+        ssize_t r = pwrite(fd, buf + w, len - w, (off_t)(off + w));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return r < 0 ? -errno : STRATA_EIO;
+        w += (size_t)r;
+    }
+    return 0;
+}
+
+/* Write chunk [off, off+len) of file f (its bytes in buf) except gaps between tensors of at
+ * least S_HOLE bytes: the file was sized with ftruncate, so those stay holes that read as the
+ * zeros they are (expert block padding: up to half of a small-expert model at 2 MiB alignment). */
+#define S_HOLE (64u << 10)
+static int s_write_spans(const synth_gen_t *g, int32_t f, int fd, uint64_t off, const uint8_t *buf, size_t len)
+{
+    const file_regions_t *fr = &g->files[f];
+    uint64_t end = off + len, span0 = 0, span1 = 0; /* current span [span0, span1) */
+    bool open = false;
+    int32_t lo = 0, hi = fr->n;
+    while (lo < hi) {
+        int32_t mid = (lo + hi) / 2;
+        if (fr->r[mid].off + fr->r[mid].bytes <= off) lo = mid + 1;
+        else hi = mid;
+    }
+    for (int32_t i = lo; i < fr->n && fr->r[i].off < end; i++) {
+        uint64_t a = fr->r[i].off > off ? fr->r[i].off : off;
+        uint64_t b = fr->r[i].off + fr->r[i].bytes < end ? fr->r[i].off + fr->r[i].bytes : end;
+        if (open && a - span1 < S_HOLE) {
+            span1 = b;
+            continue;
+        }
+        if (open) {
+            int e = s_pwrite_all(fd, buf + (span0 - off), (size_t)(span1 - span0), span0);
+            if (e < 0) return e;
+        }
+        span0 = a;
+        span1 = b;
+        open = true;
+    }
+    if (open) return s_pwrite_all(fd, buf + (span0 - off), (size_t)(span1 - span0), span0);
+    return 0;
+}
+
 static void s_job_fn(void *ctx, int64_t i0, int64_t i1, int tid)
 {
     s_job_t *J = ctx;
@@ -647,16 +693,11 @@ static void s_job_fn(void *ctx, int64_t i0, int64_t i1, int tid)
         synth_gen_fill(J->g, f, off, buf, len);
         if (J->chunk_crc) J->chunk_crc[c] = (uint32_t)crc32_z(crc32(0, Z_NULL, 0), buf, len);
         if (J->fds) {
-            size_t w = 0;
-            while (w < len) {
-                ssize_t r = pwrite(J->fds[f], buf + w, len - w, (off_t)(off + w));
-                if (r < 0 && errno == EINTR) continue;
-                if (r <= 0) {
-                    int zero = 0;
-                    atomic_compare_exchange_strong(&J->err, &zero, r < 0 ? -errno : STRATA_EIO);
-                    return;
-                }
-                w += (size_t)r;
+            int e = s_write_spans(J->g, f, J->fds[f], off, buf, len);
+            if (e < 0) {
+                int zero = 0;
+                atomic_compare_exchange_strong(&J->err, &zero, e);
+                return;
             }
         }
         uint64_t d = atomic_fetch_add(&J->done, len) + len;
@@ -871,6 +912,11 @@ int synth_write(const char *out_dir, const char *config_json, const synth_params
         fds[f] = -1;
     }
     stats.gen_seconds = strata_now() - tg;
+    if (o->verify && !o->virtual_files) {
+        double tv = strata_now();
+        S_TRY(packed_verify(out_dir, &pm, eb));
+        if (o->progress) log_info("synth: verified %d files (crc32) in %.2f s", n_files, strata_now() - tv);
+    }
     for (int32_t i = 0; i < pm.n_tensors; i++) {
         stats.payload_bytes += pm.tensors[i].bytes + pm.tensors[i].scale_bytes;
         stats.params += (uint64_t)pm.tensors[i].rows * (uint64_t)pm.tensors[i].cols;

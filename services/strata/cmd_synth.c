@@ -44,6 +44,7 @@ static void s_help(FILE *f)
             "                     into their arenas. Loading such a folder from disk gives zeros.\n"
             "  --threads T        generator threads; 0 = all CPUs (default 0)\n"
             "  --no-sync          do not fdatasync the weight files\n"
+            "  --verify           re-read every weight file and check its crc32 before the manifest\n"
             "  --force            replace an existing OUT_DIR's model\n"
             "  --quiet            no progress lines\n"
             "  --list             print the shapes with their sizes and exit\n"
@@ -132,7 +133,7 @@ int cmd_synth(int argc, char **argv)
     const char *out = NULL, *shape_s = NULL, *fmt_s = NULL, *attn_s = NULL, *skew_s = NULL, *v;
     int64_t group = 32, threads = 0, align = PACKED_DEFAULT_ALIGN;
     uint64_t seed = 1;
-    bool force = false, quiet = false, virt = false, sync = true;
+    bool force = false, quiet = false, virt = false, sync = true, verify = false;
     int rc = 0, r;
     char *config = NULL;
 
@@ -181,6 +182,8 @@ int cmd_synth(int argc, char **argv)
             virt = true;
         } else if (!strcmp(argv[i], "--no-sync")) {
             sync = false;
+        } else if (!strcmp(argv[i], "--verify")) {
+            verify = true;
         } else if (!strcmp(argv[i], "--force")) {
             force = true;
         } else if (!strcmp(argv[i], "--quiet")) {
@@ -252,7 +255,7 @@ int cmd_synth(int argc, char **argv)
         return 1;
     }
     synth_write_opts_t wo = {.threads = (int)threads, .virtual_files = virt, .sync = sync, .progress = !quiet,
-                             .shape = shape->name};
+                             .verify = verify, .shape = shape->name};
     synth_write_stats_t ws;
     strata_errbuf_t eb = {{0}};
     int e = synth_write(out, config, &p, &wo, &ws, &eb);
