@@ -8,10 +8,13 @@ Uses Debian's python3-zmq and python3-msgpack only.
         print(ev["text"], end="", flush=True)
     print(c.last_done)                     # finish_reason, usage, timings
 
-The client has a stable identity (ZMQ_ROUTING_ID). If the router goes silent in the middle
-of an answer (it crashed or restarted), generate() reconnects with the same identity and
-sends `resume` with what it already has, so the answer continues where it stopped; if the
-router cannot resume it, a StrataError with code "not_found" or "unavailable" is raised.
+The client has a stable identity (ZMQ_ROUTING_ID) and watches its connection (a ZeroMQ
+socket monitor). If the router goes away in the middle of an answer (it crashed and the
+launcher restarted it), generate() sends `resume` with what it already has as soon as the
+connection is back, so the answer continues where it stopped; if the router cannot resume
+it, a StrataError with code "not_found" is raised. If no router accepts the connection for
+`gone_after` seconds (the group was stopped), any call raises StrataError "unavailable"
+instead of waiting for its timeout.
 """
 
 import itertools
@@ -20,6 +23,7 @@ import time
 
 import msgpack
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 PROTO_VERSION = 1
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:7757"
@@ -59,7 +63,7 @@ class StrataClient:
     """One connection to a router. Not thread-safe: use one client per thread."""
 
     def __init__(self, endpoint=DEFAULT_ENDPOINT, identity=None, timeout=60.0, resume_after=5.0,
-                 resume_tries=10, context=None):
+                 resume_tries=10, gone_after=3.0, context=None):
         self.endpoint = endpoint
         self.identity = identity or ("py-" + os.urandom(8).hex()).encode()
         if self.identity[:1] == b"\0":
@@ -67,30 +71,55 @@ class StrataClient:
         self.timeout = timeout
         self.resume_after = resume_after
         self.resume_tries = resume_tries
+        self.gone_after = gone_after
         self._ctx = context or zmq.Context.instance()
         self._ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 16)
         self._backlog = {}   # id -> [messages received for a request not being read now]
         self._sock = None
+        self._mon = None
         self.last_done = None
         self._connect()
 
     # -- connection ------------------------------------------------------------------------
 
     def _connect(self):
-        if self._sock is not None:
-            self._sock.close(linger=0)
+        self._close_socket()
         s = self._ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.ROUTING_ID, self.identity)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.HEARTBEAT_IVL, 1000)
         s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+        self._mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._connected = False
+        self._down_since = time.monotonic()
+        self._was_lost = False    # the connection dropped since the last reconnect
+        self._back = False        # ... and came back: a stream in progress must resume
         s.connect(self.endpoint)
         self._sock = s
 
-    def close(self):
+    def _close_socket(self):
         if self._sock is not None:
+            self._sock.disable_monitor()
+            self._mon.close(linger=0)
             self._sock.close(linger=0)
-            self._sock = None
+            self._sock = self._mon = None
+
+    def close(self):
+        self._close_socket()
+
+    def _events(self):
+        """Apply pending connection events; raise "unavailable" once no router has accepted
+        the connection for gone_after seconds."""
+        while self._mon.poll(0):
+            ev = recv_monitor_message(self._mon)["event"]
+            if ev == zmq.EVENT_CONNECTED:
+                self._connected, self._down_since = True, None
+                if self._was_lost:
+                    self._was_lost, self._back = False, True
+            elif ev == zmq.EVENT_DISCONNECTED:
+                self._connected, self._down_since, self._was_lost = False, time.monotonic(), True
+        if self._down_since is not None and time.monotonic() - self._down_since > self.gone_after:
+            raise StrataError("unavailable", "no router at %s (not reachable for %.1f s)" % (self.endpoint, self.gone_after))
 
     def __enter__(self):
         return self
@@ -109,13 +138,26 @@ class StrataClient:
         """Send raw bytes as a frame (for tests of bad input)."""
         self._sock.send(frame)
 
-    def recv(self, timeout):
-        """Next message from the router, or None after timeout seconds."""
-        if self._sock.poll(int(timeout * 1000)) == 0:
-            return None
-        return decode(self._sock.recv())
+    def recv(self, timeout, wake_on_reconnect=False):
+        """Next message from the router, or None after timeout seconds (or, with
+        wake_on_reconnect, early when the connection came back after a loss). Raises
+        StrataError "unavailable" if the router is gone for gone_after seconds."""
+        deadline = time.monotonic() + timeout
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._mon, zmq.POLLIN)
+        while True:
+            self._events()
+            if self._back and wake_on_reconnect:
+                return None
+            if self._sock.poll(0):
+                return decode(self._sock.recv())
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            poller.poll(int(min(left, 0.25) * 1000) + 1)
 
-    def _recv_for(self, rid, timeout):
+    def _recv_for(self, rid, timeout, wake_on_reconnect=False):
         q = self._backlog.get(rid)
         if q:
             return q.pop(0)
@@ -124,7 +166,7 @@ class StrataClient:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            m = self.recv(left)
+            m = self.recv(left, wake_on_reconnect)
             if m is None:
                 return None
             if m.get("id") == rid:
@@ -179,18 +221,22 @@ class StrataClient:
         if extra:
             msg.update(extra)
         self.last_done = None
+        self._back = False
         self.send(msg)
         n_tokens, n_text, tries = 0, 0, 0
         deadline = time.monotonic() + self.timeout
         wait = self.resume_after if resume else self.timeout
         while True:
-            m = self._recv_for(rid, min(wait, max(0.0, deadline - time.monotonic())))
+            m = self._recv_for(rid, min(wait, max(0.0, deadline - time.monotonic())), True)
             if m is None:
+                back, self._back = self._back, False
                 if not resume or tries >= self.resume_tries or time.monotonic() >= deadline:
                     raise StrataTimeout("no answer for request %d" % rid, rid)
-                # the router may have restarted: reconnect with the same identity and resume
+                # The connection came back after a loss (the router restarted), or the router
+                # has been silent too long: resume with what we have, under the same identity.
                 tries += 1
-                self._connect()
+                if not back:
+                    self._connect()
                 r = {"type": "resume", "id": rid, "from": n_tokens, "text_from": n_text, "stream": stream}
                 if stop:
                     r["stop"] = list(stop)

@@ -511,12 +511,14 @@ static void s_generate(router_t *r, const uint8_t *cl, size_t len, const msg_t *
     }
     uint64_t id = s_req_id(r, cl, len, cid);
     req_t *old = s_find(r, id);
-    if (old && old->state != RQ_CLOSING) {
-        s_client_error(r, cl, len, true, cid, MSG_E_DUPLICATE, "generate: request id %llu is already in flight",
-                       (unsigned long long)cid);
+    if (old) {
+        /* also while a finished request still waits for the scheduler's confirmation (stop
+         * string, client gone): a new request under the same id would get the old one's
+         * late events */
+        s_client_error(r, cl, len, true, cid, MSG_E_DUPLICATE, "generate: request id %llu is %s",
+                       (unsigned long long)cid, old->state == RQ_CLOSING ? "still closing; use a new id" : "already in flight");
         return;
     }
-    if (old) s_req_free(r, old); /* a stopped request waiting for the scheduler's done: forget it */
 
     int32_t *ids = NULL;
     int32_t n = 0;

@@ -1,10 +1,12 @@
 /* cmd_client.c - `strata client`: send one generate request to a router and stream the
  * answer's text to stdout (protocol: proto/PROTOCOL.md).
  *
- * The client has a stable identity; if the router goes silent for --resume-after seconds in
- * the middle of an answer (it crashed and was restarted), the client reconnects with the same
- * identity and sends `resume` with what it already has, so the answer continues where it
- * stopped (or ends with the router's error, e.g. not_found). */
+ * The client has a stable identity and watches its connection (a ZeroMQ socket monitor). If
+ * the connection drops in the middle of an answer (the router crashed) and comes back (the
+ * launcher restarted it), the client sends `resume` with what it already has, so the answer
+ * continues where it stopped (or ends with the router's error, e.g. not_found). A router
+ * that is silent for --resume-after seconds gets a resume on a fresh connection; one that
+ * accepts no connection for --gone-after seconds ends the command with `unavailable`. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +42,7 @@ static void s_help(FILE *f)
             "  --stats             print finish reason, usage and timings on stderr\n"
             "  --timeout S         give up after S seconds in total (default 300)\n"
             "  --resume-after S    silence after which to reconnect and resume (default 5)\n"
+            "  --gone-after S      give up when no router accepts the connection for S seconds (default 3)\n"
             "  -h, --help          this help\n"
             "\n"
             "Exit codes: 0 ok, 1 runtime failure (timeout, busy, unavailable), 2 bad input or usage\n"
@@ -49,16 +52,75 @@ static void s_help(FILE *f)
 
 typedef struct {
     void *ctx, *sock;
+    void *mon;           /* PAIR receiving sock's monitor events */
+    int n_mon;           /* monitors made so far (each needs its own inproc name) */
     char endpoint[512];
     uint8_t identity[24];
     size_t identity_len;
+    bool connected;
+    bool was_lost;       /* the connection dropped since it was last up */
+    bool back;           /* ... and came back: a stream in progress must resume */
+    double down_since;   /* 0 while connected */
 } conn_t;
+
+static void s_close(conn_t *c)
+{
+    if (c->sock) {
+        zmq_socket_monitor(c->sock, NULL, 0);
+        zmq_close(c->sock);
+    }
+    if (c->mon) zmq_close(c->mon);
+    c->sock = c->mon = NULL;
+}
+
+/* Apply pending monitor events (each: a frame with uint16 event + uint32 value, then one
+ * with the endpoint). */
+static void s_events(conn_t *c)
+{
+    for (;;) {
+        zmq_msg_t f;
+        zmq_msg_init(&f);
+        if (zmq_msg_recv(&f, c->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&f);
+            return;
+        }
+        uint16_t ev = 0;
+        if (zmq_msg_size(&f) >= 2) memcpy(&ev, zmq_msg_data(&f), 2);
+        while (zmq_msg_more(&f)) {
+            zmq_msg_close(&f);
+            zmq_msg_init(&f);
+            if (zmq_msg_recv(&f, c->mon, 0) < 0) break;
+        }
+        zmq_msg_close(&f);
+        if (ev == ZMQ_EVENT_CONNECTED) {
+            c->connected = true;
+            c->down_since = 0;
+            if (c->was_lost) {
+                c->was_lost = false;
+                c->back = true;
+            }
+        } else if (ev == ZMQ_EVENT_DISCONNECTED) {
+            c->connected = false;
+            c->was_lost = true;
+            c->down_since = strata_now();
+        }
+    }
+}
 
 static int s_connect(conn_t *c)
 {
-    if (c->sock) zmq_close(c->sock);
+    s_close(c);
     c->sock = zmq_socket(c->ctx, ZMQ_DEALER);
     if (!c->sock) return STRATA_EZMQ;
+    char mon_ep[64];
+    snprintf(mon_ep, sizeof mon_ep, "inproc://client-monitor-%d", c->n_mon++);
+    if (zmq_socket_monitor(c->sock, mon_ep, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) < 0 ||
+        !(c->mon = zmq_socket(c->ctx, ZMQ_PAIR)) || zmq_connect(c->mon, mon_ep) < 0) {
+        cli_error(C, "cannot monitor the connection: %s", zmq_strerror(zmq_errno()));
+        return STRATA_EZMQ;
+    }
+    c->connected = c->was_lost = c->back = false;
+    c->down_since = strata_now();
     int zero = 0, hb = 1000, hbt = 3000;
     zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(c->sock, ZMQ_ROUTING_ID, c->identity, c->identity_len);
@@ -89,7 +151,7 @@ int cmd_client(int argc, char **argv)
     const char *stops[MSG_MAX_STOP];
     int n_stop = 0;
     int64_t max_tokens = 16;
-    float timeout_s = 300, resume_after = 5;
+    float timeout_s = 300, resume_after = 5, gone_after = 3;
     bool ids = false, stream = true, stats = false;
     sampler_params_t sp;
     sampler_params_default(&sp);
@@ -128,6 +190,8 @@ int cmd_client(int argc, char **argv)
             if (r < 0 || cli_parse_f32(C, "--timeout", v, 0.1f, 1e6f, &timeout_s)) return 2;
         } else if ((r = cli_opt(C, argc, argv, &i, "--resume-after", &v))) {
             if (r < 0 || cli_parse_f32(C, "--resume-after", v, 0.1f, 1e6f, &resume_after)) return 2;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--gone-after", &v))) {
+            if (r < 0 || cli_parse_f32(C, "--gone-after", v, 0.1f, 1e6f, &gone_after)) return 2;
         } else if (!strcmp(argv[i], "--ids")) {
             ids = true;
         } else if (!strcmp(argv[i], "--no-stream")) {
@@ -201,22 +265,32 @@ int cmd_client(int argc, char **argv)
             rc = 1;
             goto done;
         }
-        zmq_pollitem_t it = {c.sock, 0, ZMQ_POLLIN, 0};
-        int pr = zmq_poll(&it, 1, 100);
+        zmq_pollitem_t it[2] = {{c.sock, 0, ZMQ_POLLIN, 0}, {c.mon, 0, ZMQ_POLLIN, 0}};
+        int pr = zmq_poll(it, 2, 100);
         if (pr < 0 && zmq_errno() != EINTR) {
             cli_error(C, "zmq_poll: %s", zmq_strerror(zmq_errno()));
             rc = 1;
             goto done;
         }
-        if (pr <= 0) {
-            if (strata_now() - last > resume_after) {
+        s_events(&c);
+        if (c.down_since > 0 && strata_now() - c.down_since > gone_after) {
+            if (have_tokens) printf("\n");
+            cli_error(C, "unavailable: no router at %s (not reachable for %.1f s)", c.endpoint, gone_after);
+            rc = 1;
+            goto done;
+        }
+        bool back = c.back;
+        c.back = false;
+        if (back || !(it[0].revents & ZMQ_POLLIN)) {
+            if (back || strata_now() - last > resume_after) {
                 if (++tries > 10) {
                     cli_error(C, "the router at %s does not answer", c.endpoint);
                     rc = 1;
                     goto done;
                 }
-                /* the router may have restarted: reconnect with the same identity, resume */
-                if (s_connect(&c) < 0) { rc = 1; goto done; }
+                /* The connection is back after a loss (the router restarted), or the router
+                 * has been silent too long (then on a fresh connection): resume. */
+                if (!back && s_connect(&c) < 0) { rc = 1; goto done; }
                 msg_t rs;
                 msg_init(&rs, MSG_RESUME);
                 rs.has_id = true;
@@ -242,6 +316,7 @@ int cmd_client(int argc, char **argv)
             goto done;
         }
         last = strata_now();
+        c.down_since = 0; /* a reply proves the connection, whatever the monitor said */
         if (!in.has_id || in.id != rid) { /* not ours (cannot happen with a fresh identity) */
             msg_free(&in);
             continue;
@@ -286,7 +361,7 @@ int cmd_client(int argc, char **argv)
 done:
     free(tok);
     msg_buf_free(&buf);
-    if (c.sock) zmq_close(c.sock);
+    s_close(&c);
     if (c.ctx) zmq_ctx_term(c.ctx);
     return rc;
 }

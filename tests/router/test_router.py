@@ -6,9 +6,11 @@
                                           longer than the context, max_tokens <= 0, absurd
                                           sampling, a client flooding 10,000 requests; other
                                           clients are unaffected and the router survives
-    test_router.py ROUTER_BIN resume      streaming, stream=false, cancel, client gone,
-                                          router kill -9 + resume, scheduler restart, lost
-                                          events, SIGTERM
+    test_router.py ROUTER_BIN resume STRATA_BIN
+                                          streaming, stream=false, cancel, client gone,
+                                          router kill -9 + resume (Python client and
+                                          `strata client`), no router -> unavailable,
+                                          scheduler restart, lost events, SIGTERM
     test_router.py ROUTER_BIN text STRATA_BIN TOKENIZER_JSON
                                           the router's tokenizer: text prompts, streamed
                                           text (never broken UTF-8), stop strings, resume
@@ -316,7 +318,7 @@ def test_flood(g):
     b.close()
 
 
-def test_resume(g):
+def test_resume(g, strata_bin):
     # plain streaming and stream=false
     with g.client() as c:
         evs = list(c.generate(tokens=[3, 4, 5], max_tokens=12, seed=1))
@@ -370,6 +372,18 @@ def test_resume(g):
                 g.start_router()
         check(killed and toks == expected([50, 51, 52], 5, 60) and c.last_done["finish_reason"] == "length",
               "router kill -9: the client resumed and got every token exactly once (%d)" % len(toks))
+    # the same with `strata client`: it resumes when its connection comes back
+    p = subprocess.Popen([strata_bin, "client", "--endpoint", g.endpoint, "--tokens", "55,56", "--max-tokens", "50",
+                          "--ids"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.4)
+    g.proc.kill()
+    g.proc.wait()
+    time.sleep(0.3)
+    g.start_router()
+    out, err = p.communicate(timeout=60)
+    got = [int(x) for x in out.split()]
+    check(p.returncode == 0 and got == expected([55, 56], 0, 50),
+          "router kill -9: `strata client` resumed, exact stream (rc %d, %d tokens) %s" % (p.returncode, len(got), err))
     # resume after the request finished while the router was down
     with g.client(resume_after=1.0, timeout=30) as c:
         rid = c.next_id()
@@ -390,6 +404,21 @@ def test_resume(g):
         check(m is not None and m["type"] == "done" and got == expected([60, 61], 2, 20),
               "resume of a request that finished during the router's absence delivers the rest")
 
+    # no router at all: both clients give up with `unavailable` after gone_after, not timeout
+    dead = "tcp://127.0.0.1:%d" % free_port()
+    t0 = time.monotonic()
+    try:
+        with StrataClient(dead, timeout=60, gone_after=1.0) as c:
+            c.complete(tokens=[1], max_tokens=2)
+        check(False, "no router: the Python client raises")
+    except StrataError as e:
+        check(e.code == "unavailable" and time.monotonic() - t0 < 5, "no router: Python client: %s in %.1fs"
+              % (e, time.monotonic() - t0))
+    t0 = time.monotonic()
+    p = subprocess.run([strata_bin, "client", "--endpoint", dead, "--tokens", "1", "--max-tokens", "2", "--gone-after",
+                        "1"], capture_output=True, text=True, timeout=30)
+    check(p.returncode == 1 and "unavailable" in p.stderr and time.monotonic() - t0 < 5,
+          "no router: strata client exits 1 with unavailable (%s)" % p.stderr.strip())
     # scheduler restart: the router resubmits; deterministic tokens, no repeats
     with g.client(timeout=30) as c:
         toks, restarted = [], False
@@ -499,7 +528,7 @@ def test_text(g, strata_bin):
 
 def main():
     if len(sys.argv) < 3 or sys.argv[2] not in ("bad_input", "resume", "text") or \
-            (sys.argv[2] == "text" and len(sys.argv) != 5):
+            (sys.argv[2] == "text" and len(sys.argv) != 5) or (sys.argv[2] == "resume" and len(sys.argv) != 4):
         print(__doc__)
         return 2
     if sys.argv[2] == "text":
@@ -513,7 +542,7 @@ def main():
         elif sys.argv[2] == "text":
             test_text(g, sys.argv[3])
         else:
-            test_resume(g)
+            test_resume(g, sys.argv[3])
     finally:
         g.close()
     print("%s: %d failed" % (sys.argv[2], FAILS))
