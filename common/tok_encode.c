@@ -13,7 +13,7 @@
 
 #include "common/tok_int.h"
 
-#define TK_MAX_INPUT (256u << 20)
+#define TK_MAX_INPUT (16u << 20) /* bounds the worst case of NFKC (18x) and alignment arrays */
 #define TK_CACHE_CAP 16384u     /* slots; cleared when half full */
 #define TK_CACHE_MAX_KEY 256    /* tokenizers caches pieces shorter than this */
 
@@ -125,7 +125,8 @@ static int s_push_id(tk_ws_t *ws, int32_t id)
 /* Append text (and alignment) to a text buffer. al NULL: every byte aligned to a. */
 static int s_text_put(tk_nstr_t *t, const char *p, size_t n, const uint32_t *al, uint32_t a)
 {
-    if (tk_nstr_reserve(t, n)) return STRATA_ENOMEM;
+    int rc = tk_nstr_reserve(t, n);
+    if (rc) return rc;
     memcpy(t->s.p + t->s.n, p, n);
     if (t->track) {
         if (al) memcpy(t->al + t->s.n, al, n * sizeof *al);
@@ -535,7 +536,8 @@ static int s_stage_split(const tok_t *tok, tk_ws_t *ws, const tk_pt_t *pt)
 static int s_put_bytelevel(tk_nstr_t *t2, tk_splits_t *out, const tk_nstr_t *ns, size_t s, size_t e)
 {
     size_t off = t2->s.n;
-    if (tk_nstr_reserve(t2, 2 * (e - s))) return STRATA_ENOMEM;
+    int rc = tk_nstr_reserve(t2, 2 * (e - s));
+    if (rc) return rc;
     unsigned char *o = (unsigned char *)t2->s.p + t2->s.n;
     const unsigned char *p = (const unsigned char *)ns->s.p;
     size_t w = 0;

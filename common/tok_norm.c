@@ -16,7 +16,8 @@
 
 int tk_nstr_reserve(tk_nstr_t *ns, size_t extra)
 {
-    if (tk_buf_reserve(&ns->s, extra)) return STRATA_ENOMEM;
+    int rc = tk_buf_reserve(&ns->s, extra);
+    if (rc) return rc;
     if (ns->track && ns->s.n + extra + 1 > ns->alcap) {
         size_t c = ns->alcap ? ns->alcap : 64;
         while (c < ns->s.n + extra + 1) c *= 2;
@@ -43,7 +44,10 @@ static inline bool s_room(const tk_nstr_t *o, size_t n)
 /* Append n bytes, all aligned to a. */
 static inline int s_put(tk_nstr_t *o, const char *p, size_t n, uint32_t a)
 {
-    if (!s_room(o, n) && tk_nstr_reserve(o, n)) return STRATA_ENOMEM;
+    if (!s_room(o, n)) {
+        int rc = tk_nstr_reserve(o, n);
+        if (rc) return rc;
+    }
     memcpy(o->s.p + o->s.n, p, n);
     if (o->track)
         for (size_t i = 0; i < n; i++) o->al[o->s.n + i] = a;
@@ -55,7 +59,10 @@ static inline int s_put(tk_nstr_t *o, const char *p, size_t n, uint32_t a)
 /* Append in[off, off + n) with its alignment. */
 static inline int s_copy(tk_nstr_t *o, const tk_nstr_t *in, size_t off, size_t n)
 {
-    if (!s_room(o, n) && tk_nstr_reserve(o, n)) return STRATA_ENOMEM;
+    if (!s_room(o, n)) {
+        int rc = tk_nstr_reserve(o, n);
+        if (rc) return rc;
+    }
     memcpy(o->s.p + o->s.n, in->s.p + off, n);
     if (o->track) memcpy(o->al + o->s.n, in->al + off, n * sizeof *o->al);
     o->s.n += n;
@@ -250,7 +257,8 @@ static int s_replace(tk_ws_t *ws, tk_nstr_t *o, const tk_nstr_t *in, const tk_no
         /* one byte for a string (Llama's ' ' -> U+2581): a direct copy */
         s_begin(o, in);
         size_t need = in->s.n * (nm->str_n > 1 ? nm->str_n : 1) + 1;
-        if (tk_nstr_reserve(o, need)) return STRATA_ENOMEM;
+        int rc = tk_nstr_reserve(o, need);
+        if (rc) return rc;
         const char *p = in->s.p, *end = p + in->s.n;
         char *w = o->s.p;
         char c = nm->re.lit[0];

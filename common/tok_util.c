@@ -11,6 +11,8 @@
 int tk_buf_reserve(tk_buf_t *b, size_t extra)
 {
     if (b->n + extra + 1 <= b->cap) return 0;
+    /* offsets into these buffers are 32-bit (NFKC can grow text 18x) */
+    if (extra > UINT32_MAX / 2 || b->n + extra + 1 > UINT32_MAX / 2) return STRATA_ETOOLARGE;
     size_t cap = b->cap ? b->cap : 64;
     while (cap < b->n + extra + 1) cap *= 2;
     char *p = realloc(b->p, cap);
@@ -22,7 +24,8 @@ int tk_buf_reserve(tk_buf_t *b, size_t extra)
 
 int tk_buf_put(tk_buf_t *b, const void *p, size_t n)
 {
-    if (tk_buf_reserve(b, n)) return STRATA_ENOMEM;
+    int rc = tk_buf_reserve(b, n);
+    if (rc) return rc;
     if (n) memcpy(b->p + b->n, p, n);
     b->n += n;
     b->p[b->n] = 0;

@@ -52,7 +52,7 @@ void tok_free(tok_t *tok);
 /* Encode len bytes of text. add_special adds what the post-processor adds (as
  * add_special_tokens=True does). On success *ids is a malloc'd array of *n ids (free()
  * it; may be NULL when *n == 0). Returns 0 or <0 (STRATA_ENOMEM; STRATA_EINVAL_INPUT when
- * the tokenizer needs an unk token it does not have; STRATA_ETOOLARGE for len >= 256 MiB or a regex that
+ * the tokenizer needs an unk token it does not have; STRATA_ETOOLARGE for len >= 16 MiB or a regex that
  * hits PCRE2's match limit). */
 int tok_encode(const tok_t *tok, const char *text, size_t len, bool add_special, int32_t **ids,
                size_t *n);
