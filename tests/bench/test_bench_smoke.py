@@ -17,6 +17,7 @@ import glob
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -80,17 +81,20 @@ def check_rows(rows, n, load, batches=None):
             check(r.get("requests") == max(2 * batches[i], 4), "row %d: %r measured requests" % (i, r.get("requests")))
 
 
-def no_leftovers(run_dirs_before):
-    left = [p for p in glob.glob("/dev/shm/strata-bench*")]
+def no_leftovers(stderr):
+    """The group this bench started (named in its stderr) left no run dir and no shm segment."""
+    m = re.search(r"starting the group \((/tmp/strata-bench-(\d+))/bench\.ini\)", stderr)
+    check(m is not None, "bench did not say which group it started")
+    if not m:
+        return
+    check(not os.path.exists(m.group(1)), "run dir left behind: %s" % m.group(1))
+    left = glob.glob("/dev/shm/strata-bench%d-*" % (int(m.group(2)) % 100000))
     check(not left, "shm segments left behind: %r" % left)
-    new_dirs = set(glob.glob("/tmp/strata-bench-*")) - run_dirs_before
-    check(not new_dirs, "run dirs left behind: %r" % sorted(new_dirs))
 
 
 def case_closed(strata, tmp):
     model = os.path.join(tmp, "m")
     synth(strata, model)
-    before = set(glob.glob("/tmp/strata-bench-*"))
     js = os.path.join(tmp, "out.json")
     p = run([strata, "bench", "--model", model, "--batch", "1,3", "--prompt", "12", "--gen", "8", "--json", js,
              "--threads", "2", "--probe-mib", "32"])
@@ -101,13 +105,12 @@ def case_closed(strata, tmp):
     check(os.path.exists(png) and open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n", "no PNG plot at %s" % png)
     check("roofline (decode)" in p.stdout and "rtx3090" in p.stdout and "rtx4090" in p.stdout,
           "no roofline table with projections on stdout")
-    no_leftovers(before)
+    no_leftovers(p.stderr)
 
 
 def case_open(strata, tmp):
     model = os.path.join(tmp, "m")
     synth(strata, model)
-    before = set(glob.glob("/tmp/strata-bench-*"))
     js = os.path.join(tmp, "open.json")
     p = run([strata, "bench", "--model", model, "--rate", "20", "--requests", "6", "--warmup", "2", "--prompt", "8",
              "--gen", "6", "--json", js, "--threads", "2", "--probe-mib", "32"])
@@ -117,7 +120,7 @@ def case_open(strata, tmp):
     if rows:
         check(rows[0].get("rate_rps") == 20 and rows[0].get("requests") == 6, "open row: %r" % rows[0])
         check(positive(rows[0].get("mean_concurrency")), "open row: mean_concurrency %r" % rows[0].get("mean_concurrency"))
-    no_leftovers(before)
+    no_leftovers(p.stderr)
 
 
 def case_endpoint(strata, tmp):
@@ -242,7 +245,7 @@ def main():
     ap.add_argument("--strata", required=True)
     ap.add_argument("case", choices=["closed", "open", "endpoint", "virtual", "cli"])
     a = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="strata-bench-smoke-")
+    tmp = tempfile.mkdtemp(prefix="strata-bsmoke-")
     try:
         globals()["case_" + a.case](os.path.abspath(a.strata), tmp)
     finally:
