@@ -227,7 +227,15 @@ def main():
         m = base_model(rng, train)
         vs = len(m["vocab"])
         specials = [("<s>", m["vocab"]["<s>"]), ("</s>", m["vocab"]["</s>"])]
-        j = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added_tokens(rng, vs),
+        trunc = pad = None
+        if rng.random() < 0.15:
+            trunc = {"direction": rng.choice(["Left", "Right"]), "max_length": rng.randrange(4, 40),
+                     "strategy": "LongestFirst", "stride": 0}
+        if rng.random() < 0.15:
+            pad = {"strategy": rng.choice(["BatchLongest", {"Fixed": rng.randrange(1, 60)}]),
+                   "direction": rng.choice(["Left", "Right"]), "pad_to_multiple_of": rng.choice([None, 8]),
+                   "pad_id": 0, "pad_type_id": 0, "pad_token": "<unk>"}
+        j = {"version": "1.0", "truncation": trunc, "padding": pad, "added_tokens": added_tokens(rng, vs),
              "normalizer": normalizer(rng) if rng.random() < 0.7 else None,
              "pre_tokenizer": pre_tokenizer(rng) if rng.random() < 0.85 else None,
              "post_processor": post_processor(rng, specials), "decoder": decoder(rng), "model": m}
