@@ -537,6 +537,18 @@ static char **s_make_env(const launcher_t *L)
     return env;
 }
 
+/* Free what s_make_env allocated: the array and the entries that are not the process's own. */
+static void s_free_env(char **env)
+{
+    if (!env) return;
+    for (char **e = env; *e; e++) {
+        bool own = false;
+        for (char **o = environ; *o && !own; o++) own = *o == *e;
+        if (!own) free(*e);
+    }
+    free(env);
+}
+
 static void s_add(launcher_t *L, const char *name, int stage, int node, const config_placement_t *pl)
 {
     svc_t *s = &L->svc[L->n_svc++];
@@ -699,11 +711,6 @@ int cmd_up(int argc, char **argv)
         rc = 0;
         goto done;
     }
-    if (strcmp(L->cfg.executor.backend, "cpu")) {
-        fprintf(stderr, "strata up: %s: [executor] backend = %s is not built yet (cpu only)\n", L->config_path, L->cfg.executor.backend);
-        rc = 2;
-        goto done;
-    }
     for (int i = 0; i < L->cfg.n_prefetchers; i++) {
         char nm[32];
         snprintf(nm, sizeof nm, "prefetcher.%d", L->cfg.prefetcher[i].node);
@@ -850,6 +857,7 @@ int cmd_up(int argc, char **argv)
     close(lock_fd);
 done:
     if (L->notify_fd >= 0) close(L->notify_fd);
+    s_free_env(L->env);
     free(L);
     return rc;
 }
