@@ -89,6 +89,9 @@ class StrataClient:
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.HEARTBEAT_IVL, 1000)
         s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+        # Let ZeroMQ's I/O thread keep reading while the application does not: otherwise the
+        # router's heartbeats stall behind queued replies and it drops this connection.
+        s.setsockopt(zmq.RCVHWM, 100000)
         self._mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._connected = False
         self._down_since = time.monotonic()
