@@ -89,13 +89,13 @@ typedef struct {
 enum {
     C_FRAMES, C_GENERATE, C_DONE, C_ERRORS, C_BUSY, C_CANCELED, C_CLIENT_GONE, C_RESUMES, C_TOO_LARGE,
     C_BAD_REQUEST, C_TOKENS_OUT, C_BYTES_IN, C_BYTES_OUT, C_STOP_STRINGS, C_RESUBMITS, C_ORPHANS_CANCELED,
-    C_SCHED_SEND_FAIL, C_COUNT
+    C_SCHED_SEND_FAIL, C_CLIENT_SEND_FAIL, C_COUNT
 };
 static const char *const s_counter_names[C_COUNT] = {
     "router.frames", "router.generate", "router.done", "router.errors", "router.busy", "router.canceled",
     "router.client_gone", "router.resumes", "router.too_large", "router.bad_request", "router.tokens_out",
     "router.bytes_in", "router.bytes_out", "router.stop_strings", "router.resubmits", "router.orphans_canceled",
-    "router.sched_send_fail",
+    "router.sched_send_fail", "router.client_send_fail",
 };
 
 struct router {
@@ -217,7 +217,10 @@ static int s_to_client(router_t *r, const uint8_t *cl, size_t len, const msg_t *
 {
     int rc = zmsg_send(r->cli, cl, len, m, &r->buf, ZMQ_DONTWAIT);
     if (rc == 0) r->c[C_BYTES_OUT] += r->buf.size;
-    else if (rc != -EHOSTUNREACH && rc != -EAGAIN) log_warn("send to client: %s", strata_strerror(rc));
+    else {
+        r->c[C_CLIENT_SEND_FAIL]++;
+        if (rc != -EHOSTUNREACH && rc != -EAGAIN) log_warn("send to client: %s", strata_strerror(rc));
+    }
     return rc;
 }
 
@@ -235,6 +238,7 @@ static int s_client_error(router_t *r, const uint8_t *cl, size_t len, bool has_i
     if (code == MSG_E_BUSY) r->c[C_BUSY]++;
     int rc = zmsg_send_error(r->cli, cl, len, MSG_ERROR, has_id, id, code, text, &r->buf, ZMQ_DONTWAIT);
     if (rc == 0) r->c[C_BYTES_OUT] += r->buf.size;
+    else r->c[C_CLIENT_SEND_FAIL]++;
     return rc;
 }
 
