@@ -377,7 +377,8 @@ int main(int argc, char **argv)
     rc = s_arena_open(&arena, name, plan, cfg->prefetcher[part].place.numa_node, cfg->prefetcher[part].threads, &eb);
     if (rc < 0) {
         log_error("%s", eb.msg);
-        return 1;
+        /* a virtual synthetic model whose marker, config or manifest is bad will not get better */
+        return rc == STRATA_EINVAL_INPUT || rc == STRATA_EVERSION || rc == STRATA_EFORMAT ? 2 : 1;
     }
 
     /* the ipc socket's folder; the launcher makes it too, systemd does not */
