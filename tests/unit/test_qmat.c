@@ -256,12 +256,13 @@ static void test_bad_input(void)
 static void test_round_trip(uint64_t *seed, wfmt_t fmt, int group, int rows, int cols)
 {
     float *w = malloc(sizeof(float) * rows * cols), *dq = malloc(sizeof(float) * rows * cols);
-    float *x = malloc(sizeof(float) * cols);
+    enum { NX = 8 }; /* activation vectors for the matmul error */
+    float *x = malloc(sizeof(float) * cols * NX);
     void *data = malloc(qmat_data_bytes(fmt, rows, cols));
     void *sc = malloc(qmat_scale_bytes(fmt, rows, cols, group) + 1);
     for (int i = 0; i < rows * cols; i++) w[i] = t_gauss(seed) * 0.02f;
     for (int i = 0; i < 7; i++) w[(t_rng_next(seed) % rows) * cols + t_rng_next(seed) % cols] *= 10; /* outliers */
-    for (int c = 0; c < cols; c++) x[c] = t_gauss(seed);
+    for (int c = 0; c < cols * NX; c++) x[c] = t_gauss(seed);
     T_CHECK(qmat_quantize(fmt, group, w, rows, cols, data, sc) == 0, "quantize %s", wfmt_name(fmt));
     qmat_t q = {.fmt = fmt, .rows = rows, .cols = cols, .group = group, .data = data, .scales = sc};
     int bad = 0;
@@ -312,31 +313,32 @@ static void test_round_trip(uint64_t *seed, wfmt_t fmt, int group, int rows, int
         }
         T_CHECK(worse == 0, "int4 g%d: %d groups reconstruct worse than Q4_0", group, worse);
     }
-    float *y0 = malloc(sizeof(float) * rows), *y1 = malloc(sizeof(float) * rows);
-    for (int r = 0; r < rows; r++) {
-        double a = 0, b = 0;
-        for (int c = 0; c < cols; c++) {
-            a += (double)w[r * cols + c] * x[c];
-            b += (double)dq[r * cols + c] * x[c];
+    /* y = W x for NX Gaussian vectors: exact weights (y0), stored ones (y1), plain Q4_0 (y2) */
+    float *y0 = malloc(sizeof(float) * rows * NX), *y1 = malloc(sizeof(float) * rows * NX);
+    float *y2 = malloc(sizeof(float) * rows * NX);
+    for (int k = 0; k < NX; k++)
+        for (int r = 0; r < rows; r++) {
+            double a = 0, b = 0, e = 0;
+            for (int c = 0; c < cols; c++) {
+                a += (double)w[r * cols + c] * x[k * cols + c];
+                b += (double)dq[r * cols + c] * x[k * cols + c];
+                if (q40) e += (double)q40[r * cols + c] * x[k * cols + c];
+            }
+            y0[k * rows + r] = (float)a;
+            y1[k * rows + r] = (float)b;
+            y2[k * rows + r] = (float)e;
         }
-        y0[r] = (float)a;
-        y1[r] = (float)b;
-    }
-    double rel = t_relerr(y1, y0, rows), wrel = t_relerr(dq, w, (size_t)rows * cols);
+    double rel = t_relerr(y1, y0, (size_t)rows * NX), wrel = t_relerr(dq, w, (size_t)rows * cols);
     fprintf(stderr, "error %-4s g%-3d %dx%d: matmul rel err %.5f, weight rel err %.5f", wfmt_name(fmt), group, rows, cols, rel, wrel);
     if (q40) {
-        for (int r = 0; r < rows; r++) {
-            double b = 0;
-            for (int c = 0; c < cols; c++) b += (double)q40[r * cols + c] * x[c];
-            y1[r] = (float)b;
-        }
-        fprintf(stderr, " (plain Q4_0 scale: matmul %.5f, weight %.5f)", t_relerr(y1, y0, rows), t_relerr(q40, w, (size_t)rows * cols));
+        fprintf(stderr, " (plain Q4_0 scale: matmul %.5f, weight %.5f)", t_relerr(y2, y0, (size_t)rows * NX),
+                t_relerr(q40, w, (size_t)rows * cols));
         free(q40);
     }
     fprintf(stderr, "\n");
     double lim = fmt == WF_F32 ? 0 : fmt == WF_BF16 ? 0.005 : fmt == WF_INT8 ? 0.02 : fmt == WF_FP8 ? 0.05 : 0.15;
     T_CHECK(rel <= lim, "%s g%d matmul rel err %g > %g", wfmt_name(fmt), group, rel, lim);
-    free(w); free(dq); free(x); free(data); free(sc); free(y0); free(y1);
+    free(w); free(dq); free(x); free(data); free(sc); free(y0); free(y1); free(y2);
 }
 
 int main(void)
