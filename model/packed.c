@@ -1001,86 +1001,49 @@ fail:
 /* ------------------------------------------------------------------------------------------ */
 /* Loader.                                                                                    */
 
-int model_load_packed(model_t *m, const char *dir, strata_errbuf_t *eb)
+int model_load_packed_mem(model_t *m, const char *manifest, size_t len, const packed_source_t *src,
+                          strata_errbuf_t *eb)
 {
-    int rc = 0, fd = -1;
-    char mpath[4200], path[4200];
-    char *text = NULL, *ctext = NULL;
-    size_t len = 0, clen = 0;
+    int rc = 0;
+    const char *ctext = NULL;
+    size_t clen = 0;
     packed_manifest_t pm = {0};
     packed_slot_t *slots = NULL;
     int32_t n_slots = 0, *idx = NULL;
-    unsigned char **maps = NULL;
+    const unsigned char **maps = NULL;
 
     memset(m, 0, sizeof *m);
-    snprintf(mpath, sizeof mpath, "%s/%s", dir, PACKED_MANIFEST);
-    S_TRY(s_read_file(mpath, S_MAX_MANIFEST_BYTES, &text, &len, eb));
-    S_TRY(packed_manifest_parse(&pm, text, len, mpath, eb));
-
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    S_TRY(model_config_load(&m->cfg, path, eb));
-    S_TRY(s_read_file(path, S_MAX_MANIFEST_BYTES, &ctext, &clen, eb));
+    S_TRY(packed_manifest_parse(&pm, manifest, len, src->manifest_name, eb));
+    S_TRY(src->config(src->ctx, &m->cfg, &ctext, &clen, eb));
     uint32_t ccrc = (uint32_t)crc32(crc32(0, Z_NULL, 0), (const Bytef *)ctext, (uInt)clen);
     if (ccrc != pm.config_crc32) {
         rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: crc32 0x%08x does not match field 'config_crc32' (0x%08x) of %s",
-                           path, (unsigned)ccrc, (unsigned)pm.config_crc32, mpath);
+                           src->config_name, (unsigned)ccrc, (unsigned)pm.config_crc32, src->manifest_name);
         goto fail;
     }
 
-    /* The sizes on disk must be the sizes in the manifest: a truncated file is caught here, before
-     * any range check trusts files[].bytes. */
-    maps = calloc((size_t)pm.n_files, sizeof *maps);
+    /* The sizes of the files must be the sizes in the manifest: a truncated file is caught here,
+     * before any range check trusts files[].bytes. */
+    maps = calloc((size_t)pm.n_files + 1, sizeof *maps);
     if (!maps) {
         rc = -ENOMEM;
         goto fail;
     }
-    for (int32_t i = 0; i < pm.n_files; i++) {
-        struct stat stt;
-        snprintf(path, sizeof path, "%s/%s", dir, pm.files[i].name);
-        if (stat(path, &stt) < 0 || !S_ISREG(stt.st_mode)) {
-            rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: cannot open weight file named by field 'files[%d].name' of %s: %s",
-                               path, i, mpath, strerror(errno));
-            goto fail;
-        }
-        if ((uint64_t)stt.st_size != pm.files[i].bytes) {
-            rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: file is %" PRIu64 " bytes but field 'files[%d].bytes' of %s says %" PRIu64 " (truncated or replaced?)",
-                               path, (uint64_t)stt.st_size, i, mpath, pm.files[i].bytes);
-            goto fail;
-        }
-    }
+    for (int32_t i = 0; i < pm.n_files; i++) S_TRY(src->check_file(src->ctx, &pm, i, eb));
     S_TRY(packed_slots(&m->cfg, NULL, &slots, &n_slots));
     idx = malloc(((size_t)n_slots + 1) * sizeof *idx);
     if (!idx) {
         rc = -ENOMEM;
         goto fail;
     }
-    S_TRY(packed_manifest_check(&pm, &m->cfg, mpath, idx, eb));
+    S_TRY(packed_manifest_check(&pm, &m->cfg, src->manifest_name, idx, eb));
     free(slots);
     slots = NULL;
 
-    /* Map every file read-only; the model's qmat_t's point straight into the mappings. */
+    /* Only now, with every range checked, are the files' bytes looked at. */
     for (int32_t i = 0; i < pm.n_files; i++) {
         if (pm.files[i].bytes == 0) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, pm.files[i].name);
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) {
-            rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: cannot open: %s", path, strerror(errno));
-            goto fail;
-        }
-        void *p = mmap(NULL, pm.files[i].bytes, PROT_READ, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED) {
-            rc = strata_seterr(eb, -errno, "%s: mmap of %" PRIu64 " bytes failed: %s", path, pm.files[i].bytes,
-                               strerror(errno));
-            goto fail;
-        }
-        close(fd);
-        fd = -1;
-        rc = model_own_mmap(m, p, pm.files[i].bytes);
-        if (rc < 0) {
-            munmap(p, pm.files[i].bytes);
-            goto fail;
-        }
-        maps[i] = p;
+        S_TRY(src->map_file(src->ctx, m, &pm, i, &maps[i], eb));
     }
 
     m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
@@ -1103,7 +1066,8 @@ int model_load_packed(model_t *m, const char *dir, strata_errbuf_t *eb)
     S_TRY(packed_slots(&m->cfg, m, &slots, &n_slots));
     for (int32_t s = 0; s < n_slots; s++) {
         const packed_tensor_t *t = &pm.tensors[idx[s]];
-        unsigned char *base = maps[t->file];
+        /* the files are read-only; qmat_t and the vector slots are const in use */
+        unsigned char *base = (unsigned char *)(uintptr_t)maps[t->file];
         STRATA_ASSERT(base);
         if (slots[s].q) {
             qmat_t *q = slots[s].q;
@@ -1125,12 +1089,91 @@ fail:
     model_free(m);
     memset(m, 0, sizeof *m);
 done:
-    if (fd >= 0) close(fd);
-    free(text);
-    free(ctext);
     free(slots);
     free(idx);
     free(maps);
     packed_manifest_free(&pm);
+    return rc;
+}
+
+/* model_load_packed's source: the files of a folder, weight files mapped read-only. */
+typedef struct {
+    const char *dir;
+    const char *mpath;       /* DIR/strata-manifest.json */
+    const char *cpath;       /* DIR/config.json */
+    char *ctext;             /* config.json's bytes, malloc'd */
+} s_dir_src_t;
+
+static int s_dir_config(void *ctx, model_config_t *cfg, const char **text, size_t *len, strata_errbuf_t *eb)
+{
+    s_dir_src_t *d = ctx;
+    int rc = model_config_load(cfg, d->cpath, eb);
+    if (rc < 0) return rc;
+    rc = s_read_file(d->cpath, S_MAX_MANIFEST_BYTES, &d->ctext, len, eb);
+    *text = d->ctext;
+    return rc;
+}
+
+static int s_dir_check_file(void *ctx, const packed_manifest_t *pm, int32_t i, strata_errbuf_t *eb)
+{
+    const s_dir_src_t *d = ctx;
+    char path[4200];
+    struct stat stt;
+    snprintf(path, sizeof path, "%s/%s", d->dir, pm->files[i].name);
+    if (stat(path, &stt) < 0 || !S_ISREG(stt.st_mode)) {
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: cannot open weight file named by field 'files[%d].name' of %s: %s",
+                             path, i, d->mpath, strerror(errno));
+    }
+    if ((uint64_t)stt.st_size != pm->files[i].bytes) {
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: file is %" PRIu64 " bytes but field 'files[%d].bytes' of %s says %" PRIu64 " (truncated or replaced?)",
+                             path, (uint64_t)stt.st_size, i, d->mpath, pm->files[i].bytes);
+    }
+    return 0;
+}
+
+/* Map the file read-only; the model's qmat_t's point straight into the mapping. */
+static int s_dir_map_file(void *ctx, model_t *m, const packed_manifest_t *pm, int32_t i, const unsigned char **data,
+                          strata_errbuf_t *eb)
+{
+    const s_dir_src_t *d = ctx;
+    char path[4200];
+    uint64_t bytes = pm->files[i].bytes;
+    snprintf(path, sizeof path, "%s/%s", d->dir, pm->files[i].name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: cannot open: %s", path, strerror(errno));
+    void *p = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        int rc = strata_seterr(eb, -errno, "%s: mmap of %" PRIu64 " bytes failed: %s", path, bytes, strerror(errno));
+        close(fd);
+        return rc;
+    }
+    close(fd);
+    int rc = model_own_mmap(m, p, bytes);
+    if (rc < 0) {
+        munmap(p, bytes);
+        return rc;
+    }
+    *data = p;
+    return 0;
+}
+
+int model_load_packed(model_t *m, const char *dir, strata_errbuf_t *eb)
+{
+    int rc = 0;
+    char mpath[4200], cpath[4200];
+    char *text = NULL;
+    size_t len = 0;
+    s_dir_src_t d = {.dir = dir, .mpath = mpath, .cpath = cpath};
+    const packed_source_t src = {.manifest_name = mpath, .config_name = cpath, .ctx = &d, .config = s_dir_config,
+                                 .check_file = s_dir_check_file, .map_file = s_dir_map_file};
+
+    memset(m, 0, sizeof *m);
+    snprintf(mpath, sizeof mpath, "%s/%s", dir, PACKED_MANIFEST);
+    snprintf(cpath, sizeof cpath, "%s/config.json", dir);
+    S_TRY(s_read_file(mpath, S_MAX_MANIFEST_BYTES, &text, &len, eb));
+    S_TRY(model_load_packed_mem(m, text, len, &src, eb));
+fail:
+    free(text);
+    free(d.ctext);
     return rc;
 }

@@ -6,6 +6,7 @@
  *   - packed_slots() lists every tensor a config needs, with its canonical name and shape;
  *   - packed_manifest_parse() / packed_manifest_check() read and validate a manifest;
  *   - model_load_packed() (model/model.h) maps the files and fills a model_t (zero copy);
+ *   - model_load_packed_mem() does the same over files already in memory (the executor's arenas);
  *   - packed_write() quantizes a loaded model_t into a new packed folder (strata pack).
  */
 #ifndef STRATA_PACKED_H
@@ -107,6 +108,32 @@ int packed_manifest_check(const packed_manifest_t *pm, const model_config_t *c, 
 /* Write pm as JSON to path (via a temporary file and rename). */
 int packed_manifest_save(const packed_manifest_t *pm, const char *path, strata_errbuf_t *eb);
 void packed_manifest_free(packed_manifest_t *pm);
+
+/* Where model_load_packed_mem finds a packed model's config.json and the weight files its manifest
+ * names: a folder (model_load_packed) or memory (the executor's weight arenas). Each callback
+ * reports its own errors through eb, naming the file and the manifest field. */
+typedef struct {
+    const char *manifest_name;   /* the manifest in messages, e.g. "DIR/strata-manifest.json" */
+    const char *config_name;     /* config.json in messages, e.g. "DIR/config.json" */
+    void *ctx;                   /* passed to every callback */
+    /* Parse config.json into *cfg and point *text, *len at its bytes (for the crc32 check; they
+     * stay valid until model_load_packed_mem returns). 0 or <0. */
+    int (*config)(void *ctx, model_config_t *cfg, const char **text, size_t *len, strata_errbuf_t *eb);
+    /* Check that file pm->files[i] exists and holds exactly pm->files[i].bytes bytes. 0 or <0. */
+    int (*check_file)(void *ctx, const packed_manifest_t *pm, int32_t i, strata_errbuf_t *eb);
+    /* Point *data at the whole of pm->files[i]; called only after every check passed, and only for
+     * files of 1 byte or more. A mapping made here is handed to m with model_own_mmap. 0 or <0. */
+    int (*map_file)(void *ctx, model_t *m, const packed_manifest_t *pm, int32_t i, const unsigned char **data,
+                    strata_errbuf_t *eb);
+} packed_source_t;
+
+/* Build m from a manifest (len bytes of JSON) and the files src gives, with every check of
+ * model_load_packed (manifest fields, config crc32, file sizes, packed_manifest_check), pointing
+ * every qmat_t and vector straight into the file bytes (zero copy: they must outlive m). Order:
+ * parse manifest, config, check_file of every file, check against the config, map_file, build.
+ * On error <0 with m zeroed and eb naming the file and the field. */
+int model_load_packed_mem(model_t *m, const char *manifest, size_t len, const packed_source_t *src,
+                          strata_errbuf_t *eb);
 
 /* Re-read every weight file of the packed folder dir and compare size and crc32 with pm. */
 int packed_verify(const char *dir, const packed_manifest_t *pm, strata_errbuf_t *eb);

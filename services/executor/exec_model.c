@@ -7,18 +7,48 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <zlib.h>
 
 #include "model/packed.h"
 
+/* model_load_packed_mem's source: the packed folder's files inside the attached arenas. */
+static int s_arena_config(void *ctx, model_config_t *cfg, const char **text, size_t *len, strata_errbuf_t *eb)
+{
+    uint64_t clen = 0;
+    *text = arena_set_file(ctx, "config.json", &clen);
+    *len = (size_t)clen;
+    STRATA_ASSERT(*text); /* exec_model_from_arenas checked it is there */
+    return model_config_parse(cfg, *text, *len, "arena:config.json", eb);
+}
+
+static int s_arena_check_file(void *ctx, const packed_manifest_t *pm, int32_t i, strata_errbuf_t *eb)
+{
+    uint64_t bytes = 0;
+    if (!arena_set_file(ctx, pm->files[i].name, &bytes)) {
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "arena: weight file '%s' (field 'files[%d].name' of %s) is in no arena",
+                             pm->files[i].name, i, PACKED_MANIFEST);
+    }
+    if (bytes != pm->files[i].bytes) {
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "arena: '%s' holds %" PRIu64 " bytes but field 'files[%d].bytes' of %s says %" PRIu64,
+                             pm->files[i].name, bytes, i, PACKED_MANIFEST, pm->files[i].bytes);
+    }
+    return 0;
+}
+
+static int s_arena_map_file(void *ctx, model_t *m, const packed_manifest_t *pm, int32_t i, const unsigned char **data,
+                            strata_errbuf_t *eb)
+{
+    uint64_t bytes = 0;
+    *data = arena_set_file(ctx, pm->files[i].name, &bytes);
+    STRATA_ASSERT(*data && bytes == pm->files[i].bytes); /* s_arena_check_file passed */
+    return 0;
+}
+
 int exec_model_from_arenas(model_t *m, const arena_set_t *s, strata_errbuf_t *eb)
 {
-    int rc = 0;
-    packed_manifest_t pm = {0};
-    packed_slot_t *slots = NULL;
-    int32_t n_slots = 0, *idx = NULL;
-    const unsigned char **maps = NULL;
     uint64_t mlen = 0, clen = 0;
+    const packed_source_t src = {.manifest_name = "arena:" PACKED_MANIFEST, .config_name = "arena:config.json",
+                                 .ctx = (void *)(uintptr_t)s, .config = s_arena_config,
+                                 .check_file = s_arena_check_file, .map_file = s_arena_map_file};
 
     memset(m, 0, sizeof *m);
     const char *mtext = arena_set_file(s, PACKED_MANIFEST, &mlen);
@@ -27,90 +57,7 @@ int exec_model_from_arenas(model_t *m, const arena_set_t *s, strata_errbuf_t *eb
         return strata_seterr(eb, STRATA_EINVAL_INPUT, "arena: no %s in the weight arenas (the model folder is not packed)",
                              !mtext ? PACKED_MANIFEST : "config.json");
     }
-    if ((rc = packed_manifest_parse(&pm, mtext, (size_t)mlen, "arena:" PACKED_MANIFEST, eb)) < 0) goto fail;
-    if ((rc = model_config_parse(&m->cfg, ctext, (size_t)clen, "arena:config.json", eb)) < 0) goto fail;
-    uint32_t ccrc = (uint32_t)crc32(crc32(0, Z_NULL, 0), (const Bytef *)ctext, (uInt)clen);
-    if (ccrc != pm.config_crc32) {
-        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "arena:config.json: crc32 0x%08x does not match field 'config_crc32' (0x%08x) of %s",
-                           (unsigned)ccrc, (unsigned)pm.config_crc32, PACKED_MANIFEST);
-        goto fail;
-    }
-    maps = calloc((size_t)pm.n_files, sizeof *maps);
-    if (!maps) {
-        rc = STRATA_ENOMEM;
-        goto fail;
-    }
-    for (int32_t i = 0; i < pm.n_files; i++) {
-        uint64_t bytes = 0;
-        maps[i] = arena_set_file(s, pm.files[i].name, &bytes);
-        if (!maps[i]) {
-            rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "arena: weight file '%s' (field 'files[%d].name' of %s) is in no arena",
-                               pm.files[i].name, i, PACKED_MANIFEST);
-            goto fail;
-        }
-        if (bytes != pm.files[i].bytes) {
-            rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "arena: '%s' holds %" PRIu64 " bytes but field 'files[%d].bytes' of %s says %" PRIu64,
-                               pm.files[i].name, bytes, i, PACKED_MANIFEST, pm.files[i].bytes);
-            goto fail;
-        }
-    }
-    if ((rc = packed_slots(&m->cfg, NULL, &slots, &n_slots)) < 0) goto fail;
-    idx = malloc(((size_t)n_slots + 1) * sizeof *idx);
-    if (!idx) {
-        rc = STRATA_ENOMEM;
-        goto fail;
-    }
-    if ((rc = packed_manifest_check(&pm, &m->cfg, "arena:" PACKED_MANIFEST, idx, eb)) < 0) goto fail;
-    free(slots);
-    slots = NULL;
-
-    m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
-    if (!m->layers || model_own_buffer(m, m->layers) < 0) {
-        free(m->layers);
-        m->layers = NULL;
-        rc = STRATA_ENOMEM;
-        goto fail;
-    }
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        if (!m->cfg.layer_sparse[l]) continue;
-        ffn_t *x = calloc((size_t)m->cfg.n_experts, sizeof *x);
-        if (!x || model_own_buffer(m, x) < 0) {
-            free(x);
-            rc = STRATA_ENOMEM;
-            goto fail;
-        }
-        m->layers[l].experts = x;
-    }
-    if ((rc = packed_slots(&m->cfg, m, &slots, &n_slots)) < 0) goto fail;
-    for (int32_t k = 0; k < n_slots; k++) {
-        const packed_tensor_t *t = &pm.tensors[idx[k]];
-        /* the arena maps are read-only; qmat_t and the vector slots are const in use */
-        unsigned char *base = (unsigned char *)(uintptr_t)maps[t->file];
-        if (slots[k].q) {
-            qmat_t *q = slots[k].q;
-            q->fmt = t->fmt;
-            q->rows = t->rows;
-            q->cols = t->cols;
-            q->group = t->fmt == WF_INT4 ? t->group : 0;
-            q->data = base + t->offset;
-            q->scales = t->scale_bytes ? base + t->scale_offset : NULL;
-        } else {
-            STRATA_ASSERT(slots[k].v);
-            *slots[k].v = (float *)(void *)(base + t->offset);
-        }
-    }
-    if (m->cfg.tie_embeddings) m->lm_head = m->embed;
-    rc = 0;
-    goto done;
-fail:
-    model_free(m);
-    memset(m, 0, sizeof *m);
-done:
-    free(slots);
-    free(idx);
-    free(maps);
-    packed_manifest_free(&pm);
-    return rc;
+    return model_load_packed_mem(m, mtext, (size_t)mlen, &src, eb);
 }
 
 int exec_model_open(exec_model_t *em, const strata_config_t *cfg, double wait_s, volatile sig_atomic_t *stop,

@@ -2,9 +2,10 @@
  *
  * The prefetchers own the arenas (common/arena.h): POSIX shm segments holding the packed
  * model's files. The executor maps them read-only and points every qmat_t of its model_t
- * straight into them (zero copy), exactly as model_load_packed does over mmapped files, so
- * an executor (re)start reads nothing of the model from disk: config.json and the manifest
- * come from the arena too; the model folder is only stat()ed to check the layout hash.
+ * straight into them (zero copy) with model_load_packed_mem, the loader that model_load_packed
+ * runs over mmapped files (so the same checks apply). An executor (re)start reads nothing of the
+ * model from disk: config.json and the manifest come from the arena too; the model folder is
+ * only stat()ed to check the layout hash.
  *
  * Fallback: a group without [prefetcher.N] sections, or a model folder that is not packed
  * (an HF folder), is loaded from disk with model_load(); the log says so.

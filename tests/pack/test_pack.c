@@ -1,7 +1,8 @@
 /* test_pack.c - the packed format without fixtures: random models of every architecture packed
  * in every format, loaded back with model_load_packed and compared byte for byte with what
- * qmat_quantize makes of the source rows; then hand-broken manifests and weight files, each of
- * which must be refused with one message naming the file and the field.
+ * qmat_quantize makes of the source rows, and again with model_load_packed_mem from files read
+ * into memory (the same bytes); then hand-broken manifests and weight files, each of which must
+ * be refused with one message naming the file and the field, and from memory with the same code.
  * Randomized: STRATA_SEED replays a run. */
 #include <errno.h>
 #include <fcntl.h>
@@ -194,6 +195,130 @@ static void s_check_manifest(const char *dir, const model_config_t *c, uint64_t 
     free(text);
 }
 
+/* ---- model_load_packed_mem over files read into memory --------------------------------------- */
+
+/* A folder's files read into malloc'd buffers, looked up by name: the source the executor's arenas
+ * give model_load_packed_mem, without shm. */
+typedef struct {
+    const char *dir;
+    int n;
+    char name[8][64];
+    unsigned char *data[8];
+    size_t bytes[8];
+} s_mem_t;
+
+static const unsigned char *s_mem_file(s_mem_t *mm, const char *name, size_t *bytes)
+{
+    for (int i = 0; i < mm->n; i++) {
+        if (!strcmp(mm->name[i], name)) {
+            *bytes = mm->bytes[i];
+            return mm->data[i];
+        }
+    }
+    if (mm->n == 8) return NULL;
+    char path[800];
+    snprintf(path, sizeof path, "%s/%s", mm->dir, name);
+    size_t n = 0;
+    char *p = s_read_text(path, &n);
+    if (!p) return NULL;
+    snprintf(mm->name[mm->n], sizeof mm->name[0], "%s", name);
+    mm->data[mm->n] = (unsigned char *)p;
+    mm->bytes[mm->n] = n;
+    *bytes = n;
+    return mm->data[mm->n++];
+}
+
+static void s_mem_free(s_mem_t *mm)
+{
+    for (int i = 0; i < mm->n; i++) free(mm->data[i]);
+    mm->n = 0;
+}
+
+static int s_mem_config(void *ctx, model_config_t *cfg, const char **text, size_t *len, strata_errbuf_t *eb)
+{
+    *text = (const char *)s_mem_file(ctx, "config.json", len);
+    if (!*text) return strata_seterr(eb, STRATA_EINVAL_INPUT, "mem: no config.json");
+    return model_config_parse(cfg, *text, *len, "mem:config.json", eb);
+}
+
+static int s_mem_check(void *ctx, const packed_manifest_t *pm, int32_t i, strata_errbuf_t *eb)
+{
+    size_t n = 0;
+    if (!s_mem_file(ctx, pm->files[i].name, &n)) return strata_seterr(eb, STRATA_EINVAL_INPUT, "mem: no %s", pm->files[i].name);
+    if (n != pm->files[i].bytes)
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "mem: %s holds %zu bytes, files[%d].bytes says %llu", pm->files[i].name, n,
+                             (int)i, (unsigned long long)pm->files[i].bytes);
+    return 0;
+}
+
+static int s_mem_map_calls;
+
+static int s_mem_map(void *ctx, model_t *m, const packed_manifest_t *pm, int32_t i, const unsigned char **data,
+                     strata_errbuf_t *eb)
+{
+    size_t n = 0;
+    s_mem_map_calls++;
+    *data = s_mem_file(ctx, pm->files[i].name, &n);
+    T_CHECK(*data && n == pm->files[i].bytes && n > 0, "map_file called for %s before its check or with 0 bytes",
+            pm->files[i].name);
+    return 0;
+}
+
+/* Load dir through model_load_packed_mem from memory. */
+static int s_load_mem(model_t *m, const char *dir, s_mem_t *mm, strata_errbuf_t *eb)
+{
+    char mpath[800];
+    snprintf(mpath, sizeof mpath, "%s/%s", dir, PACKED_MANIFEST);
+    memset(mm, 0, sizeof *mm);
+    mm->dir = dir;
+    size_t len = 0;
+    char *text = s_read_text(mpath, &len);
+    if (!text) return strata_seterr(eb, STRATA_EINVAL_INPUT, "mem: cannot read %s", mpath);
+    const packed_source_t src = {.manifest_name = "mem:" PACKED_MANIFEST, .config_name = "mem:config.json", .ctx = mm,
+                                 .config = s_mem_config, .check_file = s_mem_check, .map_file = s_mem_map};
+    int rc = model_load_packed_mem(m, text, len, &src, eb);
+    free(text);
+    return rc;
+}
+
+/* The model built from memory must be the model mapped from the files: every slot with the same
+ * format, shape, group and bytes, and its pointers inside the memory images. */
+static void s_check_mem_load(const char *dir, const model_t *pk, const char *what)
+{
+    model_t mk;
+    s_mem_t mm;
+    strata_errbuf_t eb = {{0}};
+    s_mem_map_calls = 0;
+    int rc = s_load_mem(&mk, dir, &mm, &eb);
+    T_CHECK(rc == 0, "%s: model_load_packed_mem: %s", what, eb.msg);
+    if (rc == 0) {
+        packed_slot_t *a = NULL, *b = NULL;
+        int32_t na = 0, nb = 0;
+        T_CHECK(packed_slots(&pk->cfg, (model_t *)pk, &a, &na) == 0 && packed_slots(&mk.cfg, &mk, &b, &nb) == 0 && na == nb,
+                "%s: slots", what);
+        T_CHECK(s_mem_map_calls > 0, "%s: no file was mapped", what);
+        for (int32_t k = 0; k < na && k < nb && !t_failed; k++) {
+            if (a[k].q) {
+                const qmat_t *x = a[k].q, *y = b[k].q;
+                T_CHECK(x->fmt == y->fmt && x->rows == y->rows && x->cols == y->cols && x->group == y->group &&
+                            !x->scales == !y->scales, "%s: %s: header differs", what, a[k].name);
+                T_CHECK(x->data != y->data, "%s: %s: not the memory copy", what, a[k].name);
+                size_t db = qmat_data_bytes(x->fmt, x->rows, x->cols), sb = qmat_scale_bytes(x->fmt, x->rows, x->cols, x->group);
+                T_CHECK(memcmp(x->data, y->data, db) == 0, "%s: %s: data differs", what, a[k].name);
+                if (x->scales && y->scales) T_CHECK(memcmp(x->scales, y->scales, sb) == 0, "%s: %s: scales differ", what, a[k].name);
+            } else {
+                T_CHECK(memcmp(*a[k].v, *b[k].v, (size_t)a[k].cols * sizeof(float)) == 0, "%s: %s: vector differs", what,
+                        a[k].name);
+            }
+        }
+        T_CHECK(!pk->cfg.tie_embeddings || mk.lm_head.data == mk.embed.data, "%s: tied lm_head", what);
+        free(a);
+        free(b);
+        model_free(&mk);
+    }
+    s_mem_free(&mm);
+}
+
 /* ---- broken manifests -------------------------------------------------------------------- */
 
 static const char *s_dir;   /* the packed folder being broken */
@@ -216,6 +341,16 @@ static void s_expect_fail(int want_rc, const char *what, const char *n1, const c
     if (n2) T_CHECK(strstr(eb.msg, n2) != NULL, "%s: message '%s' lacks '%s'", what, eb.msg, n2);
     fprintf(stderr, "  refused (%s): %s\n", what, eb.msg);
     if (rc == 0) model_free(&m);
+    /* the same folder from memory is refused the same way, before any file is looked into */
+    s_mem_t mm;
+    strata_errbuf_t mb = {{0}};
+    s_mem_map_calls = 0;
+    int mrc = s_load_mem(&m, s_dir, &mm, &mb);
+    T_CHECK(mrc == rc, "%s: from memory rc %d (%s), from files %d", what, mrc, strata_strerror(mrc), rc);
+    T_CHECK(strchr(mb.msg, '\n') == NULL && mb.msg[0], "%s: memory message must be one line: '%s'", what, mb.msg);
+    T_CHECK(s_mem_map_calls == 0, "%s: a file was mapped before the checks passed", what);
+    if (mrc == 0) model_free(&m);
+    s_mem_free(&mm);
 }
 
 static json_t *s_tensor(json_t *root, const char *name, int *idx)
@@ -452,6 +587,7 @@ int main(void)
             T_CHECK(rc == 0 && viaload.layers[0].wq.fmt == pk.layers[0].wq.fmt, "%s: model_load: %s", what, eb.msg);
             if (rc == 0) model_free(&viaload);
             s_check_model(&sm, &pk, s_fmts[f].fmt, s_fmts[f].group, f == 3 ? WF_BF16 : WF_F32, s_fmts[f].max_rel, what);
+            s_check_mem_load(out, &pk, what);
             model_free(&pk);
             if (a == 1 && s_fmts[f].fmt == WF_INT4 && s_fmts[f].group == 32) snprintf(broken, sizeof broken, "%s", out);
         }
