@@ -9,7 +9,7 @@
  *      folder (a virtual synthetic folder is generated in memory instead);
  *   3. gpu_model_create under --gpu-mem (resident weights, KV, workspace, expert slots);
  *   4. for each batch size B: B sequences prefill a short prompt, decode --warmup steps, then
- *      --steps timed greedy steps: tok/s (aggregate and per sequence), expert-cache hit rate,
+ *      --steps timed steps (random token ids in, argmax out): tok/s (aggregate and per sequence), expert-cache hit rate,
  *      prefetch accuracy, PCIe GB/s;
  *   5. one --prefill-token prompt in chunks of the step size: prefill tok/s;
  *   6. the roofline bound for each run on this machine (uniform routing over the measured slot
@@ -243,8 +243,11 @@ static int s_decode(s_be_t *be, const s_opts_t *o, int B, int32_t nb_per_seq, s_
             s_stats(be, &dummy, true);
             t0 = strata_now();
         }
+        /* Each step feeds fresh random token ids, not the argmax: on random weights greedy
+         * feedback repeats one token, which pins the routing to the same experts every step
+         * and would measure a skewed, not a uniform, expert load. The step's cost is the same. */
         for (int i = 0; i < B; i++) {
-            tok[i] = last[i];
+            tok[i] = (int32_t)((s_rng(&st) ^ (uint64_t)last[i]) % (uint64_t)V);
             pos[i] = npos[i]++;
             seq[i] = i;
         }

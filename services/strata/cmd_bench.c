@@ -12,7 +12,8 @@
  *                done (N = the batch the engine sees once prompts are prefilled);
  *   open loop    --rate R[,R2]: requests arrive as a Poisson process of R per second (seeded
  *                exponential gaps), spread over a pool of client sockets.
- * Each request is --prompt random token ids (ignore_eos, greedy) asking for --gen tokens. The
+ * Each request is --prompt random token ids (ignore_eos, sampled at temperature 1 with a
+ * per-request seed) asking for --gen tokens. The
  * first --warmup requests of a level are not measured.
  *
  * Figures per level, over the window from the end of warm-up to the last measured answer:
@@ -576,6 +577,11 @@ static int s_send_req(s_conn_t *cn, const s_opts_t *o, s_req_t *r, int k, uint64
     m.u.generate.max_tokens = o->gen;
     m.u.generate.ignore_eos = true;
     m.u.generate.stream = true;
+    /* Sampled at temperature 1, seeded per request: on random weights greedy decoding repeats
+     * one token and pins the routing to the same experts, which is not the uniform load the
+     * bound assumes. */
+    m.u.generate.samp.temperature = 1.0f;
+    m.u.generate.samp.seed = m.id;
     r->t_send = strata_now();
     r->sent = true;
     int rc = zmsg_send(cn->cl[r->client].sock, NULL, 0, &m, &cn->buf, 0);
