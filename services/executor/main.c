@@ -15,9 +15,7 @@
  * backend this build or machine does not have (do not restart).
  */
 #include <errno.h>
-#include <getopt.h>
 #include <libgen.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +24,7 @@
 
 #include "common/config.h"
 #include "common/notify.h"
+#include "common/service.h"
 #include "common/strata.h"
 #include "proto/msg.h"
 #include "proto/zmsg.h"
@@ -34,14 +33,6 @@
 
 #define HELLO_EVERY_S 0.2
 #define SCHED_ID "scheduler"
-
-static volatile sig_atomic_t s_stop;
-
-static void s_on_signal(int sig)
-{
-    (void)sig;
-    s_stop = 1;
-}
 
 static void s_usage(FILE *f)
 {
@@ -228,37 +219,12 @@ static int s_setopt_int(void *s, int opt, int v) { return zmq_setsockopt(s, opt,
 
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {{"config", required_argument, 0, 'c'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const char *config = NULL;
-    int c, rc = 1;
-    log_set_role("executor");
-    while ((c = getopt_long(argc, argv, "c:h", opts, NULL)) != -1) {
-        if (c == 'c') config = optarg;
-        else if (c == 'h') {
-            s_usage(stdout);
-            return 0;
-        } else {
-            s_usage(stderr);
-            return 2;
-        }
-    }
-    if (!config || optind != argc) {
-        s_usage(stderr);
-        return 2;
-    }
     static strata_config_t cfg;
+    int rc = service_init(argc, argv, "executor", s_usage, &cfg, NULL);
+    if (rc != SERVICE_RUN) return rc;
+    rc = SERVICE_EXIT_FAIL;
+    volatile sig_atomic_t *stop = service_signals();
     strata_errbuf_t eb = {{0}};
-    config_defaults(&cfg);
-    if (config_load(&cfg, config, &eb) < 0) {
-        log_error("%s", eb.msg);
-        return 2;
-    }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = s_on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
 
     static svc_t S;
     S.cfg = &cfg;
@@ -267,11 +233,12 @@ int main(int argc, char **argv)
         snprintf(tmp, sizeof tmp, "%s", cfg.model);
         snprintf(S.model_name, sizeof S.model_name, "%s", basename(tmp));
     }
-    int r = exec_model_open(&S.em, &cfg, cfg.launcher.ready_timeout_s > 0 ? cfg.launcher.ready_timeout_s : 60, &s_stop, &eb);
+    int r = exec_model_open(&S.em, &cfg, cfg.launcher.ready_timeout_s > 0 ? cfg.launcher.ready_timeout_s : 60, stop, &eb);
     if (r < 0) {
-        if (s_stop) return 0;
+        if (*stop) return SERVICE_EXIT_OK;
         log_error("model: %s", eb.msg[0] ? eb.msg : strata_strerror(r));
-        return r == STRATA_EINVAL_INPUT || r == STRATA_EFORMAT || r == STRATA_EUNSUPPORTED ? 2 : 1;
+        return r == STRATA_EINVAL_INPUT || r == STRATA_EFORMAT || r == STRATA_EUNSUPPORTED ? SERVICE_EXIT_CONFIG
+                                                                                             : SERVICE_EXIT_FAIL;
     }
     log_info("model %s: %s in %.1f ms (%s)", S.model_name, S.em.from_arena ? "built over the weight arenas" : "loaded from disk",
              S.em.load_ms, S.em.from_arena ? "no model file read" : "no arena");
@@ -287,7 +254,7 @@ int main(int argc, char **argv)
     r = exec_create(&S.ex, &S.em.m, &o, &eb);
     if (r < 0) {
         log_error("%s", eb.msg[0] ? eb.msg : strata_strerror(r));
-        rc = r == STRATA_EUNSUPPORTED || r == STRATA_EINVAL_INPUT ? 2 : 1;
+        rc = r == STRATA_EUNSUPPORTED || r == STRATA_EINVAL_INPUT ? SERVICE_EXIT_CONFIG : SERVICE_EXIT_FAIL;
         goto done;
     }
     S.tokens = malloc(MSG_MAX_STEP_SEQS * sizeof *S.tokens);
@@ -305,7 +272,7 @@ int main(int argc, char **argv)
     if (zmq_bind(S.sock, cfg.executor.endpoint) < 0) {
         int e = zmq_errno();
         log_error("cannot bind [executor] endpoint %s: %s", cfg.executor.endpoint, zmq_strerror(e));
-        rc = e == EINVAL || e == EPROTONOSUPPORT || e == ENODEV ? 2 : 1;
+        rc = service_endpoint_exit_code(e);
         goto done;
     }
     log_info("instance %016llx serving on %s: backend %s, KV %d blocks x %d tokens, %d tokens a step, context %d",
@@ -313,13 +280,13 @@ int main(int argc, char **argv)
              exec_max_context(S.ex));
     notify_ready();
     zmq_pollitem_t item = {S.sock, 0, ZMQ_POLLIN, 0};
-    while (!s_stop) {
+    while (!*stop) {
         int n = zmq_poll(&item, 1, S.heard ? 100 : 20);
         if (n < 0 && zmq_errno() != EINTR) {
             log_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
             goto done;
         }
-        for (int i = 0; i < 64 && !s_stop; i++) {
+        for (int i = 0; i < 64 && !*stop; i++) {
             int k = s_recv(&S);
             if (k < 0) {
                 log_error("receive: %s", strata_strerror(k));
@@ -335,9 +302,8 @@ int main(int argc, char **argv)
         }
         notify_watchdog();
     }
-    notify_stopping();
-    log_info("stopping");
-    rc = 0;
+    service_stopping();
+    rc = SERVICE_EXIT_OK;
 done:
     if (S.sock) zmq_close(S.sock);
     if (S.zctx) zmq_ctx_term(S.zctx);

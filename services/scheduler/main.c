@@ -22,8 +22,6 @@
  * Exit codes: 0 clean stop, 1 runtime failure (restart me), 2 bad config or usage.
  */
 #include <errno.h>
-#include <getopt.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +31,7 @@
 
 #include "common/config.h"
 #include "common/notify.h"
+#include "common/service.h"
 #include "common/strata.h"
 #include "proto/msg.h"
 #include "proto/zmsg.h"
@@ -46,14 +45,6 @@
 #define ROUTER_BATCH 1024     /* router messages handled between plans */
 #define STATS_WAIT_S 0.3      /* a stats reply waits this long for the executor's counters */
 #define MAX_PENDING_STATS 16
-
-static volatile sig_atomic_t s_stop;
-
-static void s_on_signal(int sig)
-{
-    (void)sig;
-    s_stop = 1;
-}
 
 static void s_usage(FILE *f)
 {
@@ -535,45 +526,20 @@ static int s_setopt_int(void *s, int opt, int v) { return zmq_setsockopt(s, opt,
 
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {{"config", required_argument, 0, 'c'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const char *config = NULL;
-    int c, rc = 1;
-    log_set_role("scheduler");
-    while ((c = getopt_long(argc, argv, "c:h", opts, NULL)) != -1) {
-        if (c == 'c') config = optarg;
-        else if (c == 'h') {
-            s_usage(stdout);
-            return 0;
-        } else {
-            s_usage(stderr);
-            return 2;
-        }
-    }
-    if (!config || optind != argc) {
-        s_usage(stderr);
-        return 2;
-    }
     static strata_config_t cfg;
-    strata_errbuf_t eb = {{0}};
-    config_defaults(&cfg);
-    if (config_load(&cfg, config, &eb) < 0) {
-        log_error("%s", eb.msg);
-        return 2;
-    }
+    const char *config = NULL;
+    int rc = service_init(argc, argv, "scheduler", s_usage, &cfg, &config);
+    if (rc != SERVICE_RUN) return rc;
+    rc = SERVICE_EXIT_FAIL;
     if (cfg.scheduler.max_batch_tokens < 1 || cfg.scheduler.max_seqs < 1 || cfg.scheduler.kv_blocks < 1 ||
         cfg.scheduler.block_size < 1) {
         log_error("%s: [scheduler] max_batch_tokens, max_seqs, kv_blocks and block_size must be >= 1", config);
-        return 2;
+        return SERVICE_EXIT_CONFIG;
     }
     if (cfg.scheduler.max_seqs > cfg.scheduler.max_batch_tokens)
         log_warn("%s: [scheduler] max_seqs = %d > max_batch_tokens = %d: at most %d sequences run at once (one decode token each)",
                  config, cfg.scheduler.max_seqs, cfg.scheduler.max_batch_tokens, cfg.scheduler.max_batch_tokens);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = s_on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    volatile sig_atomic_t *stop = service_signals();
 
     static svc_t S;
     S.cfg = &cfg;
@@ -601,20 +567,20 @@ int main(int argc, char **argv)
     if (zmq_bind(S.rsock, cfg.scheduler.endpoint) < 0) {
         int e = zmq_errno();
         log_error("cannot bind [scheduler] endpoint %s: %s", cfg.scheduler.endpoint, zmq_strerror(e));
-        rc = e == EINVAL || e == EPROTONOSUPPORT || e == ENODEV ? 2 : 1;
+        rc = service_endpoint_exit_code(e);
         goto done;
     }
     if (zmq_connect(S.esock, cfg.executor.endpoint) < 0) {
         int e = zmq_errno();
         log_error("cannot connect to [executor] endpoint %s: %s", cfg.executor.endpoint, zmq_strerror(e));
-        rc = e == EINVAL || e == EPROTONOSUPPORT ? 2 : 1;
+        rc = service_endpoint_exit_code(e);
         goto done;
     }
     log_info("instance %016llx: router side %s, executor at %s", (unsigned long long)S.instance, cfg.scheduler.endpoint,
              cfg.executor.endpoint);
     s_probe(&S, strata_now());
     zmq_pollitem_t items[2] = {{S.esock, 0, ZMQ_POLLIN, 0}, {S.rsock, 0, ZMQ_POLLIN, 0}};
-    while (!s_stop) {
+    while (!*stop) {
         bool busy = S.sc && S.exec_instance && sched_has_work(S.sc);
         int n = zmq_poll(items, 2, busy ? 0 : 20);
         if (n < 0 && zmq_errno() != EINTR) {
@@ -657,9 +623,8 @@ int main(int argc, char **argv)
         }
         notify_watchdog();
     }
-    notify_stopping();
-    log_info("stopping");
-    rc = 0;
+    service_stopping();
+    rc = SERVICE_EXIT_OK;
 done:
     if (S.rsock) zmq_close(S.rsock);
     if (S.esock) zmq_close(S.esock);

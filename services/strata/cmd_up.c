@@ -42,6 +42,7 @@
 #include "common/config.h"
 #include "common/notify.h"
 #include "common/placement.h"
+#include "common/service.h"
 #include "common/shm.h"
 #include "services/strata/cmd.h"
 #include "services/strata/demo.h"
@@ -206,7 +207,7 @@ static void s_on_exit(uv_process_t *p, int64_t status, int sig)
         s_group_stop(L, L->exit_code, NULL); /* finishes once nothing runs */
         return;
     }
-    if (!sig && status == 2) {
+    if (!sig && status == SERVICE_EXIT_CONFIG) {
         s->state = SV_FAILED;
         log_error("%s (pid %d) exited with 2 (bad config or usage): not restarting it; see its log", s->name, (int)s->pid);
         char why[128];
