@@ -70,45 +70,25 @@ static void s_dur(double s, char *out, size_t cap)
 
 int cmd_status(int argc, char **argv)
 {
-    const char *config = NULL, *run_dir = NULL;
-    bool demo = false, json = false;
+    gs_target_t tg = {0};
+    bool json = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             s_help(stdout);
             return 0;
-        } else if (!strcmp(argv[i], "--demo")) {
-            demo = true;
+        } else if (gs_target_opt(&tg, argc, argv, &i)) {
+            continue;
         } else if (!strcmp(argv[i], "--json")) {
             json = true;
-        } else if (i + 1 < argc && !strcmp(argv[i], "--config")) {
-            config = argv[++i];
-        } else if (i + 1 < argc && !strcmp(argv[i], "--run-dir")) {
-            run_dir = argv[++i];
         } else {
             fprintf(stderr, "strata status: unknown or incomplete option '%s'\n", argv[i]);
             s_help(stderr);
             return 2;
         }
     }
-    if (demo == (config != NULL) || (run_dir && !demo)) {
-        fprintf(stderr, "strata status: give --config FILE or --demo [--run-dir DIR]\n");
-        return 2;
-    }
     char rd[PATH_MAX];
-    if (demo) {
-        snprintf(rd, sizeof rd, "%s", run_dir ? run_dir : "/tmp/strata-demo");
-    } else {
-        strata_config_t *c = malloc(sizeof *c);
-        strata_errbuf_t eb = {{0}};
-        if (!c) return 1;
-        if (config_load(c, config, &eb) < 0) {
-            fprintf(stderr, "strata status: %s\n", eb.msg);
-            free(c);
-            return 2;
-        }
-        snprintf(rd, sizeof rd, "%s", c->run_dir);
-        free(c);
-    }
+    int rc = gs_target_run_dir(&tg, "status", rd, sizeof rd);
+    if (rc) return rc;
     gs_state_t *st = calloc(1, sizeof *st);
     if (!st) return 1;
     strata_errbuf_t eb = {{0}};

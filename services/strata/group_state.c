@@ -6,6 +6,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <time.h>
@@ -108,4 +109,41 @@ bool gs_locked(const char *run_dir)
     bool held = flock(fd, LOCK_SH | LOCK_NB) < 0 && errno == EWOULDBLOCK;
     close(fd);
     return held;
+}
+
+bool gs_target_opt(gs_target_t *t, int argc, char **argv, int *i)
+{
+    if (!strcmp(argv[*i], "--demo")) {
+        t->demo = true;
+    } else if (*i + 1 < argc && !strcmp(argv[*i], "--config")) {
+        t->config = argv[++*i];
+    } else if (*i + 1 < argc && !strcmp(argv[*i], "--run-dir")) {
+        t->run_dir = argv[++*i];
+    } else {
+        return false;
+    }
+    return true;
+}
+
+int gs_target_run_dir(const gs_target_t *t, const char *cmd, char *rd, size_t cap)
+{
+    if (t->demo == (t->config != NULL) || (t->run_dir && !t->demo)) {
+        fprintf(stderr, "strata %s: give --config FILE or --demo [--run-dir DIR]\n", cmd);
+        return 2;
+    }
+    if (t->demo) {
+        snprintf(rd, cap, "%s", t->run_dir ? t->run_dir : "/tmp/strata-demo");
+        return 0;
+    }
+    strata_config_t *c = malloc(sizeof *c);
+    strata_errbuf_t eb = {{0}};
+    if (!c) return 1;
+    if (config_load(c, t->config, &eb) < 0) {
+        fprintf(stderr, "strata %s: %s\n", cmd, eb.msg);
+        free(c);
+        return 2;
+    }
+    snprintf(rd, cap, "%s", c->run_dir);
+    free(c);
+    return 0;
 }

@@ -55,4 +55,20 @@ bool gs_locked(const char *run_dir);
 /* CLOCK_REALTIME in seconds. */
 double gs_now_unix(void);
 
+/* The group a reader command (`strata status`, `strata down`) names: --config FILE, or --demo
+ * [--run-dir DIR]. */
+typedef struct {
+    const char *config;     /* --config FILE, or NULL */
+    const char *run_dir;    /* --run-dir DIR, or NULL */
+    bool demo;              /* --demo */
+} gs_target_t;
+
+/* If argv[*i] is --demo, or --config / --run-dir followed by a value, record it in t, move *i past
+ * the value and return true; else false (an option without its value included). */
+bool gs_target_opt(gs_target_t *t, int argc, char **argv, int *i);
+/* Check t names exactly one group and write its run dir to rd: DIR or /tmp/strata-demo for --demo,
+ * else the config's run_dir. Returns 0, 2 (bad usage or config, "strata CMD: ..." printed) or 1
+ * (out of memory). */
+int gs_target_run_dir(const gs_target_t *t, const char *cmd, char *rd, size_t cap);
+
 #endif
