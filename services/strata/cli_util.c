@@ -112,6 +112,51 @@ int cli_parse_f32(const char *cmd, const char *flag, const char *s, float lo, fl
     return 0;
 }
 
+/* An unknown option, or the next positional argument. */
+int cli_positional(const char *cmd, const char *arg, const char **const *pos, int n, const char *expected)
+{
+    if (arg[0] == '-' && arg[1]) {
+        cli_error(cmd, "unknown option '%s' (see --help)", arg);
+        return 2;
+    }
+    for (int k = 0; k < n; k++) {
+        if (!*pos[k]) {
+            *pos[k] = arg;
+            return 0;
+        }
+    }
+    cli_error(cmd, "unexpected argument '%s' (%s)", arg, expected);
+    return 2;
+}
+
+/* The options of eval and generate, then MODEL. */
+int cli_model_arg(const char *cmd, int argc, char **argv, int *i, cli_model_args_t *a)
+{
+    const char *v;
+    int r;
+    if ((r = cli_opt(cmd, argc, argv, i, "--tokens", &v))) {
+        if (r < 0) return 2;
+        a->tokens = v;
+    } else if ((r = cli_opt(cmd, argc, argv, i, "--tokens-file", &v))) {
+        if (r < 0) return 2;
+        a->tokens_file = v;
+    } else if ((r = cli_opt(cmd, argc, argv, i, "--chunk", &v))) {
+        if (r < 0 || cli_parse_i64(cmd, "--chunk", v, 1, INT32_MAX, &a->chunk)) return 2;
+    } else if ((r = cli_opt(cmd, argc, argv, i, "--threads", &v))) {
+        if (r < 0 || cli_parse_i64(cmd, "--threads", v, 0, 4096, &a->threads)) return 2;
+    } else {
+        return cli_positional(cmd, argv[*i], (const char **const[]){&a->model_dir}, 1, "one MODEL folder expected");
+    }
+    return 0;
+}
+
+/* --tokens, else --tokens-file. */
+int cli_model_tokens(const char *cmd, const cli_model_args_t *a, int32_t **out, int32_t *n)
+{
+    if (a->tokens) return cli_parse_tokens(cmd, "--tokens", a->tokens, out, n);
+    return cli_read_tokens_file(cmd, a->tokens_file, out, n);
+}
+
 static bool s_is_sep(char c) { return c == ',' || c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 /* Ids separated by commas or whitespace; empty fields between commas are errors. */

@@ -35,6 +35,28 @@ int cli_parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, 
 int cli_parse_u64(const char *cmd, const char *flag, const char *s, uint64_t *out);
 int cli_parse_f32(const char *cmd, const char *flag, const char *s, float lo, float hi, float *out);
 
+/* A positional argument, or what is left after a command tried its options on argv[i]: an
+ * unknown option ("-x", "--x"; a lone "-" is an argument) is an error, else arg fills the first
+ * NULL slot of pos[0..n), and an argument with no slot left is an error whose message ends with
+ * `expected` (e.g. "HF_DIR and OUT_DIR expected"). Returns 0 or 2 (message printed). */
+int cli_positional(const char *cmd, const char *arg, const char **const *pos, int n, const char *expected);
+
+/* What `strata eval` and `strata generate` share on their command lines. */
+typedef struct {
+    const char *model_dir;       /* MODEL, the one positional argument */
+    const char *tokens;          /* --tokens IDS, or NULL */
+    const char *tokens_file;     /* --tokens-file FILE, or NULL */
+    int64_t chunk;               /* --chunk C in [1, 2^31), 0 if not given */
+    int64_t threads;             /* --threads T in [0, 4096], 0 = all CPUs */
+} cli_model_args_t;
+
+/* argv[*i] after the command tried its own options: --tokens, --tokens-file, --chunk, --threads
+ * (with their values; *i moves past them), or else cli_positional with MODEL. Returns 0 or 2. */
+int cli_model_arg(const char *cmd, int argc, char **argv, int *i, cli_model_args_t *a);
+/* The tokens of --tokens or, if that was not given, --tokens-file (cli_parse_tokens /
+ * cli_read_tokens_file). Returns 0 or the exit code. */
+int cli_model_tokens(const char *cmd, const cli_model_args_t *a, int32_t **out, int32_t *n);
+
 /* Parse token ids separated by commas, spaces, tabs or newlines into a malloc'd array
  * (*out, *n >= 1). `what` names the source in messages. Returns 0 or 2. */
 int cli_parse_tokens(const char *cmd, const char *what, const char *text, int32_t **out, int32_t *n);

@@ -51,8 +51,9 @@ static int s_feed_write(seq_t *s, const int32_t *tok, int32_t n, float *buf, FIL
 /* `strata eval`; returns the exit code. */
 int cmd_eval(int argc, char **argv)
 {
-    const char *model_dir = NULL, *tokens_arg = NULL, *tokens_file = NULL, *out_path = NULL, *v;
-    int64_t prefill = -1, chunk = 0, threads = 0;
+    cli_model_args_t a = {0};
+    const char *out_path = NULL, *v;
+    int64_t prefill = -1;
     int32_t *tok = NULL, n = 0;
     float *buf = NULL;
     FILE *fp = NULL;
@@ -70,54 +71,34 @@ int cmd_eval(int argc, char **argv)
             s_help(stdout);
             return 0;
         }
-        if ((r = cli_opt(C, argc, argv, &i, "--tokens", &v))) {
-            if (r < 0) return 2;
-            tokens_arg = v;
-        } else if ((r = cli_opt(C, argc, argv, &i, "--tokens-file", &v))) {
-            if (r < 0) return 2;
-            tokens_file = v;
-        } else if ((r = cli_opt(C, argc, argv, &i, "--logits-out", &v))) {
+        if ((r = cli_opt(C, argc, argv, &i, "--logits-out", &v))) {
             if (r < 0) return 2;
             out_path = v;
         } else if ((r = cli_opt(C, argc, argv, &i, "--prefill", &v))) {
             if (r < 0 || cli_parse_i64(C, "--prefill", v, 1, INT32_MAX, &prefill)) return 2;
-        } else if ((r = cli_opt(C, argc, argv, &i, "--chunk", &v))) {
-            if (r < 0 || cli_parse_i64(C, "--chunk", v, 1, INT32_MAX, &chunk)) return 2;
-        } else if ((r = cli_opt(C, argc, argv, &i, "--threads", &v))) {
-            if (r < 0 || cli_parse_i64(C, "--threads", v, 0, 4096, &threads)) return 2;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            cli_error(C, "unknown option '%s' (see --help)", argv[i]);
-            return 2;
-        } else if (!model_dir) {
-            model_dir = argv[i];
-        } else {
-            cli_error(C, "unexpected argument '%s' (one MODEL folder expected)", argv[i]);
+        } else if (cli_model_arg(C, argc, argv, &i, &a)) {
             return 2;
         }
     }
-    if (!model_dir || !out_path || (!tokens_arg == !tokens_file)) {
+    if (!a.model_dir || !out_path || (!a.tokens == !a.tokens_file)) {
         cli_error(C, "need MODEL, --logits-out and one of --tokens / --tokens-file (see --help)");
         return 2;
     }
-    if (tokens_arg)
-        rc = cli_parse_tokens(C, "--tokens", tokens_arg, &tok, &n);
-    else
-        rc = cli_read_tokens_file(C, tokens_file, &tok, &n);
-    if (rc) goto done;
+    if ((rc = cli_model_tokens(C, &a, &tok, &n))) goto done;
     if (prefill > n) {
         cli_error(C, "--prefill %lld is more than the %d tokens given", (long long)prefill, n);
         rc = 2;
         goto done;
     }
-    if ((rc = cli_load_model(C, &m, model_dir))) goto done;
+    if ((rc = cli_load_model(C, &m, a.model_dir))) goto done;
     loaded = true;
     if ((rc = cli_check_tokens(C, tok, n, m.cfg.vocab))) goto done;
-    if (!(pool = cli_pool(C, (int)threads))) {
+    if (!(pool = cli_pool(C, (int)a.threads))) {
         rc = 1;
         goto done;
     }
     int32_t n_pre = prefill > 0 ? (int32_t)prefill : n;
-    int32_t step = chunk > 0 && chunk < n_pre ? (int32_t)chunk : n_pre;
+    int32_t step = a.chunk > 0 && a.chunk < n_pre ? (int32_t)a.chunk : n_pre;
     int err = seq_init(&s, &m, pool, n, step);
     if (err < 0) {
         cli_error(C, "cannot set up the forward pass for %d tokens: %s", n, strata_strerror(err));

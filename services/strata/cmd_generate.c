@@ -33,8 +33,9 @@ static void s_help(FILE *f)
 /* `strata generate`; returns the exit code. */
 int cmd_generate(int argc, char **argv)
 {
-    const char *model_dir = NULL, *tokens_arg = NULL, *tokens_file = NULL, *v;
-    int64_t max_new = 16, chunk = 0, threads = 0;
+    cli_model_args_t a = {0};
+    const char *v;
+    int64_t max_new = 16;
     bool stats = false;
     sampler_params_t sp;
     sampler_params_default(&sp);
@@ -53,40 +54,20 @@ int cmd_generate(int argc, char **argv)
         }
         if ((r = cli_sampling_opt(C, argc, argv, &i, &sp))) {
             if (r == 2) return 2;
-        } else if ((r = cli_opt(C, argc, argv, &i, "--tokens", &v))) {
-            if (r < 0) return 2;
-            tokens_arg = v;
-        } else if ((r = cli_opt(C, argc, argv, &i, "--tokens-file", &v))) {
-            if (r < 0) return 2;
-            tokens_file = v;
         } else if ((r = cli_opt(C, argc, argv, &i, "--max-tokens", &v))) {
             if (r < 0 || cli_parse_i64(C, "--max-tokens", v, 0, 1 << 24, &max_new)) return 2;
-        } else if ((r = cli_opt(C, argc, argv, &i, "--chunk", &v))) {
-            if (r < 0 || cli_parse_i64(C, "--chunk", v, 1, INT32_MAX, &chunk)) return 2;
-        } else if ((r = cli_opt(C, argc, argv, &i, "--threads", &v))) {
-            if (r < 0 || cli_parse_i64(C, "--threads", v, 0, 4096, &threads)) return 2;
         } else if (!strcmp(argv[i], "--stats")) {
             stats = true;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            cli_error(C, "unknown option '%s' (see --help)", argv[i]);
-            return 2;
-        } else if (!model_dir) {
-            model_dir = argv[i];
-        } else {
-            cli_error(C, "unexpected argument '%s' (one MODEL folder expected)", argv[i]);
+        } else if (cli_model_arg(C, argc, argv, &i, &a)) {
             return 2;
         }
     }
-    if (!model_dir || (!tokens_arg == !tokens_file)) {
+    if (!a.model_dir || (!a.tokens == !a.tokens_file)) {
         cli_error(C, "need MODEL and one of --tokens / --tokens-file (see --help)");
         return 2;
     }
-    if (tokens_arg)
-        rc = cli_parse_tokens(C, "--tokens", tokens_arg, &tok, &n);
-    else
-        rc = cli_read_tokens_file(C, tokens_file, &tok, &n);
-    if (rc) goto done;
-    if ((rc = cli_load_model(C, &m, model_dir))) goto done;
+    if ((rc = cli_model_tokens(C, &a, &tok, &n))) goto done;
+    if ((rc = cli_load_model(C, &m, a.model_dir))) goto done;
     loaded = true;
     if ((rc = cli_check_tokens(C, tok, n, m.cfg.vocab))) goto done;
     if ((int64_t)n + max_new > INT32_MAX) {
@@ -94,7 +75,7 @@ int cmd_generate(int argc, char **argv)
         rc = 2;
         goto done;
     }
-    if (!(pool = cli_pool(C, (int)threads))) {
+    if (!(pool = cli_pool(C, (int)a.threads))) {
         rc = 1;
         goto done;
     }
@@ -105,7 +86,7 @@ int cmd_generate(int argc, char **argv)
         goto done;
     }
     gen_stats_t st;
-    int err = generate_tokens(&m, pool, tok, n, (int32_t)max_new, &sp, (int32_t)chunk, out, &n_out, &st);
+    int err = generate_tokens(&m, pool, tok, n, (int32_t)max_new, &sp, (int32_t)a.chunk, out, &n_out, &st);
     if (err < 0) {
         cli_error(C, "generation failed: %s", strata_strerror(err));
         rc = 1;

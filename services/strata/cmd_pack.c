@@ -141,15 +141,7 @@ int cmd_pack(int argc, char **argv)
             force = true;
         } else if (!strcmp(argv[i], "--quiet")) {
             quiet = true;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            cli_error(C, "unknown option '%s' (see --help)", argv[i]);
-            return 2;
-        } else if (!src) {
-            src = argv[i];
-        } else if (!out) {
-            out = argv[i];
-        } else {
-            cli_error(C, "unexpected argument '%s' (HF_DIR and OUT_DIR expected)", argv[i]);
+        } else if (cli_positional(C, argv[i], (const char **const[]){&src, &out}, 2, "HF_DIR and OUT_DIR expected")) {
             return 2;
         }
     }

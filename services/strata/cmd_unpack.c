@@ -197,15 +197,7 @@ int cmd_unpack(int argc, char **argv)
         }
         if (!strcmp(argv[i], "--force")) {
             force = true;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            cli_error(C, "unknown option '%s' (see --help)", argv[i]);
-            return 2;
-        } else if (!in) {
-            in = argv[i];
-        } else if (!out) {
-            out = argv[i];
-        } else {
-            cli_error(C, "unexpected argument '%s' (PACKED and OUT expected)", argv[i]);
+        } else if (cli_positional(C, argv[i], (const char **const[]){&in, &out}, 2, "PACKED and OUT expected")) {
             return 2;
         }
     }
