@@ -226,6 +226,21 @@ static json_t *s_get_array(json_t *o, const char *key, const char *name, strata_
     return v;
 }
 
+/* Record i of the array field `key` (arr): an object with no key outside `keys`. `where` gets
+ * "key[i]." for the messages about its fields. NULL with *rc set on error. */
+static json_t *s_record(json_t *arr, const char *key, int32_t i, const char *const *keys, char *where, size_t cap,
+                        const char *name, strata_errbuf_t *eb, int *rc)
+{
+    json_t *o = json_array_get(arr, (size_t)i);
+    snprintf(where, cap, "%s[%d].", key, i);
+    if (!json_is_object(o)) {
+        *rc = strata_seterr(eb, STRATA_EFORMAT, "%s: field '%s[%d]' must be an object", name, key, i);
+        return NULL;
+    }
+    *rc = s_keys_known(o, keys, where, name, eb);
+    return *rc < 0 ? NULL : o;
+}
+
 static int s_file_index(const packed_manifest_t *pm, json_t *o, const char *where, int32_t *out, const char *name,
                         strata_errbuf_t *eb)
 {
@@ -336,14 +351,9 @@ int packed_manifest_parse(packed_manifest_t *pm, const char *json, size_t len, c
         goto fail;
     }
     for (int32_t i = 0; i < pm->n_files; i++) {
-        json_t *o = json_array_get(arr, (size_t)i);
         packed_file_t *f = &pm->files[i];
-        snprintf(where, sizeof where, "files[%d].", i);
-        if (!json_is_object(o)) {
-            rc = strata_seterr(eb, STRATA_EFORMAT, "%s: field 'files[%d]' must be an object", name, i);
-            goto fail;
-        }
-        S_TRY(s_keys_known(o, file_keys, where, name, eb));
+        json_t *o = s_record(arr, "files", i, file_keys, where, sizeof where, name, eb, &rc);
+        if (!o) goto fail;
         S_TRY(s_get_str(o, "name", where, f->name, sizeof f->name, name, eb));
         if (!s_plain_name(f->name) || !strcmp(f->name, PACKED_MANIFEST) || !strcmp(f->name, "config.json")) {
             rc = strata_seterr(eb, STRATA_EFORMAT, "%s: field 'files[%d].name' = '%s' is not a plain weight file name",
@@ -373,14 +383,9 @@ int packed_manifest_parse(packed_manifest_t *pm, const char *json, size_t len, c
         goto fail;
     }
     for (int32_t i = 0; i < pm->n_tensors; i++) {
-        json_t *o = json_array_get(arr, (size_t)i);
         packed_tensor_t *t = &pm->tensors[i];
-        snprintf(where, sizeof where, "tensors[%d].", i);
-        if (!json_is_object(o)) {
-            rc = strata_seterr(eb, STRATA_EFORMAT, "%s: field 'tensors[%d]' must be an object", name, i);
-            goto fail;
-        }
-        S_TRY(s_keys_known(o, tensor_keys, where, name, eb));
+        json_t *o = s_record(arr, "tensors", i, tensor_keys, where, sizeof where, name, eb, &rc);
+        if (!o) goto fail;
         S_TRY(s_get_str(o, "name", where, t->name, sizeof t->name, name, eb));
         S_TRY(s_get_fmt(o, "format", where, &t->fmt, name, eb));
         json_t *sh = json_object_get(o, "shape");
@@ -426,14 +431,9 @@ int packed_manifest_parse(packed_manifest_t *pm, const char *json, size_t len, c
         goto fail;
     }
     for (int32_t i = 0; i < pm->n_blocks; i++) {
-        json_t *o = json_array_get(arr, (size_t)i);
         packed_block_t *b = &pm->blocks[i];
-        snprintf(where, sizeof where, "experts[%d].", i);
-        if (!json_is_object(o)) {
-            rc = strata_seterr(eb, STRATA_EFORMAT, "%s: field 'experts[%d]' must be an object", name, i);
-            goto fail;
-        }
-        S_TRY(s_keys_known(o, block_keys, where, name, eb));
+        json_t *o = s_record(arr, "experts", i, block_keys, where, sizeof where, name, eb, &rc);
+        if (!o) goto fail;
         S_TRY(s_get_int(o, "layer", where, 0, INT32_MAX, &x, name, eb));
         b->layer = (int32_t)x;
         S_TRY(s_get_int(o, "expert", where, 0, INT32_MAX, &x, name, eb));
