@@ -1001,6 +1001,54 @@ fail:
 /* ------------------------------------------------------------------------------------------ */
 /* Loader.                                                                                    */
 
+int packed_model_build(model_t *m, const packed_manifest_t *pm, const int32_t *idx, const unsigned char *const *files)
+{
+    int rc = 0;
+    packed_slot_t *slots = NULL;
+    int32_t n_slots = 0;
+
+    m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
+    if (!m->layers || model_own_buffer(m, m->layers) < 0) {
+        free(m->layers);
+        m->layers = NULL;
+        rc = -ENOMEM;
+        goto fail;
+    }
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        if (!m->cfg.layer_sparse[l]) continue;
+        ffn_t *x = calloc((size_t)m->cfg.n_experts, sizeof *x);
+        if (!x || model_own_buffer(m, x) < 0) {
+            free(x);
+            rc = -ENOMEM;
+            goto fail;
+        }
+        m->layers[l].experts = x;
+    }
+    S_TRY(packed_slots(&m->cfg, m, &slots, &n_slots));
+    for (int32_t s = 0; s < n_slots; s++) {
+        const packed_tensor_t *t = &pm->tensors[idx[s]];
+        /* the files are read-only; qmat_t and the vector slots are const in use */
+        unsigned char *base = (unsigned char *)(uintptr_t)files[t->file];
+        STRATA_ASSERT(base);
+        if (slots[s].q) {
+            qmat_t *q = slots[s].q;
+            q->fmt = t->fmt;
+            q->rows = t->rows;
+            q->cols = t->cols;
+            q->group = t->fmt == WF_INT4 ? t->group : 0;
+            q->data = base + t->offset;
+            q->scales = t->scale_bytes ? base + t->scale_offset : NULL;
+        } else {
+            STRATA_ASSERT(slots[s].v);
+            *slots[s].v = (float *)(void *)(base + t->offset);
+        }
+    }
+    if (m->cfg.tie_embeddings) m->lm_head = m->embed;
+fail:
+    free(slots);
+    return rc;
+}
+
 int model_load_packed_mem(model_t *m, const char *manifest, size_t len, const packed_source_t *src,
                           strata_errbuf_t *eb)
 {
@@ -1046,43 +1094,7 @@ int model_load_packed_mem(model_t *m, const char *manifest, size_t len, const pa
         S_TRY(src->map_file(src->ctx, m, &pm, i, &maps[i], eb));
     }
 
-    m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
-    if (!m->layers || model_own_buffer(m, m->layers) < 0) {
-        free(m->layers);
-        m->layers = NULL;
-        rc = -ENOMEM;
-        goto fail;
-    }
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        if (!m->cfg.layer_sparse[l]) continue;
-        ffn_t *x = calloc((size_t)m->cfg.n_experts, sizeof *x);
-        if (!x || model_own_buffer(m, x) < 0) {
-            free(x);
-            rc = -ENOMEM;
-            goto fail;
-        }
-        m->layers[l].experts = x;
-    }
-    S_TRY(packed_slots(&m->cfg, m, &slots, &n_slots));
-    for (int32_t s = 0; s < n_slots; s++) {
-        const packed_tensor_t *t = &pm.tensors[idx[s]];
-        /* the files are read-only; qmat_t and the vector slots are const in use */
-        unsigned char *base = (unsigned char *)(uintptr_t)maps[t->file];
-        STRATA_ASSERT(base);
-        if (slots[s].q) {
-            qmat_t *q = slots[s].q;
-            q->fmt = t->fmt;
-            q->rows = t->rows;
-            q->cols = t->cols;
-            q->group = t->fmt == WF_INT4 ? t->group : 0;
-            q->data = base + t->offset;
-            q->scales = t->scale_bytes ? base + t->scale_offset : NULL;
-        } else {
-            STRATA_ASSERT(slots[s].v);
-            *slots[s].v = (float *)(void *)(base + t->offset);
-        }
-    }
-    if (m->cfg.tie_embeddings) m->lm_head = m->embed;
+    S_TRY(packed_model_build(m, &pm, idx, maps));
     rc = 0;
     goto done;
 fail:

@@ -135,6 +135,14 @@ typedef struct {
 int model_load_packed_mem(model_t *m, const char *manifest, size_t len, const packed_source_t *src,
                           strata_errbuf_t *eb);
 
+/* Point m (its cfg set, nothing else) at pm's tensors inside files, where files[i] holds the bytes
+ * of pm->files[i] (NULL for a file of 0 bytes) and idx is what packed_manifest_check of pm against
+ * m->cfg gave: allocates the layer and expert tables (owned by m), fills every qmat_t and vector
+ * slot (zero copy) and ties lm_head. The last step of model_load_packed_mem, for writers that hold
+ * a checked manifest and its files in memory. Returns 0 or -ENOMEM (m then holds what model_free
+ * releases). */
+int packed_model_build(model_t *m, const packed_manifest_t *pm, const int32_t *idx, const unsigned char *const *files);
+
 /* Re-read every weight file of the packed folder dir and compare size and crc32 with pm. */
 int packed_verify(const char *dir, const packed_manifest_t *pm, strata_errbuf_t *eb);
 
