@@ -1,4 +1,5 @@
 /* cli_util.c - parsing helpers shared by the `strata` subcommands (see cli_util.h). */
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -6,8 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/cpu/ops.h"
+#include "model/packed.h"
 #include "services/strata/cli_util.h"
 
 /* LOG_WARN unless STRATA_LOG is set. */
@@ -313,6 +316,35 @@ int cli_load_model(const char *cmd, model_t *m, const char *dir)
         return cli_exit_code(rc);
     }
     return 0;
+}
+
+/* The manifest, then the files `ours` names. */
+int cli_clear_out(const char *cmd, const char *dir, bool (*ours)(const char *name))
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, PACKED_MANIFEST);
+    if (unlink(path) < 0 && errno != ENOENT) {
+        cli_error(cmd, "%s: cannot remove: %s", path, strerror(errno));
+        return 1;
+    }
+    DIR *d = opendir(dir);
+    if (!d) {
+        cli_error(cmd, "%s: cannot open: %s", dir, strerror(errno));
+        return 2;
+    }
+    struct dirent *e;
+    int rc = 0;
+    while ((e = readdir(d))) {
+        if (!ours(e->d_name)) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (unlink(path) < 0) {
+            cli_error(cmd, "%s: cannot remove: %s", path, strerror(errno));
+            rc = 1;
+            break;
+        }
+    }
+    closedir(d);
+    return rc;
 }
 
 /* tpool_create with a message on failure. */

@@ -75,6 +75,11 @@ extern const char cli_sampling_help[];
  * and returns the exit code (2 bad input, 1 other). Returns 0 on success. */
 int cli_load_model(const char *cmd, model_t *m, const char *dir);
 
+/* --force of a command that writes a packed folder: remove dir's manifest first (the folder stops
+ * being a loadable model at once, whatever happens next), then every file whose name `ours`
+ * claims. Returns 0, 1 (a file could not be removed) or 2 (dir cannot be read), message printed. */
+int cli_clear_out(const char *cmd, const char *dir, bool (*ours)(const char *name));
+
 /* A thread pool of `threads` (0 = all CPUs); NULL with a message if it cannot start. */
 tpool_t *cli_pool(const char *cmd, int threads);
 

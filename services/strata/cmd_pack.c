@@ -60,36 +60,6 @@ static bool s_is_weight_file(const char *name)
     return n > 12 && !strncmp(name, "experts-", 8) && !strcmp(name + n - 4, ".bin");
 }
 
-/* --force: make OUT_DIR a clean target. The manifest goes first, so that whatever happens next
- * the folder is no longer a loadable packed model until the new manifest lands. */
-static int s_clear_out(const char *dir)
-{
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, PACKED_MANIFEST);
-    if (unlink(path) < 0 && errno != ENOENT) {
-        cli_error(C, "%s: cannot remove: %s", path, strerror(errno));
-        return 1;
-    }
-    DIR *d = opendir(dir);
-    if (!d) {
-        cli_error(C, "%s: cannot open: %s", dir, strerror(errno));
-        return 2;
-    }
-    struct dirent *e;
-    int rc = 0;
-    while ((e = readdir(d))) {
-        if (!s_is_weight_file(e->d_name)) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        if (unlink(path) < 0) {
-            cli_error(C, "%s: cannot remove: %s", path, strerror(errno));
-            rc = 1;
-            break;
-        }
-    }
-    closedir(d);
-    return rc;
-}
-
 /* A failed pack into a folder this run created: remove the files it wrote and the folder. */
 static int s_remove_created(const char *dir)
 {
@@ -202,7 +172,8 @@ int cmd_pack(int argc, char **argv)
     if ((rc = cli_load_model(C, &m, src))) goto done;
     loaded = true;
     if (stat(out, &so) == 0) {
-        if ((rc = s_clear_out(out))) goto done;
+        /* --force: OUT_DIR's manifest goes first, then the weight files a packed writer makes */
+        if ((rc = cli_clear_out(C, out, s_is_weight_file))) goto done;
     } else if (mkdir(out, 0755) < 0) {
         cli_error(C, "%s: cannot create: %s", out, strerror(errno));
         rc = 2;
