@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bench/roofline.h"
 #include "kernels/cpu/ops.h"
 #include "model/generate.h"
 #include "model/synth.h"
@@ -28,55 +29,6 @@ typedef struct {
     double bw_gib; /* probe size */
 } s_opts_t;
 
-typedef struct {
-    const uint64_t *buf;
-    int64_t n;   /* uint64 words */
-    uint64_t *sums; /* [threads * 8] one cache line per thread */
-} s_bw_job_t;
-
-static void s_bw_fn(void *ctx, int64_t i0, int64_t i1, int tid)
-{
-    s_bw_job_t *j = ctx;
-    /* items are 4 KiB pages; 8 independent accumulators let the compiler vectorise */
-    uint64_t a[8] = {0};
-    for (int64_t p = i0; p < i1; p++) {
-        const uint64_t *w = j->buf + p * 512;
-        for (int i = 0; i < 512; i += 8)
-            for (int k = 0; k < 8; k++) a[k] += w[i + k];
-    }
-    uint64_t s = 0;
-    for (int k = 0; k < 8; k++) s += a[k];
-    j->sums[tid * 8] += s;
-}
-
-/* Best-of-5 read bandwidth, bytes/s, over a buffer much larger than the caches. */
-static double s_measure_bw(tpool_t *pool, size_t bytes)
-{
-    bytes = bytes / 4096 * 4096;
-    uint64_t *buf = aligned_alloc(4096, bytes);
-    int nt = tpool_size(pool);
-    uint64_t *sums = calloc((size_t)nt * 8, sizeof(uint64_t));
-    if (!buf || !sums) {
-        free(buf);
-        free(sums);
-        return 0;
-    }
-    for (size_t i = 0; i < bytes / 8; i++) buf[i] = i * 0x9E3779B97F4A7C15ull;
-    s_bw_job_t j = {buf, (int64_t)(bytes / 8), sums};
-    double best = 0;
-    for (int r = 0; r < 6; r++) {
-        double t0 = strata_now();
-        tpool_run(pool, (int64_t)(bytes / 4096), 64, s_bw_fn, &j);
-        double dt = strata_now() - t0;
-        if (r > 0 && bytes / dt > best) best = bytes / dt; /* first pass warms up */
-    }
-    uint64_t s = 0;
-    for (int i = 0; i < nt; i++) s += sums[i * 8];
-    if (s == 42) fprintf(stderr, " "); /* keep the sums observable */
-    free(buf);
-    free(sums);
-    return best;
-}
 
 static size_t s_qbytes(const qmat_t *q)
 {
@@ -211,8 +163,8 @@ int main(int argc, char **argv)
     s_cpu_name(cpu, sizeof(cpu));
     printf("machine: %s, %ld cpus online, %d threads, isa %s\n", cpu, sysconf(_SC_NPROCESSORS_ONLN), tpool_size(pool),
            cpu_isa_name(isa));
-    double bw = s_measure_bw(pool, (size_t)(o.bw_gib * (1u << 30)));
-    printf("memory read bandwidth: %.2f GB/s (best of 5 over %.2f GiB)\n", bw / 1e9, o.bw_gib);
+    double bw = roofline_cpu_membw(pool, (size_t)(o.bw_gib * (1u << 30)), 6);
+    printf("memory read bandwidth: %.2f GB/s (best of 6 over %.2f GiB)\n", bw / 1e9, o.bw_gib);
     printf("shape: %d layers, hidden %d, heads %d/%d x %d, %d experts top-%d inter %d, vocab %d; prompt %d, %d "
            "decode steps\n\n",
            o.layers, o.hidden, o.heads, o.kv_heads, o.head_dim, o.experts, o.top_k, o.inter, o.vocab, o.prompt,

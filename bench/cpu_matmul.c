@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "common/strata.h"
+#include "bench/roofline.h"
 #include "kernels/cpu/ops.h"
 
 typedef struct {
@@ -31,51 +32,6 @@ typedef struct {
     double us_per_call;
     double cpu_gbps;   /* weight bytes per second of process CPU time: one core's rate */
 } res_t;
-
-/* ---- memory read bandwidth ---- */
-
-typedef long long v2i __attribute__((vector_size(16)));
-
-typedef struct {
-    const v2i *buf;
-    int64_t n;        /* v2i elements */
-    v2i sink[64];     /* per-thread results, so the loads are not optimized away */
-} bw_ctx_t;
-
-static void s_bw_chunk(void *ctx, int64_t i0, int64_t i1, int tid)
-{
-    bw_ctx_t *c = ctx;
-    v2i a0 = {0, 0}, a1 = a0, a2 = a0, a3 = a0;
-    const v2i *p = c->buf;
-    for (int64_t i = i0 * 1024; i < i1 * 1024; i += 4) {
-        a0 += p[i];
-        a1 += p[i + 1];
-        a2 += p[i + 2];
-        a3 += p[i + 3];
-    }
-    c->sink[tid & 63] += a0 + a1 + a2 + a3;
-}
-
-static double s_membw(tpool_t *pool, size_t bytes, int passes)
-{
-    bw_ctx_t c = {0};
-    v2i *buf = NULL;
-    if (posix_memalign((void **)&buf, 4096, bytes) != 0) return 0;
-    memset(buf, 1, bytes);
-    c.buf = buf;
-    c.n = (int64_t)(bytes / sizeof(v2i));
-    double best = 0;
-    for (int i = 0; i < passes; i++) {
-        double t0 = strata_now();
-        /* items of 1024 vectors (16 KiB) */
-        tpool_run(pool, c.n / 1024, 16, s_bw_chunk, &c);
-        double t = strata_now() - t0;
-        double gbps = (double)(c.n / 1024) * 1024 * sizeof(v2i) / t / 1e9;
-        if (gbps > best) best = gbps;
-    }
-    free(buf);
-    return best;
-}
 
 /* ---- weights ---- */
 
@@ -270,7 +226,7 @@ int main(int argc, char **argv)
     }
     printf("machine: %s, cpu: %s, threads: %d, isa: %s\n", host, cpu, tpool_size(pool), cpu_isa_name(got));
     size_t bw_bytes = (size_t)mb << 20;
-    double bound = s_membw(pool, bw_bytes, 10);
+    double bound = roofline_cpu_membw(pool, bw_bytes, 10) / 1e9;
     printf("memory read bandwidth (%d threads, %d MiB, best of 10): %.2f GB/s\n", tpool_size(pool), mb, bound);
     printf("(ratio columns below use the bound so far; the final ratios follow the table)\n");
     printf("%-20s %-6s %10s %10s %8s %10s %10s\n", "shape", "format", "best GB/s", "med GB/s", "ratio", "us/call", "GB/cpu-s");
@@ -291,7 +247,7 @@ int main(int argc, char **argv)
         }
         /* measure the bound again next to each format, so a busy spell on a shared machine
          * lowers neither figure alone; the bound is the best seen */
-        double again = s_membw(pool, bw_bytes, 5);
+        double again = roofline_cpu_membw(pool, bw_bytes, 5) / 1e9;
         if (again > bound) bound = again;
         qmat_t probe = {.fmt = (wfmt_t)f, .rows = inter, .cols = hidden, .group = group};
         size_t per = 3 * s_qbytes(&probe);
