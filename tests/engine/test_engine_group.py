@@ -120,6 +120,19 @@ def check_answers(reqs, res, refs):
     assert not bad, "\n".join(bad)
 
 
+def hold_until_queued(g, pid, n, limit=20.0):
+    """SIGCONT pid once the scheduler counts n requests waiting or running (or after limit s)."""
+    t0 = time.time()
+    try:
+        while time.time() - t0 < limit:
+            st = sched_stats(g)
+            if st.get("scheduler.waiting", 0) + st.get("scheduler.running", 0) >= n:
+                return
+            time.sleep(0.02)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 def case_batching():
     rnd = random.Random(A.seed)
     reqs = []
@@ -141,7 +154,17 @@ def case_batching():
         with gl.Group(A, kind="real", sections={"scheduler": sched}) as g:
             g.start()
             t0 = time.time()
+            if want == "seqs":
+                # Hold the executor (SIGSTOP) until the scheduler holds all 32 requests, so that
+                # the steps after it resumes can batch them all: otherwise a loaded machine
+                # delivers the requests over several steps and the width depends on timing.
+                ex = g.svc("executor")
+                os.kill(ex["pid"], signal.SIGSTOP)
+                held = threading.Thread(target=hold_until_queued, args=(g, ex["pid"], len(reqs)))
+                held.start()
             res, _ = stream_all(g, reqs)
+            if want == "seqs":
+                held.join()
             wall = time.time() - t0
             check_answers(reqs, res, refs)
             st = sched_stats(g)
