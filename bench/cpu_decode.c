@@ -26,6 +26,7 @@ typedef struct {
     int32_t vocab, hidden, heads, kv_heads, head_dim, experts, top_k, inter;
     const char *formats;
     const char *json;
+    const char *acts;
     double bw_gib; /* probe size */
 } s_opts_t;
 
@@ -78,13 +79,15 @@ static void s_help(FILE *f)
             "  --hidden H --heads Q --kv-heads K --head-dim D --experts E --top-k K --inter I\n"
             "                   shapes (defaults 2048 32 4 128 128 8 768)\n"
             "  --bw-gib G       bandwidth probe buffer in GiB (default 1)\n"
+            "  --act LIST       INT4 activations, comma-separated: f32 (exact) q8 (int8 blocks, as the\n"
+            "                   GPU's integer path; STRATA_CPU_ACT) (default f32,q8; other formats: f32)\n"
             "  --json FILE      also write the results as JSON\n"
             "  -h, --help       this help\n");
 }
 
 static int s_parse(int argc, char **argv, s_opts_t *o)
 {
-    *o = (s_opts_t){4, 0, 32, 16, 32, 151936, 2048, 32, 4, 128, 128, 8, 768, "int4,bf16", NULL, 1.0};
+    *o = (s_opts_t){4, 0, 32, 16, 32, 151936, 2048, 32, 4, 128, 128, 8, 768, "int4,bf16", NULL, "f32,q8", 1.0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -98,6 +101,7 @@ static int s_parse(int argc, char **argv, s_opts_t *o)
         bool num = *v && !*end && x >= 0 && x <= (1L << 30);
         if (!strcmp(a, "--formats")) o->formats = v;
         else if (!strcmp(a, "--json")) o->json = v;
+        else if (!strcmp(a, "--act")) o->acts = v;
         else if (!strcmp(a, "--bw-gib")) o->bw_gib = atof(v);
         else if (!num) goto bad;
         else if (!strcmp(a, "--layers")) o->layers = (int)x;
@@ -148,6 +152,61 @@ static void s_cpu_name(char *out, size_t n)
     fclose(f);
 }
 
+/* Prefill o->prompt tokens, 2 warm-up steps, then o->steps timed decode steps; prints a table
+ * row and appends its JSON. 0 or 1. */
+static int s_run(const s_opts_t *o, const model_t *m, tpool_t *pool, double bw, const char *fmt, const char *act,
+                 double build_s, json_t *jres)
+{
+    seq_t s;
+    int err = seq_init(&s, m, pool, o->prompt + o->steps + 2, o->prompt);
+    float *logits = malloc((size_t)o->vocab * sizeof(float));
+    int32_t *prompt = malloc((size_t)o->prompt * sizeof(int32_t));
+    int rc = 0;
+    if (err < 0 || !logits || !prompt) {
+        fprintf(stderr, "cpu_decode: setting up decode failed\n");
+        free(logits);
+        free(prompt);
+        if (err >= 0) seq_free(&s);
+        return 1;
+    }
+    for (int i = 0; i < o->prompt; i++) prompt[i] = (int32_t)((i * 7919 + 13) % o->vocab);
+    err = seq_feed(&s, prompt, o->prompt, false, logits);
+    int32_t t = cpu_sample(logits, o->vocab, 0, 0, 1, 0);
+    for (int w = 0; w < 2 && err >= 0; w++) { /* warm-up steps */
+        err = seq_feed(&s, &t, 1, false, logits);
+        t = cpu_sample(logits, o->vocab, 0, 0, 1, 0);
+    }
+    double t0 = strata_now();
+    for (int i = 0; i < o->steps && err >= 0; i++) {
+        err = seq_feed(&s, &t, 1, false, logits);
+        t = cpu_sample(logits, o->vocab, 0, 0, 1, 0);
+    }
+    double dt = strata_now() - t0;
+    if (err < 0) {
+        fprintf(stderr, "cpu_decode: forward failed: %s\n", strata_strerror(err));
+        rc = 1;
+    } else {
+        size_t ab, eb, ob;
+        s_bytes_per_token(m, &ab, &eb, &ob);
+        double bpt = (double)(ab + eb + ob);
+        double tps = o->steps / dt, bound = bw / bpt;
+        char label[48];
+        snprintf(label, sizeof(label), "%s%s%s", fmt, strcmp(fmt, "int4") ? "" : "/", strcmp(fmt, "int4") ? "" : act);
+        printf("%-9s %10.2f %12.2f %12.2f %10s %12.2f %8.3f\n", label, tps, bpt / 1e6, tps * bpt / 1e9, "mem-bw",
+               bound, tps / bound);
+        json_t *r = json_pack("{s:s, s:s, s:s, s:f, s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "format",
+                              fmt, "activations", act, "figure", "decode_tok_s", "value", tps, "bound",
+                              "mem_read_bw / weight_bytes_per_token", "bound_tok_s", bound, "ratio", tps / bound,
+                              "weight_bytes_per_token", bpt, "attn_bytes", (double)ab, "expert_bytes", (double)eb,
+                              "other_bytes", (double)ob, "bytes_per_s", tps * bpt, "build_s", build_s);
+        json_array_append_new(jres, r);
+    }
+    free(logits);
+    free(prompt);
+    seq_free(&s);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     s_opts_t o;
@@ -169,7 +228,7 @@ int main(int argc, char **argv)
            "decode steps\n\n",
            o.layers, o.hidden, o.heads, o.kv_heads, o.head_dim, o.experts, o.top_k, o.inter, o.vocab, o.prompt,
            o.steps);
-    printf("%-6s %10s %12s %12s %10s %12s %8s\n", "format", "tok/s", "MB/token", "GB/s", "bound", "bound tok/s",
+    printf("%-9s %10s %12s %12s %10s %12s %8s\n", "format", "tok/s", "MB/token", "GB/s", "bound", "bound tok/s",
            "ratio");
 
     json_t *jres = json_array();
@@ -196,52 +255,19 @@ int main(int argc, char **argv)
             break;
         }
         double build_s = strata_now() - tb;
-        seq_t s;
-        err = seq_init(&s, &m, pool, o.prompt + o.steps + 2, o.prompt);
-        float *logits = malloc((size_t)o.vocab * sizeof(float));
-        int32_t *prompt = malloc((size_t)o.prompt * sizeof(int32_t));
-        if (err < 0 || !logits || !prompt) {
-            fprintf(stderr, "cpu_decode: setting up decode failed\n");
-            free(logits);
-            free(prompt);
-            if (err >= 0) seq_free(&s);
-            model_free(&m);
-            rc = 1;
-            break;
+        char acts[64];
+        snprintf(acts, sizeof(acts), "%s", fmt == WF_INT4 ? o.acts : "f32");
+        for (char *save2 = NULL, *an = strtok_r(acts, ",", &save2); an && !rc; an = strtok_r(NULL, ",", &save2)) {
+            int act = cpu_act_parse(an);
+            if (act < 0) {
+                fprintf(stderr, "cpu_decode: unknown activation mode '%s' (f32 or q8)\n", an);
+                rc = 2;
+                break;
+            }
+            cpu_ops_set_act((cpu_act_t)act);
+            rc = s_run(&o, &m, pool, bw, tok, an, build_s, jres);
         }
-        for (int i = 0; i < o.prompt; i++) prompt[i] = (int32_t)((i * 7919 + 13) % o.vocab);
-        err = seq_feed(&s, prompt, o.prompt, false, logits);
-        int32_t t = cpu_sample(logits, o.vocab, 0, 0, 1, 0);
-        for (int w = 0; w < 2 && err >= 0; w++) { /* warm-up steps */
-            err = seq_feed(&s, &t, 1, false, logits);
-            t = cpu_sample(logits, o.vocab, 0, 0, 1, 0);
-        }
-        double t0 = strata_now();
-        for (int i = 0; i < o.steps && err >= 0; i++) {
-            err = seq_feed(&s, &t, 1, false, logits);
-            t = cpu_sample(logits, o.vocab, 0, 0, 1, 0);
-        }
-        double dt = strata_now() - t0;
-        if (err < 0) {
-            fprintf(stderr, "cpu_decode: forward failed: %s\n", strata_strerror(err));
-            rc = 1;
-        } else {
-            size_t ab, eb, ob;
-            s_bytes_per_token(&m, &ab, &eb, &ob);
-            double bpt = (double)(ab + eb + ob);
-            double tps = o.steps / dt, bound = bw / bpt;
-            printf("%-6s %10.2f %12.2f %12.2f %10s %12.2f %8.3f\n", tok, tps, bpt / 1e6, tps * bpt / 1e9, "mem-bw",
-                   bound, tps / bound);
-            json_t *r = json_pack("{s:s, s:s, s:f, s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "format", tok,
-                                  "figure", "decode_tok_s", "value", tps, "bound", "mem_read_bw / weight_bytes_per_token",
-                                  "bound_tok_s", bound, "ratio", tps / bound, "weight_bytes_per_token", bpt,
-                                  "attn_bytes", (double)ab, "expert_bytes", (double)eb, "other_bytes", (double)ob,
-                                  "bytes_per_s", tps * bpt, "build_s", build_s);
-            json_array_append_new(jres, r);
-        }
-        free(logits);
-        free(prompt);
-        seq_free(&s);
+        cpu_ops_set_act(CPU_ACT_F32);
         model_free(&m);
         if (rc) break;
     }

@@ -236,6 +236,10 @@ static int s_on_key(void *user, const char *sec, const char *key, const char *v)
             return s_str(x, sec, key, v, c->executor.backend, sizeof c->executor.backend);
         }
         if (!strcmp(key, "threads")) return s_int(x, sec, key, v, 0, 4096, &c->executor.threads);
+        if (!strcmp(key, "cpu_act")) {
+            if (strcmp(v, "f32") && strcmp(v, "q8")) return s_err(x, sec, key, "'%s' must be f32 or q8", v);
+            return s_str(x, sec, key, v, c->executor.cpu_act, sizeof c->executor.cpu_act);
+        }
         if (!strcmp(key, "gpu_mem")) return s_bytes(x, sec, key, v, 0, INT64_MAX, &c->executor.gpu_mem);
         int r = s_place(x, sec, key, v, &c->executor.place, &handled);
         if (handled) return r;

@@ -57,6 +57,39 @@ cpu_isa_t cpu_ops_set_isa(cpu_isa_t isa)
     return isa;
 }
 
+static _Atomic int s_act = -1; /* cpu_act_t; -1 until first asked (then STRATA_CPU_ACT) */
+
+const char *cpu_act_name(cpu_act_t act)
+{
+    return act == CPU_ACT_Q8 ? "q8" : act == CPU_ACT_F32 ? "f32" : "?";
+}
+
+int cpu_act_parse(const char *s)
+{
+    return !s ? -1 : !strcmp(s, "f32") ? CPU_ACT_F32 : !strcmp(s, "q8") ? CPU_ACT_Q8 : -1;
+}
+
+void cpu_ops_set_act(cpu_act_t act)
+{
+    atomic_store(&s_act, (int)act);
+}
+
+cpu_act_t cpu_ops_act(void)
+{
+    int a = atomic_load(&s_act);
+    if (a < 0) {
+        const char *e = getenv("STRATA_CPU_ACT");
+        a = e && *e ? cpu_act_parse(e) : CPU_ACT_F32;
+        if (a < 0) {
+            log_warn("STRATA_CPU_ACT=%s is not f32|q8; using f32", e);
+            a = CPU_ACT_F32;
+        }
+        int want = -1; /* a racing cpu_ops_set_act wins */
+        if (!atomic_compare_exchange_strong(&s_act, &want, a)) a = want;
+    }
+    return (cpu_act_t)a;
+}
+
 static pthread_once_t s_once = PTHREAD_ONCE_INIT;
 
 static void s_init_once(void)
@@ -137,9 +170,61 @@ static void s_multi_chunk(void *ctx, int64_t i0, int64_t i1, int tid)
     }
 }
 
-static void s_run_jobs(tpool_t *pool, const mm_job_t *jobs, int n_jobs)
+/* The calling thread's int8 activations for CPU_ACT_Q8 (freed at thread exit, like
+ * cpu_row_buf's). */
+static pthread_key_t s_q8_key;
+static pthread_once_t s_q8_once = PTHREAD_ONCE_INIT;
+static __thread void *s_q8_buf;
+static __thread size_t s_q8_cap;
+
+static void s_q8_key_init(void)
+{
+    STRATA_ASSERT(pthread_key_create(&s_q8_key, free) == 0);
+}
+
+/* CPU_ACT_Q8: quantize the activations of every INT4 job (once per distinct x) into the
+ * calling thread's buffer and point the jobs at them. */
+static void s_q8_prepare(mm_job_t *jobs, int n_jobs)
+{
+    size_t need = 0;
+    for (int k = 0; k < n_jobs; k++)
+        if (jobs[k].w->fmt == WF_INT4) need += (size_t)jobs[k].n * jobs[k].w->cols / 32 * (32 + 2 * sizeof(float));
+    if (!need) return;
+    if (s_q8_cap < need) {
+        pthread_once(&s_q8_once, s_q8_key_init);
+        free(s_q8_buf);
+        void *p = NULL;
+        STRATA_ASSERT(posix_memalign(&p, 64, need) == 0);
+        s_q8_buf = p;
+        s_q8_cap = need;
+        pthread_setspecific(s_q8_key, p);
+    }
+    char *at = s_q8_buf;
+    for (int k = 0; k < n_jobs; k++) {
+        mm_job_t *j = &jobs[k];
+        if (j->w->fmt != WF_INT4) continue;
+        const mm_job_t *same = NULL;
+        for (int i = 0; i < k && !same; i++)
+            if (jobs[i].xq && jobs[i].x == j->x && jobs[i].ldx == j->ldx && jobs[i].n == j->n && jobs[i].w->cols == j->w->cols)
+                same = &jobs[i];
+        if (same) {
+            j->xq = same->xq, j->xd = same->xd, j->xs = same->xs;
+            continue;
+        }
+        const size_t nb = (size_t)j->n * j->w->cols / 32;
+        float *d = (float *)at;
+        int32_t *s = (int32_t *)(at + nb * sizeof(float));
+        int8_t *q = (int8_t *)(at + nb * 2 * sizeof(float));
+        at += nb * (32 + 2 * sizeof(float));
+        cpu_q8_quantize(j->x, j->ldx, j->n, j->w->cols, q, d, s);
+        j->xq = q, j->xd = d, j->xs = s;
+    }
+}
+
+static void s_run_jobs(tpool_t *pool, mm_job_t *jobs, int n_jobs)
 {
     STRATA_ASSERT(n_jobs >= 1 && n_jobs <= 3);
+    if (cpu_ops_act() == CPU_ACT_Q8) s_q8_prepare(jobs, n_jobs);
     s_multi_t m = {.jobs = jobs, .n_jobs = n_jobs, .fn = s_rows_fn()};
     int64_t maxcols = 1;
     for (int k = 0; k < n_jobs; k++) {

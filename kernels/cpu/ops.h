@@ -21,6 +21,22 @@ cpu_isa_t cpu_ops_init(void);
 cpu_isa_t cpu_ops_set_isa(cpu_isa_t isa);
 const char *cpu_isa_name(cpu_isa_t isa);
 
+/* How INT4 matmuls treat their activations (process-wide, like the ISA):
+ *   CPU_ACT_F32 (default): fp32 times the exactly dequantized weights, the reference
+ *     semantics every other format has (packed == unpacked to fp32 rounding);
+ *   CPU_ACT_Q8: each token's x is quantized to int8 in blocks of 32 columns, exactly as the
+ *     GPU's integer path does (scale amax/127, round to nearest even, the block sum for the
+ *     int4 offset), and dotted in integers. About 3x less ALU work per weight, so batch-1
+ *     decode can reach the memory bound on cores too slow to convert nibbles to fp32 at that
+ *     rate; costs the int8 rounding of x (~1e-2 relative per matmul).
+ * STRATA_CPU_ACT=f32|q8 sets the starting value. */
+typedef enum { CPU_ACT_F32 = 0, CPU_ACT_Q8 = 1 } cpu_act_t;
+cpu_act_t cpu_ops_act(void);
+void cpu_ops_set_act(cpu_act_t act);
+const char *cpu_act_name(cpu_act_t act);
+/* "f32" / "q8"; -1 if neither. */
+int cpu_act_parse(const char *s);
+
 /* y[n][w->rows] = x[n][w->cols] @ W^T (+ bias[w->rows] if bias != NULL). */
 void cpu_matmul(tpool_t *pool, float *y, const float *x, int n, const qmat_t *w, const float *bias);
 

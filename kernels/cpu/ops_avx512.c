@@ -18,6 +18,7 @@
 
 #include "common/strata.h"
 #include "kernels/cpu/ops_impl.h"
+#include "kernels/cpu/ops_q8_x86.h"
 
 #define ALWAYS static inline __attribute__((always_inline))
 
@@ -179,8 +180,8 @@ ALWAYS void s_fused(const mm_job_t *j, wfmt_t fmt, int T, int32_t r0, int32_t r1
         s_row_t rw = {0};
         float rs, out[4];
         s_row_view(w, r, &rw, &rs);
-        if (r + 4 < r1) /* a hint ahead of the hardware prefetcher */
-            _mm_prefetch((const char *)rw.p + 4 * row_bytes, _MM_HINT_T0);
+        if (r + PF_ROWS < r1) /* the whole row PF_ROWS ahead (see ops_q8_x86.h) */
+            for (size_t o = 0; o < row_bytes; o += 64) _mm_prefetch((const char *)rw.p + PF_ROWS * row_bytes + o, _MM_HINT_T0);
         s_row_dots(fmt, &rw, w->cols, j->x, j->ldx, T, out);
         for (int t = 0; t < T; t++) mm_store(j, t, r, out[t] * rs);
     }
@@ -312,6 +313,10 @@ static void s_many_tokens(const mm_job_t *j, int32_t r0, int32_t r1)
 
 void cpu_avx512_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1)
 {
+    if (j->xq) {
+        q8x_int4_rows(j, r0, r1);
+        return;
+    }
     if (j->n > 4) {
         s_many_tokens(j, r0, r1);
         return;

@@ -21,6 +21,12 @@ typedef struct {
     const float *bias;   /* [w->rows] or NULL */
     const float *yscale; /* [n] or NULL */
     bool acc;
+    /* CPU_ACT_Q8 and INT4 weights (set by the driver, NULL otherwise): x quantized per 32
+     * columns (cpu_q8_quantize), [n][w->cols] int8, [n][w->cols / 32] scales and block sums.
+     * The kernels then compute dot(W[r], xq * xd) instead of dot(W[r], x). */
+    const int8_t *xq;
+    const float *xd;
+    const int32_t *xs;
 } mm_job_t;
 
 /* Compute rows [r0, r1) of job j, for all its tokens. */
@@ -46,6 +52,11 @@ void cpu_avx2_attention(float *out, const float *q, const float *k_cache, const 
 void cpu_avx512_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
                           const int32_t *block_table, int n_ctx, int n_heads, int n_kv_heads, int head_dim,
                           int block_size, float scale, float *scratch);
+
+/* Quantize n rows of x (row stride ldx, cols a multiple of 32) to int8 blocks of 32, as the
+ * GPU's q8_quant_row does: d = amax / 127, q = rint(x / d) (0 where d = 0), s = sum(q).
+ * q: [n][cols], d and s: [n][cols / 32]. */
+void cpu_q8_quantize(const float *x, int64_t ldx, int n, int cols, int8_t *q, float *d, int32_t *s);
 
 /* A per-thread, 64-byte aligned scratch of at least n floats (grown on demand, freed when
  * the thread exits). Valid until the calling thread's next cpu_row_buf call. */

@@ -9,21 +9,59 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/ops_impl.h"
 
+void cpu_q8_quantize(const float *x, int64_t ldx, int n, int cols, int8_t *q, float *d, int32_t *s)
+{
+    const int nb = cols / 32;
+    for (int t = 0; t < n; t++)
+        for (int b = 0; b < nb; b++) {
+            const float *v = x + t * ldx + b * 32;
+            float amax = 0;
+            for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(v[k]));
+            const float dd = amax / 127.f;
+            int8_t *qb = q + (int64_t)t * cols + b * 32;
+            int32_t sum = 0;
+            for (int k = 0; k < 32; k++) {
+                qb[k] = dd > 0.f ? (int8_t)lrintf(v[k] / dd) : 0;
+                sum += qb[k];
+            }
+            d[(int64_t)t * nb + b] = dd;
+            s[(int64_t)t * nb + b] = sum;
+        }
+}
+
+/* The q8 reference: the exactly dequantized row dotted in double with x' = xq * xd. */
+static void s_ref_q8_rows(const mm_job_t *j, int32_t r0, int32_t r1, float *wr)
+{
+    const int cols = j->w->cols, nb = cols / 32;
+    for (int32_t r = r0; r < r1; r++) {
+        qmat_dequant_row(j->w, r, wr);
+        for (int t = 0; t < j->n; t++) {
+            const int8_t *q = j->xq + (int64_t)t * cols;
+            const float *d = j->xd + (int64_t)t * nb;
+            double acc = 0;
+            for (int c = 0; c < cols; c++) acc += (double)q[c] * d[c / 32] * wr[c];
+            mm_store(j, t, r, (float)acc);
+        }
+    }
+}
+
 void cpu_ref_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1)
 {
     const int cols = j->w->cols;
     float stackbuf[4096];
     float *wr = cols <= 4096 ? stackbuf : malloc((size_t)cols * sizeof(float));
     STRATA_ASSERT(wr != NULL);
-    for (int32_t r = r0; r < r1; r++) {
-        qmat_dequant_row(j->w, r, wr);
-        for (int t = 0; t < j->n; t++) {
-            const float *x = j->x + (int64_t)t * j->ldx;
-            double acc = 0;
-            for (int c = 0; c < cols; c++) acc += (double)x[c] * wr[c];
-            mm_store(j, t, r, (float)acc);
+    if (j->xq) s_ref_q8_rows(j, r0, r1, wr);
+    else
+        for (int32_t r = r0; r < r1; r++) {
+            qmat_dequant_row(j->w, r, wr);
+            for (int t = 0; t < j->n; t++) {
+                const float *x = j->x + (int64_t)t * j->ldx;
+                double acc = 0;
+                for (int c = 0; c < cols; c++) acc += (double)x[c] * wr[c];
+                mm_store(j, t, r, (float)acc);
+            }
         }
-    }
     if (wr != stackbuf) free(wr);
 }
 

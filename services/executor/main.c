@@ -26,6 +26,7 @@
 #include "common/notify.h"
 #include "common/service.h"
 #include "common/strata.h"
+#include "kernels/cpu/ops.h"
 #include "proto/msg.h"
 #include "proto/zmsg.h"
 #include "services/executor/exec.h"
@@ -129,6 +130,7 @@ static void s_on_stats(svc_t *S, const void *route, size_t len, const msg_t *in)
     S_STAT("from_arena", S->em.from_arena);
     S_STAT("arena_bytes", S->em.arena_bytes);
     S_STAT("cuda", !strcmp(S->cfg->executor.backend, "cuda"));
+    S_STAT("cpu_act_q8", cpu_ops_act() == CPU_ACT_Q8);
     S_STAT("steps", st.steps);
     S_STAT("tokens", st.tokens);
     S_STAT("sampled", st.sampled);
@@ -246,6 +248,7 @@ int main(int argc, char **argv)
     exec_opts_default(&o);
     snprintf(o.backend, sizeof o.backend, "%s", cfg.executor.backend);
     o.threads = cfg.executor.threads;
+    if (cfg.executor.cpu_act[0]) cpu_ops_set_act((cpu_act_t)cpu_act_parse(cfg.executor.cpu_act));
     o.gpu_mem = cfg.executor.gpu_mem;
     o.kv_blocks = cfg.scheduler.kv_blocks;
     o.block_size = cfg.scheduler.block_size;

@@ -147,6 +147,13 @@ int cli_model_arg(const char *cmd, int argc, char **argv, int *i, cli_model_args
         if (r < 0 || cli_parse_i64(cmd, "--chunk", v, 1, INT32_MAX, &a->chunk)) return 2;
     } else if ((r = cli_opt(cmd, argc, argv, i, "--threads", &v))) {
         if (r < 0 || cli_parse_i64(cmd, "--threads", v, 0, 4096, &a->threads)) return 2;
+    } else if ((r = cli_opt(cmd, argc, argv, i, "--cpu-act", &v))) {
+        int act = r < 0 ? -1 : cpu_act_parse(v);
+        if (act < 0) {
+            if (r > 0) cli_error(cmd, "--cpu-act: '%s' is not f32 or q8", v);
+            return 2;
+        }
+        cpu_ops_set_act((cpu_act_t)act); /* process-wide, as STRATA_CPU_ACT */
     } else {
         return cli_positional(cmd, argv[*i], (const char **const[]){&a->model_dir}, 1, "one MODEL folder expected");
     }

@@ -50,8 +50,9 @@ typedef struct {
     int64_t threads;             /* --threads T in [0, 4096], 0 = all CPUs */
 } cli_model_args_t;
 
-/* argv[*i] after the command tried its own options: --tokens, --tokens-file, --chunk, --threads
- * (with their values; *i moves past them), or else cli_positional with MODEL. Returns 0 or 2. */
+/* argv[*i] after the command tried its own options: --tokens, --tokens-file, --chunk, --threads,
+ * --cpu-act (applied at once: cpu_ops_set_act) (with their values; *i moves past them), or else
+ * cli_positional with MODEL. Returns 0 or 2. */
 int cli_model_arg(const char *cmd, int argc, char **argv, int *i, cli_model_args_t *a);
 /* The tokens of --tokens or, if that was not given, --tokens-file (cli_parse_tokens /
  * cli_read_tokens_file). Returns 0 or the exit code. */

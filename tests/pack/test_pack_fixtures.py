@@ -10,6 +10,9 @@ For each fixture and each format (f32, bf16, int8, fp8, int4 group 32/64/128):
   4. strata eval on P against logits.f32: relative error over the whole matrix and top-1
      agreement per position within the bounds of BOUNDS (docs/PACKED_FORMAT.md)
 f32 packs are lossless: their logits must match `strata eval` of the fixture itself (< 1e-5).
+int4 packs are also evaluated with `--cpu-act q8` (int8 activations, as the GPU's integer path):
+the same quality bounds against logits.f32 hold there, and the difference from the exact
+fp32-activation logits is reported (row "int4-gN/q8").
 Prints one line per (fixture, format) and a summary table (bits per weight, errors).
 The test fails when no fixture is found. Exit 0 only if every check passes.
   --strata PATH --fixtures DIR [--only NAME,...] [--formats f32,bf16,...] [--keep DIR]
@@ -58,9 +61,9 @@ def rel_top1(out, ref):
     return rel, float(np.mean(out.argmax(1) == ref.argmax(1)))
 
 
-def evaluate(strata, model, tokens, vocab, out_path, threads):
+def evaluate(strata, model, tokens, vocab, out_path, threads, extra=()):
     rc, _, err = run([strata, "eval", model, "--tokens", ",".join(map(str, tokens)), "--logits-out",
-                      out_path, "--threads", str(threads)])
+                      out_path, "--threads", str(threads)] + list(extra))
     if rc != 0:
         raise RuntimeError("strata eval %s: exit %d: %s" % (model, rc, err.strip()))
     a = np.fromfile(out_path, dtype="<f4")
@@ -115,6 +118,18 @@ def check_fixture(strata, d, formats, tmp, threads, rows):
                 if not f32_rel < F32_BOUND:
                     fails.append("f32 pack vs fixture folder rel %.3e >= %.0e" % (f32_rel, F32_BOUND))
             rows.append((name, fmt, stats["bits_per_weight"], stats["ffn_bits_per_weight"], self_rel, rel, top1))
+            if fmt.startswith("int4"):
+                lq = evaluate(strata, p, tokens, vocab, p + ".q8.logits", threads, ["--cpu-act", "q8"])
+                q_self, _ = rel_top1(lq, lp)
+                q_rel, q_top1 = rel_top1(lq, want)
+                if max_rel is not None and not q_rel < max_rel:
+                    fails.append("q8 activations: rel vs reference %.3e >= %.3g" % (q_rel, max_rel))
+                if min_top1 is not None and not q_top1 >= min_top1:
+                    fails.append("q8 activations: top-1 %.3f < %.2f" % (q_top1, min_top1))
+                if not 0 < q_self:
+                    fails.append("--cpu-act q8 gave the fp32-activation logits bit for bit: not applied")
+                rows.append((name, fmt + "/q8", stats["bits_per_weight"], stats["ffn_bits_per_weight"], q_self, q_rel,
+                             q_top1))
             print("%s %s: bpw %.3f (FFN %.3f), packed vs unpacked %.2e, vs reference rel %.4f top-1 %.3f%s"
                   % ("FAIL" if fails else "ok  ", what, stats["bits_per_weight"], stats["ffn_bits_per_weight"],
                      self_rel, rel, top1, ": " + "; ".join(fails) if fails else ""))
@@ -155,10 +170,11 @@ def main():
     with tempfile.TemporaryDirectory(prefix="strata-pack-fx-", dir=scratch) as tmp:
         for d in dirs:
             ok = check_fixture(a.strata, d, formats, tmp, a.threads, rows) and ok
-    print("\n%-22s %-10s %8s %8s %12s %10s %7s" % ("fixture", "format", "bpw", "FFN bpw", "pack/unpack", "rel/ref",
+    print("\n%-22s %-12s %8s %8s %12s %10s %7s" % ("fixture", "format", "bpw", "FFN bpw", "pack/unpack", "rel/ref",
                                                    "top-1"))
+    print("(for the /q8 rows, pack/unpack is the difference from the same pack with fp32 activations)")
     for r in rows:
-        print("%-22s %-10s %8.3f %8.3f %12.2e %10.4f %7.3f" % r)
+        print("%-22s %-12s %8.3f %8.3f %12.2e %10.4f %7.3f" % r)
     print("%d fixtures x %d formats: %s" % (len(dirs), len(formats), "PASS" if ok else "FAIL"))
     return 0 if ok else 1
 

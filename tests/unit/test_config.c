@@ -27,7 +27,8 @@ static void test_defaults(void)
     T_CHECK(!strcmp(c.router.place.cpus, "0-1") && c.router.place.numa_node == -1, "router place");
     T_CHECK(c.scheduler.max_batch_tokens == 256 && c.scheduler.max_seqs == 64 && c.scheduler.kv_blocks == 2048 &&
                 c.scheduler.block_size == 16 && c.scheduler.max_context == 0, "scheduler ints");
-    T_CHECK(!strcmp(c.executor.backend, "cpu") && c.executor.threads == 0 && c.executor.gpu_mem == 0, "executor");
+    T_CHECK(!strcmp(c.executor.backend, "cpu") && c.executor.threads == 0 && c.executor.gpu_mem == 0 && !c.executor.cpu_act[0],
+            "executor");
     T_CHECK(c.launcher.restart_backoff_ms == 200 && c.launcher.restart_backoff_max_ms == 10000 &&
                 c.launcher.ready_timeout_s == 60 && c.launcher.watchdog_s == 30, "launcher");
     T_CHECK(c.tokenizer[0] == 0, "no tokenizer without model");
@@ -61,6 +62,7 @@ static void test_full(void)
         "backend = cuda\n"
         "threads = 4\n"
         "gpu_mem = 16GiB\n"
+        "cpu_act = q8\n"
         "cpus = 0-1\n"
         "[prefetcher.1]\n"
         "cpus = 8-15,24\n"
@@ -88,7 +90,8 @@ static void test_full(void)
                 c.scheduler.block_size == 8 && c.scheduler.max_context == 512 && !strcmp(c.scheduler.place.cpus, "1"),
             "scheduler");
     T_CHECK(!strcmp(c.executor.endpoint, "ipc:///tmp/rd/x//tmp/rd.sock"), "exec ep %s", c.executor.endpoint);
-    T_CHECK(!strcmp(c.executor.backend, "cuda") && c.executor.threads == 4 && c.executor.gpu_mem == (16ll << 30), "executor");
+    T_CHECK(!strcmp(c.executor.backend, "cuda") && c.executor.threads == 4 && c.executor.gpu_mem == (16ll << 30) &&
+                !strcmp(c.executor.cpu_act, "q8"), "executor");
     T_CHECK(c.n_prefetchers == 2, "n_prefetchers %d", c.n_prefetchers);
     T_CHECK(c.prefetcher[0].node == 1 && c.prefetcher[0].place.numa_node == 1 && !strcmp(c.prefetcher[0].place.cpus, "8-15,24") &&
                 c.prefetcher[0].threads == 2 && !strcmp(c.prefetcher[0].endpoint, "ipc:///tmp/rd/prefetcher-1.sock"),
@@ -139,6 +142,7 @@ static void test_errors(void)
         {"[executor]\ncpus = 3-1\n", {"bad.ini:2:", "cpus", "range"}},
         {"[executor]\ncpus = 5000\n", {"bad.ini:2:", "cpus", "cpulist"}},
         {"[executor]\nbackend = tpu\n", {"bad.ini:2:", "backend", "cpu or cuda"}},
+        {"[executor]\ncpu_act = int8\n", {"bad.ini:2:", "cpu_act", "f32 or q8"}},
         {"[executor]\ngpu_mem = 12Q\n", {"bad.ini:2:", "gpu_mem", "byte count"}},
         {"[executor]\nnuma_node = -2\n", {"bad.ini:2:", "numa_node", "out of range"}},
         {"[router]\nendpoint = http://x\n", {"bad.ini:2:", "endpoint", "tcp:// or ipc://"}},

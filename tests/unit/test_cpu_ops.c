@@ -180,8 +180,62 @@ static void test_matmul_case(tpool_t *pool, cpu_isa_t isa, wfmt_t fmt, int rows,
     t_mat_free(&m);
 }
 
+/* CPU_ACT_Q8 on INT4 weights: the result must be the dequantized weights dotted with the
+ * int8-rounded activations (quantized here as the GPU does: amax / 127, round half to even),
+ * to fp32 summation error, and within the int8 rounding of the exact fp32 result. */
+static double g_worst_q8[3];
+
+static void test_matmul_q8_case(tpool_t *pool, cpu_isa_t isa, int rows, int cols, int n, int group, bool bias)
+{
+    t_mat_t m;
+    t_mat_make(&m, WF_INT4, group, rows, cols);
+    float *x = t_alloc((size_t)n * cols), *xr = t_alloc((size_t)n * cols), *y = t_alloc((size_t)n * rows);
+    float *want = t_alloc((size_t)n * rows), *exact = t_alloc((size_t)n * rows), *mag = t_alloc((size_t)n * rows);
+    float *b = bias ? t_alloc((size_t)rows) : NULL;
+    t_fill(x, (size_t)n * cols, 1.0f);
+    if (b) t_fill(b, (size_t)rows, 0.5f);
+    for (int i = 0; i < n * cols; i += 32) {
+        float amax = 0;
+        for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(x[i + k]));
+        const float d = amax / 127.f;
+        for (int k = 0; k < 32; k++) xr[i + k] = d > 0 ? (float)((double)rintf(x[i + k] / d) * d) : 0.f;
+    }
+    t_oracle_mm_mag(want, mag, xr, n, &m, b);
+    t_oracle_mm(exact, x, n, &m, b);
+    t_poison(y, (size_t)n * rows);
+    cpu_ops_set_act(CPU_ACT_Q8);
+    cpu_matmul(pool, y, x, n, &m.q, b);
+    cpu_ops_set_act(CPU_ACT_F32);
+    /* against the q8 oracle: fp32 summation error (as test_matmul_case); against fp32 x: the
+     * int8 rounding, |dx| <= amax / 254 per element, so 2% of the result plus 1% of the terms'
+     * scale (a single cancelling dot has a tiny result) */
+    double num = 0, wn = 0, mn = 0, qn = 0, xn = 0;
+    for (size_t i = 0; i < (size_t)n * rows; i++) {
+        num += ((double)y[i] - want[i]) * ((double)y[i] - want[i]);
+        qn += ((double)y[i] - exact[i]) * ((double)y[i] - exact[i]);
+        wn += (double)want[i] * want[i];
+        xn += (double)exact[i] * exact[i];
+        mn += (double)mag[i] * mag[i];
+    }
+    const double e = t_relerr(y, want, (size_t)n * rows), eq = t_relerr(y, exact, (size_t)n * rows);
+    if (e > g_worst_q8[isa]) g_worst_q8[isa] = e;
+    T_CHECK(t_all_finite(y, (size_t)n * rows) && sqrt(num) <= 1e-5 * sqrt(wn) + 1e-6 * sqrt(mn) &&
+                sqrt(qn) <= 2e-2 * sqrt(xn) + 1e-2 * sqrt(mn),
+            "%s int4/q8 %dx%d g%d n=%d bias=%d threads=%d: rel err %g against the q8 oracle, %g against fp32 x",
+            cpu_isa_name(isa), rows, cols, group, n, bias, tpool_size(pool), e, eq);
+    free(x); free(xr); free(y); free(want); free(exact); free(mag); free(b);
+    t_mat_free(&m);
+}
+
 static void test_matmul_isa(tpool_t *pool, cpu_isa_t isa)
 {
+    static const int qn[] = {1, 2, 3, 4, 5, 9};
+    for (unsigned k = 0; k < sizeof(qn) / sizeof(qn[0]); k++) {
+        int cols = 128 * (1 + (int)(t_rng_next(&g_seed) % 6)), rows = 1 + (int)(t_rng_next(&g_seed) % 67);
+        test_matmul_q8_case(pool, isa, rows, cols, qn[k], (int[]){32, 64, 128}[k % 3], k & 1);
+    }
+    test_matmul_q8_case(pool, isa, 257, 2048, 1, 32, false);
+
     static const int ns[] = {1, 2, 3, 4, 5, 7, 16, 37};
     for (int f = 0; f < WF_COUNT; f++) {
         for (unsigned k = 0; k < sizeof(ns) / sizeof(ns[0]); k++) {
@@ -536,7 +590,7 @@ int main(void)
         test_attention(45, 6, 3, 76, 16, 0.1f); /* head_dim not a multiple of the vector */
         fprintf(stderr, "isa %s: worst matmul rel err:", cpu_isa_name(got));
         for (int f = 0; f < WF_COUNT; f++) fprintf(stderr, " %s %.2g", wfmt_name((wfmt_t)f), g_worst[got][f]);
-        fprintf(stderr, "\n");
+        fprintf(stderr, "; int4 with q8 activations %.2g\n", g_worst_q8[got]);
     }
     cpu_ops_set_isa(best);
     test_rmsnorm();
