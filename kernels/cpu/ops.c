@@ -127,28 +127,37 @@ static mm_rows_fn_t s_rows_fn(void)
     }
 }
 
-static pthread_key_t s_buf_key;
+/* Per-thread, 64-byte aligned scratch buffers, grown on demand and freed at thread exit (the
+ * keys' destructor): S_BUF_ROW backs cpu_row_buf, S_BUF_Q8 the int8 activations of the jobs a
+ * thread dispatches (CPU_ACT_Q8). */
+enum { S_BUF_ROW, S_BUF_Q8, S_N_BUFS };
+static pthread_key_t s_buf_keys[S_N_BUFS];
 static pthread_once_t s_buf_once = PTHREAD_ONCE_INIT;
-static __thread float *s_buf;
-static __thread size_t s_buf_cap;
+static __thread void *s_buf[S_N_BUFS];
+static __thread size_t s_buf_cap[S_N_BUFS];
 
-static void s_buf_key_init(void)
+static void s_buf_keys_init(void)
 {
-    STRATA_ASSERT(pthread_key_create(&s_buf_key, free) == 0);
+    for (int k = 0; k < S_N_BUFS; k++) STRATA_ASSERT(pthread_key_create(&s_buf_keys[k], free) == 0);
+}
+
+static void *s_thread_buf(int k, size_t bytes)
+{
+    if (s_buf_cap[k] < bytes) {
+        pthread_once(&s_buf_once, s_buf_keys_init);
+        free(s_buf[k]);
+        void *p = NULL;
+        STRATA_ASSERT(posix_memalign(&p, 64, bytes) == 0);
+        s_buf[k] = p;
+        s_buf_cap[k] = bytes;
+        pthread_setspecific(s_buf_keys[k], p);
+    }
+    return s_buf[k];
 }
 
 float *cpu_row_buf(size_t n)
 {
-    if (s_buf_cap < n) {
-        pthread_once(&s_buf_once, s_buf_key_init);
-        free(s_buf);
-        void *p = NULL;
-        STRATA_ASSERT(posix_memalign(&p, 64, n * sizeof(float)) == 0);
-        s_buf = p;
-        s_buf_cap = n;
-        pthread_setspecific(s_buf_key, p); /* the key's destructor frees it at thread exit */
-    }
-    return s_buf;
+    return s_thread_buf(S_BUF_ROW, n * sizeof(float));
 }
 
 /* Several matmuls over one row space: item i is row i - off[k] of jobs[k]. One pool
@@ -170,36 +179,15 @@ static void s_multi_chunk(void *ctx, int64_t i0, int64_t i1, int tid)
     }
 }
 
-/* The calling thread's int8 activations for CPU_ACT_Q8 (freed at thread exit, like
- * cpu_row_buf's). */
-static pthread_key_t s_q8_key;
-static pthread_once_t s_q8_once = PTHREAD_ONCE_INIT;
-static __thread void *s_q8_buf;
-static __thread size_t s_q8_cap;
-
-static void s_q8_key_init(void)
-{
-    STRATA_ASSERT(pthread_key_create(&s_q8_key, free) == 0);
-}
-
 /* CPU_ACT_Q8: quantize the activations of every INT4 job (once per distinct x) into the
- * calling thread's buffer and point the jobs at them. */
+ * calling thread's S_BUF_Q8 buffer and point the jobs at them. */
 static void s_q8_prepare(mm_job_t *jobs, int n_jobs)
 {
     size_t need = 0;
     for (int k = 0; k < n_jobs; k++)
         if (jobs[k].w->fmt == WF_INT4) need += (size_t)jobs[k].n * jobs[k].w->cols / 32 * (32 + 2 * sizeof(float));
     if (!need) return;
-    if (s_q8_cap < need) {
-        pthread_once(&s_q8_once, s_q8_key_init);
-        free(s_q8_buf);
-        void *p = NULL;
-        STRATA_ASSERT(posix_memalign(&p, 64, need) == 0);
-        s_q8_buf = p;
-        s_q8_cap = need;
-        pthread_setspecific(s_q8_key, p);
-    }
-    char *at = s_q8_buf;
+    char *at = s_thread_buf(S_BUF_Q8, need);
     for (int k = 0; k < n_jobs; k++) {
         mm_job_t *j = &jobs[k];
         if (j->w->fmt != WF_INT4) continue;
