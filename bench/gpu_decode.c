@@ -86,30 +86,6 @@ static void s_help(FILE *f)
             shapes);
 }
 
-static int s_parse_bytes(const char *s, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || v < 0) return -1;
-    double mul = 1;
-    if (*end) {
-        switch (*end) {
-        case 'k': case 'K': mul = 1024.0; break;
-        case 'm': case 'M': mul = 1024.0 * 1024; break;
-        case 'g': case 'G': mul = GIB; break;
-        case 't': case 'T': mul = GIB * 1024; break;
-        default: return -1;
-        }
-        end++;
-        if (*end == 'i') end++;
-        if (*end == 'B') end++;
-        if (*end) return -1;
-    }
-    *out = (int64_t)(v * mul);
-    return 0;
-}
-
 static int s_parse_list(const char *s, int *out, int cap, int *n)
 {
     *n = 0;
@@ -410,7 +386,7 @@ int main(int argc, char **argv)
             o.probe_mib = mib;
         } else if (!strcmp(a, "--gpu-mem")) {
             NEED();
-            if (s_parse_bytes(v, &o.gpu_mem) < 0) {
+            if (strata_parse_bytes(v, &o.gpu_mem) < 0) {
                 fprintf(stderr, "gpu_decode: --gpu-mem '%s': expected bytes with an optional K/M/G/T suffix\n", v);
                 return 2;
             }

@@ -93,25 +93,13 @@ static int s_int(s_ctx_t *x, const char *sec, const char *key, const char *v, lo
     return 1;
 }
 
-/* Bytes with an optional binary suffix: K, M, G, T, optionally followed by "B" or "iB". */
+/* A byte count (strata_parse_bytes: K M G T, optionally B or iB) in [lo, hi]. */
 static int s_bytes(s_ctx_t *x, const char *sec, const char *key, const char *v, int64_t lo, int64_t hi, int64_t *out)
 {
-    char *end;
-    errno = 0;
-    long long n = strtoll(v, &end, 10);
-    if (end == v || errno || n < 0) return s_err(x, sec, key, "'%s' is not a byte count (e.g. 1048576, 512M, 16GiB)", v);
-    int shift = 0;
-    switch (*end) {
-    case 'K': case 'k': shift = 10; end++; break;
-    case 'M': case 'm': shift = 20; end++; break;
-    case 'G': case 'g': shift = 30; end++; break;
-    case 'T': case 't': shift = 40; end++; break;
-    default: break;
-    }
-    if (shift && (!strcmp(end, "iB") || !strcmp(end, "B"))) end += strlen(end);
-    if (*end) return s_err(x, sec, key, "'%s' is not a byte count (suffixes: K M G T, KiB MiB GiB TiB)", v);
-    if (shift && n > (INT64_MAX >> shift)) return s_err(x, sec, key, "'%s' is too large", v);
-    int64_t b = (int64_t)n << shift;
+    int64_t b;
+    int r = strata_parse_bytes(v, &b);
+    if (r == -ERANGE) return s_err(x, sec, key, "'%s' is too large", v);
+    if (r < 0) return s_err(x, sec, key, "'%s' is not a byte count (e.g. 1048576, 512M, 16GiB)", v);
     if (b < lo || b > hi) return s_err(x, sec, key, "%lld bytes is out of range [%lld, %lld]", (long long)b, (long long)lo, (long long)hi);
     *out = b;
     return 1;

@@ -1,8 +1,10 @@
 /* err.c - error names, logging, invariant failures. */
 #include "common/strata.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <execinfo.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +96,30 @@ int strata_seterr(strata_errbuf_t *eb, int code, const char *fmt, ...)
         va_end(ap);
     }
     return code;
+}
+
+int strata_parse_bytes(const char *s, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno == ERANGE) return -ERANGE;
+    if (errno || end == s || !(v >= 0) || isspace((unsigned char)*s)) return -EINVAL;
+    int shift = 0;
+    switch (*end) {
+    case 'K': case 'k': shift = 10; end++; break;
+    case 'M': case 'm': shift = 20; end++; break;
+    case 'G': case 'g': shift = 30; end++; break;
+    case 'T': case 't': shift = 40; end++; break;
+    default: break;
+    }
+    if (shift && (!strcmp(end, "iB") || !strcmp(end, "B"))) end += strlen(end);
+    if (*end) return -EINVAL;
+    const double b = ldexp(v, shift);
+    if (b >= 9223372036854775808.0) return -ERANGE;
+    if (b != floor(b)) return -EINVAL;
+    *out = (int64_t)b;
+    return 0;
 }
 
 double strata_now(void)

@@ -89,6 +89,11 @@ typedef struct {
 /* Format into eb (if not NULL) and return code; helper for `return strata_seterr(...)`. */
 int strata_seterr(strata_errbuf_t *eb, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* A byte count: a non-negative number with an optional binary suffix K, M, G or T, itself
+ * optionally followed by "B" or "iB" ("512M", "16GiB", "1.5G"; the result must be whole).
+ * Returns 0, -EINVAL (not a byte count) or -ERANGE (over INT64_MAX). */
+int strata_parse_bytes(const char *s, int64_t *out);
+
 /* Monotonic clock in seconds / nanoseconds. */
 double strata_now(void);
 uint64_t strata_now_ns(void);

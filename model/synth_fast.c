@@ -1139,50 +1139,20 @@ int synth_fast_model_gen(model_t *m, const synth_gen_t *g, int threads, synth_wr
     for (int32_t f = 0; f < pm->n_files; f++)
         if (images[f]) (void)mprotect(images[f], pm->files[f].bytes, PROT_READ);
 
-    /* point the model at the images, as model_load_packed does over mapped files */
-    m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
-    if (!m->layers || model_own_buffer(m, m->layers) < 0) {
-        free(m->layers);
-        m->layers = NULL;
-        rc = -ENOMEM;
-        goto fail;
-    }
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        if (!m->cfg.layer_sparse[l]) continue;
-        ffn_t *x = calloc((size_t)m->cfg.n_experts, sizeof *x);
-        if (!x || model_own_buffer(m, x) < 0) {
-            free(x);
-            rc = -ENOMEM;
-            goto fail;
-        }
-        m->layers[l].experts = x;
-    }
-    S_TRY(packed_slots(&m->cfg, m, &slots, &n_slots));
+    /* point the model at the images, as model_load_packed_mem does over mapped files */
+    S_TRY(packed_slots(&m->cfg, NULL, &slots, &n_slots));
     idx = malloc(sizeof *idx * ((size_t)n_slots + 1));
     if (!idx) {
         rc = -ENOMEM;
         goto fail;
     }
     S_TRY(packed_manifest_check(pm, &m->cfg, "synth layout", idx, eb));
+    S_TRY(packed_model_build(m, pm, idx, (const unsigned char *const *)images));
     for (int32_t s = 0; s < n_slots; s++) {
         const packed_tensor_t *t = &pm->tensors[idx[s]];
-        uint8_t *base = images[t->file];
-        STRATA_ASSERT(base);
-        if (slots[s].q) {
-            qmat_t *q = slots[s].q;
-            q->fmt = t->fmt;
-            q->rows = t->rows;
-            q->cols = t->cols;
-            q->group = t->fmt == WF_INT4 ? t->group : 0;
-            q->data = base + t->offset;
-            q->scales = t->scale_bytes ? base + t->scale_offset : NULL;
-        } else {
-            *slots[s].v = (float *)(void *)(base + t->offset);
-        }
         stats.payload_bytes += t->bytes + t->scale_bytes;
         stats.params += (uint64_t)t->rows * (uint64_t)t->cols;
     }
-    if (m->cfg.tie_embeddings) m->lm_head = m->embed;
     stats.n_files = pm->n_files;
     stats.seconds = strata_now() - t0;
     if (st) *st = stats;

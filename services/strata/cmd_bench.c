@@ -133,30 +133,6 @@ static int s_parse_list(const char *s, double *out, int cap, int *n, bool intege
     return *n ? 0 : -1;
 }
 
-static int s_parse_bytes(const char *s, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || v < 0) return -1;
-    double mul = 1;
-    if (*end) {
-        switch (*end) {
-        case 'k': case 'K': mul = 1024.0; break;
-        case 'm': case 'M': mul = 1024.0 * 1024; break;
-        case 'g': case 'G': mul = GIB; break;
-        case 't': case 'T': mul = GIB * 1024; break;
-        default: return -1;
-        }
-        end++;
-        if (*end == 'i') end++;
-        if (*end == 'B') end++;
-        if (*end) return -1;
-    }
-    *out = (int64_t)(v * mul);
-    return 0;
-}
-
 static int s_cmp_d(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -880,7 +856,7 @@ int cmd_bench(int argc, char **argv)
             }
             o.backend = v;
         } else if ((r = cli_opt(C, argc, argv, &i, "--gpu-mem", &v))) {
-            if (r < 0 || s_parse_bytes(v, &o.gpu_mem) < 0) {
+            if (r < 0 || strata_parse_bytes(v, &o.gpu_mem) < 0) {
                 if (r >= 0) cli_error(C, "--gpu-mem '%s': expected bytes with an optional K/M/G/T suffix", v);
                 return 2;
             }

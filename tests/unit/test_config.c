@@ -1,5 +1,6 @@
 /* test_config.c - the group config parser (common/config.c), cpulists (common/placement.c)
  * and the notify datagram parser (common/notify.c). */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -242,9 +243,30 @@ static void test_notify_parse(void)
     T_CHECK(!m2.ready && m2.stopping, "notify parse 2");
 }
 
+static void test_parse_bytes(void)
+{
+    static const struct {
+        const char *s;
+        int rc;
+        int64_t want;
+    } cases[] = {
+        {"0", 0, 0}, {"1048576", 0, 1048576}, {"512M", 0, 512ll << 20}, {"16GiB", 0, 16ll << 30}, {"2kB", 0, 2048},
+        {"1.5G", 0, 3ll << 29}, {"8t", 0, 8ll << 40}, {"0.5", -EINVAL, 0}, {"-1", -EINVAL, 0}, {"12Q", -EINVAL, 0},
+        {"", -EINVAL, 0}, {" 5", -EINVAL, 0}, {"5 ", -EINVAL, 0}, {"GiB", -EINVAL, 0}, {"16Gi", -EINVAL, 0},
+        {"nan", -EINVAL, 0}, {"1e30", -ERANGE, 0}, {"9000000T", -ERANGE, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int64_t v = -7;
+        int rc = strata_parse_bytes(cases[i].s, &v);
+        T_CHECK(rc == cases[i].rc && (rc < 0 ? v == -7 : v == cases[i].want), "strata_parse_bytes('%s'): %d %lld",
+                cases[i].s, rc, (long long)v);
+    }
+}
+
 int main(void)
 {
     uint64_t rng = t_seed();
+    test_parse_bytes();
     test_defaults();
     test_full();
     test_errors();
