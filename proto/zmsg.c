@@ -63,3 +63,28 @@ int zmsg_recv(void *sock, msg_family_t fam, msg_t *m, msg_err_t *err, int flags)
     zmq_msg_close(&f);
     return rc;
 }
+
+int zmsg_recv_routed(void *sock, zmq_msg_t *idf, zmq_msg_t *body, int *frames)
+{
+    zmq_msg_init(idf);
+    if (zmq_msg_recv(idf, sock, ZMQ_DONTWAIT) < 0) {
+        int e = zmq_errno();
+        zmq_msg_close(idf);
+        return e == EAGAIN || e == EINTR ? 0 : -e;
+    }
+    zmq_msg_init(body);
+    *frames = 0;
+    bool more = zmq_msg_more(idf);
+    while (more) { /* keep the first payload frame; count and drop any others */
+        zmq_msg_t f;
+        zmq_msg_init(&f);
+        if (zmq_msg_recv(&f, sock, 0) < 0) {
+            zmq_msg_close(&f);
+            break;
+        }
+        more = zmq_msg_more(&f);
+        if ((*frames)++ == 0) zmq_msg_move(body, &f);
+        zmq_msg_close(&f);
+    }
+    return 1;
+}

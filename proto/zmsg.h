@@ -4,6 +4,7 @@
 #define STRATA_PROTO_ZMSG_H
 
 #include <stddef.h>
+#include <zmq.h>
 
 #include "proto/msg.h"
 
@@ -23,5 +24,11 @@ int zmsg_send_error(void *sock, const void *route, size_t route_len, msg_type_t 
  * Returns 0 (m filled; msg_free it), -EAGAIN, another -errno, or a msg_decode error (err
  * filled, m holds what could be read; msg_free it). */
 int zmsg_recv(void *sock, msg_family_t fam, msg_t *m, msg_err_t *err, int flags);
+
+/* Receive one message on a ROUTER socket without blocking: its routing-id frame into idf and
+ * the first frame after it into body; any further frames are drained. *frames gets the number
+ * of frames after the id (1 for a well-formed message). Returns 1 (idf and body initialised:
+ * the caller closes both), 0 (nothing to read, or interrupted; nothing to close) or -errno. */
+int zmsg_recv_routed(void *sock, zmq_msg_t *idf, zmq_msg_t *body, int *frames);
 
 #endif

@@ -165,29 +165,12 @@ static void s_on_stats(svc_t *S, const void *route, size_t len, const msg_t *in)
 static int s_recv(svc_t *S)
 {
     zmq_msg_t idf, body;
-    zmq_msg_init(&idf);
     double c0 = exec_thread_cpu_us();
     exec_stats_t st0;
     exec_get_stats(S->ex, &st0);
-    if (zmq_msg_recv(&idf, S->sock, ZMQ_DONTWAIT) < 0) {
-        int e = zmq_errno();
-        zmq_msg_close(&idf);
-        return e == EAGAIN || e == EINTR ? 0 : -e;
-    }
-    zmq_msg_init(&body);
-    int frames = 0;
-    bool more = zmq_msg_more(&idf);
-    while (more) {
-        zmq_msg_t f;
-        zmq_msg_init(&f);
-        if (zmq_msg_recv(&f, S->sock, 0) < 0) {
-            zmq_msg_close(&f);
-            break;
-        }
-        more = zmq_msg_more(&f);
-        if (frames++ == 0) zmq_msg_move(&body, &f);
-        zmq_msg_close(&f);
-    }
+    int frames;
+    int rc = zmsg_recv_routed(S->sock, &idf, &body, &frames);
+    if (rc <= 0) return rc;
     const void *route = zmq_msg_data(&idf);
     size_t len = zmq_msg_size(&idf);
     S->heard = true;

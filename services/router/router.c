@@ -780,27 +780,9 @@ static void s_on_client_frame(router_t *r, const uint8_t *cl, size_t len, const 
 static int s_client_recv(router_t *r)
 {
     zmq_msg_t idf, body;
-    zmq_msg_init(&idf);
-    if (zmq_msg_recv(&idf, r->cli, ZMQ_DONTWAIT) < 0) {
-        int e = zmq_errno();
-        zmq_msg_close(&idf);
-        return e == EAGAIN ? 0 : e == EINTR ? 0 : -e;
-    }
-    int frames = 0;
-    zmq_msg_init(&body);
-    bool more = zmq_msg_more(&idf);
-    while (more) {
-        /* keep the first payload frame; count and drop any others */
-        zmq_msg_t f;
-        zmq_msg_init(&f);
-        if (zmq_msg_recv(&f, r->cli, 0) < 0) {
-            zmq_msg_close(&f);
-            break;
-        }
-        more = zmq_msg_more(&f);
-        if (frames++ == 0) zmq_msg_move(&body, &f);
-        zmq_msg_close(&f);
-    }
+    int frames;
+    int rc = zmsg_recv_routed(r->cli, &idf, &body, &frames);
+    if (rc <= 0) return rc;
     const uint8_t *cl = zmq_msg_data(&idf);
     size_t len = zmq_msg_size(&idf);
     if (len > MSG_MAX_CLIENT_ID) {

@@ -329,26 +329,9 @@ static void s_on_router_msg(svc_t *S, const void *route, size_t len, const void 
 static int s_router_recv(svc_t *S)
 {
     zmq_msg_t idf, body;
-    zmq_msg_init(&idf);
-    if (zmq_msg_recv(&idf, S->rsock, ZMQ_DONTWAIT) < 0) {
-        int e = zmq_errno();
-        zmq_msg_close(&idf);
-        return e == EAGAIN || e == EINTR ? 0 : -e;
-    }
-    zmq_msg_init(&body);
-    int frames = 0;
-    bool more = zmq_msg_more(&idf);
-    while (more) {
-        zmq_msg_t f;
-        zmq_msg_init(&f);
-        if (zmq_msg_recv(&f, S->rsock, 0) < 0) {
-            zmq_msg_close(&f);
-            break;
-        }
-        more = zmq_msg_more(&f);
-        if (frames++ == 0) zmq_msg_move(&body, &f);
-        zmq_msg_close(&f);
-    }
+    int frames;
+    int rc = zmsg_recv_routed(S->rsock, &idf, &body, &frames);
+    if (rc <= 0) return rc;
     if (frames != 1) {
         S->bad_msgs++;
         s_reply_error(S, zmq_msg_data(&idf), zmq_msg_size(&idf), false, 0, MSG_E_MALFORMED,
