@@ -1,22 +1,13 @@
 /* strata-router - the front door: clients over tcp, the scheduler over ipc (router.h).
  *
- * Exit codes: 0 clean stop, 1 runtime failure (restart me), 2 bad config or usage. */
-#include <getopt.h>
-#include <signal.h>
+ * Exit codes (common/service.h): 0 clean stop, 1 runtime failure (restart me), 2 bad config or
+ * usage. */
 #include <stdio.h>
-#include <string.h>
 
 #include "common/config.h"
+#include "common/service.h"
 #include "common/strata.h"
 #include "services/router/router.h"
-
-static volatile sig_atomic_t s_stop;
-
-static void s_on_signal(int sig)
-{
-    (void)sig;
-    s_stop = 1;
-}
 
 static void s_usage(FILE *f)
 {
@@ -32,46 +23,19 @@ static void s_usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {{"config", required_argument, 0, 'c'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const char *config = NULL;
-    int c;
-    log_set_role("router");
-    while ((c = getopt_long(argc, argv, "c:h", opts, NULL)) != -1) {
-        if (c == 'c') config = optarg;
-        else if (c == 'h') {
-            s_usage(stdout);
-            return 0;
-        } else {
-            s_usage(stderr);
-            return 2;
-        }
-    }
-    if (!config || optind != argc) {
-        s_usage(stderr);
-        return 2;
-    }
     static strata_config_t cfg;
-    strata_errbuf_t eb = {{0}};
-    config_defaults(&cfg);
-    if (config_load(&cfg, config, &eb) < 0) {
-        log_error("%s", eb.msg);
-        return 2;
-    }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = s_on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-
+    int rc = service_init(argc, argv, "router", s_usage, &cfg, NULL);
+    if (rc != SERVICE_RUN) return rc;
+    volatile sig_atomic_t *stop = service_signals();
     router_t *r = NULL;
-    int rc = router_create(&cfg, &r, &eb);
+    strata_errbuf_t eb = {{0}};
+    rc = router_create(&cfg, &r, &eb);
     if (rc < 0) {
         log_error("%s", eb.msg[0] ? eb.msg : strata_strerror(rc));
         /* a bad tokenizer file or a malformed endpoint is a config problem: do not restart */
-        return rc == STRATA_EINVAL_INPUT || rc == STRATA_EFORMAT ? 2 : 1;
+        return rc == STRATA_EINVAL_INPUT || rc == STRATA_EFORMAT ? SERVICE_EXIT_CONFIG : SERVICE_EXIT_FAIL;
     }
-    rc = router_run(r, &s_stop);
+    rc = router_run(r, stop);
     router_destroy(r);
-    return rc < 0 ? 1 : 0;
+    return rc < 0 ? SERVICE_EXIT_FAIL : SERVICE_EXIT_OK;
 }
