@@ -66,7 +66,11 @@ void cpu_ffn_swiglu(tpool_t *pool, float *out, const float *x, int n, const qmat
                     const qmat_t *down, float *scratch, const float *scale, bool accumulate);
 
 /* Sampling. logits[vocab] (may be modified). temperature <= 0 means greedy (argmax, ties to
- * the lower id); top_k <= 0 disables; top_p >= 1 disables. u is a uniform [0,1) draw. */
+ * the lower id); top_k <= 0 disables; top_p >= 1 disables. u is a uniform [0,1) draw.
+ * The kept set: the top_k most likely tokens (ties to the lower id), then the shortest prefix
+ * of them in that order whose probability reaches top_p of their mass. The draw walks the
+ * kept tokens in id order: token i is picked when u * mass(kept) falls in its slice. O(vocab)
+ * without top_k or top_p (no sort); top-p sorts only the tokens near the nucleus boundary. */
 int32_t cpu_sample(float *logits, int vocab, float temperature, int top_k, float top_p, double u);
 
 #endif

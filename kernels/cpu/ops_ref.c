@@ -199,6 +199,55 @@ static int s_topk_select(const float *logits, int vocab, int k, s_cand_t *c)
     return nc;
 }
 
+static int s_id_cmp(const void *a, const void *b)
+{
+    const s_cand_t *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* top-p without a full sort. Tokens go into buckets by mx - logit (bucket 0 the most likely);
+ * the bucket where the descending cumulative mass reaches target holds the nucleus boundary;
+ * only it is sorted. Returns the last kept candidate: token i is kept iff (logit_i, i) ranks
+ * at or before it in s_cand_cmp order. p[i] = expf(logit_i - mx). */
+#define S_NB 4096
+#define S_DMAX 48.0f /* exp(-48) ~ 1e-21: everything beyond shares the last bucket */
+static inline int s_bucket(float d)
+{
+    const int b = (int)(d * (S_NB / S_DMAX));
+    return b < S_NB - 1 ? b : S_NB - 1;
+}
+
+static s_cand_t s_nucleus_last(const float *logits, const float *p, int vocab, float mx, double target, s_cand_t *c)
+{
+    double *mass = calloc(S_NB, sizeof *mass);
+    STRATA_ASSERT(mass != NULL);
+    for (int i = 0; i < vocab; i++) mass[s_bucket(mx - logits[i])] += p[i];
+    double cum = 0;
+    int bb = S_NB - 1;
+    for (int b = 0; b < S_NB; b++) {
+        if (mass[b] > 0 && cum + mass[b] >= target) {
+            bb = b;
+            break;
+        }
+        cum += mass[b];
+    }
+    free(mass);
+    int nc = 0;
+    for (int i = 0; i < vocab; i++)
+        if (s_bucket(mx - logits[i]) == bb) c[nc++] = (s_cand_t){logits[i], i};
+    if (nc == 0) { /* rounding left the target unreached: keep everything */
+        for (int i = 0; i < vocab; i++)
+            if (nc == 0 || s_cand_cmp(&(s_cand_t){logits[i], i}, &c[0]) > 0) c[0] = (s_cand_t){logits[i], i}, nc = 1;
+        return c[0];
+    }
+    qsort(c, (size_t)nc, sizeof *c, s_cand_cmp);
+    for (int j = 0; j < nc; j++) {
+        cum += p[c[j].id];
+        if (cum >= target) return c[j];
+    }
+    return c[nc - 1];
+}
+
 int32_t cpu_sample(float *logits, int vocab, float temperature, int top_k, float top_p, double u)
 {
     STRATA_ASSERT(vocab >= 1);
@@ -206,49 +255,51 @@ int32_t cpu_sample(float *logits, int vocab, float temperature, int top_k, float
     for (int i = 0; i < vocab; i++) logits[i] /= temperature;
     const float mx = logits[s_argmax(logits, vocab)];
     s_cand_t *c = malloc((size_t)vocab * sizeof(*c));
-    double *p = malloc((size_t)vocab * sizeof(double));
+    float *p = malloc((size_t)vocab * sizeof(float)); /* exp(logit - mx): expf, summed in double */
     STRATA_ASSERT(c != NULL && p != NULL);
-    int nc = 0;
-    double z = 0; /* softmax denominator over the candidates that survive top-k */
+    int32_t pick;
     if (top_k > 0 && top_k < vocab) {
-        nc = s_topk_select(logits, vocab, top_k, c);
-        for (int i = 0; i < nc; i++) z += exp((double)c[i].v - mx);
-    } else {
-        for (int i = 0; i < vocab; i++) z += exp((double)logits[i] - mx);
-        /* With top-p, a token whose probability is below (1 - top_p) / (vocab - 1) cannot be
-         * in the nucleus (all such tokens together hold less than 1 - top_p), so it is
-         * dropped before the sort; half that cutoff leaves margin for rounding. */
-        double cut = (top_p < 1 && vocab > 1) ? 0.5 * (1.0 - top_p) / (vocab - 1) : 0;
-        for (int i = 0; i < vocab; i++) {
-            if (cut > 0 && exp((double)logits[i] - mx) / z < cut) continue;
-            c[nc].v = logits[i];
-            c[nc].id = i;
-            nc++;
+        /* the k best, sorted; top-p is the shortest prefix of them reaching top_p of their mass */
+        int nc = s_topk_select(logits, vocab, top_k, c);
+        double z = 0;
+        for (int i = 0; i < nc; i++) z += (p[i] = expf(c[i].v - mx));
+        int keep = nc;
+        if (top_p < 1) {
+            double cum = 0;
+            for (int i = 0; i < nc; i++)
+                if ((cum += p[i]) >= top_p * z) {
+                    keep = i + 1;
+                    break;
+                }
         }
-        qsort(c, (size_t)nc, sizeof(*c), s_cand_cmp);
-    }
-    for (int i = 0; i < nc; i++) p[i] = exp((double)c[i].v - mx) / z;
-    /* top-p: the smallest prefix of the sorted softmax whose mass reaches top_p (>= 1 token) */
-    int keep = nc;
-    if (top_p < 1) {
-        double cum = 0;
-        for (int i = 0; i < nc; i++) {
-            cum += p[i];
-            if (cum >= top_p) {
-                keep = i + 1;
+        qsort(c, (size_t)keep, sizeof *c, s_id_cmp); /* the draw walks the kept tokens in id order */
+        double mass = 0;
+        for (int i = 0; i < keep; i++) mass += (p[i] = expf(c[i].v - mx));
+        double r = u * mass, cum = 0;
+        pick = c[keep - 1].id;
+        for (int i = 0; i < keep; i++)
+            if (r < (cum += p[i])) {
+                pick = c[i].id;
                 break;
             }
+    } else {
+        double z = 0;
+        for (int i = 0; i < vocab; i++) z += (p[i] = expf(logits[i] - mx));
+        s_cand_t last = {0, vocab - 1};
+        const bool nucleus = top_p < 1;
+        double mass = z;
+        if (nucleus) {
+            last = s_nucleus_last(logits, p, vocab, mx, top_p * z, c);
+            mass = 0;
+            for (int i = 0; i < vocab; i++)
+                if (s_cand_cmp(&(s_cand_t){logits[i], i}, &last) <= 0) mass += p[i];
         }
-    }
-    double mass = 0;
-    for (int i = 0; i < keep; i++) mass += p[i];
-    double r = u * mass, cum = 0;
-    int32_t pick = c[keep - 1].id;
-    for (int i = 0; i < keep; i++) {
-        cum += p[i];
-        if (r < cum) {
-            pick = c[i].id;
-            break;
+        double r = u * mass, cum = 0;
+        pick = -1;
+        for (int i = 0; i < vocab; i++) {
+            if (nucleus && s_cand_cmp(&(s_cand_t){logits[i], i}, &last) > 0) continue;
+            pick = i; /* the last kept token, should rounding leave r unreached */
+            if (r < (cum += p[i])) break;
         }
     }
     free(p);

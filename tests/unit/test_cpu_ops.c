@@ -464,7 +464,8 @@ static void test_gate(void)
     T_CHECK(idx[0] == 1 && idx[1] == 2 && fabsf(w[0] - 0.5f) < 1e-6f && fabsf(w[1] - 0.5f) < 1e-6f, "gate ties to lower index");
 }
 
-/* An oracle for cpu_sample written the obvious way: full sort, no shortcuts. */
+/* An oracle for cpu_sample written the obvious way: full sort, no shortcuts (the contract in
+ * ops.h: kept set in probability order, draw in id order). */
 typedef struct {
     double p;
     int id;
@@ -492,12 +493,20 @@ static int t_sample_oracle(const float *logits, int vocab, float temp, int top_k
         for (int i = 0; i < n; i++)
             if ((cum += c[i].p) >= top_p) { keep = i + 1; break; }
     }
-    double mass = 0;
-    for (int i = 0; i < keep; i++) mass += c[i].p;
+    /* the draw walks the kept tokens in id order */
+    double *pid = calloc(vocab, sizeof *pid), mass = 0;
+    for (int i = 0; i < keep; i++) {
+        pid[c[i].id] = c[i].p;
+        mass += c[i].p;
+    }
     double r = u * mass, cum = 0;
-    int pick = c[keep - 1].id;
-    for (int i = 0; i < keep; i++)
-        if (r < (cum += c[i].p)) { pick = c[i].id; break; }
+    int pick = -1;
+    for (int i = 0; i < vocab; i++)
+        if (pid[i] > 0) {
+            pick = i;
+            if (r < (cum += pid[i])) break;
+        }
+    free(pid);
     free(c);
     return pick;
 }
