@@ -38,9 +38,9 @@ struct forward_ctx {
     int32_t *e_fill;          /* [n_experts] fill cursor while grouping */
     int32_t *e_tok;           /* [T*top_k] token index, grouped by expert, tokens ascending */
     float *e_w;               /* [T*top_k] gate weight of that (token, expert) pair */
-    float *xg;                /* [T][hidden] one expert's gathered inputs; also the logit rows */
-    float *yg;                /* [T][hidden] one expert's outputs */
-    float *ffn_scratch;       /* [2*T*max_inter] for cpu_ffn_swiglu */
+    float *xg;                /* [T][hidden] a wave of experts' gathered inputs; also the logit rows */
+    float *yg;                /* [T][hidden] their outputs */
+    float *ffn_scratch;       /* [2*T*max_inter] for cpu_ffn_swiglu(_many) */
     float *sg;                /* [T] shared-expert gate logit */
     /* attention scratch: one row per thread, att_cap floats each (grown on demand) */
     float *att_scratch;       /* [n_threads][att_cap] */
@@ -339,19 +339,35 @@ static void s_moe(forward_ctx_t *f, const layer_t *L, int n)
         }
     }
     memset(f->y, 0, (size_t)n * H * sizeof(float));
-    for (int e = 0; e < ne; e++) {
-        int32_t p0 = f->e_off[e], cnt = f->e_off[e + 1] - p0;
-        if (cnt == 0) continue;
-        for (int32_t i = 0; i < cnt; i++)
-            memcpy(f->xg + (size_t)i * H, f->xn + (size_t)f->e_tok[p0 + i] * H, (size_t)H * sizeof(float));
-        const ffn_t *E = &L->experts[e];
-        cpu_ffn_swiglu(f->pool, f->yg, f->xg, cnt, &E->gate, &E->up, &E->down, f->ffn_scratch, NULL, false);
-        for (int32_t i = 0; i < cnt; i++) {
-            float w = f->e_w[p0 + i];
-            float *dst = f->y + (size_t)f->e_tok[p0 + i] * H;
-            const float *src = f->yg + (size_t)i * H;
-            for (int d = 0; d < H; d++) dst[d] += w * src[d];
+    /* Active experts in waves that fit the T-row buffers (at decode, one wave holds them all):
+     * each wave's FFNs run in two pool dispatches (cpu_ffn_swiglu_many), then their outputs
+     * are added in expert order, as one expert at a time would. */
+    for (int e0 = 0; e0 < ne;) {
+        cpu_ffn_item_t items[CPU_FFN_MANY_MAX];
+        int ni = 0, e = e0;
+        int32_t rows = 0;
+        for (; e < ne && ni < CPU_FFN_MANY_MAX; e++) {
+            int32_t p0 = f->e_off[e], cnt = f->e_off[e + 1] - p0;
+            if (cnt == 0) continue;
+            if (rows + cnt > f->max_tokens) break; /* the next wave */
+            for (int32_t i = 0; i < cnt; i++)
+                memcpy(f->xg + (size_t)(rows + i) * H, f->xn + (size_t)f->e_tok[p0 + i] * H, (size_t)H * sizeof(float));
+            const ffn_t *E = &L->experts[e];
+            items[ni++] = (cpu_ffn_item_t){.x = f->xg + (size_t)rows * H, .out = f->yg + (size_t)rows * H, .n = cnt,
+                                           .gate = &E->gate, .up = &E->up, .down = &E->down};
+            rows += cnt;
         }
+        cpu_ffn_swiglu_many(f->pool, items, ni, f->ffn_scratch);
+        for (int32_t r = 0, ee = e0; ee < e; ee++) {
+            int32_t p0 = f->e_off[ee], cnt = f->e_off[ee + 1] - p0;
+            for (int32_t i = 0; i < cnt; i++, r++) {
+                float w = f->e_w[p0 + i];
+                float *dst = f->y + (size_t)f->e_tok[p0 + i] * H;
+                const float *src = f->yg + (size_t)r * H;
+                for (int d = 0; d < H; d++) dst[d] += w * src[d];
+            }
+        }
+        e0 = e;
     }
     if (c->shared_inter > 0) {
         /* Qwen2-MoE: + sigmoid(x @ shared_gate^T) * shared_ffn(x) */

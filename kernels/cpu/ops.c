@@ -161,18 +161,26 @@ float *cpu_row_buf(size_t n)
 }
 
 /* Several matmuls over one row space: item i is row i - off[k] of jobs[k]. One pool
- * dispatch covers them all (e.g. the gate and up projections of an FFN). */
+ * dispatch covers them all (the gate and up projections of an FFN, or of many). */
+#define S_MAX_JOBS (2 * CPU_FFN_MANY_MAX)
 typedef struct {
     const mm_job_t *jobs;
     int n_jobs;
-    int64_t off[4];   /* [n_jobs + 1] first item of each job */
+    int64_t off[S_MAX_JOBS + 1]; /* [n_jobs + 1] first item of each job */
     mm_rows_fn_t fn;
 } s_multi_t;
 
 static void s_multi_chunk(void *ctx, int64_t i0, int64_t i1, int tid)
 {
+    (void)tid;
     const s_multi_t *m = ctx;
-    for (int k = 0; k < m->n_jobs && i0 < i1; k++) {
+    int lo = 0, hi = m->n_jobs - 1; /* the job holding item i0: the last k with off[k] <= i0 */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (m->off[mid] <= i0) lo = mid;
+        else hi = mid - 1;
+    }
+    for (int k = lo; k < m->n_jobs && i0 < i1; k++) {
         int64_t a = i0 > m->off[k] ? i0 : m->off[k];
         int64_t b = i1 < m->off[k + 1] ? i1 : m->off[k + 1];
         if (a < b) m->fn(&m->jobs[k], (int32_t)(a - m->off[k]), (int32_t)(b - m->off[k]));
@@ -211,7 +219,7 @@ static void s_q8_prepare(mm_job_t *jobs, int n_jobs)
 
 static void s_run_jobs(tpool_t *pool, mm_job_t *jobs, int n_jobs)
 {
-    STRATA_ASSERT(n_jobs >= 1 && n_jobs <= 3);
+    STRATA_ASSERT(n_jobs >= 1 && n_jobs <= S_MAX_JOBS);
     if (cpu_ops_act() == CPU_ACT_Q8) s_q8_prepare(jobs, n_jobs);
     s_multi_t m = {.jobs = jobs, .n_jobs = n_jobs, .fn = s_rows_fn()};
     int64_t maxcols = 1;
@@ -249,20 +257,53 @@ void cpu_matmul(tpool_t *pool, float *y, const float *x, int n, const qmat_t *w,
     s_run_jobs(pool, &j, 1);
 }
 
+/* The FFNs of items (out_i = yscale_i * ffn_i(x_i), added to out_i if acc), gate/up of all in
+ * one dispatch, then every down in one. */
+static void s_ffn_items(tpool_t *pool, const cpu_ffn_item_t *items, int n_items, float *scratch, const float *yscale,
+                        bool acc)
+{
+    STRATA_ASSERT(n_items >= 1 && n_items <= CPU_FFN_MANY_MAX);
+    mm_job_t jobs[S_MAX_JOBS];
+    float *at = scratch;
+    int nj = 0;
+    for (int i = 0; i < n_items; i++) {
+        const cpu_ffn_item_t *it = &items[i];
+        if (it->n <= 0) continue;
+        const int inter = it->gate->rows;
+        STRATA_ASSERT(it->up->rows == inter && it->up->cols == it->gate->cols && it->down->cols == inter);
+        float *g = at, *u = at + (int64_t)it->n * inter; /* [n][inter] each */
+        at += (int64_t)2 * it->n * inter;
+        jobs[nj++] = (mm_job_t){.w = it->gate, .x = it->x, .y = g, .n = it->n, .ldx = it->gate->cols, .ldy = inter};
+        jobs[nj++] = (mm_job_t){.w = it->up, .x = it->x, .y = u, .n = it->n, .ldx = it->up->cols, .ldy = inter};
+    }
+    if (!nj) return;
+    s_run_jobs(pool, jobs, nj);
+    int nd = 0;
+    for (int k = 0; k < nj; k += 2) {
+        float *g = jobs[k].y, *u = jobs[k + 1].y;
+        const int64_t cnt = (int64_t)jobs[k].n * jobs[k].ldy;
+        for (int64_t e = 0; e < cnt; e++) g[e] = g[e] / (1.0f + expf(-g[e])) * u[e];
+        jobs[nd++] = (mm_job_t){.w = NULL, .x = g, .n = jobs[k].n, .ldx = jobs[k].ldy};
+    }
+    for (int i = 0, d = 0; i < n_items; i++) {
+        const cpu_ffn_item_t *it = &items[i];
+        if (it->n <= 0) continue;
+        mm_job_t *j = &jobs[d++];
+        *j = (mm_job_t){.w = it->down, .x = j->x, .y = it->out, .n = it->n, .ldx = j->ldx, .ldy = it->down->rows,
+                        .yscale = yscale, .acc = acc};
+    }
+    s_run_jobs(pool, jobs, nd);
+}
+
 void cpu_ffn_swiglu(tpool_t *pool, float *out, const float *x, int n, const qmat_t *gate, const qmat_t *up,
                     const qmat_t *down, float *scratch, const float *scale, bool accumulate)
 {
     if (n <= 0) return;
-    const int inter = gate->rows, hidden = down->rows;
-    STRATA_ASSERT(up->rows == inter && up->cols == gate->cols && down->cols == inter);
-    float *g = scratch, *u = scratch + (int64_t)n * inter; /* [n][inter] each */
-    mm_job_t gu[2] = {
-        {.w = gate, .x = x, .y = g, .n = n, .ldx = gate->cols, .ldy = inter},
-        {.w = up, .x = x, .y = u, .n = n, .ldx = up->cols, .ldy = inter},
-    };
-    s_run_jobs(pool, gu, 2);
-    for (int64_t i = 0; i < (int64_t)n * inter; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-    mm_job_t dj = {.w = down, .x = g, .y = out, .n = n, .ldx = inter, .ldy = hidden,
-                   .yscale = scale, .acc = accumulate};
-    s_run_jobs(pool, &dj, 1);
+    const cpu_ffn_item_t it = {.x = x, .out = out, .n = n, .gate = gate, .up = up, .down = down};
+    s_ffn_items(pool, &it, 1, scratch, scale, accumulate);
+}
+
+void cpu_ffn_swiglu_many(tpool_t *pool, const cpu_ffn_item_t *items, int n_items, float *scratch)
+{
+    if (n_items > 0) s_ffn_items(pool, items, n_items, scratch, NULL, false);
 }

@@ -65,6 +65,21 @@ void cpu_gate_topk(const float *logits, int n_experts, int top_k, bool renorm, i
 void cpu_ffn_swiglu(tpool_t *pool, float *out, const float *x, int n, const qmat_t *gate, const qmat_t *up,
                     const qmat_t *down, float *scratch, const float *scale, bool accumulate);
 
+/* One FFN of cpu_ffn_swiglu_many. */
+typedef struct {
+    const float *x;  /* [n][gate->cols] */
+    float *out;      /* [n][down->rows], overwritten */
+    int n;
+    const qmat_t *gate, *up, *down;
+} cpu_ffn_item_t;
+#define CPU_FFN_MANY_MAX 64
+/* out_i = down_i(silu(gate_i(x_i)) * up_i(x_i)) for every item (n_items <= CPU_FFN_MANY_MAX),
+ * e.g. the active experts of a MoE layer, in two pool dispatches in all (every gate and up,
+ * then every down) instead of two per item: at decode each matrix is a few microseconds of
+ * work, so dispatch and barrier cost would otherwise rival it on many threads. Each out_i is
+ * what cpu_ffn_swiglu gives for that item alone. scratch >= sum_i 2 * n_i * gate_i->rows. */
+void cpu_ffn_swiglu_many(tpool_t *pool, const cpu_ffn_item_t *items, int n_items, float *scratch);
+
 /* Sampling. logits[vocab] (may be modified). temperature <= 0 means greedy (argmax, ties to
  * the lower id); top_k <= 0 disables; top_p >= 1 disables. u is a uniform [0,1) draw.
  * The kept set: the top_k most likely tokens (ties to the lower id), then the shortest prefix

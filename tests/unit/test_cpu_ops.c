@@ -302,6 +302,48 @@ static void test_ffn(tpool_t *pool, cpu_isa_t isa, wfmt_t fmt, int n, bool accum
     t_mat_free(&g); t_mat_free(&u); t_mat_free(&d);
 }
 
+/* cpu_ffn_swiglu_many: every item's output is bit for bit what cpu_ffn_swiglu gives for it alone
+ * (same kernels, same per-row sums; only the dispatch is shared), with items of different
+ * formats, shapes and token counts, some empty. */
+static void test_ffn_many(tpool_t *pool, cpu_isa_t isa)
+{
+    enum { NI = 7 };
+    const int hidden = 64;
+    t_mat_t g[NI], u[NI], d[NI];
+    cpu_ffn_item_t it[NI];
+    float *x[NI], *out[NI], *want[NI];
+    size_t scratch_n = 0;
+    for (int i = 0; i < NI; i++) {
+        const wfmt_t fmt = (wfmt_t)((i + (int)(t_rng_next(&g_seed) % 2)) % WF_COUNT);
+        const int inter = 32 * (1 + (int)(t_rng_next(&g_seed) % 3)), n = i == 3 ? 0 : 1 + (int)(t_rng_next(&g_seed) % 6);
+        t_mat_make(&g[i], fmt, 32, inter, hidden);
+        t_mat_make(&u[i], fmt, 32, inter, hidden);
+        t_mat_make(&d[i], fmt, 32, hidden, inter);
+        x[i] = t_alloc((size_t)(n ? n : 1) * hidden);
+        out[i] = t_alloc((size_t)(n ? n : 1) * hidden);
+        want[i] = t_alloc((size_t)(n ? n : 1) * hidden);
+        t_fill(x[i], (size_t)(n ? n : 1) * hidden, 2.0f);
+        t_poison(out[i], (size_t)(n ? n : 1) * hidden);
+        it[i] = (cpu_ffn_item_t){.x = x[i], .out = out[i], .n = n, .gate = &g[i].q, .up = &u[i].q, .down = &d[i].q};
+        scratch_n += (size_t)2 * n * inter;
+    }
+    float *scratch = t_alloc(scratch_n + 1);
+    for (int i = 0; i < NI; i++)
+        if (it[i].n) cpu_ffn_swiglu(pool, want[i], x[i], it[i].n, it[i].gate, it[i].up, it[i].down, scratch, NULL, false);
+    t_poison(scratch, scratch_n + 1);
+    cpu_ffn_swiglu_many(pool, it, NI, scratch);
+    int bad = 0;
+    for (int i = 0; i < NI; i++)
+        bad += it[i].n && memcmp(out[i], want[i], sizeof(float) * (size_t)it[i].n * hidden) != 0;
+    T_CHECK(bad == 0, "ffn_many %s threads=%d: %d of %d items differ from cpu_ffn_swiglu", cpu_isa_name(isa),
+            tpool_size(pool), bad, NI);
+    for (int i = 0; i < NI; i++) {
+        t_mat_free(&g[i]); t_mat_free(&u[i]); t_mat_free(&d[i]);
+        free(x[i]); free(out[i]); free(want[i]);
+    }
+    free(scratch);
+}
+
 /* ---- the other ops ---- */
 
 static void test_rmsnorm(void)
@@ -590,6 +632,12 @@ int main(void)
             test_ffn(pools[1], got, (wfmt_t)f, 3, true, true);
             test_ffn(pools[0], got, (wfmt_t)f, 9, true, false);
             test_ffn(pools[0], got, (wfmt_t)f, 2, false, true);
+        }
+        for (int pi = 0; pi < 2; pi++) {
+            test_ffn_many(pools[pi], got);
+            cpu_ops_set_act(CPU_ACT_Q8);
+            test_ffn_many(pools[pi], got);
+            cpu_ops_set_act(CPU_ACT_F32);
         }
         test_attention(1, 4, 4, 64, 16, 0.125f);
         test_attention(37, 8, 2, 64, 16, 0.125f);
