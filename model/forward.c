@@ -275,9 +275,10 @@ static void s_attention(forward_ctx_t *f, kv_cache_t *kv, const batch_t *b, int 
     int qd = c->n_heads * hd, kd = c->n_kv_heads * hd;
 
     cpu_rmsnorm(f->xn, f->x, L->attn_norm, n, H, c->rms_eps);
-    cpu_matmul(f->pool, f->q, f->xn, n, &L->wq, c->qkv_bias ? L->bq : NULL);
-    cpu_matmul(f->pool, f->k, f->xn, n, &L->wk, c->qkv_bias ? L->bk : NULL);
-    cpu_matmul(f->pool, f->v, f->xn, n, &L->wv, c->qkv_bias ? L->bv : NULL);
+    const cpu_mm_item_t qkv[3] = {{f->q, &L->wq, c->qkv_bias ? L->bq : NULL},
+                                  {f->k, &L->wk, c->qkv_bias ? L->bk : NULL},
+                                  {f->v, &L->wv, c->qkv_bias ? L->bv : NULL}};
+    cpu_matmul_multi(f->pool, f->xn, n, qkv, 3);
     if (c->qk_norm == QK_NORM_HEAD) {
         cpu_rmsnorm(f->q, f->q, L->q_norm, n * c->n_heads, hd, c->rms_eps);
         cpu_rmsnorm(f->k, f->k, L->k_norm, n * c->n_kv_heads, hd, c->rms_eps);
@@ -316,7 +317,9 @@ static void s_moe(forward_ctx_t *f, const layer_t *L, int n)
     /* Mixtral always renormalises its top-k weights (HF MixtralSparseMoeBlock). */
     bool renorm = c->norm_topk || c->arch == ARCH_MIXTRAL;
 
-    cpu_matmul(f->pool, f->rlog, f->xn, n, &L->router, NULL);
+    /* the router, and Qwen2-MoE's shared-expert gate, in one dispatch */
+    const cpu_mm_item_t rg[2] = {{f->rlog, &L->router, NULL}, {f->sg, &L->shared_gate, NULL}};
+    cpu_matmul_multi(f->pool, f->xn, n, rg, c->shared_inter > 0 ? 2 : 1);
     memset(f->e_off, 0, (size_t)(ne + 1) * sizeof(int32_t));
     for (int t = 0; t < n; t++) {
         int32_t *idx = f->top_idx + (size_t)t * tk;
@@ -371,7 +374,6 @@ static void s_moe(forward_ctx_t *f, const layer_t *L, int n)
     }
     if (c->shared_inter > 0) {
         /* Qwen2-MoE: + sigmoid(x @ shared_gate^T) * shared_ffn(x) */
-        cpu_matmul(f->pool, f->sg, f->xn, n, &L->shared_gate, NULL);
         for (int t = 0; t < n; t++) f->sg[t] = 1.0f / (1.0f + expf(-f->sg[t]));
         cpu_ffn_swiglu(f->pool, f->y, f->xn, n, &L->shared.gate, &L->shared.up, &L->shared.down, f->ffn_scratch,
                        f->sg, true);

@@ -295,6 +295,21 @@ static void s_ffn_items(tpool_t *pool, const cpu_ffn_item_t *items, int n_items,
     s_run_jobs(pool, jobs, nd);
 }
 
+void cpu_matmul_multi(tpool_t *pool, const float *x, int n, const cpu_mm_item_t *items, int n_items)
+{
+    STRATA_ASSERT(n_items >= 0 && n_items <= 8);
+    if (n <= 0 || n_items == 0) return;
+    mm_job_t jobs[8];
+    int nj = 0;
+    for (int i = 0; i < n_items; i++) {
+        const qmat_t *w = items[i].w;
+        STRATA_ASSERT(w->cols == items[0].w->cols);
+        if (w->rows > 0)
+            jobs[nj++] = (mm_job_t){.w = w, .x = x, .y = items[i].y, .n = n, .ldx = w->cols, .ldy = w->rows, .bias = items[i].bias};
+    }
+    if (nj) s_run_jobs(pool, jobs, nj);
+}
+
 void cpu_ffn_swiglu(tpool_t *pool, float *out, const float *x, int n, const qmat_t *gate, const qmat_t *up,
                     const qmat_t *down, float *scratch, const float *scale, bool accumulate)
 {

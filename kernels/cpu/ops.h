@@ -40,6 +40,16 @@ int cpu_act_parse(const char *s);
 /* y[n][w->rows] = x[n][w->cols] @ W^T (+ bias[w->rows] if bias != NULL). */
 void cpu_matmul(tpool_t *pool, float *y, const float *x, int n, const qmat_t *w, const float *bias);
 
+/* One matmul of cpu_matmul_multi: y[n][w->rows] = x @ W^T (+ bias[w->rows] if not NULL). */
+typedef struct {
+    float *y;
+    const qmat_t *w;
+    const float *bias;
+} cpu_mm_item_t;
+/* Several matmuls of the same x[n][cols] (e.g. the q, k and v projections) in one pool
+ * dispatch; n_items <= 8, every w->cols equal. Each y is what cpu_matmul gives. */
+void cpu_matmul_multi(tpool_t *pool, const float *x, int n, const cpu_mm_item_t *items, int n_items);
+
 /* y[n][dim] = x / rms(x) * w, rms over dim with eps. y may alias x. */
 void cpu_rmsnorm(float *y, const float *x, const float *w, int n, int dim, float eps);
 

@@ -344,6 +344,38 @@ static void test_ffn_many(tpool_t *pool, cpu_isa_t isa)
     free(scratch);
 }
 
+/* cpu_matmul_multi: each y bit for bit cpu_matmul's, formats and row counts mixed. */
+static void test_matmul_multi(tpool_t *pool, cpu_isa_t isa)
+{
+    enum { NI = 4 };
+    const int cols = 96, n = 1 + (int)(t_rng_next(&g_seed) % 6);
+    t_mat_t m[NI];
+    cpu_mm_item_t it[NI];
+    float *want[NI], *b = t_alloc(200), *x = t_alloc((size_t)n * cols);
+    t_fill(b, 200, 0.5f);
+    t_fill(x, (size_t)n * cols, 1.0f);
+    for (int i = 0; i < NI; i++) {
+        const int rows = 1 + (int)(t_rng_next(&g_seed) % 150);
+        t_mat_make(&m[i], (wfmt_t)((i + (int)(t_rng_next(&g_seed) % WF_COUNT)) % WF_COUNT), 32, rows, cols);
+        it[i] = (cpu_mm_item_t){.y = t_alloc((size_t)n * rows), .w = &m[i].q, .bias = i & 1 ? b : NULL};
+        want[i] = t_alloc((size_t)n * rows);
+        cpu_matmul(pool, want[i], x, n, it[i].w, it[i].bias);
+        t_poison(it[i].y, (size_t)n * rows);
+    }
+    cpu_matmul_multi(pool, x, n, it, NI);
+    int bad = 0;
+    for (int i = 0; i < NI; i++) bad += memcmp(it[i].y, want[i], sizeof(float) * (size_t)n * m[i].q.rows) != 0;
+    T_CHECK(bad == 0, "matmul_multi %s threads=%d n=%d: %d of %d differ from cpu_matmul", cpu_isa_name(isa),
+            tpool_size(pool), n, bad, NI);
+    for (int i = 0; i < NI; i++) {
+        free(it[i].y);
+        free(want[i]);
+        t_mat_free(&m[i]);
+    }
+    free(b);
+    free(x);
+}
+
 /* ---- the other ops ---- */
 
 static void test_rmsnorm(void)
@@ -635,8 +667,10 @@ int main(void)
         }
         for (int pi = 0; pi < 2; pi++) {
             test_ffn_many(pools[pi], got);
+            test_matmul_multi(pools[pi], got);
             cpu_ops_set_act(CPU_ACT_Q8);
             test_ffn_many(pools[pi], got);
+            test_matmul_multi(pools[pi], got);
             cpu_ops_set_act(CPU_ACT_F32);
         }
         test_attention(1, 4, 4, 64, 16, 0.125f);
