@@ -3,7 +3,8 @@
  * One step of the group moves, besides the model's own work:
  *   scheduler -> executor   a `step` plan (n sequences, one token each, block tables)
  *   executor -> scheduler   a `result` (n sampled tokens)
- *   scheduler -> router     n `tokens` events (one per sequence)
+ *   scheduler -> router     one `step_tokens` event with the n new tokens (one `tokens` event
+ *                           per sequence before; ARCHITECTURE.md has both figures)
  * This benchmark runs that exchange between threads over real ipc:// sockets with the proto
  * codecs (encode, send, receive, decode on both sides) and reports, per step, the wall time of
  * the whole exchange and the codec share of it. The executor side does no model work, so the
@@ -96,7 +97,7 @@ static void *s_executor(void *arg)
     return NULL;
 }
 
-/* The router: receive n tokens events per step and decode them. */
+/* The router: receive one step_tokens event per step and decode it. */
 static void *s_router(void *arg)
 {
     bench_t *b = arg;
@@ -104,10 +105,10 @@ static void *s_router(void *arg)
     zmq_setsockopt(s, ZMQ_ROUTING_ID, "router", 6);
     if (zmq_connect(s, b->router_ep) < 0) s_die("connect router");
     b->ready = 2;
-    long total = (long)(b->steps + 10) * b->n_seqs + 1;
+    long total = (long)b->steps + 10 + 1; /* + the hello */
     double c0 = 0;
     for (long i = 0; i < total; i++) {
-        if (i == 10L * b->n_seqs + 1) c0 = s_cpu();
+        if (i == 11) c0 = s_cpu();
         msg_t m;
         msg_err_t err;
         if (zmsg_recv(s, MSG_FAM_SCHED_OUT, &m, &err, 0) < 0) {
@@ -134,6 +135,12 @@ typedef struct {
     double cpu_us;           /* CPU µs per step of the three threads together (codec + ZeroMQ) */
     size_t plan_bytes, result_bytes;
 } row_t;
+
+static void s_step_tokens(msg_t *ev, int n, const uint64_t *reqs, const int32_t *index, const int32_t *tokens)
+{
+    msg_init(ev, MSG_SCHED_STEP_TOKENS);
+    ev->u.step_tokens = (msg_step_tokens_t){.n = n, .reqs = reqs, .index = index, .tokens = tokens};
+}
 
 static row_t s_run(int n_seqs, int ctx_len, int steps, const char *dir)
 {
@@ -175,6 +182,8 @@ static row_t s_run(int n_seqs, int ctx_len, int steps, const char *dir)
                                    .tokens = &tok[i], .n_blocks = nb, .blocks = &blocks[i * nb], .sample = true,
                                    .samp = {0.7f, 0.95f, 40, 42}, .n_sampled = (uint64_t)ctx_len / 2};
     }
+    int32_t *index = malloc(sizeof(int32_t) * (size_t)n_seqs); /* generated-token index per sequence */
+    for (int i = 0; i < n_seqs; i++) index[i] = ctx_len / 2;
     double *lat = malloc(sizeof(double) * (size_t)steps);
     row_t row = {n_seqs, ctx_len, 0, 0, 0, 0, 0, 0, 0};
     double cpu_main = 0;
@@ -196,17 +205,10 @@ static row_t s_run(int n_seqs, int ctx_len, int steps, const char *dir)
             fprintf(stderr, "ctrl_plane: %s\n", err.text);
             exit(1);
         }
-        /* fan the sampled tokens out to the router */
-        for (int i = 0; i < res.u.result.n_seqs; i++) {
-            msg_t ev;
-            msg_init(&ev, MSG_SCHED_TOKENS);
-            ev.has_id = true;
-            ev.id = res.u.result.reqs[i];
-            ev.u.tokens.index = ctx_len;
-            ev.u.tokens.tokens = &res.u.result.tokens[i];
-            ev.u.tokens.n_tokens = 1;
-            if (zmsg_send(to_router, "router", 6, &ev, &buf, 0) < 0) s_die("send tokens");
-        }
+        /* the sampled tokens to the router, one event for the step (as the scheduler does) */
+        msg_t ev;
+        s_step_tokens(&ev, res.u.result.n_seqs, res.u.result.reqs, index, res.u.result.tokens);
+        if (zmsg_send(to_router, "router", 6, &ev, &buf, 0) < 0) s_die("send tokens");
         msg_free(&res);
         double t1 = strata_now();
         if (st >= 10) lat[st - 10] = (t1 - t0) * 1e6;
@@ -242,17 +244,10 @@ static row_t s_run(int n_seqs, int ctx_len, int steps, const char *dir)
         row.result_bytes = buf.size;
         msg_decode(MSG_FAM_EXEC_OUT, buf.data, buf.size, &d, &err);
         msg_free(&d);
-        for (int i = 0; i < n_seqs; i++) {
-            msg_init(&ev, MSG_SCHED_TOKENS);
-            ev.has_id = true;
-            ev.id = rq[i];
-            ev.u.tokens.index = ctx_len;
-            ev.u.tokens.tokens = &tok[i];
-            ev.u.tokens.n_tokens = 1;
-            msg_encode(&ev, &buf);
-            msg_decode(MSG_FAM_SCHED_OUT, buf.data, buf.size, &d, &err);
-            msg_free(&d);
-        }
+        s_step_tokens(&ev, n_seqs, rq, index, tok);
+        msg_encode(&ev, &buf);
+        msg_decode(MSG_FAM_SCHED_OUT, buf.data, buf.size, &d, &err);
+        msg_free(&d);
     }
     row.codec_us = (s_cpu() - c0) * 1e6 / reps;
 
@@ -267,6 +262,7 @@ static row_t s_run(int n_seqs, int ctx_len, int steps, const char *dir)
     free(seqs);
     free(blocks);
     free(tok);
+    free(index);
     msg_buf_free(&buf);
     zmq_close(to_exec);
     zmq_close(to_router);
@@ -286,8 +282,8 @@ int main(int argc, char **argv)
         else {
             fprintf(c == 'h' ? stdout : stderr,
                     "usage: ctrl_plane [--steps N] [--json FILE]\n\n"
-                    "Control-plane cost of one decode step (step plan + result over ipc, plus one tokens\n"
-                    "event per sequence to the router): ZeroMQ + msgpack, in microseconds.\n");
+                    "Control-plane cost of one decode step (step plan + result over ipc, plus the step's\n"
+                    "step_tokens event to the router): ZeroMQ + msgpack, in microseconds.\n");
             return c == 'h' ? 0 : 2;
         }
     }

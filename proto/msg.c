@@ -336,6 +336,12 @@ static const fdesc_t s_f_result[] = {
     {"sample_us", F_F64, 0, offsetof(msg_result_t, sample_us), 0, 0, 1e15, 0, 0, NULL, 0},
     END_FIELDS};
 
+static const fdesc_t s_f_step_tokens[] = {
+    {"reqs", F_U64S, FL_REQ | FL_SHCNT | FL_PACKED, offsetof(msg_step_tokens_t, reqs), offsetof(msg_step_tokens_t, n), 1, MSG_MAX_STEP_SEQS, 0, 0, NULL, 0},
+    {"index", F_I32S, FL_REQ | FL_SHCNT | FL_PACKED, offsetof(msg_step_tokens_t, index), offsetof(msg_step_tokens_t, n), 1, MSG_MAX_STEP_SEQS, 0, I32MAX, NULL, 0},
+    {"tokens", F_I32S, FL_REQ | FL_SHCNT | FL_PACKED, offsetof(msg_step_tokens_t, tokens), offsetof(msg_step_tokens_t, n), 1, MSG_MAX_STEP_SEQS, 0, I32MAX, NULL, 0},
+    END_FIELDS};
+
 static const fdesc_t s_f_pf_status[] = {
     {"node", F_I32, FL_REQ, offsetof(msg_pf_status_t, node), 0, 0, 4095, 0, 0, NULL, 0},
     {"arena", F_STR, FL_REQ, offsetof(msg_pf_status_t, arena), 0, 0, 256, 0, 0, NULL, 0},
@@ -378,6 +384,7 @@ static const tdesc_t s_types[] = {
     {MSG_SCHED_ERROR, MSG_FAM_SCHED_OUT, "error", s_f_error, false},
     {MSG_SCHED_STATS_REPLY, MSG_FAM_SCHED_OUT, "stats", s_f_stats, false},
     {MSG_SCHED_HELLO_REPLY, MSG_FAM_SCHED_OUT, "hello", s_f_hello, false},
+    {MSG_SCHED_STEP_TOKENS, MSG_FAM_SCHED_OUT, "step_tokens", s_f_step_tokens, false},
     {MSG_EXEC_HELLO, MSG_FAM_EXEC_IN, "hello", s_f_none, false},
     {MSG_STEP, MSG_FAM_EXEC_IN, "step", s_f_step, true},
     {MSG_EXEC_STATS, MSG_FAM_EXEC_IN, "stats", s_f_none, false},

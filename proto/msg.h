@@ -76,6 +76,7 @@ typedef enum {
     MSG_SCHED_ERROR,          /* "error"     body: error */
     MSG_SCHED_STATS_REPLY,    /* "stats"     body: stats */
     MSG_SCHED_HELLO_REPLY,    /* "hello"     body: hello */
+    MSG_SCHED_STEP_TOKENS,    /* "step_tokens" body: step_tokens; one token each for many requests */
     /* scheduler -> executor */
     MSG_EXEC_HELLO = 80,      /* "hello"     no body */
     MSG_STEP,                 /* "step"      body: step; id = step number */
@@ -255,6 +256,16 @@ typedef struct {
     const msg_step_seq_t *seqs; /* [n_seqs] */
 } msg_step_t;
 
+/* step_tokens: scheduler -> router, one step's new tokens of many requests in one message
+ * (instead of one `tokens` event each): request reqs[i] got token tokens[i] at generated
+ * index index[i]. Same meaning as n `tokens` events with one token each, in array order. */
+typedef struct {
+    int32_t n;                  /* [1, MSG_MAX_STEP_SEQS] */
+    const uint64_t *reqs;       /* [n] internal request ids */
+    const int32_t *index;       /* [n] >= 0 */
+    const int32_t *tokens;      /* [n] >= 0 */
+} msg_step_tokens_t;
+
 /* result: executor -> scheduler. tokens are in plan order; -1 where sample was false. */
 typedef struct {
     uint64_t instance;          /* the executor's instance */
@@ -296,6 +307,7 @@ typedef struct {
         msg_hello_t hello;
         msg_step_t step;
         msg_result_t result;
+        msg_step_tokens_t step_tokens;
         msg_pf_status_t pf_status;
     } u;
     msg_mem_t *mem;             /* allocations of a decoded message; NULL for built ones */

@@ -829,6 +829,22 @@ static void s_sched_restarted(router_t *r)
     r->n_orphans = 0;
 }
 
+/* New tokens of request id (q: its entry, or NULL when unknown: the id is remembered as an
+ * orphan, a request of an earlier router that its client may still resume). */
+static void s_sched_tokens(router_t *r, req_t *q, uint64_t id, const msg_tokens_t *t, double now)
+{
+    if (q) {
+        s_on_tokens(r, q, t);
+        return;
+    }
+    bool known = false;
+    for (int i = 0; i < r->n_orphans; i++) known |= r->orphans[i].id == id;
+    if (!known) {
+        if (r->n_orphans < MAX_ORPHANS) r->orphans[r->n_orphans++] = (orphan_t){id, now};
+        else s_sched_simple(r, MSG_SCHED_CANCEL, id, 0);
+    }
+}
+
 static void s_on_sched(router_t *r, const void *data, size_t size)
 {
     msg_t m;
@@ -842,15 +858,11 @@ static void s_on_sched(router_t *r, const void *data, size_t size)
     r->t_sched_rx = now;
     req_t *q = (m.has_id && m.type != MSG_SCHED_STATS_REPLY) ? s_find(r, m.id) : NULL;
     switch (m.type) {
-    case MSG_SCHED_TOKENS:
-        if (q) s_on_tokens(r, q, &m.u.tokens);
-        else {
-            bool known = false;
-            for (int i = 0; i < r->n_orphans; i++) known |= r->orphans[i].id == m.id;
-            if (!known) {
-                if (r->n_orphans < MAX_ORPHANS) r->orphans[r->n_orphans++] = (orphan_t){m.id, now};
-                else s_sched_simple(r, MSG_SCHED_CANCEL, m.id, 0);
-            }
+    case MSG_SCHED_TOKENS: s_sched_tokens(r, q, m.id, &m.u.tokens, now); break;
+    case MSG_SCHED_STEP_TOKENS:
+        for (int32_t i = 0; i < m.u.step_tokens.n; i++) {
+            const msg_tokens_t t = {.index = m.u.step_tokens.index[i], .n_tokens = 1, .tokens = &m.u.step_tokens.tokens[i]};
+            s_sched_tokens(r, s_find(r, m.u.step_tokens.reqs[i]), m.u.step_tokens.reqs[i], &t, now);
         }
         break;
     case MSG_SCHED_DONE:

@@ -59,6 +59,9 @@ corpora = {
         b"\1" + p({"type": "error", "id": 77, "code": "duplicate", "message": "live"}),
         b"\1" + p({"type": "stats", "id": 1, "stats": {"steps": 10, "batch_tokens": 31.5}}),
         b"\1" + p(hello),
+        b"\1" + p({"type": "step_tokens", "reqs": struct.pack("<2Q", 77, 78), "index": struct.pack("<2i", 3, 0),
+                   "tokens": struct.pack("<2i", 9, 11)}),
+        b"\1" + p({"type": "step_tokens", "reqs": [77], "index": [4], "tokens": [12]}),
     ],
     "msg_exec": [
         b"\0" + p({"type": "hello"}),

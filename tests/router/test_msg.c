@@ -218,6 +218,20 @@ static void test_roundtrips(void)
     T_CHECK(d.u.result.n_seqs == 2 && d.u.result.tokens[1] == -1 && d.u.result.reqs[1] == 2, "result");
     msg_free(&d);
 
+    uint64_t sreqs[] = {9, 1ull << 60, 3};
+    int32_t sidx[] = {0, 41, 7}, stok[] = {5, 0, 286};
+    msg_init(&m, MSG_SCHED_STEP_TOKENS);
+    m.u.step_tokens = (msg_step_tokens_t){.n = 3, .reqs = sreqs, .index = sidx, .tokens = stok};
+    s_roundtrip(&m, &d, "step_tokens");
+    T_CHECK(d.u.step_tokens.n == 3 && d.u.step_tokens.reqs[1] == 1ull << 60 && d.u.step_tokens.index[1] == 41 &&
+                d.u.step_tokens.tokens[2] == 286,
+            "step_tokens");
+    msg_free(&d);
+    sidx[2] = -1; /* a negative index is refused by the encoder, as the decoder would */
+    msg_buf_t sb = {0};
+    T_CHECK(msg_encode(&m, &sb) == STRATA_EINVAL_INPUT, "encode step_tokens with index -1");
+    msg_buf_free(&sb);
+
     msg_init(&m, MSG_PF_STATUS_REPLY);
     m.u.pf_status.node = 1;
     m.u.pf_status.arena = msg_str("/strata-x-arena-1");
