@@ -535,20 +535,7 @@ int main(int argc, char **argv)
         shape_name = b && b[1] ? b + 1 : o.model;
         /* a synthetic folder names its shape in its marker */
         static char marker_shape[64];
-        char mp[4200];
-        snprintf(mp, sizeof mp, "%s/%s", o.model, SYNTH_MARKER);
-        FILE *mf = fopen(mp, "rb");
-        if (mf) {
-            char buf[4096];
-            size_t n = fread(buf, 1, sizeof buf, mf);
-            fclose(mf);
-            synth_marker_t mk;
-            strata_errbuf_t meb = {{0}};
-            if (synth_marker_parse(&mk, buf, n, mp, &meb) == 0 && mk.shape[0]) {
-                snprintf(marker_shape, sizeof marker_shape, "%s", mk.shape);
-                shape_name = marker_shape;
-            }
-        }
+        if (synth_dir_shape(o.model, marker_shape, sizeof marker_shape)) shape_name = marker_shape;
         printf("model %s: loaded in %.2f s\n", o.model, strata_now() - t_build);
     }
     roofline_model_t rm;

@@ -952,6 +952,21 @@ bool synth_is_synthetic(const char *dir)
     return access(path, F_OK) == 0;
 }
 
+bool synth_dir_shape(const char *dir, char *out, size_t cap)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, SYNTH_MARKER);
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    synth_marker_t mk;
+    if (synth_marker_parse(&mk, buf, n, path, NULL) < 0 || !mk.shape[0]) return false;
+    snprintf(out, cap, "%s", mk.shape);
+    return true;
+}
+
 int synth_parse_skew(const char *s, double *zipf_s)
 {
     if (!strcmp(s, "uniform")) {

@@ -114,6 +114,9 @@ int synth_marker_parse(synth_marker_t *mk, const char *text, size_t len, const c
 
 /* True if dir holds SYNTH_MARKER. */
 bool synth_is_synthetic(const char *dir);
+/* The shape name dir's marker records (out, cap); false if dir is not synthetic, its marker
+ * does not parse, or it names no shape. */
+bool synth_dir_shape(const char *dir, char *out, size_t cap);
 /* The generator of a folder written by synth_write: reads config.json, the manifest and the
  * marker (and checks that they agree); *is_virtual (if not NULL) says whether its weight files
  * are placeholders. Reads no weight file. Returns 0 or <0 with eb naming the file and field. */

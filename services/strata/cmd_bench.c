@@ -258,18 +258,9 @@ static int s_model_info(const char *dir, s_model_t *mi)
     }
     const char *b = strrchr(dir, '/');
     snprintf(mi->shape, sizeof mi->shape, "%s", b && b[1] ? b + 1 : dir);
-    snprintf(path, sizeof path, "%s/%s", dir, SYNTH_MARKER);
-    FILE *f = fopen(path, "rb");
-    if (f) {
-        char buf[4096];
-        size_t n = fread(buf, 1, sizeof buf, f);
-        fclose(f);
-        synth_marker_t mk;
-        if (synth_marker_parse(&mk, buf, n, path, &eb) == 0 && mk.shape[0])
-            snprintf(mi->shape, sizeof mi->shape, "%s", mk.shape);
-    }
+    synth_dir_shape(dir, mi->shape, sizeof mi->shape); /* a synthetic folder names its shape */
     snprintf(path, sizeof path, "%s/%s", dir, PACKED_MANIFEST);
-    f = fopen(path, "rb");
+    FILE *f = fopen(path, "rb");
     if (!f) {
         cli_error(C, "%s: not a packed model (no %s); pack it with `strata pack` or make one with `strata synth`", dir,
                   PACKED_MANIFEST);
