@@ -20,6 +20,8 @@ Cases:
   scheduler_crash 8 clients stream 150-token answers; the scheduler gets kill -9 after a few
                   tokens. The launcher restarts it, the router resubmits the live requests, and
                   every client gets exactly the answer of `strata generate`, each token once.
+  q8              [executor] cpu_act = q8 on an int4 pack of the demo model: 8 clients (greedy and
+                  sampled) get exactly `strata generate --cpu-act q8`; the executor reports the mode.
 
 usage: test_engine_group.py --strata BIN --prefetcher BIN --executor BIN --scheduler BIN
                             --router BIN --client-py DIR CASE...
@@ -41,10 +43,10 @@ import grouplib as gl  # noqa: E402
 A = None
 
 
-def reference(prompt, max_tokens, ignore_eos=False, temperature=0.0, top_k=0, top_p=1.0, seed=0):
-    """Token ids of the single-process `strata generate` on the packed demo model."""
-    cmd = [A.strata, "generate", A.model, "--tokens", ",".join(map(str, prompt)), "--max-tokens", str(max_tokens),
-           "--threads", "1"]
+def reference(prompt, max_tokens, ignore_eos=False, temperature=0.0, top_k=0, top_p=1.0, seed=0, model=None, extra=()):
+    """Token ids of the single-process `strata generate` on the packed demo model (or model)."""
+    cmd = [A.strata, "generate", model or A.model, "--tokens", ",".join(map(str, prompt)), "--max-tokens",
+           str(max_tokens), "--threads", "1"] + list(extra)
     if ignore_eos:
         cmd.append("--ignore-eos")
     if temperature > 0:
@@ -251,7 +253,35 @@ def case_scheduler_crash():
           % (snap["prog"], st["router.resubmits"]))
 
 
-CASES = {"batching": case_batching, "executor_crash": case_executor_crash, "scheduler_crash": case_scheduler_crash}
+def case_q8():
+    """[executor] cpu_act = q8 on an int4 pack of the demo model: 8 concurrent clients get exactly
+    what `strata generate --cpu-act q8` gives, and the executor reports the mode."""
+    int4 = os.path.join(A.work, "int4")
+    out = subprocess.run([A.strata, "pack", os.path.join(A.work, "hf"), int4, "--format", "int4", "--group", "32",
+                          "--quiet"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out
+    rnd = random.Random(A.seed + 3)
+    reqs = []
+    for i in range(8):
+        r = {"prompt": [rnd.randrange(0, 286) for _ in range(3 + 5 * i)], "max_tokens": 24, "ignore_eos": True}
+        if i % 2:
+            r.update(temperature=0.8, top_k=30, top_p=0.95, seed=rnd.randrange(1 << 63))
+        reqs.append(r)
+    refs = [reference(r["prompt"], r["max_tokens"], True, r.get("temperature", 0.0), r.get("top_k", 0),
+                      r.get("top_p", 1.0), r.get("seed", 0), model=int4, extra=["--cpu-act", "q8"]) for r in reqs]
+    B = argparse.Namespace(**vars(A))
+    B.model = int4
+    with gl.Group(B, kind="real", sections={"executor": {"cpu_act": "q8"}}) as g:
+        g.start()
+        res, _ = stream_all(g, reqs)
+        check_answers(reqs, res, refs)
+        st = sched_stats(g)
+    assert st.get("scheduler.executor.cpu_act_q8") == 1, st
+    print("  8 clients on the int4 pack with cpu_act = q8: every answer equals strata generate --cpu-act q8")
+
+
+CASES = {"batching": case_batching, "executor_crash": case_executor_crash, "scheduler_crash": case_scheduler_crash,
+         "q8": case_q8}
 
 
 def main():
@@ -272,6 +302,7 @@ def main():
         out = subprocess.run([A.strata, "demo", "--out", work], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out
         A.model = out.stdout.strip()
+        A.work = work
         gl.run_cases(CASES, A.cases or list(CASES))
     finally:
         subprocess.run(["rm", "-rf", work])
