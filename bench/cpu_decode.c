@@ -17,9 +17,10 @@
 #include <unistd.h>
 
 #include "bench/roofline.h"
+#include "bench/shapes.h"
 #include "kernels/cpu/ops.h"
 #include "model/generate.h"
-#include "model/synth.h"
+#include "model/synth_fast.h"
 
 typedef struct {
     int layers, threads, steps, prompt, group;
@@ -69,7 +70,8 @@ static void s_help(FILE *f)
             "CPU batch-1 decode tok/s on a random model with Qwen3-30B-A3B layer shapes, against the\n"
             "memory-bandwidth bound (weight bytes per token / measured read bandwidth).\n"
             "\n"
-            "  --formats LIST   weight formats, comma-separated: f32 bf16 int8 fp8 int4 (default int4,bf16)\n"
+            "  --formats LIST   weight formats, comma-separated: bf16 int8 fp8 int4 (default int4,bf16);\n"
+            "                   every matrix in it (attention and lm_head too), generated on all CPUs\n"
             "  --layers N       layers (default 4)\n"
             "  --steps N        timed decode steps (default 32)\n"
             "  --prompt N       prompt tokens prefilled first (default 16)\n"
@@ -241,16 +243,28 @@ int main(int argc, char **argv)
             rc = 2;
             break;
         }
-        model_config_t c;
-        synth_config(&c, ARCH_QWEN3_MOE, o.vocab, o.hidden, o.layers, o.heads, o.kv_heads, o.head_dim, o.experts,
-                     o.top_k, o.inter);
-        c.rope_theta = 1e6f;
-        synth_config_rope(&c);
+        /* Qwen3-30B-A3B's config with the shape options applied, every matrix (attention and
+         * lm_head too) in fmt, generated straight in the packed format (model/synth_fast.h) */
+        shape_t sh = *shape_find("qwen3-30b-a3b");
+        sh.vocab = o.vocab, sh.hidden = o.hidden, sh.n_layers = o.layers, sh.n_heads = o.heads;
+        sh.n_kv_heads = o.kv_heads, sh.head_dim = o.head_dim, sh.n_experts = o.experts, sh.top_k = o.top_k;
+        sh.moe_inter = o.inter;
+        if (sh.bos_id >= sh.vocab) sh.bos_id = -1; /* a smaller vocabulary than the real model's */
+        if (sh.eos_id >= sh.vocab) sh.eos_id = -1;
+        char *config = NULL;
+        synth_params_t sp;
+        synth_params_default(&sp, (wfmt_t)fmt);
+        sp.group = o.group;
+        sp.attn_fmt = (wfmt_t)fmt;
+        sp.seed = 1234;
         model_t m;
+        strata_errbuf_t eb = {{0}};
         double tb = strata_now();
-        int err = synth_model(&m, &c, (wfmt_t)fmt, o.group, 1234);
+        int err = shape_config_json(&sh, &config);
+        if (err >= 0) err = synth_fast_model(&m, config, &sp, o.threads, NULL, &eb);
+        free(config);
         if (err < 0) {
-            fprintf(stderr, "cpu_decode: building the %s model failed: %s\n", tok, strata_strerror(err));
+            fprintf(stderr, "cpu_decode: building the %s model failed: %s\n", tok, eb.msg[0] ? eb.msg : strata_strerror(err));
             rc = 1;
             break;
         }
