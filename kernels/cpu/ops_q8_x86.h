@@ -110,6 +110,9 @@ static void q8x_int4_rows(const mm_job_t *j, int32_t r0, int32_t r1)
                                  * hardware prefetcher to run ahead of on its own */
             const char *a = (const char *)j->w->data + (int64_t)(r + PF_ROWS) * (j->w->cols / 2);
             for (int64_t o = 0; o < j->w->cols / 2; o += 64) _mm_prefetch(a + o, _MM_HINT_T0);
+            const int64_t sb = (int64_t)(j->w->cols / j->w->group) * 2; /* and its fp16 scales */
+            const char *sc = (const char *)j->w->scales + (int64_t)(r + PF_ROWS) * sb;
+            for (int64_t o = 0; o < sb; o += 64) _mm_prefetch(sc + o, _MM_HINT_T0);
         }
         for (int t0 = 0; t0 < j->n; t0 += 4) {
             switch (j->n - t0) {
