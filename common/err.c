@@ -1,13 +1,17 @@
-/* err.c - error names, logging, invariant failures. */
+/* err.c - error names, logging, invariant failures, and the small shared helpers of strata.h
+ * (byte counts, whole-file reads, clocks). */
 #include "common/strata.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <execinfo.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -120,6 +124,43 @@ int strata_parse_bytes(const char *s, int64_t *out)
     if (b != floor(b)) return -EINVAL;
     *out = (int64_t)b;
     return 0;
+}
+
+int strata_read_file(const char *path, uint64_t max, char **out, size_t *len, strata_errbuf_t *eb)
+{
+    int rc = 0;
+    char *buf = NULL;
+    struct stat stt;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: cannot open: %s", path, strerror(errno));
+    if (fstat(fd, &stt) < 0 || !S_ISREG(stt.st_mode) || (uint64_t)stt.st_size > max) {
+        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: not a regular file of at most %" PRIu64 " bytes", path, max);
+        goto fail;
+    }
+    buf = malloc((size_t)stt.st_size + 1);
+    if (!buf) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    size_t got = 0;
+    while (got < (size_t)stt.st_size) {
+        ssize_t r = read(fd, buf + got, (size_t)stt.st_size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            rc = strata_seterr(eb, STRATA_EIO, "%s: read failed: %s", path, r < 0 ? strerror(errno) : "short read");
+            goto fail;
+        }
+        got += (size_t)r;
+    }
+    buf[got] = 0;
+    close(fd);
+    *out = buf;
+    *len = got;
+    return 0;
+fail:
+    free(buf);
+    close(fd);
+    return rc;
 }
 
 double strata_now(void)

@@ -94,6 +94,11 @@ int strata_seterr(strata_errbuf_t *eb, int code, const char *fmt, ...) __attribu
  * Returns 0, -EINVAL (not a byte count) or -ERANGE (over INT64_MAX). */
 int strata_parse_bytes(const char *s, int64_t *out);
 
+/* Read the whole regular file path (at most max bytes) into a malloc'd buffer with a NUL after
+ * its *len bytes. 0, or <0 with eb naming the file: STRATA_EINVAL_INPUT (cannot open, not a
+ * regular file, larger than max), STRATA_EIO (read failed), -ENOMEM. */
+int strata_read_file(const char *path, uint64_t max, char **out, size_t *len, strata_errbuf_t *eb);
+
 /* Monotonic clock in seconds / nanoseconds. */
 double strata_now(void);
 uint64_t strata_now_ns(void);

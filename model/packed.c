@@ -15,7 +15,6 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#define S_MAX_MANIFEST_BYTES (1ull << 30)
 #define S_MAX_RECORDS (1 << 24)
 
 /* Propagate an error quietly: input errors are reported once, through eb, by the caller. */
@@ -909,43 +908,6 @@ fail:
 /* ------------------------------------------------------------------------------------------ */
 /* Files.                                                                                     */
 
-static int s_read_file(const char *path, uint64_t max, char **out, size_t *len, strata_errbuf_t *eb)
-{
-    int rc = 0;
-    char *buf = NULL;
-    struct stat stt;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: cannot open: %s", path, strerror(errno));
-    if (fstat(fd, &stt) < 0 || !S_ISREG(stt.st_mode) || (uint64_t)stt.st_size > max) {
-        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: not a regular file of at most %" PRIu64 " bytes", path, max);
-        goto fail;
-    }
-    buf = malloc((size_t)stt.st_size + 1);
-    if (!buf) {
-        rc = -ENOMEM;
-        goto fail;
-    }
-    size_t got = 0;
-    while (got < (size_t)stt.st_size) {
-        ssize_t r = read(fd, buf + got, (size_t)stt.st_size - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            rc = strata_seterr(eb, STRATA_EIO, "%s: read failed: %s", path, r < 0 ? strerror(errno) : "short read");
-            goto fail;
-        }
-        got += (size_t)r;
-    }
-    buf[got] = 0;
-    close(fd);
-    *out = buf;
-    *len = got;
-    return 0;
-fail:
-    free(buf);
-    close(fd);
-    return rc;
-}
-
 bool packed_is_packed(const char *dir)
 {
     char path[4200];
@@ -1121,7 +1083,7 @@ static int s_dir_config(void *ctx, model_config_t *cfg, const char **text, size_
     s_dir_src_t *d = ctx;
     int rc = model_config_load(cfg, d->cpath, eb);
     if (rc < 0) return rc;
-    rc = s_read_file(d->cpath, S_MAX_MANIFEST_BYTES, &d->ctext, len, eb);
+    rc = strata_read_file(d->cpath, PACKED_MAX_META_BYTES, &d->ctext, len, eb);
     *text = d->ctext;
     return rc;
 }
@@ -1182,7 +1144,7 @@ int model_load_packed(model_t *m, const char *dir, strata_errbuf_t *eb)
     memset(m, 0, sizeof *m);
     snprintf(mpath, sizeof mpath, "%s/%s", dir, PACKED_MANIFEST);
     snprintf(cpath, sizeof cpath, "%s/config.json", dir);
-    S_TRY(s_read_file(mpath, S_MAX_MANIFEST_BYTES, &text, &len, eb));
+    S_TRY(strata_read_file(mpath, PACKED_MAX_META_BYTES, &text, &len, eb));
     S_TRY(model_load_packed_mem(m, text, len, &src, eb));
 fail:
     free(text);

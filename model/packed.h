@@ -27,6 +27,7 @@
 #define PACKED_MIN_ALIGN 4096u
 #define PACKED_MAX_ALIGN (1u << 30)
 #define PACKED_NAME_MAX 80
+#define PACKED_MAX_META_BYTES (1ull << 30)    /* a manifest or config.json is read whole up to this */
 
 /* What a tensor is; decides which formats the loader accepts for it. */
 typedef enum {

@@ -956,15 +956,14 @@ bool synth_dir_shape(const char *dir, char *out, size_t cap)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", dir, SYNTH_MARKER);
-    FILE *f = fopen(path, "rb");
-    if (!f) return false;
-    char buf[4096];
-    size_t n = fread(buf, 1, sizeof buf, f);
-    fclose(f);
+    char *text = NULL;
+    size_t len = 0;
     synth_marker_t mk;
-    if (synth_marker_parse(&mk, buf, n, path, NULL) < 0 || !mk.shape[0]) return false;
-    snprintf(out, cap, "%s", mk.shape);
-    return true;
+    bool ok = strata_read_file(path, PACKED_MAX_META_BYTES, &text, &len, NULL) == 0 &&
+              synth_marker_parse(&mk, text, len, path, NULL) == 0 && mk.shape[0];
+    free(text);
+    if (ok) snprintf(out, cap, "%s", mk.shape);
+    return ok;
 }
 
 int synth_parse_skew(const char *s, double *zipf_s)
@@ -979,44 +978,6 @@ int synth_parse_skew(const char *s, double *zipf_s)
     double v = strtod(s + 5, &end);
     if (errno || end == s + 5 || *end || !(v > 0 && v <= 16)) return STRATA_EINVAL_INPUT;
     *zipf_s = v;
-    return 0;
-}
-
-static int s_slurp(const char *path, char **out, size_t *len, strata_errbuf_t *eb)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: cannot open: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 65536 + 1 > cap) {
-            cap = cap ? cap * 2 : 1 << 20;
-            if (cap > (1u << 30)) {
-                free(buf);
-                fclose(f);
-                return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: larger than 1 GiB", path);
-            }
-            char *t = realloc(buf, cap);
-            if (!t) {
-                free(buf);
-                fclose(f);
-                return -ENOMEM;
-            }
-            buf = t;
-        }
-        size_t r = fread(buf + n, 1, 65536, f);
-        n += r;
-        if (r < 65536) break;
-    }
-    bool bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return strata_seterr(eb, STRATA_EIO, "%s: read failed", path);
-    }
-    buf[n] = 0;
-    *out = buf;
-    *len = n;
     return 0;
 }
 
@@ -1096,7 +1057,7 @@ int synth_dir_open(synth_gen_t **out, const char *dir, bool *is_virtual, strata_
     *out = NULL;
 
     snprintf(path, sizeof path, "%s/%s", dir, SYNTH_MARKER);
-    S_TRY(s_slurp(path, &text, &len, eb));
+    S_TRY(strata_read_file(path, PACKED_MAX_META_BYTES, &text, &len, eb));
     S_TRY(synth_marker_parse(&mk, text, len, path, eb));
     free(text);
     text = NULL;
@@ -1104,7 +1065,7 @@ int synth_dir_open(synth_gen_t **out, const char *dir, bool *is_virtual, strata_
     snprintf(path, sizeof path, "%s/config.json", dir);
     S_TRY(model_config_load(&cfg, path, eb));
     snprintf(path, sizeof path, "%s/%s", dir, PACKED_MANIFEST);
-    S_TRY(s_slurp(path, &text, &len, eb));
+    S_TRY(strata_read_file(path, PACKED_MAX_META_BYTES, &text, &len, eb));
     S_TRY(packed_manifest_parse(&pm, text, len, path, eb));
     S_TRY(synth_gen_create(out, &cfg, &pm, mk.seed, mk.zipf_s, eb));
 fail:

@@ -260,20 +260,15 @@ static int s_model_info(const char *dir, s_model_t *mi)
     snprintf(mi->shape, sizeof mi->shape, "%s", b && b[1] ? b + 1 : dir);
     synth_dir_shape(dir, mi->shape, sizeof mi->shape); /* a synthetic folder names its shape */
     snprintf(path, sizeof path, "%s/%s", dir, PACKED_MANIFEST);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    if (access(path, F_OK) != 0) {
         cli_error(C, "%s: not a packed model (no %s); pack it with `strata pack` or make one with `strata synth`", dir,
                   PACKED_MANIFEST);
         return 2;
     }
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *text = malloc((size_t)sz + 1);
-    size_t got = text ? fread(text, 1, (size_t)sz, f) : 0;
-    fclose(f);
+    char *text = NULL;
+    size_t got = 0;
     packed_manifest_t pm;
-    if (!text || got != (size_t)sz || packed_manifest_parse(&pm, text, got, path, &eb) < 0) {
+    if (strata_read_file(path, PACKED_MAX_META_BYTES, &text, &got, &eb) < 0 || packed_manifest_parse(&pm, text, got, path, &eb) < 0) {
         cli_error(C, "%s", eb.msg[0] ? eb.msg : "cannot read the manifest");
         free(text);
         return 2;
