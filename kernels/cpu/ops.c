@@ -59,11 +59,6 @@ cpu_isa_t cpu_ops_set_isa(cpu_isa_t isa)
 
 static _Atomic int s_act = -1; /* cpu_act_t; -1 until first asked (then STRATA_CPU_ACT) */
 
-const char *cpu_act_name(cpu_act_t act)
-{
-    return act == CPU_ACT_Q8 ? "q8" : act == CPU_ACT_F32 ? "f32" : "?";
-}
-
 int cpu_act_parse(const char *s)
 {
     return !s ? -1 : !strcmp(s, "f32") ? CPU_ACT_F32 : !strcmp(s, "q8") ? CPU_ACT_Q8 : -1;

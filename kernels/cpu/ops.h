@@ -33,7 +33,6 @@ const char *cpu_isa_name(cpu_isa_t isa);
 typedef enum { CPU_ACT_F32 = 0, CPU_ACT_Q8 = 1 } cpu_act_t;
 cpu_act_t cpu_ops_act(void);
 void cpu_ops_set_act(cpu_act_t act);
-const char *cpu_act_name(cpu_act_t act);
 /* "f32" / "q8"; -1 if neither. */
 int cpu_act_parse(const char *s);
 
