@@ -592,19 +592,25 @@ static void s_gen_region(const synth_gen_t *g, const region_t *R, uint64_t a, ui
     if (g->skew) s_fixups(g, R, a, b, dst);
 }
 
-void synth_gen_fill(const synth_gen_t *g, int32_t file, uint64_t off, void *dst_v, size_t len)
+/* Index of the first region of fr that ends after byte off (fr->n if none). */
+static int32_t s_first_region(const file_regions_t *fr, uint64_t off)
 {
-    uint8_t *dst = dst_v;
-    STRATA_ASSERT(file >= 0 && file < g->pm.n_files);
-    const file_regions_t *fr = &g->files[file];
-    uint64_t end = off + len, cur = off;
-    /* first region ending after off */
     int32_t lo = 0, hi = fr->n;
     while (lo < hi) {
         int32_t mid = (lo + hi) / 2;
         if (fr->r[mid].off + fr->r[mid].bytes <= off) lo = mid + 1;
         else hi = mid;
     }
+    return lo;
+}
+
+void synth_gen_fill(const synth_gen_t *g, int32_t file, uint64_t off, void *dst_v, size_t len)
+{
+    uint8_t *dst = dst_v;
+    STRATA_ASSERT(file >= 0 && file < g->pm.n_files);
+    const file_regions_t *fr = &g->files[file];
+    uint64_t end = off + len, cur = off;
+    const int32_t lo = s_first_region(fr, off);
     for (int32_t i = lo; i < fr->n && fr->r[i].off < end; i++) {
         const region_t *R = &fr->r[i];
         if (R->off > cur) {
@@ -657,12 +663,7 @@ static int s_write_spans(const synth_gen_t *g, int32_t f, int fd, uint64_t off, 
     const file_regions_t *fr = &g->files[f];
     uint64_t end = off + len, span0 = 0, span1 = 0; /* current span [span0, span1) */
     bool open = false;
-    int32_t lo = 0, hi = fr->n;
-    while (lo < hi) {
-        int32_t mid = (lo + hi) / 2;
-        if (fr->r[mid].off + fr->r[mid].bytes <= off) lo = mid + 1;
-        else hi = mid;
-    }
+    const int32_t lo = s_first_region(fr, off);
     for (int32_t i = lo; i < fr->n && fr->r[i].off < end; i++) {
         uint64_t a = fr->r[i].off > off ? fr->r[i].off : off;
         uint64_t b = fr->r[i].off + fr->r[i].bytes < end ? fr->r[i].off + fr->r[i].bytes : end;
