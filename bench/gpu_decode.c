@@ -41,7 +41,7 @@
 #define MAX_BATCHES 16
 
 typedef struct {
-    const char *shape, *model, *fmt, *skew, *json, *backend;
+    const char *shape, *model, *fmt, *skew, *json, *backend, *attn_fmt;
     int group, steps, warmup, prompt, prefill, threads, device, prefetch_depth, max_tokens;
     int64_t gpu_mem;
     uint64_t seed;
@@ -61,6 +61,8 @@ static void s_help(FILE *f)
             "bound with the ratio measured/bound and its projection onto RTX 3090 and RTX 4090 hosts.\n\n"
             "  --shape S          build a synthetic model of shape S in memory (%s)\n"
             "  --format F         int4 (default), fp8, int8, bf16 (with --shape)\n"
+            "  --attn-format F    attention projections and lm_head: bf16 (default) or 'same' as --format\n"
+            "                     (with --shape; 'same' with int4 is 4.5 bits everywhere, as llama.cpp's Q4_0)\n"
             "  --group G          int4 group (default 32)\n"
             "  --seed N           synthetic weights seed (default 1)\n"
             "  --route-skew K     uniform (default) or zipf:S (synthetic expert popularity)\n"
@@ -350,6 +352,9 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--format")) {
             NEED();
             o.fmt = v;
+        } else if (!strcmp(a, "--attn-format")) {
+            NEED();
+            o.attn_fmt = v;
         } else if (!strcmp(a, "--route-skew")) {
             NEED();
             o.skew = v;
@@ -437,6 +442,10 @@ int main(int argc, char **argv)
         }
         fmt = (wfmt_t)f;
     }
+    if (o.attn_fmt && strcmp(o.attn_fmt, "bf16") && strcmp(o.attn_fmt, "same")) {
+        fprintf(stderr, "gpu_decode: --attn-format '%s': expected bf16 or same\n", o.attn_fmt);
+        return 2;
+    }
     if (o.skew && synth_parse_skew(o.skew, &zipf_s) < 0) {
         fprintf(stderr, "gpu_decode: --route-skew '%s': expected uniform or zipf:S\n", o.skew);
         return 2;
@@ -500,6 +509,7 @@ int main(int argc, char **argv)
         if (shape_config_json(shape, &config) < 0) goto done;
         synth_params_t p;
         synth_params_default(&p, fmt);
+        if (o.attn_fmt && !strcmp(o.attn_fmt, "same")) p.attn_fmt = fmt;
         p.group = o.group;
         p.seed = o.seed;
         p.zipf_s = zipf_s;
@@ -614,8 +624,9 @@ int main(int argc, char **argv)
            c0.workspace_bytes / GIB, c0.valid ? c0.slots : (int)rm.n_experts_total, (long long)rm.n_experts_total);
 
     /* 4-6. runs */
-    printf("\n%-8s %6s %10s %10s %9s %7s %8s %8s %10s %10s %7s %10s %10s\n", "run", "batch", "tok/s", "tok/s/seq",
-           "step ms", "hit", "prefetch", "pcie", "bound", "bound@hit", "ratio", "3090", "4090");
+    printf("\n%-8s %6s %10s %10s %9s %7s %8s %8s %10s %10s %7s %10s %7s %10s %10s\n", "run", "batch", "tok/s",
+           "tok/s/seq", "step ms", "hit", "prefetch", "pcie", "bound", "bound@hit", "ratio", "pcie-only", "ratio",
+           "3090", "4090");
     int n_runs = o.n_batches + (o.prefill > 0 ? 1 : 0);
     for (int k = 0; k < n_runs; k++) {
         bool pre = k == o.n_batches;
@@ -648,17 +659,19 @@ int main(int argc, char **argv)
         double t4 = p4 ? json_real_value(json_object_get(p4, "bound_tok_s")) : 0;
         double tok_s = pre ? res.prefill_tok_s : res.decode_tok_s;
         if (pre) {
-            printf("%-8s %6d %10.1f %10s %9.1f %7.3f %8.3f %7.2fG %10s %10s %7s %10s %10s\n", "prefill", res.prefill_tokens,
-                   tok_s, "-", 1e3 * res.seconds, hit, pacc, pcie, "-", "-", "-", "-", "-");
+            printf("%-8s %6d %10.1f %10s %9.1f %7.3f %8.3f %7.2fG %10s %10s %7s %10s %7s %10s %10s\n", "prefill",
+                   res.prefill_tokens, tok_s, "-", 1e3 * res.seconds, hit, pacc, pcie, "-", "-", "-", "-", "-", "-", "-");
         } else {
-            printf("%-8s %6d %10.2f %10.2f %9.2f %7.3f %8.3f %7.2fG %10.1f %10.1f %7.3f %10.1f %10.1f\n", "decode",
-                   res.batch, tok_s, res.per_seq_tok_s, res.step_ms, hit, pacc, pcie, b1.bound_tok_s, b2.bound_tok_s,
-                   have_bound ? tok_s / b1.bound_tok_s : 0, t3, t4);
+            printf("%-8s %6d %10.2f %10.2f %9.2f %7.3f %8.3f %7.2fG %10.1f %10.1f %7.3f %10.1f %7.3f %10.1f %10.1f\n",
+                   "decode", res.batch, tok_s, res.per_seq_tok_s, res.step_ms, hit, pacc, pcie, b1.bound_tok_s,
+                   b2.bound_tok_s, have_bound ? tok_s / b1.bound_tok_s : 0, b1.pcie_only_tok_s,
+                   have_bound && b1.pcie_only_tok_s > 0 ? tok_s / b1.pcie_only_tok_s : 0, t3, t4);
         }
         json_t *row = json_pack("{s:s,s:s,s:s,s:s,s:I,s:i,s:s}", "machine", machine_name, "model_shape", shape_name, "format",
                                 fmt_name, "backend", o.backend, "gpu_mem", (json_int_t)o.gpu_mem, "batch", res.batch, "kind",
                                 pre ? "prefill" : "decode");
         json_object_set_new(row, "route_skew", json_string(o.skew ? o.skew : "uniform"));
+        json_object_set_new(row, "attn_format", json_string(wfmt_name(m.layers[0].wq.fmt)));
         json_object_set_new(row, "decode_tok_s", pre ? json_null() : json_real(res.decode_tok_s));
         json_object_set_new(row, "decode_tok_s_per_seq", pre ? json_null() : json_real(res.per_seq_tok_s));
         json_object_set_new(row, "prefill_tok_s", pre ? json_real(res.prefill_tok_s) : json_null());
@@ -675,6 +688,9 @@ int main(int argc, char **argv)
         json_object_set_new(row, "bound_at_hit_tok_s", have_bound && !pre ? json_real(b2.bound_tok_s) : json_null());
         json_object_set_new(row, "bound_limit", have_bound && !pre ? json_string(b1.limit) : json_null());
         json_object_set_new(row, "ratio", have_bound && !pre ? json_real(tok_s / b1.bound_tok_s) : json_null());
+        bool po = have_bound && !pre && b1.pcie_only_tok_s > 0;
+        json_object_set_new(row, "bound_pcie_only_tok_s", po ? json_real(b1.pcie_only_tok_s) : json_null());
+        json_object_set_new(row, "ratio_pcie_only", po ? json_real(tok_s / b1.pcie_only_tok_s) : json_null());
         json_object_set_new(row, "bytes_per_token", json_real(b1.bytes_per_token));
         json_object_set_new(row, "projections", pre ? json_null() : json_incref(proj));
         json_object_set_new(row, "ceilings",

@@ -85,6 +85,7 @@ int roofline_decode(const roofline_model_t *m, const machine_t *mc, const roofli
         out->cpu_share = 1.0;
         out->limit = "cpu memory";
         out->bound_tok_s = B / out->step_s;
+        out->pcie_only_tok_s = 0;
         return 0;
     }
     if (!(mc->hbm_bw > 0) || !(mc->pcie_bw > 0 || mc->cpu_bw > 0)) return STRATA_EINVAL_INPUT;
@@ -115,7 +116,10 @@ int roofline_decode(const roofline_model_t *m, const machine_t *mc, const roofli
     if (M <= 0) {
         out->step_s = a;
         out->limit = "hbm";
+        out->pcie_only_tok_s = B / a;
     } else {
+        const double po = mc->pcie_bw > 0 ? M / mc->pcie_bw : INFINITY;
+        out->pcie_only_tok_s = isfinite(po) ? B / (a + b > po ? a + b : po) : 0;
         const double c = mc->pcie_bw > 0 ? M / mc->pcie_bw : INFINITY;
         const double d = mc->cpu_bw > 0 ? M / mc->cpu_bw : INFINITY;
         double x;

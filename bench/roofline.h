@@ -88,6 +88,8 @@ typedef struct {
     double cpu_share;           /* fraction of the missed bytes the best split computes on the CPU */
     double step_s;              /* the bound on one step's time */
     double bound_tok_s;         /* batch / step_s: aggregate decode tokens per second */
+    double pcie_only_tok_s;     /* the same with every miss transferred (no CPU path): the bound of a
+                                 * GPU engine that computes every expert itself */
     double bytes_per_token;     /* (resident + kv + experts touched) / batch */
     const char *limit;          /* "hbm", "pcie+cpu", "cpu memory" */
 } roofline_t;

@@ -657,17 +657,17 @@ static int s_ffn(gpu_model_t *g, int l, int n)
         if ((rc = s_ensure(g, l, n))) return rc;
         if (predict && (rc = s_prefetch(g, nl, l, n))) return rc;
     }
-    if ((rc = cuda_memset(cx, g->y, 0, (size_t)n * H * 4))) return rc;
-    if ((rc = cuda_moe_ffn(cx, g->y, g->xn, n, c->hidden, g->inter, g->expert_fmt, L->table_dev, c->n_experts, g->tidx,
+    /* the routed experts' weighted sum, then the shared expert's, land on the residual */
+    if ((rc = cuda_moe_ffn(cx, g->x, g->xn, n, c->hidden, g->inter, g->expert_fmt, L->table_dev, c->n_experts, g->tidx,
                            g->tw, c->top_k, g->moe_scr)))
         return rc;
     if (c->shared_inter > 0) {
         if ((rc = cuda_matmul(cx, g->sg, g->xn, n, &L->shared_gate, NULL))) return rc;
         if ((rc = cuda_ffn_swiglu(cx, g->att, g->xn, n, &L->shared.gate, &L->shared.up, &L->shared.down, g->ffn_scr)))
             return rc;
-        if ((rc = cuda_add_sigmoid_scaled(cx, g->y, g->att, g->sg, n, c->hidden))) return rc;
+        if ((rc = cuda_add_sigmoid_scaled(cx, g->x, g->att, g->sg, n, c->hidden))) return rc;
     }
-    return cuda_add(cx, g->x, g->y, (size_t)n * H);
+    return 0;
 }
 
 /* Everything after the embedding: layers, final norm, LM head, optional argmax. */

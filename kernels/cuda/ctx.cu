@@ -38,7 +38,7 @@ extern "C" int cuda_ctx_create(cuda_ctx_t **out, int device)
 extern "C" size_t cuda_q8_bytes(int rows, int cols)
 {
     size_t e = (size_t)rows * cols;
-    return ((e + 255) & ~(size_t)255) + 2 * (((e / 32) * 4 + 255) & ~(size_t)255);
+    return ((e + 255) & ~(size_t)255) + 2 * (((e / 32) * 4 + 255) & ~(size_t)255) + ((e * 2 + 255) & ~(size_t)255);
 }
 
 extern "C" int cuda_ctx_reserve_q8(cuda_ctx_t *c, int max_rows, int max_cols)
@@ -53,6 +53,7 @@ extern "C" int cuda_ctx_reserve_q8(cuda_ctx_t *c, int max_rows, int max_cols)
     c->q8 = (int8_t *)p;
     c->q8d = (float *)(p + ((e + 255) & ~(size_t)255));
     c->q8s = (int32_t *)((char *)c->q8d + (((e / 32) * 4 + 255) & ~(size_t)255));
+    c->x16 = (__half *)((char *)c->q8s + (((e / 32) * 4 + 255) & ~(size_t)255));
     c->q8_elems = e;
     return 0;
 }

@@ -15,34 +15,33 @@ struct cuda_ctx {
     cudaStream_t stream;      /* CUDA_STREAM_COMPUTE */
     cudaStream_t copy_stream; /* CUDA_STREAM_COPY */
     void *cublas;             /* cublasHandle_t */
-    /* int8 activation workspace (cuda_ctx_reserve_q8): q8[rows][cols] int8,
+    /* activation workspace (cuda_ctx_reserve_q8): q8[rows][cols] int8,
      * q8d[rows][cols/32] fp32 block scales, q8s[rows][cols/32] int32 block sums of q */
     int8_t *q8;
     float *q8d;
     int32_t *q8s;
+    __half *x16;              /* [rows][cols] fp16 activations for the tensor-core GEMM (gemm.cuh) */
     size_t q8_elems;
 };
 
-/* Quantize one row of cols floats (cols % 32 == 0) to int8 blocks of 32, one warp per block,
- * the whole thread block striding over the row's blocks. */
-__device__ __forceinline__ void q8_quant_row(int8_t *q, float *d, int32_t *s, const float *x, int cols)
+/* Quantize one 32-column block x[0..31] to int8 (q), its scale (d = max|x| / 127) and the sum
+ * of its q (s), one warp. */
+__device__ __forceinline__ void q8_quant_block(int8_t *q, float *d, int32_t *s, const float *x)
 {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int b = warp; b < cols / 32; b += nw) {
-        float v = x[b * 32 + lane];
-        float amax = fabsf(v);
+    const int lane = threadIdx.x & 31;
+    float v = x[lane];
+    float amax = fabsf(v);
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        const float dd = amax / 127.f;
-        const int qi = dd > 0.f ? __float2int_rn(v / dd) : 0;
-        q[b * 32 + lane] = (int8_t)qi;
-        int sum = qi;
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float dd = amax / 127.f;
+    const int qi = dd > 0.f ? __float2int_rn(v / dd) : 0;
+    q[lane] = (int8_t)qi;
+    int sum = qi;
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (lane == 0) {
-            d[b] = dd;
-            s[b] = sum;
-        }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) {
+        *d = dd;
+        *s = sum;
     }
 }
 

@@ -66,11 +66,14 @@ int cuda_graph_end(cuda_ctx_t *c, cuda_graph_t **g);
 int cuda_graph_launch(cuda_ctx_t *c, cuda_graph_t *g);
 void cuda_graph_destroy(cuda_graph_t *g);
 
-/* Reserve the context's activation-quantization workspace for up to max_rows x max_cols
- * inputs (device memory, about 1.3 bytes per element). With it, INT4 and INT8 weights take
- * the integer path: activations are quantized to int8 in blocks of 32 with an fp32 scale
- * (as llama.cpp's Q8_1) and dotted with __dp4a, about 5x less ALU work than dequantizing to
- * fp32. Without it, or when cols % 32 != 0, every format takes the fp32 path. Not during capture. */
+/* Reserve the context's activation workspace for up to max_rows x max_cols inputs (device
+ * memory, about 3.3 bytes per element). With it:
+ *   - up to 16 rows, INT4 and INT8 weights take the integer path: activations are quantized
+ *     to int8 in blocks of 32 with an fp32 scale (as llama.cpp's Q8_1) and dotted with __dp4a,
+ *     about 5x less ALU work than dequantizing to fp32 (cols % 32 == 0);
+ *   - from 17 rows, INT4, INT8, FP8 and BF16 weights take the tensor-core GEMM: activations in
+ *     fp16, weights dequantized to fp16 in registers, fp32 accumulation (cols % 64 == 0).
+ * Without it, every format takes the fp32 path. Not during capture. */
 int cuda_ctx_reserve_q8(cuda_ctx_t *c, int max_rows, int max_cols);
 /* Bytes cuda_ctx_reserve_q8 allocates. */
 size_t cuda_q8_bytes(int rows, int cols);

@@ -1,20 +1,25 @@
 /* moe.cu - the grouped expert FFN: tokens regrouped by expert, then one pass over each active
  * expert's weights for all of its tokens (fused dequantization and SwiGLU), then a weighted,
  * deterministic combine in top-k order. */
-#include "kernels/cuda/qdot.cuh"
+#include "kernels/cuda/gemm.cuh"
 
 #define MOE_MAX_EXPERTS 1024
 
 static size_t s_al(size_t b) { return (b + 255) & ~(size_t)255; }
 
 /* Scratch layout, in order: counts[E], offsets[E+1], perm[P], inv[P], xs[P][hidden],
- * hs[P][inter], os[P][hidden] (P = n * top_k), each 256-byte aligned. */
+ * hs[P][inter], os[P][hidden] (P = n * top_k), the integer path's q/qd/qs, the GEMM path's
+ * x16/h16/tiles/n_tiles, each 256-byte aligned. */
 typedef struct {
     int32_t *counts, *offsets, *perm, *inv;
     float *xs, *hs, *os;
     int8_t *q;     /* [P][wide] int8 activations (xs, then hs) for the integer path */
     float *qd;     /* [P][wide/32] block scales */
     int32_t *qs;   /* [P][wide/32] block sums of q */
+    __half *x16;   /* [P][hidden] fp16 token rows by expert (GEMM path) */
+    __half *h16;   /* [P][inter] fp16 silu(gate) * up */
+    int2 *tiles;   /* [P / GEMM_BM + E] (expert, first row) GEMM tiles */
+    int32_t *n_tiles;
 } moe_scratch_t;
 
 static size_t s_layout(moe_scratch_t *m, void *base, int n, int top_k, int hidden, int inter, int E)
@@ -36,6 +41,10 @@ static size_t s_layout(moe_scratch_t *m, void *base, int n, int top_k, int hidde
     TAKE(q, int8_t, P * hidden);
     TAKE(qd, float, P * hidden / 32 + 1);
     TAKE(qs, int32_t, P * hidden / 32 + 1);
+    TAKE(x16, __half, P * hidden);
+    TAKE(h16, __half, P * inter);
+    TAKE(tiles, int2, P / GEMM_BM + E + 1);
+    TAKE(n_tiles, int32_t, 1);
 #undef TAKE
     return off;
 }
@@ -46,9 +55,10 @@ extern "C" size_t cuda_moe_scratch_bytes(int n, int top_k, int hidden, int inter
     return s_layout(NULL, NULL, n, top_k, wide, wide, n_experts);
 }
 
-/* One thread per expert: count, prefix-sum, then a stable (token-ordered) placement. */
+/* One thread per expert: count, prefix-sum, then a stable (token-ordered) placement; and the
+ * GEMM tiles of GEMM_BM rows per expert, in expert order. */
 __global__ void k_moe_route(const int32_t *idx, int P, int E, int32_t *counts, int32_t *offsets, int32_t *perm,
-                            int32_t *inv)
+                            int32_t *inv, int2 *tiles, int32_t *n_tiles)
 {
     const int e = threadIdx.x;
     int cnt = 0;
@@ -63,6 +73,10 @@ __global__ void k_moe_route(const int32_t *idx, int P, int E, int32_t *counts, i
             acc += counts[i];
         }
         offsets[E] = acc;
+        int nt = 0;
+        for (int i = 0; i < E; i++)
+            for (int r = offsets[i]; r < offsets[i + 1]; r += GEMM_BM) tiles[nt++] = make_int2(i, r);
+        *n_tiles = nt;
     }
     __syncthreads();
     if (e < E) {
@@ -84,117 +98,121 @@ __global__ void k_moe_gather(float *xs, const float *x, const int32_t *perm, int
     for (int d = threadIdx.x; d < hidden; d += blockDim.x) xs[(size_t)p * hidden + d] = src[d];
 }
 
-/* Integer path: gather token rows by expert straight into int8 blocks. */
-__global__ void k_moe_gather_q8(int8_t *q, float *d, int32_t *s, const float *x, const int32_t *perm, int top_k,
-                                int hidden)
-{
-    const int p = blockIdx.x;
-    const size_t nb = hidden / 32;
-    q8_quant_row(q + (size_t)p * hidden, d + p * nb, s + p * nb, x + (size_t)(perm[p] / top_k) * hidden, hidden);
-}
-
-template <int FMT, int NT>
+/* Integer path, one block row of tiles per (expert, rows) tile: each group of LPR lanes takes 2
+ * rows of gate and the same 2 of up (q8_dot_rows with 4 rows) for the tile's tokens. */
+template <int FMT, int NT, int LPR>
 __global__ void k_moe_gate_up_q8(float *hs, const int8_t *q, const float *qd, const int32_t *qs,
-                                 const cuda_expert_t *experts, const int32_t *counts, const int32_t *offsets, int hidden,
-                                 int inter)
+                                 const cuda_expert_t *experts, const int2 *tiles, const int32_t *n_tiles,
+                                 const int32_t *offsets, int hidden, int inter)
 {
-    const int e = blockIdx.y;
-    const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int cnt = counts[e];
-    if (r >= inter || cnt == 0) return;
-    const cuda_expert_t *ex = experts + e;
-    if (!ex->gate.data) return;
-    const int off = offsets[e], nb = hidden / 32;
+    constexpr int RPW = 32 / LPR * 2;
+    int e, p0, cnt;
+    if (!moe_tile(tiles, n_tiles, offsets, experts, e, p0, cnt)) return;
+    const int lane = threadIdx.x & 31, warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (warp * RPW >= inter) return;
+    const int r0 = warp * RPW + lane / LPR * 2, nb = hidden / 32;
+    const qmat_t gw = experts[e].gate, uw = experts[e].up;
+    const uint8_t *rp[4];
+    const void *sp[4];
+    q8_row_ptrs<FMT>(gw, r0, rp[0], sp[0]);
+    q8_row_ptrs<FMT>(gw, r0 + 1, rp[1], sp[1]);
+    q8_row_ptrs<FMT>(uw, r0, rp[2], sp[2]);
+    q8_row_ptrs<FMT>(uw, r0 + 1, rp[3], sp[3]);
+    const int bpg = FMT == WF_INT4 ? gw.group / 32 : 1;
     for (int t0 = 0; t0 < cnt; t0 += NT) {
         const int m = cnt - t0 < NT ? cnt - t0 : NT;
-        const size_t p0 = (size_t)(off + t0);
-        float g[NT], u[NT];
-        q8_row_dot<FMT, NT>(ex->gate, r, q + p0 * hidden, qd + p0 * nb, qs + p0 * nb, m, hidden, g);
-        q8_row_dot<FMT, NT>(ex->up, r, q + p0 * hidden, qd + p0 * nb, qs + p0 * nb, m, hidden, u);
+        const size_t p = (size_t)(p0 + t0);
+        float acc[4][NT];
+        q8_dot_rows<FMT, NT, 4, LPR>(rp, sp, bpg, q + p * hidden, qd + p * nb, qs + p * nb, m, hidden, acc);
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float gs = warp_sum(g[t]), us = warp_sum(u[t]);
-            if (t < m && (threadIdx.x & 31) == 0) hs[(p0 + t) * inter + r] = gs / (1.f + expf(-gs)) * us;
-        }
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const float gs = group_sum<LPR>(acc[j][t]), us = group_sum<LPR>(acc[2 + j][t]);
+                if (lane % LPR == 0 && t < m && r0 + j < inter) hs[(p + t) * inter + r0 + j] = gs / (1.f + expf(-gs)) * us;
+            }
     }
 }
 
-__global__ void k_moe_quant_rows(int8_t *q, float *d, int32_t *s, const float *h, int cols, const int32_t *offsets,
-                                 int E)
-{
-    const int p = blockIdx.x;
-    if (p >= offsets[E]) return;
-    const size_t nb = cols / 32;
-    q8_quant_row(q + (size_t)p * cols, d + p * nb, s + p * nb, h + (size_t)p * cols, cols);
-}
-
-template <int FMT, int NT>
+template <int FMT, int NT, int LPR>
 __global__ void k_moe_down_q8(float *os, const int8_t *q, const float *qd, const int32_t *qs,
-                              const cuda_expert_t *experts, const int32_t *counts, const int32_t *offsets, int hidden,
-                              int inter)
+                              const cuda_expert_t *experts, const int2 *tiles, const int32_t *n_tiles,
+                              const int32_t *offsets, int hidden, int inter)
 {
-    const int e = blockIdx.y;
-    const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int cnt = counts[e];
-    if (r >= hidden || cnt == 0) return;
-    const cuda_expert_t *ex = experts + e;
-    if (!ex->gate.data) return;
-    const int off = offsets[e], nb = inter / 32;
+    constexpr int RPW = 32 / LPR * 4;
+    int e, p0, cnt;
+    if (!moe_tile(tiles, n_tiles, offsets, experts, e, p0, cnt)) return;
+    const int lane = threadIdx.x & 31, warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (warp * RPW >= hidden) return;
+    const int r0 = warp * RPW + lane / LPR * 4, nb = inter / 32;
+    const qmat_t dw = experts[e].down;
+    const uint8_t *rp[4];
+    const void *sp[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) q8_row_ptrs<FMT>(dw, r0 + i, rp[i], sp[i]);
+    const int bpg = FMT == WF_INT4 ? dw.group / 32 : 1;
     for (int t0 = 0; t0 < cnt; t0 += NT) {
         const int m = cnt - t0 < NT ? cnt - t0 : NT;
-        const size_t p0 = (size_t)(off + t0);
-        float acc[NT];
-        q8_row_dot<FMT, NT>(ex->down, r, q + p0 * inter, qd + p0 * nb, qs + p0 * nb, m, inter, acc);
+        const size_t p = (size_t)(p0 + t0);
+        float acc[4][NT];
+        q8_dot_rows<FMT, NT, 4, LPR>(rp, sp, bpg, q + p * inter, qd + p * nb, qs + p * nb, m, inter, acc);
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float v = warp_sum(acc[t]);
-            if (t < m && (threadIdx.x & 31) == 0) os[(p0 + t) * hidden + r] = v;
-        }
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const float v = group_sum<LPR>(acc[i][t]);
+                if (lane % LPR == 0 && t < m && r0 + i < hidden) os[(p + t) * hidden + r0 + i] = v;
+            }
     }
 }
 
 template <int FMT, int NT>
 static int s_moe_launch_q8(cudaStream_t st, const moe_scratch_t *s, const cuda_expert_t *experts, int E, int hidden,
-                           int inter, int P)
+                           int inter, int P, int max_tiles)
 {
-    dim3 g1(cdiv((long)inter * 32, 256), E), g2(cdiv((long)hidden * 32, 256), E);
-    k_moe_gate_up_q8<FMT, NT><<<g1, 256, 0, st>>>(s->hs, s->q, s->qd, s->qs, experts, s->counts, s->offsets, hidden,
-                                                    inter);
+    if (q8_wide_rows(hidden))
+        k_moe_gate_up_q8<FMT, NT, 32><<<dim3(cdiv(inter, 8 * 2), max_tiles), 256, 0, st>>>(
+            s->hs, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
+    else
+        k_moe_gate_up_q8<FMT, NT, 8><<<dim3(cdiv(inter, 8 * 8), max_tiles), 256, 0, st>>>(
+            s->hs, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
     CUDA_LAUNCH_CHECK();
-    k_moe_quant_rows<<<P, 256, 0, st>>>(s->q, s->qd, s->qs, s->hs, inter, s->offsets, E);
-    CUDA_LAUNCH_CHECK();
-    k_moe_down_q8<FMT, NT><<<g2, 256, 0, st>>>(s->os, s->q, s->qd, s->qs, experts, s->counts, s->offsets, hidden, inter);
+    int rc = q8_quant(st, s->q, s->qd, s->qs, s->hs, P, inter, NULL, 1, s->offsets + E);
+    if (rc) return rc;
+    if (q8_wide_rows(inter))
+        k_moe_down_q8<FMT, NT, 32><<<dim3(cdiv(hidden, 8 * 4), max_tiles), 256, 0, st>>>(
+            s->os, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
+    else
+        k_moe_down_q8<FMT, NT, 8><<<dim3(cdiv(hidden, 8 * 16), max_tiles), 256, 0, st>>>(
+            s->os, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
     CUDA_LAUNCH_CHECK();
     return 0;
 }
 
 template <int FMT>
 static int s_moe_q8(cudaStream_t st, int n, const moe_scratch_t *s, const cuda_expert_t *experts, int E, int hidden,
-                    int inter, int P)
+                    int inter, int P, int max_tiles)
 {
-    if (n <= 1) return s_moe_launch_q8<FMT, 1>(st, s, experts, E, hidden, inter, P);
-    if (n <= 4) return s_moe_launch_q8<FMT, 4>(st, s, experts, E, hidden, inter, P);
-    return s_moe_launch_q8<FMT, 16>(st, s, experts, E, hidden, inter, P);
+    if (n <= 1) return s_moe_launch_q8<FMT, 1>(st, s, experts, E, hidden, inter, P, max_tiles);
+    if (n <= 4) return s_moe_launch_q8<FMT, 4>(st, s, experts, E, hidden, inter, P, max_tiles);
+    return s_moe_launch_q8<FMT, 16>(st, s, experts, E, hidden, inter, P, max_tiles);
 }
 
 /* hs[p][r] = silu(gate_e[r] . xs[p]) * (up_e[r] . xs[p]) for every pair p of expert e = blockIdx.y. */
 template <int FMT, int NT>
-__global__ void k_moe_gate_up(float *hs, const float *xs, const cuda_expert_t *experts, const int32_t *counts,
-                              const int32_t *offsets, int hidden, int inter, bool vec)
+__global__ void k_moe_gate_up(float *hs, const float *xs, const cuda_expert_t *experts, const int2 *tiles,
+                              const int32_t *n_tiles, const int32_t *offsets, int hidden, int inter, bool vec)
 {
-    const int e = blockIdx.y;
+    int e, off, cnt;
     const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int cnt = counts[e];
-    if (r >= inter || cnt == 0) return;
+    if (r >= inter || !moe_tile(tiles, n_tiles, offsets, experts, e, off, cnt)) return;
     const cuda_expert_t ex = experts[e];
-    if (!ex.gate.data) return;
-    const int off = offsets[e];
     for (int t0 = 0; t0 < cnt; t0 += NT) {
         const int m = cnt - t0 < NT ? cnt - t0 : NT;
         const float *x = xs + (size_t)(off + t0) * hidden;
         float g[NT], u[NT];
-        q_row_dot<FMT, NT>(ex.gate, r, x, m, hidden, vec, g);
-        q_row_dot<FMT, NT>(ex.up, r, x, m, hidden, vec, u);
+        q_row_dot<FMT, NT>(ex.gate, r, x, m, hidden, vec, g, threadIdx.x & 31, 32);
+        q_row_dot<FMT, NT>(ex.up, r, x, m, hidden, vec, u, threadIdx.x & 31, 32);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             float gs = warp_sum(g[t]), us = warp_sum(u[t]);
@@ -206,20 +224,17 @@ __global__ void k_moe_gate_up(float *hs, const float *xs, const cuda_expert_t *e
 
 /* os[p][r] = down_e[r] . hs[p] */
 template <int FMT, int NT>
-__global__ void k_moe_down(float *os, const float *hs, const cuda_expert_t *experts, const int32_t *counts,
-                           const int32_t *offsets, int hidden, int inter, bool vec)
+__global__ void k_moe_down(float *os, const float *hs, const cuda_expert_t *experts, const int2 *tiles,
+                           const int32_t *n_tiles, const int32_t *offsets, int hidden, int inter, bool vec)
 {
-    const int e = blockIdx.y;
+    int e, off, cnt;
     const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int cnt = counts[e];
-    if (r >= hidden || cnt == 0) return;
+    if (r >= hidden || !moe_tile(tiles, n_tiles, offsets, experts, e, off, cnt)) return;
     const cuda_expert_t ex = experts[e];
-    if (!ex.gate.data) return;
-    const int off = offsets[e];
     for (int t0 = 0; t0 < cnt; t0 += NT) {
         const int m = cnt - t0 < NT ? cnt - t0 : NT;
         float acc[NT];
-        q_row_dot<FMT, NT>(ex.down, r, hs + (size_t)(off + t0) * inter, m, inter, vec, acc);
+        q_row_dot<FMT, NT>(ex.down, r, hs + (size_t)(off + t0) * inter, m, inter, vec, acc, threadIdx.x & 31, 32);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             float s = warp_sum(acc[t]);
@@ -228,44 +243,46 @@ __global__ void k_moe_down(float *os, const float *hs, const cuda_expert_t *expe
     }
 }
 
-/* out[t] += sum_k weight[t][k] * os[inv[t][k]], in k order (deterministic). */
+/* out[t] += sum_k weight[t][k] * os[inv[t][k]], in k order (deterministic); one thread per
+ * (token, column). */
 __global__ void k_moe_combine(float *out, const float *os, const int32_t *inv, const int32_t *idx,
                               const float *weight, const cuda_expert_t *experts, int top_k, int hidden)
 {
-    const int t = blockIdx.x;
-    for (int d = threadIdx.x; d < hidden; d += blockDim.x) {
-        float acc = out[(size_t)t * hidden + d];
-        for (int k = 0; k < top_k; k++) {
-            const int p = t * top_k + k;
-            if (!experts[idx[p]].gate.data) continue;
-            acc += weight[p] * os[(size_t)inv[p] * hidden + d];
-        }
-        out[(size_t)t * hidden + d] = acc;
+    const int t = blockIdx.y, d = blockIdx.x * blockDim.x + threadIdx.x;
+    if (d >= hidden) return;
+    float acc = out[(size_t)t * hidden + d];
+    for (int k = 0; k < top_k; k++) {
+        const int p = t * top_k + k;
+        if (!experts[idx[p]].gate.data) continue;
+        acc += weight[p] * os[(size_t)inv[p] * hidden + d];
     }
+    out[(size_t)t * hidden + d] = acc;
 }
 
 template <int FMT, int NT>
-static int s_moe_launch(cudaStream_t st, const moe_scratch_t *s, const cuda_expert_t *experts, int E, int hidden,
-                        int inter, bool vec_h, bool vec_i)
+static int s_moe_launch(cudaStream_t st, const moe_scratch_t *s, const cuda_expert_t *experts, int hidden, int inter,
+                        bool vec_h, bool vec_i, int max_tiles)
 {
-    dim3 g1(cdiv((long)inter * 32, 256), E), g2(cdiv((long)hidden * 32, 256), E);
-    k_moe_gate_up<FMT, NT><<<g1, 256, 0, st>>>(s->hs, s->xs, experts, s->counts, s->offsets, hidden, inter, vec_h);
+    dim3 g1(cdiv((long)inter * 32, 256), max_tiles), g2(cdiv((long)hidden * 32, 256), max_tiles);
+    k_moe_gate_up<FMT, NT><<<g1, 256, 0, st>>>(s->hs, s->xs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter,
+                                               vec_h);
     CUDA_LAUNCH_CHECK();
-    k_moe_down<FMT, NT><<<g2, 256, 0, st>>>(s->os, s->hs, experts, s->counts, s->offsets, hidden, inter, vec_i);
+    k_moe_down<FMT, NT><<<g2, 256, 0, st>>>(s->os, s->hs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter,
+                                            vec_i);
     CUDA_LAUNCH_CHECK();
     return 0;
 }
 
 template <int FMT>
-static int s_moe_fmt(cudaStream_t st, int n, const moe_scratch_t *s, const cuda_expert_t *experts, int E,
-                     int hidden, int inter)
+static int s_moe_fmt(cudaStream_t st, int n, const moe_scratch_t *s, const cuda_expert_t *experts, int hidden,
+                     int inter, int max_tiles)
 {
     constexpr int C = qfmt<FMT>::COLS;
     const bool vec_h = hidden % C == 0 && q_row_bytes(FMT, hidden) % 16 == 0;
     const bool vec_i = inter % C == 0 && q_row_bytes(FMT, inter) % 16 == 0;
-    if (n <= 1) return s_moe_launch<FMT, 1>(st, s, experts, E, hidden, inter, vec_h, vec_i);
-    if (n <= 4) return s_moe_launch<FMT, 4>(st, s, experts, E, hidden, inter, vec_h, vec_i);
-    return s_moe_launch<FMT, 8>(st, s, experts, E, hidden, inter, vec_h, vec_i);
+    if (n <= 1) return s_moe_launch<FMT, 1>(st, s, experts, hidden, inter, vec_h, vec_i, max_tiles);
+    if (n <= 4) return s_moe_launch<FMT, 4>(st, s, experts, hidden, inter, vec_h, vec_i, max_tiles);
+    return s_moe_launch<FMT, 8>(st, s, experts, hidden, inter, vec_h, vec_i, max_tiles);
 }
 
 extern "C" int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, int hidden, int inter, wfmt_t fmt,
@@ -281,32 +298,47 @@ extern "C" int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, in
     int wide = hidden > inter ? hidden : inter;
     s_layout(&s, scratch, n, top_k, wide, wide, n_experts);
     const int P = n * top_k;
+    /* tiles: at most one partial tile per active expert, plus whole tiles */
+    const int max_tiles = (P < n_experts ? P : n_experts) + P / GEMM_BM;
     cudaStream_t st = c->stream;
-    k_moe_route<<<1, n_experts, 0, st>>>(idx, P, n_experts, s.counts, s.offsets, s.perm, s.inv);
+    k_moe_route<<<1, n_experts, 0, st>>>(idx, P, n_experts, s.counts, s.offsets, s.perm, s.inv, s.tiles, s.n_tiles);
     CUDA_LAUNCH_CHECK();
     int rc;
-    if ((fmt == WF_INT4 || fmt == WF_INT8) && hidden % 32 == 0 && inter % 32 == 0) {
-        k_moe_gather_q8<<<P, 256, 0, st>>>(s.q, s.qd, s.qs, x, s.perm, top_k, hidden);
+    if (n >= GEMM_MOE_MIN_TOKENS && fmt != WF_F32 && hidden % 64 == 0 && inter % 64 == 0) {
+        /* tensor cores: fp16 token rows by expert, gate+up with SwiGLU to fp16, down to fp32 */
+        if ((rc = gemm_to_half(st, s.x16, x, s.perm, top_k, P, hidden))) return rc;
+        if ((rc = gemm_moe(st, true, s.x16, NULL, s.h16, hidden, inter, fmt, experts_dev, s.tiles, s.n_tiles,
+                           s.offsets, max_tiles)))
+            return rc;
+        if ((rc = gemm_moe(st, false, s.h16, s.os, NULL, hidden, inter, fmt, experts_dev, s.tiles, s.n_tiles,
+                           s.offsets, max_tiles)))
+            return rc;
+        k_moe_combine<<<dim3(cdiv(hidden, 256), n), 256, 0, st>>>(out, s.os, s.inv, idx, weight, experts_dev, top_k, hidden);
         CUDA_LAUNCH_CHECK();
-        rc = fmt == WF_INT4 ? s_moe_q8<WF_INT4>(st, n, &s, experts_dev, n_experts, hidden, inter, P)
-                            : s_moe_q8<WF_INT8>(st, n, &s, experts_dev, n_experts, hidden, inter, P);
+        return 0;
+    }
+    if ((fmt == WF_INT4 || fmt == WF_INT8) && hidden % 32 == 0 && inter % 32 == 0) {
+        /* token rows by expert, straight into int8 blocks */
+        if ((rc = q8_quant(st, s.q, s.qd, s.qs, x, P, hidden, s.perm, top_k, NULL))) return rc;
+        rc = fmt == WF_INT4 ? s_moe_q8<WF_INT4>(st, n, &s, experts_dev, n_experts, hidden, inter, P, max_tiles)
+                            : s_moe_q8<WF_INT8>(st, n, &s, experts_dev, n_experts, hidden, inter, P, max_tiles);
         if (rc) return rc;
-        k_moe_combine<<<n, 128, 0, st>>>(out, s.os, s.inv, idx, weight, experts_dev, top_k, hidden);
+        k_moe_combine<<<dim3(cdiv(hidden, 256), n), 256, 0, st>>>(out, s.os, s.inv, idx, weight, experts_dev, top_k, hidden);
         CUDA_LAUNCH_CHECK();
         return 0;
     }
     k_moe_gather<<<P, 128, 0, st>>>(s.xs, x, s.perm, top_k, hidden, P);
     CUDA_LAUNCH_CHECK();
     switch (fmt) {
-    case WF_F32: rc = s_moe_fmt<WF_F32>(st, n, &s, experts_dev, n_experts, hidden, inter); break;
-    case WF_BF16: rc = s_moe_fmt<WF_BF16>(st, n, &s, experts_dev, n_experts, hidden, inter); break;
-    case WF_INT8: rc = s_moe_fmt<WF_INT8>(st, n, &s, experts_dev, n_experts, hidden, inter); break;
-    case WF_FP8: rc = s_moe_fmt<WF_FP8>(st, n, &s, experts_dev, n_experts, hidden, inter); break;
-    case WF_INT4: rc = s_moe_fmt<WF_INT4>(st, n, &s, experts_dev, n_experts, hidden, inter); break;
+    case WF_F32: rc = s_moe_fmt<WF_F32>(st, n, &s, experts_dev, hidden, inter, max_tiles); break;
+    case WF_BF16: rc = s_moe_fmt<WF_BF16>(st, n, &s, experts_dev, hidden, inter, max_tiles); break;
+    case WF_INT8: rc = s_moe_fmt<WF_INT8>(st, n, &s, experts_dev, hidden, inter, max_tiles); break;
+    case WF_FP8: rc = s_moe_fmt<WF_FP8>(st, n, &s, experts_dev, hidden, inter, max_tiles); break;
+    case WF_INT4: rc = s_moe_fmt<WF_INT4>(st, n, &s, experts_dev, hidden, inter, max_tiles); break;
     default: log_error("cuda_moe_ffn: unknown weight format %d", (int)fmt); return STRATA_EINVAL_INPUT;
     }
     if (rc) return rc;
-    k_moe_combine<<<n, 128, 0, st>>>(out, s.os, s.inv, idx, weight, experts_dev, top_k, hidden);
+    k_moe_combine<<<dim3(cdiv(hidden, 256), n), 256, 0, st>>>(out, s.os, s.inv, idx, weight, experts_dev, top_k, hidden);
     CUDA_LAUNCH_CHECK();
     return 0;
 }

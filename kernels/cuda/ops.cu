@@ -3,31 +3,58 @@
 
 #include "kernels/cuda/qdot.cuh"
 
-/* ---- RMSNorm: one block per row ---- */
+/* ---- RMSNorm: one block per row; each thread keeps its (at most RMS_PER_THREAD) float4s in
+ * registers between the sum of squares and the scaling, so x is read once ---- */
+#define RMS_PER_THREAD 4
 __global__ void k_rmsnorm(float *y, const float *x, const float *w, int dim, float eps)
 {
     const float *xr = x + (size_t)blockIdx.x * dim;
     float *yr = y + (size_t)blockIdx.x * dim;
     __shared__ float red[32];
+    const bool vec = dim % 4 == 0 && dim / 4 <= RMS_PER_THREAD * (int)blockDim.x;
+    float4 v[RMS_PER_THREAD];
     float ss = 0.f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+    if (vec) {
+#pragma unroll
+        for (int k = 0; k < RMS_PER_THREAD; k++) {
+            const int i = threadIdx.x + k * blockDim.x;
+            v[k] = i < dim / 4 ? ((const float4 *)xr)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+            ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+        }
+    } else {
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+    }
     ss = warp_sum(ss);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
     __syncthreads();
     if (threadIdx.x < 32) {
-        float v = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.f;
-        v = warp_sum(v);
-        if (threadIdx.x == 0) red[0] = v;
+        float r = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.f;
+        r = warp_sum(r);
+        if (threadIdx.x == 0) red[0] = r;
     }
     __syncthreads();
     const float inv = rsqrtf(red[0] / (float)dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
+    if (vec) {
+#pragma unroll
+        for (int k = 0; k < RMS_PER_THREAD; k++) {
+            const int i = threadIdx.x + k * blockDim.x;
+            if (i < dim / 4) {
+                const float4 g = ((const float4 *)w)[i];
+                ((float4 *)yr)[i] = make_float4(v[k].x * inv * g.x, v[k].y * inv * g.y, v[k].z * inv * g.z, v[k].w * inv * g.w);
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
+    }
 }
 
 extern "C" int cuda_rmsnorm(cuda_ctx_t *c, float *y, const float *x, const float *w, int n, int dim, float eps)
 {
     if (n <= 0) return 0;
-    k_rmsnorm<<<n, 256, 0, c->stream>>>(y, x, w, dim, eps);
+    /* enough threads that a row is one float4 each (up to 4096 columns), then up to 4 each */
+    int threads = dim / 4 < 1024 ? (dim / 4 + 31) / 32 * 32 : 1024;
+    if (threads < 32) threads = 32;
+    k_rmsnorm<<<n, threads, 0, c->stream>>>(y, x, w, dim, eps);
     CUDA_LAUNCH_CHECK();
     return 0;
 }

@@ -81,20 +81,21 @@ __device__ __forceinline__ void q_chunk(const qmat_t &w, int r, int c, float *ou
     }
 }
 
-/* Per-lane partial dot products of row r with x[t][:] (t < n <= NT, row stride ldx).
- * The caller warp-reduces acc. vec: the row can be read in 16-byte chunks. */
+/* Per-thread partial dot products of row r with x[t][:] (t < n <= NT, row stride ldx): this
+ * thread takes chunks (or, without vec, columns) first, first + step, ... (first = lane and step
+ * = 32 for a warp per row). The caller reduces acc. vec: the row can be read in 16-byte chunks. */
 template <int FMT, int NT>
 __device__ __forceinline__ void q_row_dot(const qmat_t &w, int r, const float *x, int n, int ldx, bool vec,
-                                          float *acc)
+                                          float *acc, int first, int step)
 {
-    const int lane = threadIdx.x & 31;
+    const int lane = first;
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.f;
     if (vec) {
         constexpr int C = qfmt<FMT>::COLS;
         const int nch = w.cols / C;
 #pragma unroll 4
-        for (int c = lane; c < nch; c += 32) {
+        for (int c = lane; c < nch; c += step) {
             float wv[C];
             q_chunk<FMT>(w, r, c, wv);
 #pragma unroll
@@ -112,7 +113,7 @@ __device__ __forceinline__ void q_row_dot(const qmat_t &w, int r, const float *x
             }
         }
     } else {
-        for (int j = lane; j < w.cols; j += 32) {
+        for (int j = lane; j < w.cols; j += step) {
             float wj = q_elem(w, r, j);
 #pragma unroll
             for (int t = 0; t < NT; t++)
@@ -129,70 +130,123 @@ static inline bool q_can_vec(const qmat_t *w, int ldx)
            ldx % 4 == 0;
 }
 
-/* Per-lane partial dot products of row r of an INT4 or INT8 matrix with NT int8-quantized
- * activation rows (q8 layout of cuda_common.cuh, row stride cols). cols % 32 == 0 and rows are
- * 16-byte aligned. INT4 chunk c = one 32-column block: byte j of the 16 holds columns j (low
- * nibble) and 16+j (high), so the low nibbles of word i pair with activation word i and the high
- * nibbles with word 4+i. The +8 offset is removed with the block sum of q:
- *   sum_j (n_j - 8) a_j = dot(n, a) - 8 * sum(a). */
-template <int FMT, int NT>
-__device__ __forceinline__ void q8_row_dot(const qmat_t &w, int r, const int8_t *xq, const float *xd, const int32_t *xs,
-                                           int n, int cols, float *acc)
+/* Sum over the LPR lanes of one lane group (lanes lane / LPR equal); every lane of the warp
+ * must call it. */
+template <int LPR> __device__ __forceinline__ float group_sum(float v)
 {
-    const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.f;
-    const int nb = cols / 32;
-    if constexpr (FMT == WF_INT4) {
-        const uint8_t *row = (const uint8_t *)w.data + (size_t)r * (cols / 2);
-        const uint16_t *sc = (const uint16_t *)w.scales + (size_t)r * (cols / w.group);
-        const int bpg = w.group / 32;
-        /* unrolled so each lane has several 16-byte loads in flight: rows are short (a 4096
-         * column int4 row is only 4 blocks per lane), so latency, not bandwidth, binds otherwise */
-#pragma unroll 4
-        for (int b = lane; b < nb; b += 32) {
-            const uint4 v = __ldg((const uint4 *)(row + (size_t)b * 16));
-            const float s = d_f16(__ldg(sc + b / bpg));
-            const int lo0 = v.x & 0x0F0F0F0F, lo1 = v.y & 0x0F0F0F0F, lo2 = v.z & 0x0F0F0F0F, lo3 = v.w & 0x0F0F0F0F;
-            const int hi0 = (v.x >> 4) & 0x0F0F0F0F, hi1 = (v.y >> 4) & 0x0F0F0F0F, hi2 = (v.z >> 4) & 0x0F0F0F0F,
-                      hi3 = (v.w >> 4) & 0x0F0F0F0F;
+    for (int o = LPR / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Lanes per weight row for the integer path: whole warps on long rows, groups of 8 lanes on
+ * short ones (fewer than 128 blocks of 32 columns), so every lane has several blocks to load. */
+static inline bool q8_wide_rows(int cols) { return cols / 32 >= 128; }
+
+/* Per-lane partial dot products of RR weight rows of an INT4 or INT8 matrix with NT
+ * int8-quantized activation rows (q8 layout of cuda_common.cuh, row stride cols; cols % 32 == 0,
+ * rows 16-byte aligned). rp[i]: row i's data; sp[i]: its scales (INT4: the row's fp16 group
+ * scales, bpg blocks of 32 per group; INT8: the row's fp32 scale). The LPR lanes of a lane group
+ * stride over the row's 32-column blocks and load each block of activations once for all RR
+ * rows; the caller sums acc over the group (group_sum<LPR>).
+ * INT4 block = 16 bytes: byte j holds columns j (low nibble) and 16+j (high), so the low
+ * nibbles of word i pair with activation word i and the high nibbles with word 4+i. The +8
+ * offset is removed with the block sum of q: sum_j (n_j - 8) a_j = dot(n, a) - 8 * sum(a). */
+template <int FMT, int NT, int RR, int LPR>
+__device__ __forceinline__ void q8_dot_rows(const uint8_t *const *rp, const void *const *sp, int bpg, const int8_t *xq,
+                                            const float *xd, const int32_t *xs, int n, int cols, float (*acc)[NT])
+{
+    const int sl = (threadIdx.x & 31) % LPR, nb = cols / 32;
+#pragma unroll
+    for (int i = 0; i < RR; i++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[i][t] = 0.f;
+#pragma unroll 2
+    for (int b = sl; b < nb; b += LPR) {
+        if constexpr (FMT == WF_INT4) {
+            uint4 v[RR];
+            float s[RR];
+#pragma unroll
+            for (int i = 0; i < RR; i++) {
+                v[i] = __ldg((const uint4 *)(rp[i] + (size_t)b * 16));
+                s[i] = d_f16(__ldg((const uint16_t *)sp[i] + b / bpg));
+            }
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 if (t < n) {
                     const int4 *xa = (const int4 *)(xq + (size_t)t * cols + (size_t)b * 32);
                     const int4 a0 = __ldg(xa), a1 = __ldg(xa + 1);
-                    int dot = __dp4a(lo0, a0.x, 0);
-                    dot = __dp4a(lo1, a0.y, dot);
-                    dot = __dp4a(lo2, a0.z, dot);
-                    dot = __dp4a(lo3, a0.w, dot);
-                    dot = __dp4a(hi0, a1.x, dot);
-                    dot = __dp4a(hi1, a1.y, dot);
-                    dot = __dp4a(hi2, a1.z, dot);
-                    dot = __dp4a(hi3, a1.w, dot);
                     const size_t bi = (size_t)t * nb + b;
-                    acc[t] += s * __ldg(xd + bi) * (float)(dot - 8 * __ldg(xs + bi));
+                    const float dx = __ldg(xd + bi);
+                    const int sx8 = 8 * __ldg(xs + bi);
+#pragma unroll
+                    for (int i = 0; i < RR; i++) {
+                        int dot = __dp4a((int)(v[i].x & 0x0F0F0F0F), a0.x, 0);
+                        dot = __dp4a((int)(v[i].y & 0x0F0F0F0F), a0.y, dot);
+                        dot = __dp4a((int)(v[i].z & 0x0F0F0F0F), a0.z, dot);
+                        dot = __dp4a((int)(v[i].w & 0x0F0F0F0F), a0.w, dot);
+                        dot = __dp4a((int)((v[i].x >> 4) & 0x0F0F0F0F), a1.x, dot);
+                        dot = __dp4a((int)((v[i].y >> 4) & 0x0F0F0F0F), a1.y, dot);
+                        dot = __dp4a((int)((v[i].z >> 4) & 0x0F0F0F0F), a1.z, dot);
+                        dot = __dp4a((int)((v[i].w >> 4) & 0x0F0F0F0F), a1.w, dot);
+                        acc[i][t] += s[i] * dx * (float)(dot - sx8);
+                    }
                 }
             }
-        }
-    } else { /* WF_INT8: 16-byte chunks, two per activation block; one scale per row */
-        const int8_t *row = (const int8_t *)w.data + (size_t)r * cols;
-        const float s = __ldg((const float *)w.scales + r);
-#pragma unroll 4
-        for (int c = lane; c < nb * 2; c += 32) {
-            const int4 v = __ldg((const int4 *)(row + (size_t)c * 16));
+        } else { /* WF_INT8: a block is two 16-byte chunks; the row scale is applied at the end */
+            int4 v0[RR], v1[RR];
+#pragma unroll
+            for (int i = 0; i < RR; i++) {
+                v0[i] = __ldg((const int4 *)(rp[i] + (size_t)b * 32));
+                v1[i] = __ldg((const int4 *)(rp[i] + (size_t)b * 32 + 16));
+            }
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 if (t < n) {
-                    const int4 a = __ldg((const int4 *)(xq + (size_t)t * cols + (size_t)c * 16));
-                    int dot = __dp4a(v.x, a.x, 0);
-                    dot = __dp4a(v.y, a.y, dot);
-                    dot = __dp4a(v.z, a.z, dot);
-                    dot = __dp4a(v.w, a.w, dot);
-                    acc[t] += s * __ldg(xd + (size_t)t * nb + c / 2) * (float)dot;
+                    const int4 *xa = (const int4 *)(xq + (size_t)t * cols + (size_t)b * 32);
+                    const int4 a0 = __ldg(xa), a1 = __ldg(xa + 1);
+                    const float dx = __ldg(xd + (size_t)t * nb + b);
+#pragma unroll
+                    for (int i = 0; i < RR; i++) {
+                        int dot = __dp4a(v0[i].x, a0.x, 0);
+                        dot = __dp4a(v0[i].y, a0.y, dot);
+                        dot = __dp4a(v0[i].z, a0.z, dot);
+                        dot = __dp4a(v0[i].w, a0.w, dot);
+                        dot = __dp4a(v1[i].x, a1.x, dot);
+                        dot = __dp4a(v1[i].y, a1.y, dot);
+                        dot = __dp4a(v1[i].z, a1.z, dot);
+                        dot = __dp4a(v1[i].w, a1.w, dot);
+                        acc[i][t] += dx * (float)dot;
+                    }
                 }
             }
         }
     }
+    if constexpr (FMT == WF_INT8) {
+#pragma unroll
+        for (int i = 0; i < RR; i++) {
+            const float s = __ldg((const float *)sp[i]);
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[i][t] *= s;
+        }
+    }
 }
 
-__global__ void k_q8_quant(int8_t *q, float *d, int32_t *s, const float *x, int cols);
+/* Row r's data and scale pointers for q8_dot_rows (r clamped into the matrix, so lanes past the
+ * last row read valid memory; their results are not stored). */
+template <int FMT>
+__device__ __forceinline__ void q8_row_ptrs(const qmat_t &w, int r, const uint8_t *&rp, const void *&sp)
+{
+    r = r < w.rows ? r : w.rows - 1;
+    rp = (const uint8_t *)w.data + (size_t)r * q_row_bytes(FMT, w.cols);
+    if constexpr (FMT == WF_INT4)
+        sp = (const uint16_t *)w.scales + (size_t)r * (w.cols / w.group);
+    else
+        sp = (const float *)w.scales + r;
+}
+
+/* Quantize n rows of cols floats (cols % 32 == 0) into the q8 layout: output row r takes source
+ * row (rows ? rows[r] / div : r) of x; with limit, rows r >= *limit are skipped. One warp per
+ * 32-column block, so a row is quantized by many blocks at once. */
+int q8_quant(cudaStream_t st, int8_t *q, float *d, int32_t *s, const float *x, int n, int cols, const int32_t *rows,
+             int div, const int32_t *limit);

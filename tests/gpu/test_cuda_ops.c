@@ -72,12 +72,14 @@ static void s_mat_free(tmat_t *m)
     free(m->hscales);
 }
 
-/* q8: with the int8-activation workspace reserved, INT4/INT8 take the __dp4a path, whose
- * activation rounding (1/254 of each 32-block's max) bounds the error near 1e-2. */
+/* q8: with the activation workspace reserved, INT4/INT8 take the __dp4a path up to 16 rows,
+ * whose activation rounding (1/254 of each 32-block's max) bounds the error near 1e-2, and
+ * from 17 rows every format but F32 takes the fp16 tensor-core GEMM when cols % 64 == 0
+ * (fp16 activations and weights: about 1e-3). */
 static void test_matmul(bool q8)
 {
     static const int shapes[][2] = {{96, 128}, {257, 256}, {64, 2048}, {33, 64}, {40, 50}};
-    static const int ns[] = {1, 3, 16, 37};
+    static const int ns[] = {1, 3, 16, 37, 64, 130};
     for (int f = 0; f < WF_COUNT; f++)
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
             for (size_t k = 0; k < sizeof ns / sizeof *ns; k++) {
@@ -96,8 +98,9 @@ static void test_matmul(bool q8)
                 T_CHECK(cuda_matmul(ctx, dy, dx, n, &m.dev, (k & 1) ? db : NULL) == 0, "launch");
                 float *y = s_down(dy, (size_t)n * rows);
                 double e = t_relerr(y, ref, (size_t)n * rows);
-                bool intpath = q8 && (f == WF_INT4 || f == WF_INT8) && cols % 32 == 0;
-                double bound = intpath ? 1e-2 : 1e-5;
+                bool gemm = q8 && n > 16 && f != WF_F32 && cols % 64 == 0;
+                bool intpath = q8 && n <= 16 && (f == WF_INT4 || f == WF_INT8) && cols % 32 == 0;
+                double bound = intpath ? 1e-2 : gemm ? 3e-3 : 1e-5;
                 T_CHECK(e < bound, "matmul %s %dx%d n=%d q8=%d rel err %.3g", wfmt_name((wfmt_t)f), rows, cols, n, q8, e);
                 free(y), free(x), free(bias), free(ref);
                 cuda_free(dx), cuda_free(db), cuda_free(dy);
@@ -106,13 +109,17 @@ static void test_matmul(bool q8)
 }
 
 static void test_moe(void)
-{ /* INT4/INT8 here always take the integer (q8) path: hidden and inter are multiples of 32 */
-    static const int ns[] = {1, 2, 5, 16, 40};
-    const int E = 8, K = 2, H = 128, I = 96;
+{ /* Below 32 tokens INT4/INT8 take the integer (q8) path (hidden and inter are multiples of
+   * 32); from 32 tokens every format but F32 takes the fp16 GEMM when both are multiples of
+   * 64 (inter 192), and the per-token kernels otherwise (inter 96). */
+    static const int ns[] = {1, 2, 5, 16, 40, 100};
+    static const int inters[] = {96, 192};
+    const int E = 8, K = 2, H = 128;
     for (int f = 0; f < WF_COUNT; f++)
         for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
-            for (int missing = 0; missing < 2; missing++) {
-                int n = ns[ni];
+            for (int c = 0; c < 4; c++) {
+                int n = ns[ni], missing = c & 1, I = inters[c >> 1];
+                bool gemm = n >= 32 && f != WF_F32 && I % 64 == 0;
                 tmat_t g[8], u[8], d[8];
                 cuda_expert_t ex[8];
                 for (int e = 0; e < E; e++) {
@@ -151,7 +158,8 @@ static void test_moe(void)
                 float *out = s_down(dout, (size_t)n * H);
                 double e = t_relerr(out, ref, (size_t)n * H);
                 /* the integer path rounds two activations (x, then silu(g)*u) to int8 blocks */
-                T_CHECK(e < (f == WF_INT4 || f == WF_INT8 ? 2e-2 : 1e-5), "moe %s n=%d missing=%d rel err %.3g", wfmt_name((wfmt_t)f), n, missing, e);
+                double bound = gemm ? 5e-3 : f == WF_INT4 || f == WF_INT8 ? 2e-2 : 1e-5;
+                T_CHECK(e < bound, "moe %s n=%d inter=%d missing=%d rel err %.3g", wfmt_name((wfmt_t)f), n, I, missing, e);
                 free(out), free(x), free(base), free(ref), free(idx), free(wt), free(logits), free(scratch);
                 cuda_free(dx), cuda_free(dout), cuda_free(didx), cuda_free(dw), cuda_free(dex), cuda_free(dscr);
                 for (int e2 = 0; e2 < E; e2++) s_mat_free(&g[e2]), s_mat_free(&u[e2]), s_mat_free(&d[e2]);
@@ -335,7 +343,7 @@ int main(void)
     }
     if (cuda_ctx_create(&ctx, 0)) return 1;
     test_matmul(false);
-    if (cuda_ctx_reserve_q8(ctx, 64, 4096)) return 1;
+    if (cuda_ctx_reserve_q8(ctx, 256, 4096)) return 1;
     test_matmul(true);
     test_moe();
     test_rmsnorm_rope();

@@ -231,8 +231,10 @@ static void test_synth_formats(uint64_t *rng)
                 gs_init(&s, g, 32);
                 T_CHECK(gs_feed(&s, toks, 20, got) == 0, "forward");
                 /* INT4/INT8 run with int8 activations on the GPU (the __dp4a path): compare
-                 * loosely, and require the same top-1 almost everywhere */
+                 * loosely, and require the same top-1 almost everywhere. BF16/FP8 prefill (20
+                 * tokens) takes the fp16 tensor-core GEMM: about 1e-3. */
                 bool intpath = fmts[f] == WF_INT4 || fmts[f] == WF_INT8;
+                double bound = intpath ? 3e-2 : fmts[f] == WF_F32 ? 1e-4 : 2e-3;
                 double e = t_relerr(got, ref, 20 * 300);
                 int agree = 0;
                 for (int t = 0; t < 20; t++) {
@@ -243,7 +245,7 @@ static void test_synth_formats(uint64_t *rng)
                     }
                     agree += ag == ar;
                 }
-                T_CHECK(e < (intpath ? 3e-2 : 1e-4), "synth arch %d %s: GPU vs CPU rel err %.3g", a, wfmt_name(fmts[f]), e);
+                T_CHECK(e < bound, "synth arch %d %s: GPU vs CPU rel err %.3g", a, wfmt_name(fmts[f]), e);
                 T_CHECK(agree >= (intpath ? 18 : 20), "synth arch %d %s: top-1 agrees on %d/20", a, wfmt_name(fmts[f]), agree);
                 fprintf(stderr, "synth arch %d %-5s GPU vs CPU rel err %.2e, top-1 %d/20\n", a, wfmt_name(fmts[f]), e, agree);
                 gs_free(&s);

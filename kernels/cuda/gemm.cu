@@ -1,0 +1,340 @@
+/* gemm.cu - tensor-core GEMM with fused dequantization (see gemm.cuh).
+ *
+ * mma.sync m16n8k16 fragments (PTX ISA, "Matrix fragments for mma.m16n8k16"), with
+ * g = lane / 4 and t = lane % 4:
+ *   A (16 x 16, tokens x k): loaded by ldmatrix.x4 from the fp16 X tile in shared memory;
+ *   B (16 x 8, k x weight rows): register 0 holds k = 2t, 2t+1 and register 1 k = 2t+8, 2t+9,
+ *     both of weight row g, lower k in the lower half;
+ *   C (16 x 8): c0, c1 at (token g, rows 2t, 2t+1), c2, c3 at token g + 8.
+ * B comes from the raw weight tile in shared memory and is dequantized in registers:
+ *   INT4: a 32-column block is 16 bytes, byte j = column j (low nibble) | column 16+j (high),
+ *     so bytes 2t, 2t+1, 2t+8, 2t+9 give k-slice 0 (low nibbles) and k-slice 1 (high
+ *     nibbles). Nibbles become fp16 through the exponent trick (0x6400 | v = 1024 + v), minus
+ *     the +8 offset, times the group scale;
+ *   INT8/FP8: bytes to fp16 exactly; the per-row scale is applied to the fp32 result;
+ *   BF16: to fp16 by rounding (weights are far inside fp16 range). */
+#include "kernels/cuda/gemm.cuh"
+
+#define GM_BN 128          /* weight rows per block tile (SWIGLU: 64 gate + 64 up) */
+#define GM_BK 64           /* k per pipeline stage */
+#define GM_STAGES 3
+#define GM_THREADS 128
+#define GM_ASTR 144        /* bytes per X row in shared memory: 64 halves + 16 bytes of padding */
+
+/* Bytes of one weight row per GM_BK columns. */
+template <int FMT> __host__ __device__ constexpr int gm_rb()
+{
+    return FMT == WF_INT4 ? 32 : FMT == WF_BF16 ? 128 : 64;
+}
+template <int FMT> __host__ __device__ constexpr int gm_stage_bytes() { return GEMM_BM * GM_ASTR + GM_BN * (gm_rb<FMT>() + 16); }
+
+__device__ __forceinline__ void cp16(void *dst, const void *src, bool pred)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ uint32_t h2u(__half2 h) { return *reinterpret_cast<uint32_t *>(&h); }
+__device__ __forceinline__ __half2 u2h(uint32_t u) { return *reinterpret_cast<__half2 *>(&u); }
+
+__device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Two fp16 weights of one row from a 16-bit word (columns c, c+1) of slice kk; INT4 words hold
+ * bytes whose low nibbles are slice 2b and high nibbles slice 2b+1 of block b. */
+template <int FMT> __device__ __forceinline__ uint32_t gm_pair(uint32_t x, int kk, __half2 s)
+{
+    if constexpr (FMT == WF_INT4) {
+        const uint32_t w = __byte_perm(x, 0, 0x4140);
+        if ((kk & 1) == 0) {
+            const __half2 v = u2h((w & 0x000F000Fu) | 0x64006400u);
+            return h2u(__hmul2(__hsub2(v, __float2half2_rn(1032.f)), s));
+        }
+        const __half2 v = u2h((w & 0x00F000F0u) | 0x64006400u);
+        return h2u(__hmul2(__hfma2(v, __float2half2_rn(0.0625f), __float2half2_rn(-72.f)), s));
+    } else if constexpr (FMT == WF_INT8) {
+        const uint32_t w = __byte_perm(x ^ 0x8080u, 0x64, 0x4140);
+        return h2u(__hsub2(u2h(w), __float2half2_rn(1152.f)));
+    } else { /* WF_FP8 */
+        __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)x, __NV_E4M3);
+        return h2u(__half2(r));
+    }
+}
+
+/* B fragment (b0, b1) of k-slice kk (16 columns of the stage) for the weight row at rowp. */
+template <int FMT>
+__device__ __forceinline__ void gm_bfrag(const uint8_t *rowp, int kk, int t, __half2 s, uint32_t &b0, uint32_t &b1)
+{
+    if constexpr (FMT == WF_BF16) {
+        const uint32_t u0 = *(const uint32_t *)(rowp + kk * 32 + 4 * t);
+        const uint32_t u1 = *(const uint32_t *)(rowp + kk * 32 + 16 + 4 * t);
+        b0 = h2u(__floats2half2_rn(__uint_as_float(u0 << 16), __uint_as_float(u0 & 0xffff0000u)));
+        b1 = h2u(__floats2half2_rn(__uint_as_float(u1 << 16), __uint_as_float(u1 & 0xffff0000u)));
+    } else {
+        const uint8_t *p = rowp + (FMT == WF_INT4 ? (kk >> 1) * 16 : kk * 16) + 2 * t;
+        b0 = gm_pair<FMT>(*(const uint16_t *)p, kk, s);
+        b1 = gm_pair<FMT>(*(const uint16_t *)(p + 8), kk, s);
+    }
+}
+
+typedef struct {
+    const __half *x;
+    float *y;
+    __half *h;
+    int ldy;
+    const float *bias;
+    int M, N, K;
+    qmat_t w0, w1;                 /* plain: w0; swiglu: gate, up */
+    const cuda_expert_t *experts;  /* grouped: the expert table */
+    const int2 *tiles;
+    const int32_t *n_tiles, *offsets;
+} gm_args_t;
+
+template <int FMT, bool SWIGLU>
+__global__ void __launch_bounds__(GM_THREADS) k_gemm(gm_args_t a)
+{
+    extern __shared__ __align__(16) uint8_t sm[];
+    constexpr int RB = gm_rb<FMT>(), BSTR = RB + 16, STAGE = gm_stage_bytes<FMT>(), CPR = RB / 16;
+    int m0, mend;
+    const uint8_t *d0 = (const uint8_t *)a.w0.data, *d1 = (const uint8_t *)a.w1.data;
+    const void *s0 = a.w0.scales, *s1 = a.w1.scales;
+    int group = a.w0.group;
+    if (a.tiles) {
+        int e, cnt;
+        if (!moe_tile(a.tiles, a.n_tiles, a.offsets, a.experts, e, m0, cnt)) return;
+        const cuda_expert_t *ex = a.experts + e;
+        if (SWIGLU) {
+            d0 = (const uint8_t *)ex->gate.data, s0 = ex->gate.scales, group = ex->gate.group;
+            d1 = (const uint8_t *)ex->up.data, s1 = ex->up.scales;
+        } else {
+            d0 = (const uint8_t *)ex->down.data, s0 = ex->down.scales, group = ex->down.group;
+        }
+        mend = m0 + cnt;
+    } else {
+        m0 = blockIdx.y * GEMM_BM;
+        mend = min(m0 + GEMM_BM, a.M);
+    }
+    const int N = a.N, K = a.K, KT = K / GM_BK;
+    const int nbase = blockIdx.x * (SWIGLU ? GM_BN / 2 : GM_BN);
+    const size_t wrow = q_row_bytes(FMT, K);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+
+    auto load = [&](int st, int kt) {
+        uint8_t *As = sm + st * STAGE, *Bs = As + GEMM_BM * GM_ASTR;
+#pragma unroll
+        for (int i = 0; i < 4; i++) { /* X: 64 rows x 8 chunks */
+            const int c = tid + i * GM_THREADS, r = c >> 3, ch = c & 7, row = m0 + r;
+            const bool ok = row < mend;
+            cp16(As + r * GM_ASTR + ch * 16, a.x + (size_t)(ok ? row : m0) * K + kt * GM_BK + ch * 8, ok);
+        }
+#pragma unroll
+        for (int i = 0; i < CPR; i++) { /* W: 128 rows x CPR chunks */
+            const int c = tid + i * GM_THREADS, r = c / CPR, ch = c % CPR;
+            const uint8_t *d = SWIGLU && r >= GM_BN / 2 ? d1 : d0;
+            const int wr = nbase + (SWIGLU ? (r & (GM_BN / 2 - 1)) : r);
+            const bool ok = wr < N;
+            cp16(Bs + r * BSTR + ch * 16, d + (size_t)(ok ? wr : 0) * wrow + (size_t)kt * RB + ch * 16, ok);
+        }
+    };
+
+    /* this thread's B rows (in the tile) for its 4 n8-tiles, and their global weight rows */
+    int brow[4], grow[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (SWIGLU) {
+            brow[j] = (j < 2 ? 0 : GM_BN / 2) + warp * 16 + (j & 1) * 8 + g;
+            grow[j] = nbase + warp * 16 + (j & 1) * 8 + g;
+        } else {
+            brow[j] = warp * 32 + j * 8 + g;
+            grow[j] = nbase + brow[j];
+        }
+    }
+
+    float acc[4][4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[i][j][q] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < GM_STAGES - 1; s++) {
+        if (s < KT) load(s, s);
+        cp_commit();
+    }
+    for (int kt = 0; kt < KT; kt++) {
+        cp_wait<GM_STAGES - 2>();
+        __syncthreads();
+        if (kt + GM_STAGES - 1 < KT) load((kt + GM_STAGES - 1) % GM_STAGES, kt + GM_STAGES - 1);
+        cp_commit();
+        const uint8_t *As = sm + (kt % GM_STAGES) * STAGE, *Bs = As + GEMM_BM * GM_ASTR;
+        /* INT4 group scales of this stage: [n8-tile][32-column block] */
+        __half2 sc[4][2];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int b = 0; b < 2; b++) {
+                if constexpr (FMT == WF_INT4) {
+                    const uint16_t *sp = (const uint16_t *)(SWIGLU && j >= 2 ? s1 : s0);
+                    const int gr = grow[j] < N ? grow[j] : 0;
+                    const uint16_t v = __ldg(sp + (size_t)gr * (K / group) + (kt * GM_BK + b * 32) / group);
+                    sc[j][b] = __half2half2(__ushort_as_half(v));
+                } else {
+                    sc[j][b] = __float2half2_rn(1.f);
+                }
+            }
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t af[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint8_t *p = As + (i * 16 + (lane & 15)) * GM_ASTR + (kk * 16 + (lane >> 4) * 8) * 2;
+                const unsigned addr = (unsigned)__cvta_generic_to_shared(p);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(af[i][0]), "=r"(af[i][1]), "=r"(af[i][2]), "=r"(af[i][3])
+                             : "r"(addr));
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                uint32_t b0, b1;
+                gm_bfrag<FMT>(Bs + brow[j] * BSTR, kk, t, sc[j][kk >> 1], b0, b1);
+#pragma unroll
+                for (int i = 0; i < 4; i++) mma16816(acc[i][j], af[i], b0, b1);
+            }
+        }
+    }
+    cp_wait<0>();
+
+    /* epilogue */
+    if constexpr (SWIGLU) {
+#pragma unroll
+        for (int jj = 0; jj < 2; jj++) {
+            const int n = nbase + warp * 16 + jj * 8 + 2 * t;
+            float mg[2] = {1.f, 1.f}, mu[2] = {1.f, 1.f}; /* INT8/FP8 row scales of gate and up */
+            if (FMT == WF_INT8 || FMT == WF_FP8)
+#pragma unroll
+                for (int q = 0; q < 2; q++)
+                    if (n + q < N) {
+                        mg[q] = __ldg((const float *)s0 + n + q);
+                        mu[q] = __ldg((const float *)s1 + n + q);
+                    }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const int m = m0 + i * 16 + g + hf * 8;
+                    if (m >= mend) continue;
+                    float v[2];
+#pragma unroll
+                    for (int q = 0; q < 2; q++) {
+                        const float gt = acc[i][jj][hf * 2 + q] * mg[q], up = acc[i][jj + 2][hf * 2 + q] * mu[q];
+                        v[q] = fminf(fmaxf(gt / (1.f + expf(-gt)) * up, -65504.f), 65504.f);
+                    }
+                    __half *o = a.h + (size_t)m * a.ldy + n;
+                    if (n + 1 < N && (a.ldy & 1) == 0)
+                        *(__half2 *)o = __floats2half2_rn(v[0], v[1]);
+                    else {
+                        if (n < N) o[0] = __float2half_rn(v[0]);
+                        if (n + 1 < N) o[1] = __float2half_rn(v[1]);
+                    }
+                }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int n = nbase + warp * 32 + j * 8 + 2 * t;
+            float mul[2] = {1.f, 1.f}, add[2] = {0.f, 0.f};
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                if (n + q >= N) continue;
+                if (FMT == WF_INT8 || FMT == WF_FP8) mul[q] = __ldg((const float *)s0 + n + q);
+                if (a.bias) add[q] = __ldg(a.bias + n + q);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const int m = m0 + i * 16 + g + hf * 8;
+                    if (m >= mend) continue;
+                    float *o = a.y + (size_t)m * a.ldy + n;
+                    const float v0 = acc[i][j][hf * 2] * mul[0] + add[0], v1 = acc[i][j][hf * 2 + 1] * mul[1] + add[1];
+                    if (n + 1 < N && (a.ldy & 1) == 0)
+                        *(float2 *)o = make_float2(v0, v1);
+                    else {
+                        if (n < N) o[0] = v0;
+                        if (n + 1 < N) o[1] = v1;
+                    }
+                }
+        }
+    }
+}
+
+template <int FMT, bool SWIGLU> static int s_launch(cudaStream_t st, dim3 grid, const gm_args_t &a)
+{
+    constexpr int smem = GM_STAGES * gm_stage_bytes<FMT>();
+    static bool attr_set; /* per instantiation; one device per process */
+    if (!attr_set) {
+        CUDA_CHECK(cudaFuncSetAttribute(k_gemm<FMT, SWIGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        attr_set = true;
+    }
+    k_gemm<FMT, SWIGLU><<<grid, GM_THREADS, smem, st>>>(a);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
+template <bool SWIGLU> static int s_dispatch(cudaStream_t st, wfmt_t fmt, dim3 grid, const gm_args_t &a)
+{
+    switch (fmt) {
+    case WF_INT4: return s_launch<WF_INT4, SWIGLU>(st, grid, a);
+    case WF_INT8: return s_launch<WF_INT8, SWIGLU>(st, grid, a);
+    case WF_FP8: return s_launch<WF_FP8, SWIGLU>(st, grid, a);
+    case WF_BF16: return s_launch<WF_BF16, SWIGLU>(st, grid, a);
+    default: log_error("gemm: format %d has no GEMM path", (int)fmt); return STRATA_EINVAL_INPUT;
+    }
+}
+
+__global__ void k_to_half(__half *dst, const float *src, const int32_t *rows, int div, int cols)
+{
+    const int r = blockIdx.x;
+    const float *s = src + (size_t)(rows ? rows[r] / div : r) * cols;
+    __half *d = dst + (size_t)r * cols;
+    for (int c = threadIdx.x * 2; c < cols; c += blockDim.x * 2) /* cols is even (a multiple of 64) */
+        *(__half2 *)(d + c) = __floats2half2_rn(s[c], s[c + 1]);
+}
+
+int gemm_to_half(cudaStream_t st, __half *dst, const float *src, const int32_t *rows, int div, int n, int cols)
+{
+    if (n <= 0) return 0;
+    k_to_half<<<n, 256, 0, st>>>(dst, src, rows, div, cols);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
+int gemm_plain(cudaStream_t st, float *y, int ldy, const __half *x, int M, const qmat_t *w, const float *bias)
+{
+    gm_args_t a = {};
+    a.x = x, a.y = y, a.ldy = ldy, a.bias = bias, a.M = M, a.N = w->rows, a.K = w->cols, a.w0 = *w, a.w1 = *w;
+    dim3 grid(cdiv(w->rows, GM_BN), cdiv(M, GEMM_BM));
+    return s_dispatch<false>(st, w->fmt, grid, a);
+}
+
+int gemm_moe(cudaStream_t st, bool swiglu, const __half *x, float *y, __half *h, int hidden, int inter, wfmt_t fmt,
+             const cuda_expert_t *experts, const int2 *tiles, const int32_t *n_tiles, const int32_t *offsets,
+             int max_tiles)
+{
+    gm_args_t a = {};
+    a.x = x, a.y = y, a.h = h, a.experts = experts, a.tiles = tiles, a.n_tiles = n_tiles, a.offsets = offsets;
+    a.N = swiglu ? inter : hidden;
+    a.K = swiglu ? hidden : inter;
+    a.ldy = a.N;
+    dim3 grid(cdiv(a.N, swiglu ? GM_BN / 2 : GM_BN), max_tiles);
+    return swiglu ? s_dispatch<true>(st, fmt, grid, a) : s_dispatch<false>(st, fmt, grid, a);
+}

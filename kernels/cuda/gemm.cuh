@@ -1,0 +1,55 @@
+/* gemm.cuh - tensor-core GEMM with fused dequantization, for many tokens at once (prefill,
+ * large batches): Y[m][n] = X[m][:] . W[n][:] with X in fp16 and W in INT4 (groups of 32k),
+ * INT8, FP8 or BF16, dequantized to fp16 in registers and multiplied with mma.sync m16n8k16
+ * (fp32 accumulation). Internal to kernels/cuda; matmul.cu and moe.cu choose it for large n.
+ *
+ * Tiles: 64 token rows x 128 weight rows per block of 4 warps, K in steps of 64 through a
+ * 3-stage cp.async pipeline. In SWIGLU mode a block takes 64 rows of gate and the same 64 of
+ * up, and writes fp16 h = silu(gate) * up (the down projection's input) instead of fp32.
+ * Grouped (MoE) launches read their (expert, first row) tiles from the device. */
+#pragma once
+#include "kernels/cuda/qdot.cuh"
+
+/* Rows of X per tile; grouped launches lay their tiles out in these units. */
+#define GEMM_BM 64
+/* cuda_matmul takes the GEMM above this many rows (below, the GEMV reads each weight once). */
+#define GEMM_MIN_ROWS 16
+/* cuda_moe_ffn takes it from this many tokens. */
+#define GEMM_MOE_MIN_TOKENS 32
+
+/* The grouped tile of this block (blockIdx.y < *n_tiles): expert e and its rows p0 .. p0 + cnt - 1
+ * (cnt <= GEMM_BM); false when the block has no tile or the expert is not resident. */
+__device__ __forceinline__ bool moe_tile(const int2 *tiles, const int32_t *n_tiles, const int32_t *offsets,
+                                         const cuda_expert_t *experts, int &e, int &p0, int &cnt)
+{
+    if ((int)blockIdx.y >= *n_tiles) return false;
+    const int2 tl = tiles[blockIdx.y];
+    e = tl.x;
+    p0 = tl.y;
+    cnt = min(GEMM_BM, offsets[e + 1] - p0);
+    return experts[e].gate.data != NULL;
+}
+
+/* Whether w can take the GEMM: INT4 (group a multiple of 32), INT8, FP8 or BF16, cols a
+ * multiple of 64, data 16-byte aligned. */
+static inline bool gemm_ok(const qmat_t *w)
+{
+    if (w->fmt != WF_INT4 && w->fmt != WF_INT8 && w->fmt != WF_FP8 && w->fmt != WF_BF16) return false;
+    if (w->fmt == WF_INT4 && (w->group <= 0 || w->group % 32)) return false;
+    return w->cols % 64 == 0 && (uintptr_t)w->data % 16 == 0;
+}
+
+/* dst[r][:] = fp16(src[rows ? rows[r] / div : r][:]) for r < n, rows of cols floats. */
+int gemm_to_half(cudaStream_t st, __half *dst, const float *src, const int32_t *rows, int div, int n, int cols);
+
+/* y[m][n] (row stride ldy) = x[m] . w[n] (+ bias[n]) for m < M. x: [M][w->cols] fp16. */
+int gemm_plain(cudaStream_t st, float *y, int ldy, const __half *x, int M, const qmat_t *w, const float *bias);
+
+/* Grouped over experts: tile i < *n_tiles is tiles[i] = (expert e, first row p0) and covers
+ * rows p0 .. min(p0 + GEMM_BM, offsets[e + 1]) - 1 of x (and of the output).
+ *   swiglu: h[p][r] = fp16(silu(gate_e[r] . x[p]) * (up_e[r] . x[p])), r < inter, x: [P][hidden]
+ *   else:   y[p][r] = down_e[r] . x[p], r < hidden, x: [P][inter]
+ * Experts with gate.data == NULL are skipped. max_tiles bounds *n_tiles (the grid). */
+int gemm_moe(cudaStream_t st, bool swiglu, const __half *x, float *y, __half *h, int hidden, int inter, wfmt_t fmt,
+             const cuda_expert_t *experts, const int2 *tiles, const int32_t *n_tiles, const int32_t *offsets,
+             int max_tiles);
