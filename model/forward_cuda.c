@@ -600,9 +600,12 @@ static int s_attention(gpu_model_t *g, int l, int n)
     cuda_ctx_t *cx = g->cx;
     int hd = c->head_dim, qd = c->n_heads * hd, kd = c->n_kv_heads * hd, rc;
     if ((rc = cuda_rmsnorm(cx, g->xn, g->x, L->attn_norm, n, c->hidden, c->rms_eps))) return rc;
-    if ((rc = cuda_matmul(cx, g->q, g->xn, n, &L->wq, L->bq))) return rc;
-    if ((rc = cuda_matmul(cx, g->k, g->xn, n, &L->wk, L->bk))) return rc;
-    if ((rc = cuda_matmul(cx, g->v, g->xn, n, &L->wv, L->bv))) return rc;
+    {
+        float *ys[3] = {g->q, g->k, g->v};
+        const qmat_t *ws[3] = {&L->wq, &L->wk, &L->wv};
+        const float *bs[3] = {L->bq, L->bk, L->bv};
+        if ((rc = cuda_matmul_multi(cx, 3, ys, g->xn, n, ws, bs))) return rc;
+    }
     if (c->qk_norm == QK_NORM_HEAD) {
         if ((rc = cuda_rmsnorm(cx, g->q, g->q, L->q_norm, n * c->n_heads, hd, c->rms_eps))) return rc;
         if ((rc = cuda_rmsnorm(cx, g->k, g->k, L->k_norm, n * c->n_kv_heads, hd, c->rms_eps))) return rc;
@@ -610,19 +613,18 @@ static int s_attention(gpu_model_t *g, int l, int n)
         if ((rc = cuda_rmsnorm(cx, g->q, g->q, L->q_norm, n, qd, c->rms_eps))) return rc;
         if ((rc = cuda_rmsnorm(cx, g->k, g->k, L->k_norm, n, kd, c->rms_eps))) return rc;
     }
-    if (c->rot_dim > 0) {
-        if ((rc = cuda_rope(cx, g->q, n, c->n_heads, hd, c->rot_dim, g->d_pos, g->inv_freq, c->attn_factor))) return rc;
-        if ((rc = cuda_rope(cx, g->k, n, c->n_kv_heads, hd, c->rot_dim, g->d_pos, g->inv_freq, c->attn_factor))) return rc;
-    }
     float *kl = g->k_cache + (size_t)l * g->layer_elems, *vl = g->v_cache + (size_t)l * g->layer_elems;
-    if ((rc = cuda_kv_write(cx, kl, vl, g->k, g->v, n, g->d_seq, g->d_pos, g->d_bt, g->o.kv_blocks, c->n_kv_heads, hd,
-                            g->o.block_size)))
+    if ((rc = cuda_rope_kv(cx, g->q, g->k, g->v, n, c->n_heads, c->n_kv_heads, hd, c->rot_dim, g->d_pos, g->inv_freq,
+                           c->attn_factor, kl, vl, g->d_seq, g->d_bt, g->o.kv_blocks, g->o.block_size)))
         return rc;
     if ((rc = cuda_attention(cx, g->att, g->q, kl, vl, n, g->d_seq, g->d_pos, g->d_bt, g->o.kv_blocks, c->n_heads,
                              c->n_kv_heads, hd, g->o.block_size, 1.0f / sqrtf((float)hd))))
         return rc;
-    if ((rc = cuda_matmul(cx, g->y, g->att, n, &L->wo, L->bo))) return rc;
-    return cuda_add(cx, g->x, g->y, (size_t)n * c->hidden);
+    if (L->bo) { /* the bias too lands on the residual */
+        if ((rc = cuda_matmul(cx, g->y, g->att, n, &L->wo, L->bo))) return rc;
+        return cuda_add(cx, g->x, g->y, (size_t)n * c->hidden);
+    }
+    return cuda_matmul_acc(cx, g->x, g->att, n, &L->wo);
 }
 
 static int s_ffn(gpu_model_t *g, int l, int n)

@@ -21,6 +21,7 @@ extern "C" int cuda_ctx_create(cuda_ctx_t **out, int device)
     c->device = device;
     cublasHandle_t h = NULL;
     CUDA_CHECK(cudaSetDevice(device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, device));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking));
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {

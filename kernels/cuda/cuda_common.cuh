@@ -12,6 +12,7 @@
 
 struct cuda_ctx {
     int device;
+    int sms;                  /* streaming multiprocessors */
     cudaStream_t stream;      /* CUDA_STREAM_COMPUTE */
     cudaStream_t copy_stream; /* CUDA_STREAM_COPY */
     void *cublas;             /* cublasHandle_t */

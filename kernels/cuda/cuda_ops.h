@@ -80,6 +80,13 @@ size_t cuda_q8_bytes(int rows, int cols);
 
 /* y[n][w->rows] = x[n][w->cols] @ W^T (+ bias). Any n; fused dequantization for every format. */
 int cuda_matmul(cuda_ctx_t *c, float *y, const float *x, int n, const qmat_t *w, const float *bias);
+/* y[n][w->rows] += x @ W^T (a projection straight onto the residual). */
+int cuda_matmul_acc(cuda_ctx_t *c, float *y, const float *x, int n, const qmat_t *w);
+/* ys[i] = x @ ws[i]^T (+ biases[i], which may be NULL) for i < count <= 4, matrices of equal
+ * cols (q, k and v): x is converted or quantized once, and on the integer path matrices of one
+ * format run in one launch. */
+int cuda_matmul_multi(cuda_ctx_t *c, int count, float *const *ys, const float *x, int n, const qmat_t *const *ws,
+                      const float *const *biases);
 
 /* Grouped expert FFN with fused dequantization and SwiGLU, tokens regrouped by expert:
  * for every token t and k < top_k with e = idx[t][k]:
@@ -99,18 +106,18 @@ int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, int hidden, i
 
 /* y[n][dim] = rmsnorm(x) * w; y may alias x. */
 int cuda_rmsnorm(cuda_ctx_t *c, float *y, const float *x, const float *w, int n, int dim, float eps);
-/* In-place RoPE (HF rotate_half form) on x[n][n_heads][head_dim]; pos[n] and inv_freq[rot_dim/2] on device. */
-int cuda_rope(cuda_ctx_t *c, float *x, int n, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
-              const float *inv_freq, float attn_factor);
 /* Gate: softmax over n_experts then top-k (ties to the lower index), optional renorm.
  * logits[n][n_experts] -> idx[n][top_k], weight[n][top_k]. */
 int cuda_gate_topk(cuda_ctx_t *c, const float *logits, int n, int n_experts, int top_k, bool renorm,
                    int32_t *idx, float *weight);
-/* Write k/v rows [n][n_kv_heads][head_dim] into the paged caches ([block][kv_head][block_size][head_dim])
- * at (seq[t], pos[t]) through block tables bt[seq][max_blocks]. */
-int cuda_kv_write(cuda_ctx_t *c, float *k_cache, float *v_cache, const float *k, const float *v, int n,
-                  const int32_t *seq, const int32_t *pos, const int32_t *bt, int max_blocks, int n_kv_heads,
-                  int head_dim, int block_size);
+/* In-place RoPE (HF rotate_half form, the first rot_dim dims; none when rot_dim == 0) on
+ * q[n][n_heads][head_dim] and k[n][n_kv_heads][head_dim] at positions pos[n], with
+ * inv_freq[rot_dim/2] (device), then the rotated k and v[n][n_kv_heads][head_dim] written into the
+ * paged caches ([block][kv_head][block_size][head_dim]) at (seq[t], pos[t]) through block tables
+ * bt[seq][max_blocks]. One launch for what a layer does between the projections and attention. */
+int cuda_rope_kv(cuda_ctx_t *c, float *q, float *k, const float *v, int n, int n_heads, int n_kv_heads, int head_dim,
+                 int rot_dim, const int32_t *pos, const float *inv_freq, float attn_factor, float *k_cache,
+                 float *v_cache, const int32_t *seq, const int32_t *bt, int max_blocks, int block_size);
 /* Causal paged attention: token t attends positions 0..pos[t] of sequence seq[t].
  * q[n][n_heads][head_dim] -> out[n][n_heads][head_dim]. */
 int cuda_attention(cuda_ctx_t *c, float *out, const float *q, const float *k_cache, const float *v_cache,

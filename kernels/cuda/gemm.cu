@@ -91,6 +91,7 @@ typedef struct {
     int ldy;
     const float *bias;
     int M, N, K;
+    bool accum;                    /* plain: y += instead of y = */
     qmat_t w0, w1;                 /* plain: w0; swiglu: gate, up */
     const cuda_expert_t *experts;  /* grouped: the expert table */
     const int2 *tiles;
@@ -265,7 +266,11 @@ __global__ void __launch_bounds__(GM_THREADS) k_gemm(gm_args_t a)
                     const int m = m0 + i * 16 + g + hf * 8;
                     if (m >= mend) continue;
                     float *o = a.y + (size_t)m * a.ldy + n;
-                    const float v0 = acc[i][j][hf * 2] * mul[0] + add[0], v1 = acc[i][j][hf * 2 + 1] * mul[1] + add[1];
+                    float v0 = acc[i][j][hf * 2] * mul[0] + add[0], v1 = acc[i][j][hf * 2 + 1] * mul[1] + add[1];
+                    if (a.accum) {
+                        if (n < N) v0 += o[0];
+                        if (n + 1 < N) v1 += o[1];
+                    }
                     if (n + 1 < N && (a.ldy & 1) == 0)
                         *(float2 *)o = make_float2(v0, v1);
                     else {
@@ -318,10 +323,12 @@ int gemm_to_half(cudaStream_t st, __half *dst, const float *src, const int32_t *
     return 0;
 }
 
-int gemm_plain(cudaStream_t st, float *y, int ldy, const __half *x, int M, const qmat_t *w, const float *bias)
+int gemm_plain(cudaStream_t st, float *y, int ldy, const __half *x, int M, const qmat_t *w, const float *bias,
+               bool accum)
 {
     gm_args_t a = {};
     a.x = x, a.y = y, a.ldy = ldy, a.bias = bias, a.M = M, a.N = w->rows, a.K = w->cols, a.w0 = *w, a.w1 = *w;
+    a.accum = accum;
     dim3 grid(cdiv(w->rows, GM_BN), cdiv(M, GEMM_BM));
     return s_dispatch<false>(st, w->fmt, grid, a);
 }

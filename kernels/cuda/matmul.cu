@@ -5,7 +5,8 @@
 #include "kernels/cuda/gemm.cuh"
 
 template <int FMT, int NT>
-__global__ void k_gemv(float *y, const float *x, int n, int ldx, qmat_t w, const float *bias, int ldy, bool vec)
+__global__ void k_gemv(float *y, const float *x, int n, int ldx, qmat_t w, const float *bias, int ldy, bool vec,
+                       bool accum)
 {
     const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (r >= w.rows) return;
@@ -15,13 +16,17 @@ __global__ void k_gemv(float *y, const float *x, int n, int ldx, qmat_t w, const
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         float s = warp_sum(acc[t]);
-        if (t < n && (threadIdx.x & 31) == 0) y[(size_t)t * ldy + r] = s + b;
+        if (t < n && (threadIdx.x & 31) == 0) {
+            float *o = y + (size_t)t * ldy + r;
+            *o = (accum ? *o : 0.f) + s + b;
+        }
     }
 }
 
 /* Few rows (a router): a block of 256 threads per row, so a row is not one warp's serial loop. */
 template <int FMT, int NT>
-__global__ void k_gemv_rowblock(float *y, const float *x, int n, int ldx, qmat_t w, const float *bias, int ldy, bool vec)
+__global__ void k_gemv_rowblock(float *y, const float *x, int n, int ldx, qmat_t w, const float *bias, int ldy, bool vec,
+                                bool accum)
 {
     const int r = blockIdx.x;
     __shared__ float part[8][NT];
@@ -36,7 +41,8 @@ __global__ void k_gemv_rowblock(float *y, const float *x, int n, int ldx, qmat_t
     if (threadIdx.x < NT && threadIdx.x < n) {
         float s = bias ? bias[r] : 0.f;
         for (int i = 0; i < 8; i++) s += part[i][threadIdx.x];
-        y[(size_t)threadIdx.x * ldy + r] = s;
+        float *o = y + (size_t)threadIdx.x * ldy + r;
+        *o = (accum ? *o : 0.f) + s;
     }
 }
 
@@ -59,48 +65,75 @@ int q8_quant(cudaStream_t st, int8_t *q, float *d, int32_t *s, const float *x, i
     return 0;
 }
 
+/* Up to MM_MAX matrices that share an input, multiplied in one launch: matrix i takes blocks
+ * start[i] .. start[i+1]-1. */
+#define MM_MAX 4
+typedef struct {
+    qmat_t w[MM_MAX];
+    float *y[MM_MAX];
+    const float *bias[MM_MAX];
+    int start[MM_MAX + 1];
+    int count;
+    bool accum; /* y += x W^T instead of y = */
+} mm_set_t;
+
 /* Integer path: each group of LPR lanes takes RR consecutive rows (q8_dot_rows), so a warp
  * takes 32 / LPR * RR rows: 4 rows a warp keep more 16-byte loads in flight per lane on big
  * matrices, 1 row a warp spreads a small matrix over more warps. */
 template <int FMT, int NT, int LPR, int RR>
-__global__ void k_gemv_q8(float *y, const int8_t *xq, const float *xd, const int32_t *xs, int n, qmat_t w,
-                          const float *bias, int ldy)
+__global__ void k_gemv_q8(mm_set_t set, const int8_t *xq, const float *xd, const int32_t *xs, int n)
 {
     constexpr int RPW = 32 / LPR * RR; /* rows per warp */
-    const int lane = threadIdx.x & 31, warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int i = 0;
+#pragma unroll
+    for (int k = 1; k < MM_MAX; k++) i += k < set.count && (int)blockIdx.x >= set.start[k];
+    /* static indexing only, so the set stays in parameter space */
+    const qmat_t w = i == 0 ? set.w[0] : i == 1 ? set.w[1] : i == 2 ? set.w[2] : set.w[3];
+    float *y = i == 0 ? set.y[0] : i == 1 ? set.y[1] : i == 2 ? set.y[2] : set.y[3];
+    const float *bias = i == 0 ? set.bias[0] : i == 1 ? set.bias[1] : i == 2 ? set.bias[2] : set.bias[3];
+    const int blk = blockIdx.x - (i == 0 ? 0 : i == 1 ? set.start[1] : i == 2 ? set.start[2] : set.start[3]);
+    const int lane = threadIdx.x & 31, warp = (blk * blockDim.x + threadIdx.x) >> 5;
     if (warp * RPW >= w.rows) return; /* the whole warp is past the last row */
     const int r0 = warp * RPW + lane / LPR * RR;
     const uint8_t *rp[RR];
     const void *sp[RR];
 #pragma unroll
-    for (int i = 0; i < RR; i++) q8_row_ptrs<FMT>(w, r0 + i, rp[i], sp[i]);
+    for (int k = 0; k < RR; k++) q8_row_ptrs<FMT>(w, r0 + k, rp[k], sp[k]);
     float acc[RR][NT];
     q8_dot_rows<FMT, NT, RR, LPR>(rp, sp, FMT == WF_INT4 ? w.group / 32 : 1, xq, xd, xs, n, w.cols, acc);
 #pragma unroll
-    for (int i = 0; i < RR; i++)
+    for (int k = 0; k < RR; k++)
 #pragma unroll
         for (int t = 0; t < NT; t++) {
-            const float v = group_sum<LPR>(acc[i][t]);
-            if (lane % LPR == 0 && t < n && r0 + i < w.rows) y[(size_t)t * ldy + r0 + i] = v + (bias ? bias[r0 + i] : 0.f);
+            const float v = group_sum<LPR>(acc[k][t]);
+            if (lane % LPR == 0 && t < n && r0 + k < w.rows) {
+                float *o = y + (size_t)t * w.rows + r0 + k;
+                *o = (set.accum ? *o : 0.f) + v + (bias ? bias[r0 + k] : 0.f);
+            }
         }
 }
 
-template <int FMT, int NT>
-static void s_gemv_q8_launch(cudaStream_t st, float *y, const int8_t *q, const float *d, const int32_t *s, int m,
-                             const qmat_t *w, const float *bias)
+template <int FMT, int NT, int LPR, int RR>
+static int s_gemv_q8_set(cudaStream_t st, mm_set_t set, const int8_t *q, const float *d, const int32_t *s, int m)
 {
-    const bool big = w->rows >= 8448; /* 4 rows a warp still leaves 2 blocks of 8 warps per SM */
-    if (q8_wide_rows(w->cols)) {
-        if (big)
-            k_gemv_q8<FMT, NT, 32, 4><<<cdiv(w->rows, 8 * 4), 256, 0, st>>>(y, q, d, s, m, *w, bias, w->rows);
-        else
-            k_gemv_q8<FMT, NT, 32, 1><<<cdiv(w->rows, 8), 256, 0, st>>>(y, q, d, s, m, *w, bias, w->rows);
-    } else {
-        if (big)
-            k_gemv_q8<FMT, NT, 8, 4><<<cdiv(w->rows, 8 * 16), 256, 0, st>>>(y, q, d, s, m, *w, bias, w->rows);
-        else
-            k_gemv_q8<FMT, NT, 8, 1><<<cdiv(w->rows, 8 * 4), 256, 0, st>>>(y, q, d, s, m, *w, bias, w->rows);
-    }
+    constexpr int rows_per_block = 8 * (32 / LPR) * RR;
+    set.start[0] = 0;
+    for (int i = 0; i < set.count; i++) set.start[i + 1] = set.start[i] + cdiv(set.w[i].rows, rows_per_block);
+    k_gemv_q8<FMT, NT, LPR, RR><<<set.start[set.count], 256, 0, st>>>(set, q, d, s, m);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
+template <int FMT, int NT>
+static int s_gemv_q8_launch(cudaStream_t st, const mm_set_t &set, const int8_t *q, const float *d, const int32_t *s,
+                            int m)
+{
+    int rows = 0;
+    for (int i = 0; i < set.count; i++) rows += set.w[i].rows;
+    const bool big = rows >= 8448; /* 4 rows a warp still leaves 2 blocks of 8 warps per SM */
+    if (q8_wide_rows(set.w[0].cols))
+        return big ? s_gemv_q8_set<FMT, NT, 32, 4>(st, set, q, d, s, m) : s_gemv_q8_set<FMT, NT, 32, 1>(st, set, q, d, s, m);
+    return big ? s_gemv_q8_set<FMT, NT, 8, 4>(st, set, q, d, s, m) : s_gemv_q8_set<FMT, NT, 8, 1>(st, set, q, d, s, m);
 }
 
 /* Whether the int8-activation path applies to w for n rows. */
@@ -111,32 +144,32 @@ static bool s_q8_ok(const cuda_ctx_t *c, const qmat_t *w, int n)
     return c->q8 && (size_t)n * w->cols <= c->q8_elems;
 }
 
+/* The set's matrices share x: quantize it once, then 16 tokens a launch. */
 template <int FMT>
-static int s_gemv_q8(cuda_ctx_t *c, float *y, const float *x, int n, const qmat_t *w, const float *bias)
+static int s_gemv_q8(cuda_ctx_t *c, const mm_set_t &set, const float *x, int n)
 {
     cudaStream_t st = c->stream;
-    int rc = q8_quant(st, c->q8, c->q8d, c->q8s, x, n, w->cols, NULL, 1, NULL);
-    if (rc) return rc;
-    const int nb = w->cols / 32;
-    for (int t0 = 0; t0 < n; t0 += 16) {
+    const int cols = set.w[0].cols, nb = cols / 32;
+    int rc = q8_quant(st, c->q8, c->q8d, c->q8s, x, n, cols, NULL, 1, NULL);
+    for (int t0 = 0; t0 < n && !rc; t0 += 16) {
         int m = n - t0 < 16 ? n - t0 : 16;
-        const int8_t *q = c->q8 + (size_t)t0 * w->cols;
+        const int8_t *q = c->q8 + (size_t)t0 * cols;
         const float *d = c->q8d + (size_t)t0 * nb;
         const int32_t *s = c->q8s + (size_t)t0 * nb;
-        float *ys = y + (size_t)t0 * w->rows;
+        mm_set_t part = set;
+        for (int i = 0; i < set.count; i++) part.y[i] = set.y[i] + (size_t)t0 * set.w[i].rows;
         if (m == 1)
-            s_gemv_q8_launch<FMT, 1>(st, ys, q, d, s, m, w, bias);
+            rc = s_gemv_q8_launch<FMT, 1>(st, part, q, d, s, m);
         else if (m <= 4)
-            s_gemv_q8_launch<FMT, 4>(st, ys, q, d, s, m, w, bias);
+            rc = s_gemv_q8_launch<FMT, 4>(st, part, q, d, s, m);
         else
-            s_gemv_q8_launch<FMT, 16>(st, ys, q, d, s, m, w, bias);
-        CUDA_LAUNCH_CHECK();
+            rc = s_gemv_q8_launch<FMT, 16>(st, part, q, d, s, m);
     }
-    return 0;
+    return rc;
 }
 
 template <int FMT>
-static int s_gemv_fmt(cudaStream_t st, float *y, const float *x, int n, const qmat_t *w, const float *bias)
+static int s_gemv_fmt(cudaStream_t st, float *y, const float *x, int n, const qmat_t *w, const float *bias, bool accum)
 {
     const bool vec = q_can_vec(w, w->cols);
     const int threads = 256, blocks = cdiv((long)w->rows * 32, threads);
@@ -146,38 +179,93 @@ static int s_gemv_fmt(cudaStream_t st, float *y, const float *x, int n, const qm
         float *ys = y + (size_t)t0 * w->rows;
         if (w->rows < 1024) { /* too few rows for a warp each to fill the GPU */
             if (m == 1)
-                k_gemv_rowblock<FMT, 1><<<w->rows, 256, 0, st>>>(ys, xs, m, w->cols, *w, bias, w->rows, vec);
+                k_gemv_rowblock<FMT, 1><<<w->rows, 256, 0, st>>>(ys, xs, m, w->cols, *w, bias, w->rows, vec, accum);
             else
-                k_gemv_rowblock<FMT, 16><<<w->rows, 256, 0, st>>>(ys, xs, m, w->cols, *w, bias, w->rows, vec);
+                k_gemv_rowblock<FMT, 16><<<w->rows, 256, 0, st>>>(ys, xs, m, w->cols, *w, bias, w->rows, vec, accum);
             CUDA_LAUNCH_CHECK();
             continue;
         }
         if (m == 1)
-            k_gemv<FMT, 1><<<blocks, threads, 0, st>>>(ys, xs, m, w->cols, *w, bias, w->rows, vec);
+            k_gemv<FMT, 1><<<blocks, threads, 0, st>>>(ys, xs, m, w->cols, *w, bias, w->rows, vec, accum);
         else if (m <= 4)
-            k_gemv<FMT, 4><<<blocks, threads, 0, st>>>(ys, xs, m, w->cols, *w, bias, w->rows, vec);
+            k_gemv<FMT, 4><<<blocks, threads, 0, st>>>(ys, xs, m, w->cols, *w, bias, w->rows, vec, accum);
         else
-            k_gemv<FMT, 16><<<blocks, threads, 0, st>>>(ys, xs, m, w->cols, *w, bias, w->rows, vec);
+            k_gemv<FMT, 16><<<blocks, threads, 0, st>>>(ys, xs, m, w->cols, *w, bias, w->rows, vec, accum);
         CUDA_LAUNCH_CHECK();
     }
     return 0;
 }
 
-extern "C" int cuda_matmul(cuda_ctx_t *c, float *y, const float *x, int n, const qmat_t *w, const float *bias)
+static int s_matmul_one(cuda_ctx_t *c, float *y, const float *x, int n, const qmat_t *w, const float *bias, bool accum)
 {
-    if (n <= 0 || w->rows <= 0) return 0;
-    if (n > GEMM_MIN_ROWS && c->x16 && (size_t)n * w->cols <= c->q8_elems && gemm_ok(w)) {
-        int rc = gemm_to_half(c->stream, c->x16, x, NULL, 1, n, w->cols);
-        return rc ? rc : gemm_plain(c->stream, y, w->rows, c->x16, n, w, bias);
-    }
-    if (s_q8_ok(c, w, n))
-        return w->fmt == WF_INT4 ? s_gemv_q8<WF_INT4>(c, y, x, n, w, bias) : s_gemv_q8<WF_INT8>(c, y, x, n, w, bias);
+    cudaStream_t st = c->stream;
     switch (w->fmt) {
-    case WF_F32: return s_gemv_fmt<WF_F32>(c->stream, y, x, n, w, bias);
-    case WF_BF16: return s_gemv_fmt<WF_BF16>(c->stream, y, x, n, w, bias);
-    case WF_INT8: return s_gemv_fmt<WF_INT8>(c->stream, y, x, n, w, bias);
-    case WF_FP8: return s_gemv_fmt<WF_FP8>(c->stream, y, x, n, w, bias);
-    case WF_INT4: return s_gemv_fmt<WF_INT4>(c->stream, y, x, n, w, bias);
+    case WF_F32: return s_gemv_fmt<WF_F32>(st, y, x, n, w, bias, accum);
+    case WF_BF16: return s_gemv_fmt<WF_BF16>(st, y, x, n, w, bias, accum);
+    case WF_INT8: return s_gemv_fmt<WF_INT8>(st, y, x, n, w, bias, accum);
+    case WF_FP8: return s_gemv_fmt<WF_FP8>(st, y, x, n, w, bias, accum);
+    case WF_INT4: return s_gemv_fmt<WF_INT4>(st, y, x, n, w, bias, accum);
     default: log_error("cuda_matmul: unknown weight format %d", (int)w->fmt); return STRATA_EINVAL_INPUT;
     }
+}
+
+/* ys[i] (=, or += with accum) x @ ws[i]^T (+ biases[i]) for i < count <= MM_MAX, all with
+ * ws[i]->cols columns. The input is converted (GEMM) or quantized (integer path) once; on the
+ * integer path, matrices of one format run in one launch. */
+static int s_matmul(cuda_ctx_t *c, int count, float *const *ys, const float *x, int n, const qmat_t *const *ws,
+                    const float *const *biases, bool accum)
+{
+    if (n <= 0 || count <= 0) return 0;
+    if (count > MM_MAX) {
+        log_error("cuda_matmul_multi: %d matrices (at most %d)", count, MM_MAX);
+        return STRATA_EINVAL_INPUT;
+    }
+    const int cols = ws[0]->cols;
+    bool gemm = n > GEMM_MIN_ROWS && c->x16 && (size_t)n * cols <= c->q8_elems, q8 = true;
+    for (int i = 0; i < count; i++) {
+        if (ws[i]->cols != cols) {
+            log_error("cuda_matmul_multi: matrices of %d and %d columns share one input", cols, ws[i]->cols);
+            return STRATA_EINVAL_INPUT;
+        }
+        gemm = gemm && gemm_ok(ws[i]);
+        q8 = q8 && s_q8_ok(c, ws[i], n) && ws[i]->fmt == ws[0]->fmt;
+    }
+    int rc = 0;
+    if (gemm) {
+        if ((rc = gemm_to_half(c->stream, c->x16, x, NULL, 1, n, cols))) return rc;
+        for (int i = 0; i < count && !rc; i++)
+            rc = gemm_plain(c->stream, ys[i], ws[i]->rows, c->x16, n, ws[i], biases ? biases[i] : NULL, accum);
+        return rc;
+    }
+    if (q8) {
+        mm_set_t set = {};
+        set.count = count;
+        set.accum = accum;
+        for (int i = 0; i < count; i++) {
+            set.w[i] = *ws[i];
+            set.y[i] = ys[i];
+            set.bias[i] = biases ? biases[i] : NULL;
+        }
+        return ws[0]->fmt == WF_INT4 ? s_gemv_q8<WF_INT4>(c, set, x, n) : s_gemv_q8<WF_INT8>(c, set, x, n);
+    }
+    for (int i = 0; i < count && !rc; i++) rc = s_matmul_one(c, ys[i], x, n, ws[i], biases ? biases[i] : NULL, accum);
+    return rc;
+}
+
+extern "C" int cuda_matmul(cuda_ctx_t *c, float *y, const float *x, int n, const qmat_t *w, const float *bias)
+{
+    if (w->rows <= 0) return 0;
+    return s_matmul(c, 1, &y, x, n, &w, &bias, false);
+}
+
+extern "C" int cuda_matmul_acc(cuda_ctx_t *c, float *y, const float *x, int n, const qmat_t *w)
+{
+    if (w->rows <= 0) return 0;
+    return s_matmul(c, 1, &y, x, n, &w, NULL, true);
+}
+
+extern "C" int cuda_matmul_multi(cuda_ctx_t *c, int count, float *const *ys, const float *x, int n,
+                                 const qmat_t *const *ws, const float *const *biases)
+{
+    return s_matmul(c, count, ys, x, n, ws, biases, false);
 }

@@ -108,17 +108,19 @@ __global__ void k_moe_gate_up_q8(float *hs, const int8_t *q, const float *qd, co
     constexpr int RPW = 32 / LPR * 2;
     int e, p0, cnt;
     if (!moe_tile(tiles, n_tiles, offsets, experts, e, p0, cnt)) return;
-    const int lane = threadIdx.x & 31, warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if (warp * RPW >= inter) return;
-    const int r0 = warp * RPW + lane / LPR * 2, nb = hidden / 32;
+    const int lane = threadIdx.x & 31, nb = hidden / 32;
     const qmat_t gw = experts[e].gate, uw = experts[e].up;
+    const int bpg = FMT == WF_INT4 ? gw.group / 32 : 1;
+    /* a grid of a few blocks per SM strides over the rows: the tile lookup above is paid once */
+    for (int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); warp * RPW < inter;
+         warp += gridDim.x * (blockDim.x >> 5)) {
+    const int r0 = warp * RPW + lane / LPR * 2;
     const uint8_t *rp[4];
     const void *sp[4];
     q8_row_ptrs<FMT>(gw, r0, rp[0], sp[0]);
     q8_row_ptrs<FMT>(gw, r0 + 1, rp[1], sp[1]);
     q8_row_ptrs<FMT>(uw, r0, rp[2], sp[2]);
     q8_row_ptrs<FMT>(uw, r0 + 1, rp[3], sp[3]);
-    const int bpg = FMT == WF_INT4 ? gw.group / 32 : 1;
     for (int t0 = 0; t0 < cnt; t0 += NT) {
         const int m = cnt - t0 < NT ? cnt - t0 : NT;
         const size_t p = (size_t)(p0 + t0);
@@ -132,6 +134,7 @@ __global__ void k_moe_gate_up_q8(float *hs, const int8_t *q, const float *qd, co
                 if (lane % LPR == 0 && t < m && r0 + j < inter) hs[(p + t) * inter + r0 + j] = gs / (1.f + expf(-gs)) * us;
             }
     }
+    }
 }
 
 template <int FMT, int NT, int LPR>
@@ -142,15 +145,16 @@ __global__ void k_moe_down_q8(float *os, const int8_t *q, const float *qd, const
     constexpr int RPW = 32 / LPR * 4;
     int e, p0, cnt;
     if (!moe_tile(tiles, n_tiles, offsets, experts, e, p0, cnt)) return;
-    const int lane = threadIdx.x & 31, warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if (warp * RPW >= hidden) return;
-    const int r0 = warp * RPW + lane / LPR * 4, nb = inter / 32;
+    const int lane = threadIdx.x & 31, nb = inter / 32;
     const qmat_t dw = experts[e].down;
+    const int bpg = FMT == WF_INT4 ? dw.group / 32 : 1;
+    for (int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); warp * RPW < hidden;
+         warp += gridDim.x * (blockDim.x >> 5)) {
+    const int r0 = warp * RPW + lane / LPR * 4;
     const uint8_t *rp[4];
     const void *sp[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) q8_row_ptrs<FMT>(dw, r0 + i, rp[i], sp[i]);
-    const int bpg = FMT == WF_INT4 ? dw.group / 32 : 1;
     for (int t0 = 0; t0 < cnt; t0 += NT) {
         const int m = cnt - t0 < NT ? cnt - t0 : NT;
         const size_t p = (size_t)(p0 + t0);
@@ -164,38 +168,47 @@ __global__ void k_moe_down_q8(float *os, const int8_t *q, const float *qd, const
                 if (lane % LPR == 0 && t < m && r0 + i < hidden) os[(p + t) * hidden + r0 + i] = v;
             }
     }
+    }
+}
+
+/* Blocks per tile for `rows` rows at rows_per_block: enough for every row, at most about 4
+ * blocks per SM over all tiles (the kernels stride over the rest). */
+static int s_row_blocks(int rows, int rows_per_block, int sms, int max_tiles)
+{
+    int need = cdiv(rows, rows_per_block), cap = 4 * sms / max_tiles;
+    return need < cap ? need : cap > 0 ? cap : 1;
 }
 
 template <int FMT, int NT>
-static int s_moe_launch_q8(cudaStream_t st, const moe_scratch_t *s, const cuda_expert_t *experts, int E, int hidden,
-                           int inter, int P, int max_tiles)
+static int s_moe_launch_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const cuda_expert_t *experts, int E,
+                           int hidden, int inter, int P, int max_tiles)
 {
     if (q8_wide_rows(hidden))
-        k_moe_gate_up_q8<FMT, NT, 32><<<dim3(cdiv(inter, 8 * 2), max_tiles), 256, 0, st>>>(
+        k_moe_gate_up_q8<FMT, NT, 32><<<dim3(s_row_blocks(inter, 8 * 2, sms, max_tiles), max_tiles), 256, 0, st>>>(
             s->hs, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
     else
-        k_moe_gate_up_q8<FMT, NT, 8><<<dim3(cdiv(inter, 8 * 8), max_tiles), 256, 0, st>>>(
+        k_moe_gate_up_q8<FMT, NT, 8><<<dim3(s_row_blocks(inter, 8 * 8, sms, max_tiles), max_tiles), 256, 0, st>>>(
             s->hs, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
     CUDA_LAUNCH_CHECK();
     int rc = q8_quant(st, s->q, s->qd, s->qs, s->hs, P, inter, NULL, 1, s->offsets + E);
     if (rc) return rc;
     if (q8_wide_rows(inter))
-        k_moe_down_q8<FMT, NT, 32><<<dim3(cdiv(hidden, 8 * 4), max_tiles), 256, 0, st>>>(
+        k_moe_down_q8<FMT, NT, 32><<<dim3(s_row_blocks(hidden, 8 * 4, sms, max_tiles), max_tiles), 256, 0, st>>>(
             s->os, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
     else
-        k_moe_down_q8<FMT, NT, 8><<<dim3(cdiv(hidden, 8 * 16), max_tiles), 256, 0, st>>>(
+        k_moe_down_q8<FMT, NT, 8><<<dim3(s_row_blocks(hidden, 8 * 16, sms, max_tiles), max_tiles), 256, 0, st>>>(
             s->os, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
     CUDA_LAUNCH_CHECK();
     return 0;
 }
 
 template <int FMT>
-static int s_moe_q8(cudaStream_t st, int n, const moe_scratch_t *s, const cuda_expert_t *experts, int E, int hidden,
-                    int inter, int P, int max_tiles)
+static int s_moe_q8(cudaStream_t st, int sms, int n, const moe_scratch_t *s, const cuda_expert_t *experts, int E,
+                    int hidden, int inter, int P, int max_tiles)
 {
-    if (n <= 1) return s_moe_launch_q8<FMT, 1>(st, s, experts, E, hidden, inter, P, max_tiles);
-    if (n <= 4) return s_moe_launch_q8<FMT, 4>(st, s, experts, E, hidden, inter, P, max_tiles);
-    return s_moe_launch_q8<FMT, 16>(st, s, experts, E, hidden, inter, P, max_tiles);
+    if (n <= 1) return s_moe_launch_q8<FMT, 1>(st, sms, s, experts, E, hidden, inter, P, max_tiles);
+    if (n <= 4) return s_moe_launch_q8<FMT, 4>(st, sms, s, experts, E, hidden, inter, P, max_tiles);
+    return s_moe_launch_q8<FMT, 16>(st, sms, s, experts, E, hidden, inter, P, max_tiles);
 }
 
 /* hs[p][r] = silu(gate_e[r] . xs[p]) * (up_e[r] . xs[p]) for every pair p of expert e = blockIdx.y. */
@@ -320,8 +333,8 @@ extern "C" int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, in
     if ((fmt == WF_INT4 || fmt == WF_INT8) && hidden % 32 == 0 && inter % 32 == 0) {
         /* token rows by expert, straight into int8 blocks */
         if ((rc = q8_quant(st, s.q, s.qd, s.qs, x, P, hidden, s.perm, top_k, NULL))) return rc;
-        rc = fmt == WF_INT4 ? s_moe_q8<WF_INT4>(st, n, &s, experts_dev, n_experts, hidden, inter, P, max_tiles)
-                            : s_moe_q8<WF_INT8>(st, n, &s, experts_dev, n_experts, hidden, inter, P, max_tiles);
+        rc = fmt == WF_INT4 ? s_moe_q8<WF_INT4>(st, c->sms, n, &s, experts_dev, n_experts, hidden, inter, P, max_tiles)
+                            : s_moe_q8<WF_INT8>(st, c->sms, n, &s, experts_dev, n_experts, hidden, inter, P, max_tiles);
         if (rc) return rc;
         k_moe_combine<<<dim3(cdiv(hidden, 256), n), 256, 0, st>>>(out, s.os, s.inv, idx, weight, experts_dev, top_k, hidden);
         CUDA_LAUNCH_CHECK();

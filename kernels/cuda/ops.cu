@@ -1,4 +1,4 @@
-/* ops.cu - RMSNorm, RoPE, gate top-k, paged KV write and attention, embedding, add, argmax. */
+/* ops.cu - RMSNorm, gate top-k, RoPE with the paged KV write, attention, embedding, add, argmax. */
 #include <float.h>
 
 #include "kernels/cuda/qdot.cuh"
@@ -55,37 +55,6 @@ extern "C" int cuda_rmsnorm(cuda_ctx_t *c, float *y, const float *x, const float
     int threads = dim / 4 < 1024 ? (dim / 4 + 31) / 32 * 32 : 1024;
     if (threads < 32) threads = 32;
     k_rmsnorm<<<n, threads, 0, c->stream>>>(y, x, w, dim, eps);
-    CUDA_LAUNCH_CHECK();
-    return 0;
-}
-
-/* ---- RoPE (rotate_half): one thread per (token, head, i < rot_dim/2) ---- */
-__global__ void k_rope(float *x, int n, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
-                       const float *inv_freq, float attn_factor)
-{
-    const int half = rot_dim / 2;
-    const long id = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (id >= (long)n * n_heads * half) return;
-    const int i = (int)(id % half);
-    const long th = id / half;
-    const int t = (int)(th / n_heads);
-    float *v = x + th * head_dim;
-    const float ang = (float)pos[t] * inv_freq[i];
-    float s, co;
-    sincosf(ang, &s, &co);
-    co *= attn_factor;
-    s *= attn_factor;
-    const float x1 = v[i], x2 = v[i + half];
-    v[i] = x1 * co - x2 * s;
-    v[i + half] = x2 * co + x1 * s;
-}
-
-extern "C" int cuda_rope(cuda_ctx_t *c, float *x, int n, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
-                         const float *inv_freq, float attn_factor)
-{
-    long total = (long)n * n_heads * (rot_dim / 2);
-    if (total <= 0) return 0;
-    k_rope<<<cdiv(total, 256), 256, 0, c->stream>>>(x, n, n_heads, head_dim, rot_dim, pos, inv_freq, attn_factor);
     CUDA_LAUNCH_CHECK();
     return 0;
 }
@@ -160,34 +129,56 @@ __device__ __forceinline__ size_t kv_off(const int32_t *bt, int max_blocks, int 
     return (((size_t)blk * n_kv + kvh) * bs + pos % bs) * hd;
 }
 
-__global__ void k_kv_write(float *kc, float *vc, const float *k, const float *v, const int32_t *seq,
-                           const int32_t *pos, const int32_t *bt, int max_blocks, int n_kv, int hd, int bs)
+/* RoPE on q and k, then k and v into the paged caches: one block per (token, head), heads
+ * 0 .. n_heads-1 of q, then n_kv of k (whose block also writes k and v to the cache). */
+__global__ void k_rope_kv(float *q, float *k, const float *v, int n_heads, int n_kv, int hd, int rot_dim,
+                          const int32_t *pos, const float *inv_freq, float attn_factor, float *kc, float *vc,
+                          const int32_t *seq, const int32_t *bt, int max_blocks, int bs)
 {
     const int t = blockIdx.x, h = blockIdx.y;
-    const size_t dst = kv_off(bt, max_blocks, seq[t], pos[t], h, n_kv, hd, bs);
-    const size_t src = ((size_t)t * n_kv + h) * hd;
+    const bool is_k = h >= n_heads;
+    const int kvh = h - n_heads;
+    float *x = is_k ? k + ((size_t)t * n_kv + kvh) * hd : q + ((size_t)t * n_heads + h) * hd;
+    const int half = rot_dim / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float s, co;
+        sincosf((float)pos[t] * inv_freq[i], &s, &co);
+        co *= attn_factor;
+        s *= attn_factor;
+        const float x1 = x[i], x2 = x[i + half];
+        x[i] = x1 * co - x2 * s;
+        x[i + half] = x2 * co + x1 * s;
+    }
+    if (!is_k) return;
+    __syncthreads();
+    const size_t dst = kv_off(bt, max_blocks, seq[t], pos[t], kvh, n_kv, hd, bs);
+    const float *vr = v + ((size_t)t * n_kv + kvh) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        kc[dst + d] = k[src + d];
-        vc[dst + d] = v[src + d];
+        kc[dst + d] = x[d];
+        vc[dst + d] = vr[d];
     }
 }
 
-extern "C" int cuda_kv_write(cuda_ctx_t *c, float *k_cache, float *v_cache, const float *k, const float *v, int n,
-                             const int32_t *seq, const int32_t *pos, const int32_t *bt, int max_blocks, int n_kv_heads,
-                             int head_dim, int block_size)
+extern "C" int cuda_rope_kv(cuda_ctx_t *c, float *q, float *k, const float *v, int n, int n_heads, int n_kv_heads,
+                            int head_dim, int rot_dim, const int32_t *pos, const float *inv_freq, float attn_factor,
+                            float *k_cache, float *v_cache, const int32_t *seq, const int32_t *bt, int max_blocks,
+                            int block_size)
 {
     if (n <= 0) return 0;
-    k_kv_write<<<dim3(n, n_kv_heads), 64, 0, c->stream>>>(k_cache, v_cache, k, v, seq, pos, bt, max_blocks,
-                                                          n_kv_heads, head_dim, block_size);
+    k_rope_kv<<<dim3(n, n_heads + n_kv_heads), 64, 0, c->stream>>>(q, k, v, n_heads, n_kv_heads, head_dim, rot_dim,
+                                                                    pos, inv_freq, attn_factor, k_cache, v_cache, seq,
+                                                                    bt, max_blocks, block_size);
     CUDA_LAUNCH_CHECK();
     return 0;
 }
 
-/* Attention: one block of ATT_WARPS warps per (token, head). Each warp takes every
- * ATT_WARPS-th position with an online softmax (running max m, sum l, acc over the lane's
- * dims d = lane + 32 i); the warps' partial states merge through shared memory. */
+/* Attention: one block of ATT_WARPS warps per (token, head). Each warp takes ATT_PPW
+ * consecutive positions of every ATT_WARPS * ATT_PPW with an online softmax (running max m, sum
+ * l, acc over the lane's dims d = lane + 32 i); the warps' partial states merge through shared
+ * memory. */
 #define ATT_WARPS 16
 #define ATT_MAX_DPL 8 /* head_dim <= 256 */
+#define ATT_PPW 4     /* positions per warp step */
 __global__ void k_attention(float *out, const float *q, const float *kc, const float *vc, const int32_t *seq,
                             const int32_t *pos, const int32_t *bt, int max_blocks, int n_heads, int n_kv, int hd,
                             int bs, float scale)
@@ -205,24 +196,47 @@ __global__ void k_attention(float *out, const float *q, const float *kc, const f
         acc[i] = 0.f;
     }
     float m = -FLT_MAX, l = 0.f;
-    for (int p = warp; p < n_ctx; p += ATT_WARPS) {
-        const size_t o = kv_off(bt, max_blocks, sq, p, kvh, n_kv, hd, bs);
-        float s = 0.f;
+    /* ATT_PPW positions per warp step, their loads and reductions interleaved */
+    for (int p0 = warp * ATT_PPW; p0 < n_ctx; p0 += ATT_WARPS * ATT_PPW) {
+        size_t o[ATT_PPW];
+        float s[ATT_PPW];
+#pragma unroll
+        for (int j = 0; j < ATT_PPW; j++) {
+            o[j] = kv_off(bt, max_blocks, sq, p0 + j < n_ctx ? p0 + j : p0, kvh, n_kv, hd, bs);
+            s[j] = 0.f;
+        }
 #pragma unroll
         for (int i = 0; i < ATT_MAX_DPL; i++) {
             int d = lane + 32 * i;
-            if (d < hd) s += qr[i] * kc[o + d];
+            if (d < hd)
+#pragma unroll
+                for (int j = 0; j < ATT_PPW; j++) s[j] += qr[i] * kc[o[j] + d];
         }
-        s = warp_sum(s);
-        const float mn = fmaxf(m, s);
-        const float corr = expf(m - mn), e = expf(s - mn);
-        l = l * corr + e;
+        float mx = m;
+#pragma unroll
+        for (int j = 0; j < ATT_PPW; j++) {
+            s[j] = p0 + j < n_ctx ? warp_sum(s[j]) : -FLT_MAX;
+            mx = fmaxf(mx, s[j]);
+        }
+        const float corr = expf(m - mx);
+        float e[ATT_PPW];
+        l *= corr;
+#pragma unroll
+        for (int j = 0; j < ATT_PPW; j++) {
+            e[j] = p0 + j < n_ctx ? expf(s[j] - mx) : 0.f;
+            l += e[j];
+        }
 #pragma unroll
         for (int i = 0; i < ATT_MAX_DPL; i++) {
             int d = lane + 32 * i;
-            if (d < hd) acc[i] = acc[i] * corr + e * vc[o + d];
+            if (d < hd) {
+                float a = acc[i] * corr;
+#pragma unroll
+                for (int j = 0; j < ATT_PPW; j++) a += e[j] * vc[o[j] + d];
+                acc[i] = a;
+            }
         }
-        m = mn;
+        m = mx;
     }
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
     __shared__ float sacc[ATT_WARPS][ATT_MAX_DPL * 32];

@@ -102,6 +102,30 @@ static void test_matmul(bool q8)
                 bool intpath = q8 && n <= 16 && (f == WF_INT4 || f == WF_INT8) && cols % 32 == 0;
                 double bound = intpath ? 1e-2 : gemm ? 3e-3 : 1e-5;
                 T_CHECK(e < bound, "matmul %s %dx%d n=%d q8=%d rel err %.3g", wfmt_name((wfmt_t)f), rows, cols, n, q8, e);
+                /* accumulate: dy += x W^T (no bias) gives 2 ref - bias */
+                float *want = malloc((size_t)n * rows * sizeof(float));
+                for (int t = 0; t < n; t++)
+                    for (int r = 0; r < rows; r++)
+                        want[(size_t)t * rows + r] = 2 * ref[(size_t)t * rows + r] - ((k & 1) ? bias[r] : 0.f);
+                T_CHECK(cuda_matmul_acc(ctx, dy, dx, n, &m.dev) == 0, "launch acc");
+                float *y2 = s_down(dy, (size_t)n * rows);
+                e = t_relerr(y2, want, (size_t)n * rows);
+                T_CHECK(e < bound, "matmul_acc %s %dx%d n=%d q8=%d rel err %.3g", wfmt_name((wfmt_t)f), rows, cols, n, q8, e);
+                /* two matrices on one input: with and without the bias */
+                float *dy2 = s_poisoned((size_t)n * rows), *dy3 = s_poisoned((size_t)n * rows);
+                float *ys2[2] = {dy2, dy3};
+                const qmat_t *ws2[2] = {&m.dev, &m.dev};
+                const float *bs2[2] = {(k & 1) ? db : NULL, db};
+                T_CHECK(cuda_matmul_multi(ctx, 2, ys2, dx, n, ws2, bs2) == 0, "launch multi");
+                float *ya = s_down(dy2, (size_t)n * rows), *yb = s_down(dy3, (size_t)n * rows);
+                for (int t = 0; t < n; t++)
+                    for (int r = 0; r < rows; r++)
+                        want[(size_t)t * rows + r] = ref[(size_t)t * rows + r] + ((k & 1) ? 0.f : bias[r]);
+                double ea = t_relerr(ya, ref, (size_t)n * rows), eb = t_relerr(yb, want, (size_t)n * rows);
+                T_CHECK(ea < bound && eb < bound, "matmul_multi %s %dx%d n=%d q8=%d rel err %.3g %.3g",
+                        wfmt_name((wfmt_t)f), rows, cols, n, q8, ea, eb);
+                free(want), free(y2), free(ya), free(yb);
+                cuda_free(dy2), cuda_free(dy3);
                 free(y), free(x), free(bias), free(ref);
                 cuda_free(dx), cuda_free(db), cuda_free(dy);
                 s_mat_free(&m);
@@ -181,24 +205,42 @@ static void test_rmsnorm_rope(void)
     free(y);
     cuda_free(dy);
 
-    static const int hds[][2] = {{128, 128}, {48, 48}, {64, 32}}; /* head_dim, rot_dim */
-    for (int c = 0; c < 3; c++) {
-        int hd = hds[c][0], rd = hds[c][1], nh = 5;
-        float *q = malloc(n * nh * hd * 4), *qr = malloc(n * nh * hd * 4), inv[128];
-        int32_t pos[7];
+    /* RoPE on q and k, and k/v into a paged cache, in one launch (cuda_rope_kv) */
+    static const int hds[][2] = {{128, 128}, {48, 48}, {64, 32}, {64, 0}}; /* head_dim, rot_dim */
+    for (int c = 0; c < 4; c++) {
+        int hd = hds[c][0], rd = hds[c][1], nh = 5, nkv = 2, bs = 16, maxb = 16;
+        size_t qn = (size_t)n * nh * hd, kn = (size_t)n * nkv * hd, cache = (size_t)maxb * nkv * bs * hd;
+        float *q = malloc(qn * 4), *qr = malloc(qn * 4), *k = malloc(kn * 4), *kr = malloc(kn * 4), *v = malloc(kn * 4);
+        float inv[128] = {0};
+        int32_t pos[7], seq[7] = {0}, bt[16];
         for (int i = 0; i < rd / 2; i++) inv[i] = powf(10000.f, -2.f * i / rd);
         for (int t = 0; t < n; t++) pos[t] = t * 37 + 3;
-        s_fill(q, n * nh * hd, 1.f);
-        memcpy(qr, q, n * nh * hd * 4);
-        cpu_rope(qr, n, nh, hd, rd, pos, inv, 1.0f);
-        float *dq = s_up(q, n * nh * hd * 4), *dinv = s_up(inv, sizeof inv);
-        int32_t *dpos = s_up(pos, sizeof pos);
-        cuda_rope(ctx, dq, n, nh, hd, rd, dpos, dinv, 1.0f);
-        float *g = s_down(dq, n * nh * hd);
-        e = t_relerr(g, qr, n * nh * hd);
-        T_CHECK(e < 1e-5, "rope hd=%d rot=%d rel err %.3g", hd, rd, e);
-        free(q), free(qr), free(g);
-        cuda_free(dq), cuda_free(dinv), cuda_free(dpos);
+        for (int i = 0; i < maxb; i++) bt[i] = maxb - 1 - i;
+        s_fill(q, qn, 1.f);
+        s_fill(k, kn, 1.f);
+        s_fill(v, kn, 1.f);
+        memcpy(qr, q, qn * 4);
+        memcpy(kr, k, kn * 4);
+        if (rd) cpu_rope(qr, n, nh, hd, rd, pos, inv, 1.0f), cpu_rope(kr, n, nkv, hd, rd, pos, inv, 1.0f);
+        float *dq = s_up(q, qn * 4), *dk = s_up(k, kn * 4), *dv = s_up(v, kn * 4), *dinv = s_up(inv, sizeof inv);
+        float *dkc = s_poisoned(cache), *dvc = s_poisoned(cache);
+        int32_t *dpos = s_up(pos, sizeof pos), *dseq = s_up(seq, sizeof seq), *dbt = s_up(bt, sizeof bt);
+        T_CHECK(cuda_rope_kv(ctx, dq, dk, dv, n, nh, nkv, hd, rd, dpos, dinv, 1.0f, dkc, dvc, dseq, dbt, maxb, bs) == 0,
+                "rope_kv launch");
+        float *gq = s_down(dq, qn), *gk = s_down(dk, kn), *gkc = s_down(dkc, cache), *gvc = s_down(dvc, cache);
+        e = t_relerr(gq, qr, qn);
+        double ek = t_relerr(gk, kr, kn);
+        T_CHECK(e < 1e-5 && ek < 1e-5, "rope hd=%d rot=%d rel err q %.3g k %.3g", hd, rd, e, ek);
+        bool placed = true;
+        for (int t = 0; t < n; t++)
+            for (int h = 0; h < nkv; h++) {
+                size_t o = (((size_t)bt[pos[t] / bs] * nkv + h) * bs + pos[t] % bs) * hd, src = ((size_t)t * nkv + h) * hd;
+                placed &= !memcmp(gkc + o, gk + src, hd * 4) && !memcmp(gvc + o, v + src, hd * 4);
+            }
+        T_CHECK(placed, "rope_kv hd=%d rot=%d: cache rows differ from the rotated k / the v", hd, rd);
+        free(q), free(qr), free(k), free(kr), free(v), free(gq), free(gk), free(gkc), free(gvc);
+        cuda_free(dq), cuda_free(dk), cuda_free(dv), cuda_free(dinv), cuda_free(dkc), cuda_free(dvc);
+        cuda_free(dpos), cuda_free(dseq), cuda_free(dbt);
     }
     free(x), free(w), free(ref);
     cuda_free(dx), cuda_free(dw);
@@ -280,13 +322,13 @@ static void test_attention(void)
         float *dq = s_up(q, (size_t)n * nh * hd * 4), *dk = s_up(k, (size_t)n * nkv * hd * 4),
               *dv = s_up(v, (size_t)n * nkv * hd * 4), *dout = s_poisoned((size_t)n * nh * hd);
         int32_t *dseq = s_up(seq, n * 4), *dpos = s_up(pos, n * 4), *dbt = s_up(bt, sizeof bt);
-        cuda_kv_write(ctx, dkc, dvc, dk, dv, n, dseq, dpos, dbt, maxb, nkv, hd, bs);
+        cuda_rope_kv(ctx, dq, dk, dv, n, nh, nkv, hd, 0, dpos, NULL, 1.f, dkc, dvc, dseq, dbt, maxb, bs);
         cuda_attention(ctx, dout, dq, dkc, dvc, n, dseq, dpos, dbt, maxb, nh, nkv, hd, bs, scale);
         float *out = s_down(dout, (size_t)n * nh * hd);
         double e = t_relerr(out, ref, (size_t)n * nh * hd);
         T_CHECK(e < 1e-5, "attention h=%d kv=%d hd=%d rel err %.3g", nh, nkv, hd, e);
         float *gkc = s_down(dkc, kvn);
-        T_CHECK(!memcmp(gkc, kc, kvn * 4), "kv_write: k cache differs");
+        T_CHECK(!memcmp(gkc, kc, kvn * 4), "rope_kv: k cache differs");
         free(gkc), free(out), free(kc), free(vc), free(q), free(k), free(v), free(ref), free(scr);
         cuda_free(dkc), cuda_free(dvc), cuda_free(dq), cuda_free(dk), cuda_free(dv), cuda_free(dout);
         cuda_free(dseq), cuda_free(dpos), cuda_free(dbt);
