@@ -103,6 +103,23 @@ static int s_parse_list(const char *s, int *out, int cap, int *n)
     return *n ? 0 : -1;
 }
 
+/* GPU memory this process holds as nvidia-smi reports it (MiB), or -1 without nvidia-smi. */
+static double s_smi_mib(void)
+{
+    FILE *f = popen("nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null", "r");
+    if (!f) return -1;
+    char line[256];
+    double mib = -1;
+    long me = (long)getpid();
+    while (fgets(line, sizeof line, f)) {
+        long pid = 0;
+        double m = 0;
+        if (sscanf(line, "%ld , %lf", &pid, &m) == 2 && pid == me) mib = m;
+    }
+    pclose(f);
+    return mib;
+}
+
 /* ---- backends: the GPU model, or the CPU forward pass --------------------------------- */
 
 typedef struct {
@@ -461,6 +478,7 @@ int main(int argc, char **argv)
     memset(&m, 0, sizeof m);
     bool loaded = false;
     s_be_t be = {.cuda = cuda, .m = &m};
+    double vram_ctx = -1;
     json_t *rows = json_array();
     strata_errbuf_t eb = {{0}};
     char host[128] = "?", gpu_name[128] = "", machine_name[300];
@@ -600,6 +618,7 @@ int main(int argc, char **argv)
         go.max_tokens = max_tokens;
         go.prefetch_depth = o.prefetch_depth;
         go.use_graphs = !o.no_graphs;
+        vram_ctx = s_smi_mib(); /* the CUDA context (and what the probes left) before the model */
         int e = gpu_model_create(&be.g, &m, &go, &eb);
         if (e < 0) {
             fprintf(stderr, "gpu_decode: %s\n", eb.msg[0] ? eb.msg : strata_strerror(e));
@@ -699,6 +718,19 @@ int main(int argc, char **argv)
         json_object_set_new(row, "model_build_s", json_real(ws.seconds));
         json_decref(proj);
         json_array_append_new(rows, row);
+    }
+    if (cuda) {
+        /* the budget check of the issue: what nvidia-smi sees against --gpu-mem plus the context */
+        double vram = s_smi_mib();
+        printf("\nVRAM (nvidia-smi, this process): %.0f MiB = CUDA context %.0f MiB + %.0f MiB; --gpu-mem %.0f MiB, "
+               "charged to it %.0f MiB\n",
+               vram, vram_ctx, vram - vram_ctx, o.gpu_mem / 1048576.0, c0.budget_used / 1048576.0);
+        for (size_t i = 0; i < json_array_size(rows); i++) {
+            json_t *r = json_array_get(rows, i);
+            json_object_set_new(r, "vram_smi_mib", vram >= 0 ? json_real(vram) : json_null());
+            json_object_set_new(r, "vram_context_mib", vram_ctx >= 0 ? json_real(vram_ctx) : json_null());
+            json_object_set_new(r, "budget_used_mib", json_real(c0.budget_used / 1048576.0));
+        }
     }
     if (!o.no_probe && o.n_batches) {
         printf("\n");

@@ -29,6 +29,9 @@
 
 #define ALIGN256(x) (((x) + 255) & ~(size_t)255)
 #define GPU_MAX_GRAPHS 33 /* decode graphs keyed by n_tokens 1..32 */
+/* budget kept free below the slot array for what the driver allocates later (graphs, kernel
+ * code loaded on first use, the slot array's rounding); dropped when a budget is too tight */
+#define GPU_SLOT_MARGIN ((int64_t)64 << 20)
 
 typedef enum { SLOT_FREE = 0, SLOT_READY = 1, SLOT_LOADING = 2 } slot_state_t;
 
@@ -55,6 +58,7 @@ struct gpu_model {
     gpu_opts_t o;
     cuda_ctx_t *cx;
     int64_t budget, used;
+    size_t free0;                /* device memory free once the context exists */
     void **allocs;               /* every device allocation, freed at the end */
     int n_allocs, cap_allocs;
 
@@ -487,9 +491,18 @@ static int s_create_experts(gpu_model_t *g, strata_errbuf_t *eb)
                                      "gpu: layer %d expert %d differs in format or shape from the others", l, e);
         }
     }
+    /* What the device really lost so far (the driver rounds small allocations up and keeps its
+     * own pieces) is charged when it exceeds the requested bytes, and the slots keep
+     * GPU_SLOT_MARGIN spare, so that nvidia-smi stays within --gpu-mem plus the CUDA context. */
+    {
+        size_t fr = 0, tot = 0;
+        if (g->free0 && cuda_mem_info(&fr, &tot) == 0 && g->free0 > fr && (int64_t)(g->free0 - fr) > g->used)
+            g->used = (int64_t)(g->free0 - fr);
+    }
     /* slots: whatever the budget leaves, at most one per expert, at least one layer's worth */
     int64_t left = g->budget > 0 ? g->budget - g->used : INT64_MAX;
-    int64_t n = g->budget > 0 ? left / (int64_t)g->expert_bytes : g->n_total;
+    int64_t n = g->budget > 0 ? (left - GPU_SLOT_MARGIN) / (int64_t)g->expert_bytes : g->n_total;
+    if (g->budget > 0 && n < c->n_experts) n = left / (int64_t)g->expert_bytes; /* too tight for the margin */
     if (n > g->n_total) n = g->n_total;
     if (n < c->n_experts)
         return strata_seterr(eb, STRATA_ENOMEM,
@@ -560,6 +573,10 @@ int gpu_model_create(gpu_model_t **out, const model_t *m, const gpu_opts_t *o, s
         strata_seterr(eb, rc, "gpu: CUDA context on device %d failed", o->device);
         goto fail;
     }
+    {
+        size_t tot = 0;
+        if (cuda_mem_info(&g->free0, &tot)) g->free0 = 0;
+    }
     /* The expert shape is needed to size the MoE scratch: read it before the workspace. */
     for (int l = 0; l < c->n_layers; l++)
         if (c->layer_sparse[l]) {
@@ -606,16 +623,16 @@ static int s_attention(gpu_model_t *g, int l, int n)
         const float *bs[3] = {L->bq, L->bk, L->bv};
         if ((rc = cuda_matmul_multi(cx, 3, ys, g->xn, n, ws, bs))) return rc;
     }
-    if (c->qk_norm == QK_NORM_HEAD) {
-        if ((rc = cuda_rmsnorm(cx, g->q, g->q, L->q_norm, n * c->n_heads, hd, c->rms_eps))) return rc;
-        if ((rc = cuda_rmsnorm(cx, g->k, g->k, L->k_norm, n * c->n_kv_heads, hd, c->rms_eps))) return rc;
-    } else if (c->qk_norm == QK_NORM_FULL) {
+    /* per-head q/k norms run inside cuda_rope_kv; whole-row ones (OLMoE) here */
+    if (c->qk_norm == QK_NORM_FULL) {
         if ((rc = cuda_rmsnorm(cx, g->q, g->q, L->q_norm, n, qd, c->rms_eps))) return rc;
         if ((rc = cuda_rmsnorm(cx, g->k, g->k, L->k_norm, n, kd, c->rms_eps))) return rc;
     }
     float *kl = g->k_cache + (size_t)l * g->layer_elems, *vl = g->v_cache + (size_t)l * g->layer_elems;
+    bool head_norm = c->qk_norm == QK_NORM_HEAD;
     if ((rc = cuda_rope_kv(cx, g->q, g->k, g->v, n, c->n_heads, c->n_kv_heads, hd, c->rot_dim, g->d_pos, g->inv_freq,
-                           c->attn_factor, kl, vl, g->d_seq, g->d_bt, g->o.kv_blocks, g->o.block_size)))
+                           c->attn_factor, head_norm ? L->q_norm : NULL, head_norm ? L->k_norm : NULL, c->rms_eps, kl,
+                           vl, g->d_seq, g->d_bt, g->o.kv_blocks, g->o.block_size)))
         return rc;
     if ((rc = cuda_attention(cx, g->att, g->q, kl, vl, n, g->d_seq, g->d_pos, g->d_bt, g->o.kv_blocks, c->n_heads,
                              c->n_kv_heads, hd, g->o.block_size, 1.0f / sqrtf((float)hd))))

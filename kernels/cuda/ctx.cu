@@ -1,5 +1,4 @@
-/* ctx.cu - CUDA context (device, stream, cuBLAS handle) and memory helpers. */
-#include <cublas_v2.h>
+/* ctx.cu - CUDA context (device, compute and copy streams, activation workspace) and memory helpers. */
 #include <stdlib.h>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -19,19 +18,10 @@ extern "C" int cuda_ctx_create(cuda_ctx_t **out, int device)
     cuda_ctx_t *c = (cuda_ctx_t *)calloc(1, sizeof *c);
     if (!c) return STRATA_ENOMEM;
     c->device = device;
-    cublasHandle_t h = NULL;
     CUDA_CHECK(cudaSetDevice(device));
     CUDA_CHECK(cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, device));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking));
-    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
-        log_error("cublasCreate failed");
-        cudaStreamDestroy(c->stream);
-        free(c);
-        return STRATA_ECUDA;
-    }
-    cublasSetStream(h, c->stream);
-    c->cublas = h;
     *out = c;
     return 0;
 }
@@ -63,7 +53,6 @@ extern "C" void cuda_ctx_destroy(cuda_ctx_t *c)
 {
     if (!c) return;
     if (c->q8) cudaFree(c->q8);
-    if (c->cublas) cublasDestroy((cublasHandle_t)c->cublas);
     if (c->stream) cudaStreamDestroy(c->stream);
     if (c->copy_stream) cudaStreamDestroy(c->copy_stream);
     free(c);

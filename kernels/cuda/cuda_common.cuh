@@ -15,7 +15,6 @@ struct cuda_ctx {
     int sms;                  /* streaming multiprocessors */
     cudaStream_t stream;      /* CUDA_STREAM_COMPUTE */
     cudaStream_t copy_stream; /* CUDA_STREAM_COPY */
-    void *cublas;             /* cublasHandle_t */
     /* activation workspace (cuda_ctx_reserve_q8): q8[rows][cols] int8,
      * q8d[rows][cols/32] fp32 block scales, q8s[rows][cols/32] int32 block sums of q */
     int8_t *q8;

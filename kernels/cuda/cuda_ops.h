@@ -21,7 +21,7 @@ extern "C" {
 
 typedef struct cuda_ctx cuda_ctx_t;
 
-/* Create a context on `device`: its own non-blocking stream and cuBLAS handle. */
+/* Create a context on `device`: its own non-blocking compute and copy streams. */
 int cuda_ctx_create(cuda_ctx_t **out, int device);
 void cuda_ctx_destroy(cuda_ctx_t *c);
 /* Number of visible CUDA devices (0 when there is no driver or GPU). */
@@ -110,14 +110,16 @@ int cuda_rmsnorm(cuda_ctx_t *c, float *y, const float *x, const float *w, int n,
  * logits[n][n_experts] -> idx[n][top_k], weight[n][top_k]. */
 int cuda_gate_topk(cuda_ctx_t *c, const float *logits, int n, int n_experts, int top_k, bool renorm,
                    int32_t *idx, float *weight);
-/* In-place RoPE (HF rotate_half form, the first rot_dim dims; none when rot_dim == 0) on
- * q[n][n_heads][head_dim] and k[n][n_kv_heads][head_dim] at positions pos[n], with
- * inv_freq[rot_dim/2] (device), then the rotated k and v[n][n_kv_heads][head_dim] written into the
- * paged caches ([block][kv_head][block_size][head_dim]) at (seq[t], pos[t]) through block tables
+/* In place on q[n][n_heads][head_dim] and k[n][n_kv_heads][head_dim]: a per-head RMSNorm with
+ * weights q_norm / k_norm [head_dim] (each may be NULL: none), then RoPE (HF rotate_half form, the
+ * first rot_dim dims; none when rot_dim == 0) at positions pos[n] with inv_freq[rot_dim/2]
+ * (device); then the rotated k and v[n][n_kv_heads][head_dim] written into the paged caches
+ * ([block][kv_head][block_size][head_dim]) at (seq[t], pos[t]) through block tables
  * bt[seq][max_blocks]. One launch for what a layer does between the projections and attention. */
 int cuda_rope_kv(cuda_ctx_t *c, float *q, float *k, const float *v, int n, int n_heads, int n_kv_heads, int head_dim,
-                 int rot_dim, const int32_t *pos, const float *inv_freq, float attn_factor, float *k_cache,
-                 float *v_cache, const int32_t *seq, const int32_t *bt, int max_blocks, int block_size);
+                 int rot_dim, const int32_t *pos, const float *inv_freq, float attn_factor, const float *q_norm,
+                 const float *k_norm, float eps, float *k_cache, float *v_cache, const int32_t *seq,
+                 const int32_t *bt, int max_blocks, int block_size);
 /* Causal paged attention: token t attends positions 0..pos[t] of sequence seq[t].
  * q[n][n_heads][head_dim] -> out[n][n_heads][head_dim]. */
 int cuda_attention(cuda_ctx_t *c, float *out, const float *q, const float *k_cache, const float *v_cache,

@@ -172,7 +172,9 @@ __global__ void k_moe_down_q8(float *os, const int8_t *q, const float *qd, const
 }
 
 /* Blocks per tile for `rows` rows at rows_per_block: enough for every row, at most about 4
- * blocks per SM over all tiles (the kernels stride over the rest). */
+ * blocks per SM over all tiles (the kernels stride over the rest, so the tile lookup is paid
+ * once per block). Measured: capping at what is resident at once (1 block per SM at 16
+ * tokens) made batch-16 decode 2.7x slower than this. */
 static int s_row_blocks(int rows, int rows_per_block, int sms, int max_tiles)
 {
     int need = cdiv(rows, rows_per_block), cap = 4 * sms / max_tiles;
@@ -183,21 +185,27 @@ template <int FMT, int NT>
 static int s_moe_launch_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const cuda_expert_t *experts, int E,
                            int hidden, int inter, int P, int max_tiles)
 {
-    if (q8_wide_rows(hidden))
-        k_moe_gate_up_q8<FMT, NT, 32><<<dim3(s_row_blocks(inter, 8 * 2, sms, max_tiles), max_tiles), 256, 0, st>>>(
+    if (q8_wide_rows(hidden)) {
+        auto k = k_moe_gate_up_q8<FMT, NT, 32>;
+        k<<<dim3(s_row_blocks(inter, 8 * 2, sms, max_tiles), max_tiles), 256, 0, st>>>(
             s->hs, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
-    else
-        k_moe_gate_up_q8<FMT, NT, 8><<<dim3(s_row_blocks(inter, 8 * 8, sms, max_tiles), max_tiles), 256, 0, st>>>(
+    } else {
+        auto k = k_moe_gate_up_q8<FMT, NT, 8>;
+        k<<<dim3(s_row_blocks(inter, 8 * 8, sms, max_tiles), max_tiles), 256, 0, st>>>(
             s->hs, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
+    }
     CUDA_LAUNCH_CHECK();
     int rc = q8_quant(st, s->q, s->qd, s->qs, s->hs, P, inter, NULL, 1, s->offsets + E);
     if (rc) return rc;
-    if (q8_wide_rows(inter))
-        k_moe_down_q8<FMT, NT, 32><<<dim3(s_row_blocks(hidden, 8 * 4, sms, max_tiles), max_tiles), 256, 0, st>>>(
+    if (q8_wide_rows(inter)) {
+        auto k = k_moe_down_q8<FMT, NT, 32>;
+        k<<<dim3(s_row_blocks(hidden, 8 * 4, sms, max_tiles), max_tiles), 256, 0, st>>>(
             s->os, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
-    else
-        k_moe_down_q8<FMT, NT, 8><<<dim3(s_row_blocks(hidden, 8 * 16, sms, max_tiles), max_tiles), 256, 0, st>>>(
+    } else {
+        auto k = k_moe_down_q8<FMT, NT, 8>;
+        k<<<dim3(s_row_blocks(hidden, 8 * 16, sms, max_tiles), max_tiles), 256, 0, st>>>(
             s->os, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
+    }
     CUDA_LAUNCH_CHECK();
     return 0;
 }

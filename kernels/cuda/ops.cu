@@ -132,13 +132,28 @@ __device__ __forceinline__ size_t kv_off(const int32_t *bt, int max_blocks, int 
 /* RoPE on q and k, then k and v into the paged caches: one block per (token, head), heads
  * 0 .. n_heads-1 of q, then n_kv of k (whose block also writes k and v to the cache). */
 __global__ void k_rope_kv(float *q, float *k, const float *v, int n_heads, int n_kv, int hd, int rot_dim,
-                          const int32_t *pos, const float *inv_freq, float attn_factor, float *kc, float *vc,
-                          const int32_t *seq, const int32_t *bt, int max_blocks, int bs)
+                          const int32_t *pos, const float *inv_freq, float attn_factor, const float *q_norm,
+                          const float *k_norm, float eps, float *kc, float *vc, const int32_t *seq, const int32_t *bt,
+                          int max_blocks, int bs)
 {
     const int t = blockIdx.x, h = blockIdx.y;
     const bool is_k = h >= n_heads;
     const int kvh = h - n_heads;
     float *x = is_k ? k + ((size_t)t * n_kv + kvh) * hd : q + ((size_t)t * n_heads + h) * hd;
+    const float *nw = is_k ? k_norm : q_norm;
+    if (nw) { /* per-head RMSNorm first (Qwen3's q_norm / k_norm) */
+        __shared__ float red[32];
+        float ss = 0.f;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) ss += x[d] * x[d];
+        ss = warp_sum(ss);
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+        __syncthreads();
+        float tot = 0.f;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) tot += red[w];
+        const float inv = rsqrtf(tot / (float)hd + eps);
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) x[d] = x[d] * inv * nw[d];
+        __syncthreads();
+    }
     const int half = rot_dim / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float s, co;
@@ -161,24 +176,22 @@ __global__ void k_rope_kv(float *q, float *k, const float *v, int n_heads, int n
 
 extern "C" int cuda_rope_kv(cuda_ctx_t *c, float *q, float *k, const float *v, int n, int n_heads, int n_kv_heads,
                             int head_dim, int rot_dim, const int32_t *pos, const float *inv_freq, float attn_factor,
-                            float *k_cache, float *v_cache, const int32_t *seq, const int32_t *bt, int max_blocks,
-                            int block_size)
+                            const float *q_norm, const float *k_norm, float eps, float *k_cache, float *v_cache,
+                            const int32_t *seq, const int32_t *bt, int max_blocks, int block_size)
 {
     if (n <= 0) return 0;
     k_rope_kv<<<dim3(n, n_heads + n_kv_heads), 64, 0, c->stream>>>(q, k, v, n_heads, n_kv_heads, head_dim, rot_dim,
-                                                                    pos, inv_freq, attn_factor, k_cache, v_cache, seq,
-                                                                    bt, max_blocks, block_size);
+                                                                    pos, inv_freq, attn_factor, q_norm, k_norm, eps,
+                                                                    k_cache, v_cache, seq, bt, max_blocks, block_size);
     CUDA_LAUNCH_CHECK();
     return 0;
 }
 
-/* Attention: one block of ATT_WARPS warps per (token, head). Each warp takes ATT_PPW
- * consecutive positions of every ATT_WARPS * ATT_PPW with an online softmax (running max m, sum
- * l, acc over the lane's dims d = lane + 32 i); the warps' partial states merge through shared
- * memory. */
+/* Attention: one block of ATT_WARPS warps per (token, head). Each warp takes every
+ * ATT_WARPS-th position with an online softmax (running max m, sum l, acc over the lane's
+ * dims d = lane + 32 i); the warps' partial states merge through shared memory. */
 #define ATT_WARPS 16
 #define ATT_MAX_DPL 8 /* head_dim <= 256 */
-#define ATT_PPW 4     /* positions per warp step */
 __global__ void k_attention(float *out, const float *q, const float *kc, const float *vc, const int32_t *seq,
                             const int32_t *pos, const int32_t *bt, int max_blocks, int n_heads, int n_kv, int hd,
                             int bs, float scale)
@@ -196,47 +209,24 @@ __global__ void k_attention(float *out, const float *q, const float *kc, const f
         acc[i] = 0.f;
     }
     float m = -FLT_MAX, l = 0.f;
-    /* ATT_PPW positions per warp step, their loads and reductions interleaved */
-    for (int p0 = warp * ATT_PPW; p0 < n_ctx; p0 += ATT_WARPS * ATT_PPW) {
-        size_t o[ATT_PPW];
-        float s[ATT_PPW];
-#pragma unroll
-        for (int j = 0; j < ATT_PPW; j++) {
-            o[j] = kv_off(bt, max_blocks, sq, p0 + j < n_ctx ? p0 + j : p0, kvh, n_kv, hd, bs);
-            s[j] = 0.f;
-        }
+    for (int p = warp; p < n_ctx; p += ATT_WARPS) {
+        const size_t o = kv_off(bt, max_blocks, sq, p, kvh, n_kv, hd, bs);
+        float s = 0.f;
 #pragma unroll
         for (int i = 0; i < ATT_MAX_DPL; i++) {
             int d = lane + 32 * i;
-            if (d < hd)
-#pragma unroll
-                for (int j = 0; j < ATT_PPW; j++) s[j] += qr[i] * kc[o[j] + d];
+            if (d < hd) s += qr[i] * kc[o + d];
         }
-        float mx = m;
-#pragma unroll
-        for (int j = 0; j < ATT_PPW; j++) {
-            s[j] = p0 + j < n_ctx ? warp_sum(s[j]) : -FLT_MAX;
-            mx = fmaxf(mx, s[j]);
-        }
-        const float corr = expf(m - mx);
-        float e[ATT_PPW];
-        l *= corr;
-#pragma unroll
-        for (int j = 0; j < ATT_PPW; j++) {
-            e[j] = p0 + j < n_ctx ? expf(s[j] - mx) : 0.f;
-            l += e[j];
-        }
+        s = warp_sum(s);
+        const float mn = fmaxf(m, s);
+        const float corr = expf(m - mn), e = expf(s - mn);
+        l = l * corr + e;
 #pragma unroll
         for (int i = 0; i < ATT_MAX_DPL; i++) {
             int d = lane + 32 * i;
-            if (d < hd) {
-                float a = acc[i] * corr;
-#pragma unroll
-                for (int j = 0; j < ATT_PPW; j++) a += e[j] * vc[o[j] + d];
-                acc[i] = a;
-            }
+            if (d < hd) acc[i] = acc[i] * corr + e * vc[o + d];
         }
-        m = mx;
+        m = mn;
     }
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
     __shared__ float sacc[ATT_WARPS][ATT_MAX_DPL * 32];

@@ -207,8 +207,9 @@ static void test_rmsnorm_rope(void)
 
     /* RoPE on q and k, and k/v into a paged cache, in one launch (cuda_rope_kv) */
     static const int hds[][2] = {{128, 128}, {48, 48}, {64, 32}, {64, 0}}; /* head_dim, rot_dim */
-    for (int c = 0; c < 4; c++) {
-        int hd = hds[c][0], rd = hds[c][1], nh = 5, nkv = 2, bs = 16, maxb = 16;
+    for (int c = 0; c < 8; c++) { /* c >= 4: with per-head q/k norms first */
+        const bool qkn = c >= 4;
+        int hd = hds[c % 4][0], rd = hds[c % 4][1], nh = 5, nkv = 2, bs = 16, maxb = 16;
         size_t qn = (size_t)n * nh * hd, kn = (size_t)n * nkv * hd, cache = (size_t)maxb * nkv * bs * hd;
         float *q = malloc(qn * 4), *qr = malloc(qn * 4), *k = malloc(kn * 4), *kr = malloc(kn * 4), *v = malloc(kn * 4);
         float inv[128] = {0};
@@ -221,16 +222,26 @@ static void test_rmsnorm_rope(void)
         s_fill(v, kn, 1.f);
         memcpy(qr, q, qn * 4);
         memcpy(kr, k, kn * 4);
+        float qnw[256], knw[256];
+        s_fill(qnw, hd, 1.f);
+        s_fill(knw, hd, 1.f);
+        if (qkn) {
+            cpu_rmsnorm(qr, qr, qnw, n * nh, hd, 1e-6f);
+            cpu_rmsnorm(kr, kr, knw, n * nkv, hd, 1e-6f);
+        }
         if (rd) cpu_rope(qr, n, nh, hd, rd, pos, inv, 1.0f), cpu_rope(kr, n, nkv, hd, rd, pos, inv, 1.0f);
         float *dq = s_up(q, qn * 4), *dk = s_up(k, kn * 4), *dv = s_up(v, kn * 4), *dinv = s_up(inv, sizeof inv);
         float *dkc = s_poisoned(cache), *dvc = s_poisoned(cache);
         int32_t *dpos = s_up(pos, sizeof pos), *dseq = s_up(seq, sizeof seq), *dbt = s_up(bt, sizeof bt);
-        T_CHECK(cuda_rope_kv(ctx, dq, dk, dv, n, nh, nkv, hd, rd, dpos, dinv, 1.0f, dkc, dvc, dseq, dbt, maxb, bs) == 0,
+        float *dqn = s_up(qnw, hd * 4), *dkn = s_up(knw, hd * 4);
+        T_CHECK(cuda_rope_kv(ctx, dq, dk, dv, n, nh, nkv, hd, rd, dpos, dinv, 1.0f, qkn ? dqn : NULL, qkn ? dkn : NULL,
+                             1e-6f, dkc, dvc, dseq, dbt, maxb, bs) == 0,
                 "rope_kv launch");
+        cuda_free(dqn), cuda_free(dkn);
         float *gq = s_down(dq, qn), *gk = s_down(dk, kn), *gkc = s_down(dkc, cache), *gvc = s_down(dvc, cache);
         e = t_relerr(gq, qr, qn);
         double ek = t_relerr(gk, kr, kn);
-        T_CHECK(e < 1e-5 && ek < 1e-5, "rope hd=%d rot=%d rel err q %.3g k %.3g", hd, rd, e, ek);
+        T_CHECK(e < 1e-5 && ek < 1e-5, "rope hd=%d rot=%d qk-norm=%d rel err q %.3g k %.3g", hd, rd, qkn, e, ek);
         bool placed = true;
         for (int t = 0; t < n; t++)
             for (int h = 0; h < nkv; h++) {
@@ -322,7 +333,7 @@ static void test_attention(void)
         float *dq = s_up(q, (size_t)n * nh * hd * 4), *dk = s_up(k, (size_t)n * nkv * hd * 4),
               *dv = s_up(v, (size_t)n * nkv * hd * 4), *dout = s_poisoned((size_t)n * nh * hd);
         int32_t *dseq = s_up(seq, n * 4), *dpos = s_up(pos, n * 4), *dbt = s_up(bt, sizeof bt);
-        cuda_rope_kv(ctx, dq, dk, dv, n, nh, nkv, hd, 0, dpos, NULL, 1.f, dkc, dvc, dseq, dbt, maxb, bs);
+        cuda_rope_kv(ctx, dq, dk, dv, n, nh, nkv, hd, 0, dpos, NULL, 1.f, NULL, NULL, 0.f, dkc, dvc, dseq, dbt, maxb, bs);
         cuda_attention(ctx, dout, dq, dkc, dvc, n, dseq, dpos, dbt, maxb, nh, nkv, hd, bs, scale);
         float *out = s_down(dout, (size_t)n * nh * hd);
         double e = t_relerr(out, ref, (size_t)n * nh * hd);
