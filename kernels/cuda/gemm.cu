@@ -216,72 +216,52 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : 4) k_gemm(gm_
     }
     cp_wait<0>();
 
-    /* epilogue */
-    if constexpr (SWIGLU) {
+    /* epilogue: per column pair, the INT8/FP8 row scales (gate's and up's for SwiGLU) and the
+     * bias; then per token row, SwiGLU to fp16 or the plain (accumulated) fp32 result */
+    float mul[4][2], add[4][2];
 #pragma unroll
-        for (int jj = 0; jj < 2; jj++) {
-            const int n = nbase + warp * 16 + jj * 8 + 2 * t;
-            float mg[2] = {1.f, 1.f}, mu[2] = {1.f, 1.f}; /* INT8/FP8 row scales of gate and up */
-            if (FMT == WF_INT8 || FMT == WF_FP8)
+    for (int j = 0; j < 4; j++) {
+        const int n = nbase + (SWIGLU ? warp * 16 + (j & 1) * 8 : warp * 32 + j * 8) + 2 * t;
+        const void *sc = SWIGLU && j >= 2 ? s1 : s0;
 #pragma unroll
-                for (int q = 0; q < 2; q++)
-                    if (n + q < N) {
-                        mg[q] = __ldg((const float *)s0 + n + q);
-                        mu[q] = __ldg((const float *)s1 + n + q);
-                    }
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++) {
-                    const int m = m0 + i * 16 + g + hf * 8;
-                    if (m >= mend) continue;
-                    float v[2];
-#pragma unroll
-                    for (int q = 0; q < 2; q++) {
-                        const float gt = acc[i][jj][hf * 2 + q] * mg[q], up = acc[i][jj + 2][hf * 2 + q] * mu[q];
-                        v[q] = fminf(fmaxf(gt / (1.f + expf(-gt)) * up, -65504.f), 65504.f);
-                    }
-                    __half *o = a.h + (size_t)m * a.ldy + n;
-                    if (n + 1 < N && (a.ldy & 1) == 0)
-                        *(__half2 *)o = __floats2half2_rn(v[0], v[1]);
-                    else {
-                        if (n < N) o[0] = __float2half_rn(v[0]);
-                        if (n + 1 < N) o[1] = __float2half_rn(v[1]);
-                    }
-                }
-        }
-    } else {
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int n = nbase + warp * 32 + j * 8 + 2 * t;
-            float mul[2] = {1.f, 1.f}, add[2] = {0.f, 0.f};
-#pragma unroll
-            for (int q = 0; q < 2; q++) {
-                if (n + q >= N) continue;
-                if (FMT == WF_INT8 || FMT == WF_FP8) mul[q] = __ldg((const float *)s0 + n + q);
-                if (a.bias) add[q] = __ldg(a.bias + n + q);
-            }
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++) {
-                    const int m = m0 + i * 16 + g + hf * 8;
-                    if (m >= mend) continue;
-                    float *o = a.y + (size_t)m * a.ldy + n;
-                    float v0 = acc[i][j][hf * 2] * mul[0] + add[0], v1 = acc[i][j][hf * 2 + 1] * mul[1] + add[1];
-                    if (a.accum) {
-                        if (n < N) v0 += o[0];
-                        if (n + 1 < N) v1 += o[1];
-                    }
-                    if (n + 1 < N && (a.ldy & 1) == 0)
-                        *(float2 *)o = make_float2(v0, v1);
-                    else {
-                        if (n < N) o[0] = v0;
-                        if (n + 1 < N) o[1] = v1;
-                    }
-                }
+        for (int q = 0; q < 2; q++) {
+            const bool in = n + q < N;
+            mul[j][q] = (FMT == WF_INT8 || FMT == WF_FP8) && in ? __ldg((const float *)sc + n + q) : 1.f;
+            add[j][q] = !SWIGLU && a.bias && in ? __ldg(a.bias + n + q) : 0.f;
         }
     }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int m = m0 + i * 16 + g + hf * 8;
+            if (m >= mend) continue;
+#pragma unroll
+            for (int j = 0; j < (SWIGLU ? 2 : 4); j++) {
+                const int n = nbase + (SWIGLU ? warp * 16 + j * 8 : warp * 32 + j * 8) + 2 * t;
+                float v[2];
+#pragma unroll
+                for (int q = 0; q < 2; q++) {
+                    const float x = acc[i][j][hf * 2 + q] * mul[j][q] + add[j][q];
+                    if (SWIGLU) {
+                        const float up = acc[i][j + 2][hf * 2 + q] * mul[j + 2][q];
+                        v[q] = fminf(fmaxf(x / (1.f + expf(-x)) * up, -65504.f), 65504.f);
+                    } else {
+                        v[q] = x + (a.accum && n + q < N ? a.y[(size_t)m * a.ldy + n + q] : 0.f);
+                    }
+                }
+                const bool pair = n + 1 < N && (a.ldy & 1) == 0;
+                if (SWIGLU) {
+                    __half *o = a.h + (size_t)m * a.ldy + n;
+                    if (pair) *(__half2 *)o = __floats2half2_rn(v[0], v[1]);
+                    else for (int q = 0; q < 2; q++) if (n + q < N) o[q] = __float2half_rn(v[q]);
+                } else {
+                    float *o = a.y + (size_t)m * a.ldy + n;
+                    if (pair) *(float2 *)o = make_float2(v[0], v[1]);
+                    else for (int q = 0; q < 2; q++) if (n + q < N) o[q] = v[q];
+                }
+            }
+        }
 }
 
 template <int FMT, bool SWIGLU> static int s_launch(cudaStream_t st, dim3 grid, const gm_args_t &a)

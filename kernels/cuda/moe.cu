@@ -181,31 +181,39 @@ static int s_row_blocks(int rows, int rows_per_block, int sms, int max_tiles)
     return need < cap ? need : cap > 0 ? cap : 1;
 }
 
+template <int FMT, int NT, int LPR>
+static void s_gate_up_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const cuda_expert_t *experts, int hidden,
+                         int inter, int max_tiles)
+{
+    const int rows_per_block = 8 * (32 / LPR) * 2;
+    k_moe_gate_up_q8<FMT, NT, LPR><<<dim3(s_row_blocks(inter, rows_per_block, sms, max_tiles), max_tiles), 256, 0, st>>>(
+        s->hs, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
+}
+
+template <int FMT, int NT, int LPR>
+static void s_down_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const cuda_expert_t *experts, int hidden,
+                      int inter, int max_tiles)
+{
+    const int rows_per_block = 8 * (32 / LPR) * 4;
+    k_moe_down_q8<FMT, NT, LPR><<<dim3(s_row_blocks(hidden, rows_per_block, sms, max_tiles), max_tiles), 256, 0, st>>>(
+        s->os, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
+}
+
 template <int FMT, int NT>
 static int s_moe_launch_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const cuda_expert_t *experts, int E,
                            int hidden, int inter, int P, int max_tiles)
 {
-    if (q8_wide_rows(hidden)) {
-        auto k = k_moe_gate_up_q8<FMT, NT, 32>;
-        k<<<dim3(s_row_blocks(inter, 8 * 2, sms, max_tiles), max_tiles), 256, 0, st>>>(
-            s->hs, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
-    } else {
-        auto k = k_moe_gate_up_q8<FMT, NT, 8>;
-        k<<<dim3(s_row_blocks(inter, 8 * 8, sms, max_tiles), max_tiles), 256, 0, st>>>(
-            s->hs, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
-    }
+    if (q8_wide_rows(hidden))
+        s_gate_up_q8<FMT, NT, 32>(st, sms, s, experts, hidden, inter, max_tiles);
+    else
+        s_gate_up_q8<FMT, NT, 8>(st, sms, s, experts, hidden, inter, max_tiles);
     CUDA_LAUNCH_CHECK();
     int rc = q8_quant(st, s->q, s->qd, s->qs, s->hs, P, inter, NULL, 1, s->offsets + E);
     if (rc) return rc;
-    if (q8_wide_rows(inter)) {
-        auto k = k_moe_down_q8<FMT, NT, 32>;
-        k<<<dim3(s_row_blocks(hidden, 8 * 4, sms, max_tiles), max_tiles), 256, 0, st>>>(
-            s->os, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
-    } else {
-        auto k = k_moe_down_q8<FMT, NT, 8>;
-        k<<<dim3(s_row_blocks(hidden, 8 * 16, sms, max_tiles), max_tiles), 256, 0, st>>>(
-            s->os, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
-    }
+    if (q8_wide_rows(inter))
+        s_down_q8<FMT, NT, 32>(st, sms, s, experts, hidden, inter, max_tiles);
+    else
+        s_down_q8<FMT, NT, 8>(st, sms, s, experts, hidden, inter, max_tiles);
     CUDA_LAUNCH_CHECK();
     return 0;
 }
