@@ -16,8 +16,10 @@
  *   - a plan not answered within a second gets a hello probe every second (a slow step is
  *     answered in order after its result; a dead executor's successor answers with a new
  *     instance).
- * Until the first executor hello the model (vocab, eos, context) is unknown: submits are
- * refused with `unavailable` and router hellos are not answered.
+ * Until the first executor hello the model (vocab, eos, context) is unknown: submits are held
+ * (up to MAX_HELD, for at most HELD_WAIT_S; beyond either they are refused with `unavailable`)
+ * and queued when it arrives, so the requests a router resubmits to a restarted scheduler wait
+ * for the executor instead of failing; router hellos are not answered.
  *
  * Exit codes: 0 clean stop, 1 runtime failure (restart me), 2 bad config or usage.
  */
@@ -45,6 +47,8 @@
 #define ROUTER_BATCH 1024     /* router messages handled between plans */
 #define STATS_WAIT_S 0.3      /* a stats reply waits this long for the executor's counters */
 #define MAX_PENDING_STATS 16
+#define MAX_HELD 4096         /* submits held while no executor has reported (a restart) */
+#define HELD_WAIT_S 60.0      /* ... at most this long, then refused as unavailable */
 
 static void s_usage(FILE *f)
 {
@@ -61,6 +65,15 @@ static void s_usage(FILE *f)
 }
 
 #define PT_MAX 256 /* one-token events batched into one `step_tokens` message at most */
+
+/* A submit that arrived before any executor reported (after a restart of this scheduler the
+ * router resubmits its live requests at once): kept, decoded, until the model is known. */
+typedef struct {
+    uint8_t route[256];
+    size_t route_len;
+    msg_t m;
+    double deadline;
+} held_submit_t;
 
 /* A router `stats` request waiting for the executor's counters. */
 typedef struct {
@@ -97,6 +110,8 @@ typedef struct {
     double t_expire;
     pending_stats_t pstats[MAX_PENDING_STATS];
     int n_pstats;
+    held_submit_t *held;        /* [n_held] submits waiting for the executor's first report */
+    int n_held, cap_held;
     uint64_t stats_seq;
     /* one-token events waiting to go to the router as one `step_tokens` (s_flush_tokens) */
     uint64_t pt_reqs[PT_MAX];
@@ -310,6 +325,57 @@ static void s_stats_timeouts(svc_t *S, double now)
     }
 }
 
+/* Keep a submit until the executor reports; false when it cannot be kept. Takes m on success. */
+static bool s_hold_submit(svc_t *S, const void *route, size_t len, msg_t *m, double now)
+{
+    if (S->n_held >= MAX_HELD || len > sizeof S->held[0].route) return false;
+    if (S->n_held == S->cap_held) {
+        int cap = S->cap_held ? 2 * S->cap_held : 64;
+        held_submit_t *h = realloc(S->held, (size_t)cap * sizeof *h);
+        if (!h) return false;
+        S->held = h;
+        S->cap_held = cap;
+    }
+    held_submit_t *h = &S->held[S->n_held++];
+    memcpy(h->route, route, len);
+    h->route_len = len;
+    h->m = *m;
+    h->deadline = now + HELD_WAIT_S;
+    return true;
+}
+
+/* The model is known: submit what was held, in arrival order. */
+static void s_release_held(svc_t *S, double now)
+{
+    char text[300];
+    for (int i = 0; i < S->n_held; i++) {
+        held_submit_t *h = &S->held[i];
+        msg_errcode_t code = sched_submit(S->sc, h->m.id, &h->m.u.submit, now, text, sizeof text);
+        if (code != MSG_E_NONE) s_reply_error(S, h->route, h->route_len, true, h->m.id, code, text);
+        msg_free(&h->m);
+    }
+    if (S->n_held) log_info("%d submits held until the executor reported are now queued", S->n_held);
+    S->n_held = 0;
+}
+
+/* Held submits past their deadline (no executor for HELD_WAIT_S) are refused. */
+static void s_held_timeouts(svc_t *S, double now)
+{
+    for (int i = 0; i < S->n_held;) {
+        held_submit_t *h = &S->held[i];
+        if (now < h->deadline) {
+            i++;
+            continue;
+        }
+        char text[120];
+        snprintf(text, sizeof text, "no executor has reported for %.0f s; retry later", HELD_WAIT_S);
+        s_reply_error(S, h->route, h->route_len, true, h->m.id, MSG_E_UNAVAILABLE, text);
+        msg_free(&h->m);
+        memmove(h, h + 1, (size_t)(S->n_held - i - 1) * sizeof *h);
+        S->n_held--;
+    }
+}
+
 static void s_on_router_msg(svc_t *S, const void *route, size_t len, const void *data, size_t size)
 {
     msg_t m;
@@ -327,8 +393,10 @@ static void s_on_router_msg(svc_t *S, const void *route, size_t len, const void 
     case MSG_SUBMIT: {
         msg_errcode_t code;
         if (!S->sc) {
+            if (s_hold_submit(S, route, len, &m, now)) return; /* m is held, not freed */
             code = MSG_E_UNAVAILABLE;
-            snprintf(text, sizeof text, "the executor has not reported yet; retry later");
+            snprintf(text, sizeof text, "the executor has not reported yet and %d submits are waiting; retry later",
+                     S->n_held);
         } else {
             code = sched_submit(S->sc, m.id, &m.u.submit, now, text, sizeof text);
         }
@@ -422,6 +490,7 @@ static void s_on_exec_hello(svc_t *S, const msg_hello_t *h, double now)
             return;
         }
         S->have_model = true;
+        s_release_held(S, now);
     }
     if (restarted) {
         sched_counters_t c;
@@ -626,11 +695,12 @@ int main(int argc, char **argv)
             s_probe(&S, now);
         }
         if (!S.ready && (S.have_model || now - S.t_start >= READY_ANYWAY_S)) {
-            if (!S.have_model) log_warn("no executor after %.0f s; serving anyway (submits are refused until it reports)", READY_ANYWAY_S);
+            if (!S.have_model) log_warn("no executor after %.0f s; serving anyway (submits wait up to %.0f s for it)", READY_ANYWAY_S, HELD_WAIT_S);
             notify_ready();
             S.ready = true;
         }
         if (S.n_pstats) s_stats_timeouts(&S, now);
+        if (S.n_held) s_held_timeouts(&S, now);
         if (S.sc && now - S.t_expire >= EXPIRE_EVERY_S) {
             sched_expire(S.sc, now);
             S.t_expire = now;
@@ -646,6 +716,8 @@ done:
     if (S.zctx) zmq_ctx_term(S.zctx);
     msg_buf_free(&S.buf);
     msg_buf_free(&S.ebuf);
+    for (int i = 0; i < S.n_held; i++) msg_free(&S.held[i].m);
+    free(S.held);
     sched_free(S.sc);
     return rc;
 }
