@@ -27,7 +27,11 @@
  *   cpu_expert_share        scheduler.executor.cpu_expert_uses / all expert uses when the group
  *                           reports it, 1 for the CPU backend, else null;
  *   bound_tok_s, ratio      the roofline bound for the model, format, budget and batch on this
- *                           machine (ceilings measured at start) and measured / bound.
+ *                           machine (ceilings measured at start) and measured / bound;
+ *   bound_pcie_only_tok_s, ratio_pcie_only
+ *                           the same bound with every miss over PCIe (no CPU path): what a GPU
+ *                           backend that computes every expert itself can reach (null on the CPU
+ *                           backend).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -1000,9 +1004,9 @@ int cmd_bench(int argc, char **argv)
         goto done;
     }
 
-    printf("%-6s %7s %9s %10s %10s %9s %9s %9s %9s %6s %7s %6s %10s %7s\n", o.open_loop ? "rate" : "batch", "reqs",
+    printf("%-6s %7s %9s %10s %10s %9s %9s %9s %9s %6s %7s %6s %10s %7s %10s %7s\n", o.open_loop ? "rate" : "batch", "reqs",
            "tok/s", "tok/s/seq", "prefill/s", "ttft p50", "ttft p99", "itl p50", "itl p99", "hit", "pcie", "cpu%",
-           "bound", "ratio");
+           "bound", "ratio", "pcie-only", "ratio");
     int total_ok = 0;
     for (int li = 0; li < o.n_levels && !s_stop; li++) {
         s_level_t *L = &res[li];
@@ -1022,18 +1026,22 @@ int cmd_bench(int argc, char **argv)
         roofline_t bo;
         double bound = o.no_probe ? NAN : s_bound(&mi, &here, &o, bb, cpu, &bo);
         double ratio = isfinite(bound) && bound > 0 ? L->decode_tok_s / bound : NAN;
+        double po = isfinite(bound) && !cpu && bo.pcie_only_tok_s > 0 ? bo.pcie_only_tok_s : NAN;
+        double po_ratio = isfinite(po) ? L->decode_tok_s / po : NAN;
         char lvl[32];
         if (o.open_loop) snprintf(lvl, sizeof lvl, "%.3g", L->rate);
         else snprintf(lvl, sizeof lvl, "%d", L->conc);
-        char f_hit[16], f_pcie[16], f_cpu[16], f_bound[16], f_ratio[16];
+        char f_hit[16], f_pcie[16], f_cpu[16], f_bound[16], f_ratio[16], f_po[16], f_por[16];
         s_fmt(f_hit, sizeof f_hit, "%.3f", L->hit_rate, 1);
         s_fmt(f_pcie, sizeof f_pcie, "%.2fG", L->pcie_gb_s, 1);
         s_fmt(f_cpu, sizeof f_cpu, "%.1f%%", L->cpu_share, 100);
         s_fmt(f_bound, sizeof f_bound, "%.2f", bound, 1);
         s_fmt(f_ratio, sizeof f_ratio, "%.3f", ratio, 1);
-        printf("%-6s %7d %9.2f %10.2f %10.1f %8.1fm %8.1fm %8.2fm %8.2fm %6s %7s %6s %10s %7s\n", lvl, L->measured_done,
-               L->decode_tok_s, L->per_seq_tok_s, L->prefill_tok_s, L->ttft_p50, L->ttft_p99, L->itl_p50, L->itl_p99,
-               f_hit, f_pcie, f_cpu, f_bound, f_ratio);
+        s_fmt(f_po, sizeof f_po, "%.2f", po, 1);
+        s_fmt(f_por, sizeof f_por, "%.3f", po_ratio, 1);
+        printf("%-6s %7d %9.2f %10.2f %10.1f %8.1fm %8.1fm %8.2fm %8.2fm %6s %7s %6s %10s %7s %10s %7s\n", lvl,
+               L->measured_done, L->decode_tok_s, L->per_seq_tok_s, L->prefill_tok_s, L->ttft_p50, L->ttft_p99,
+               L->itl_p50, L->itl_p99, f_hit, f_pcie, f_cpu, f_bound, f_ratio, f_po, f_por);
         if (L->errors || e < 0)
             fprintf(stderr, "bench: level %s: %d errors%s%s\n", lvl, L->errors, L->first_error[0] ? "; first: " : "",
                     L->first_error);
@@ -1067,6 +1075,8 @@ int cmd_bench(int argc, char **argv)
         json_object_set_new(row, "bound_tok_s", s_num(bound));
         json_object_set_new(row, "bound_limit", isfinite(bound) ? json_string(bo.limit) : json_null());
         json_object_set_new(row, "ratio", s_num(ratio));
+        json_object_set_new(row, "bound_pcie_only_tok_s", s_num(po));
+        json_object_set_new(row, "ratio_pcie_only", s_num(po_ratio));
         json_object_set_new(row, "bound_rtx3090_tok_s", s_num(s_proj(&mi, &roofline_rtx3090, &o, bb)));
         json_object_set_new(row, "bound_rtx4090_tok_s", s_num(s_proj(&mi, &roofline_rtx4090, &o, bb)));
         json_object_set_new(row, "ceilings",

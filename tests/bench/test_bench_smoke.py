@@ -67,6 +67,8 @@ def check_rows(rows, n, load, batches=None):
             check(positive(r.get(k)), "row %d: %s = %r is not a positive number" % (i, k, r.get(k)))
         # the CPU backend has no expert cache and no PCIe traffic; every expert runs on the CPU
         check(r.get("hit_rate") is None and r.get("pcie_gb_s") is None, "row %d: cache figures on the CPU backend" % i)
+        check("bound_pcie_only_tok_s" in r and r["bound_pcie_only_tok_s"] is None and r.get("ratio_pcie_only") is None,
+              "row %d: a PCIe-only bound on the CPU backend: %r" % (i, r.get("bound_pcie_only_tok_s")))
         check(r.get("cpu_expert_share") == 1.0, "row %d: cpu_expert_share %r" % (i, r.get("cpu_expert_share")))
         if positive(r.get("ttft_p50_ms")) and positive(r.get("ttft_p99_ms")):
             check(r["ttft_p99_ms"] >= r["ttft_p50_ms"], "row %d: ttft p99 < p50" % i)
