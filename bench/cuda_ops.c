@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/strata.h"
@@ -23,13 +22,6 @@ static uint8_t *pool;     /* device: random bytes every weight points into */
 static size_t pool_bytes;
 static uint16_t *scales;  /* device: fp16 0.01 everywhere */
 static size_t scale_elems;
-
-static double s_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void *s_dev(size_t bytes)
 {
@@ -72,19 +64,19 @@ static double s_time(s_fn fn, void *arg)
     for (int i = 0; i < 3; i++)
         if (fn(arg)) exit(1);
     cuda_sync(ctx);
-    double t0 = s_now();
+    double t0 = strata_now();
     if (fn(arg)) exit(1);
     cuda_sync(ctx);
-    double one = s_now() - t0;
+    double one = strata_now() - t0;
     int reps = one > 0.02 ? 1 : (int)(0.02 / (one > 1e-6 ? one : 1e-6)) + 1;
     if (reps > 500) reps = 500;
     double b[5];
     for (int k = 0; k < 5; k++) {
-        t0 = s_now();
+        t0 = strata_now();
         for (int i = 0; i < reps; i++)
             if (fn(arg)) exit(1);
         cuda_sync(ctx);
-        b[k] = (s_now() - t0) / reps;
+        b[k] = (strata_now() - t0) / reps;
     }
     for (int i = 0; i < 5; i++)
         for (int j = i + 1; j < 5; j++)

@@ -17,18 +17,13 @@ usage: test_group_greedy.py --strata BIN [--fixtures DIR] [--only NAME,...] [--b
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.join(HERE, "..", "group"))
+from grouplib import free_port  # noqa: E402
 
 
 def client(strata, endpoint, prompt, n):

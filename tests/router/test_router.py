@@ -22,7 +22,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,8 +34,10 @@ import zmq
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "proto", "python"))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "group"))
 from mock_scheduler import ECHO_SEED, EOS, EOS_TRIGGER, MAX_CONTEXT, MockScheduler, token_at  # noqa: E402
 from strata_client import StrataClient, StrataError  # noqa: E402
+from grouplib import free_port  # noqa: E402
 
 FAILS = 0
 
@@ -46,14 +47,6 @@ def check(cond, what):
     print(("PASS " if cond else "FAIL ") + what, flush=True)
     if not cond:
         FAILS += 1
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 class Group:
