@@ -42,6 +42,7 @@ struct forward_ctx {
     float *yg;                /* [T][hidden] their outputs */
     float *ffn_scratch;       /* [2*T*max_inter] for cpu_ffn_swiglu(_many) */
     float *sg;                /* [T] shared-expert gate logit */
+    int64_t *route_count;     /* [n_layers][n_experts] picks since creation or the last reset */
     /* attention scratch: one row per thread, att_cap floats each (grown on demand) */
     float *att_scratch;       /* [n_threads][att_cap] */
     int64_t att_cap;
@@ -152,6 +153,7 @@ forward_ctx_t *forward_ctx_create(const model_t *m, int32_t max_tokens, tpool_t 
     f->yg = s_alloc(T * H, sizeof(float), &fail);
     f->ffn_scratch = s_alloc(2 * T * (size_t)mi, sizeof(float), &fail);
     f->sg = s_alloc(T, sizeof(float), &fail);
+    f->route_count = s_alloc((size_t)c->n_layers * ne, sizeof(int64_t), &fail);
     if (fail) {
         log_error("forward: out of memory for %d tokens", max_tokens);
         forward_ctx_free(f);
@@ -173,6 +175,7 @@ void forward_ctx_free(forward_ctx_t *f)
     free(f->y);
     free(f->rlog);
     free(f->top_idx);
+    free(f->route_count);
     free(f->top_w);
     free(f->e_off);
     free(f->e_fill);
@@ -310,8 +313,9 @@ static void s_attention(forward_ctx_t *f, kv_cache_t *kv, const batch_t *b, int 
 }
 
 /* y = sum over routed experts of w * expert(xn) (+ the gated shared expert), grouped by expert. */
-static void s_moe(forward_ctx_t *f, const layer_t *L, int n)
+static void s_moe(forward_ctx_t *f, int l, int n)
 {
+    const layer_t *L = &f->m->layers[l];
     const model_config_t *c = &f->m->cfg;
     int H = c->hidden, ne = c->n_experts, tk = c->top_k;
     /* Mixtral always renormalises its top-k weights (HF MixtralSparseMoeBlock). */
@@ -327,6 +331,7 @@ static void s_moe(forward_ctx_t *f, const layer_t *L, int n)
         for (int i = 0; i < tk; i++) {
             STRATA_ASSERT(idx[i] >= 0 && idx[i] < ne);
             f->e_off[idx[i] + 1]++;
+            f->route_count[(size_t)l * ne + idx[i]]++;
         }
     }
     for (int e = 0; e < ne; e++) {
@@ -388,11 +393,19 @@ static void s_ffn(forward_ctx_t *f, int l, int n)
     int H = c->hidden;
     cpu_rmsnorm(f->xn, f->x, L->ffn_norm, n, H, c->rms_eps);
     if (c->layer_sparse[l])
-        s_moe(f, L, n);
+        s_moe(f, l, n);
     else
         cpu_ffn_swiglu(f->pool, f->y, f->xn, n, &L->dense.gate, &L->dense.up, &L->dense.down, f->ffn_scratch, NULL,
                        false);
     for (size_t i = 0; i < (size_t)n * H; i++) f->x[i] += f->y[i];
+}
+
+const int64_t *forward_route_counts(const forward_ctx_t *f) { return f->route_count; }
+
+void forward_reset_route_counts(forward_ctx_t *f)
+{
+    const model_config_t *c = &f->m->cfg;
+    memset(f->route_count, 0, sizeof(int64_t) * (size_t)c->n_layers * (c->n_experts > 0 ? c->n_experts : 1));
 }
 
 /* Run one step over b, writing K/V into kv and logits[n_logits][vocab]. Returns 0 or <0. */

@@ -3,7 +3,8 @@
  * Generator. Every tensor's data and scale array is a "region" of its weight file. Word i
  * (bytes 4i..4i+3) of a region is a 32-bit hash of (i XOR key), key derived from the seed and
  * the tensor's index, then shaped for the format with one AND and one ADD:
- *   int4/int8 data   raw bits: uniform nibbles / bytes
+ *   int4 data        & 0xEE.. + 0x11.. per byte: odd nibbles, so nibble - 8 is symmetric about 0
+ *   int8 data        & 0xFE.. + 0x01.. per byte: odd bytes, symmetric about 0 as int8
  *   fp8 data         & 0xBF per byte: exponent field <= 7, so |w| < 2 and never the NaN code
  *   bf16 data        & 0x81FF per lane, + E0 << 7: random sign and mantissa, exponent E0..E0+3
  *   int4 fp16 scales & 0x003F per lane, + base: a fixed scale with up to 6% jitter
@@ -143,10 +144,10 @@ static inline float s_unit(uint32_t h) { return (float)(h >> 8) * (1.0f / 167772
 
 /* ---- per-format constants ------------------------------------------------------------- */
 
-/* rms of (nibble - 8) for uniform nibbles: sqrt(sum_{k=-8..7} k^2 / 16) */
-#define S_INT4_RMS 4.6368092f
-/* rms of a uniform int8 */
-#define S_INT8_RMS 73.9003f
+/* rms of (nibble - 8) for uniform odd nibbles: sqrt(sum_{k=-7,-5..7} k^2 / 8) = sqrt(21) */
+#define S_INT4_RMS 4.5825757f
+/* rms of a uniform odd int8 (-127, -125 .. 127): sqrt(5461) */
+#define S_INT8_RMS 73.898579f
 /* rms of bf16 with exponent E0 + U{0..3} and uniform mantissa, divided by 2^(E0-127):
  * sqrt(mean(4^k) * E[m^2]) = sqrt(21.25 * 7/3) */
 #define S_BF16_RMS1 7.0415904f
@@ -417,6 +418,14 @@ int synth_gen_create(synth_gen_t **out, const model_config_t *c, const packed_ma
                         .target = target, .and_mask = 0xFFFFFFFFu, .add = 0, .scale = target,
                         .row_bytes = t->rows ? t->bytes / (uint64_t)t->rows : 0};
         switch (t->fmt) {
+        case WF_INT4: /* odd nibbles only: (n & 0xE) + 1, so nibble - 8 is symmetric about 0 */
+            R->and_mask = 0xEEEEEEEEu;
+            R->add = 0x11111111u;
+            break;
+        case WF_INT8: /* odd bytes only: symmetric about 0 as int8 */
+            R->and_mask = 0xFEFEFEFEu;
+            R->add = 0x01010101u;
+            break;
         case WF_FP8: R->and_mask = 0xBFBFBFBFu; break;
         case WF_BF16: {
             int e0 = role == R_EMBED ? e_emb : s_bf16_e0(target);

@@ -34,7 +34,7 @@
 #include "model/packed.h"
 
 #define SYNTH_MARKER "strata-synthetic.json" /* in every folder synth_write makes */
-#define SYNTH_GEN_VERSION 1                  /* the generator's bytes; bumped when they change */
+#define SYNTH_GEN_VERSION 2                  /* the generator's bytes; bumped when they change */
 
 /* What to generate. */
 typedef struct {
