@@ -75,7 +75,7 @@ static void s_help(FILE *f)
             "  --prompt N         tokens each sequence holds before decoding (default 32)\n"
             "  --prefill N        prefill prompt length (default 512; 0 = skip)\n"
             "  --max-tokens N     most tokens a step carries (default 512)\n"
-            "  --prefetch-depth D layers ahead to prefetch (default 1; 0 = off)\n"
+            "  --prefetch-depth D MoE layers ahead to predict and prefetch (default: the GPU model's, 16; 0 = off)\n"
             "  --no-graphs        no CUDA graphs\n"
             "  --device N         CUDA device (default 0)\n"
             "  --backend B        cuda (default when built with CUDA) or cpu\n"
@@ -153,8 +153,12 @@ static int s_step(s_be_t *be, const batch_t *b, int32_t *ids)
     return 0;
 }
 
+#define S_MAX_LAYERS 256
+
 typedef struct {
     uint64_t expert_uses, hits, misses, prefetches, prefetch_used, bytes_h2d;
+    uint64_t layer[S_MAX_LAYERS][4]; /* per layer: uses, hits, prefetches, prefetch_used */
+    int32_t n_layers;
     int32_t slots;
     int64_t resident_bytes, kv_bytes, workspace_bytes, budget_used;
     bool valid;
@@ -167,14 +171,45 @@ static void s_stats(s_be_t *be, s_cache_t *c, bool reset)
     if (be->cuda) {
         gpu_stats_t st;
         gpu_get_stats(be->g, &st);
-        *c = (s_cache_t){st.expert_uses, st.hits, st.misses, st.prefetches, st.prefetch_used, st.bytes_h2d, st.slots,
-                         st.resident_bytes, st.kv_bytes, st.workspace_bytes, st.budget_used, true};
+        c->expert_uses = st.expert_uses, c->hits = st.hits, c->misses = st.misses, c->prefetches = st.prefetches;
+        c->prefetch_used = st.prefetch_used, c->bytes_h2d = st.bytes_h2d, c->slots = st.slots;
+        c->resident_bytes = st.resident_bytes, c->kv_bytes = st.kv_bytes, c->workspace_bytes = st.workspace_bytes;
+        c->budget_used = st.budget_used, c->valid = true;
+        gpu_layer_stats_t ls[S_MAX_LAYERS];
+        c->n_layers = gpu_get_layer_stats(be->g, ls, S_MAX_LAYERS);
+        if (c->n_layers > S_MAX_LAYERS) c->n_layers = S_MAX_LAYERS;
+        for (int l = 0; l < c->n_layers; l++) {
+            c->layer[l][0] = ls[l].uses, c->layer[l][1] = ls[l].hits;
+            c->layer[l][2] = ls[l].prefetches, c->layer[l][3] = ls[l].prefetch_used;
+        }
         if (reset) gpu_reset_stats(be->g);
     }
 #else
     (void)be;
     (void)reset;
 #endif
+}
+
+/* Per-layer cache figures of a run (MoE layers that served experts): JSON, and the spread
+ * of the hit rate on stdout. */
+static json_t *s_layers_json(const s_cache_t *c)
+{
+    json_t *a = json_array();
+    double lo = 2, hi = -1;
+    int llo = -1, lhi = -1;
+    for (int l = 0; l < c->n_layers; l++) {
+        const uint64_t *v = c->layer[l];
+        if (!v[0]) continue;
+        double h = (double)v[1] / (double)v[0];
+        if (h < lo) lo = h, llo = l;
+        if (h > hi) hi = h, lhi = l;
+        json_array_append_new(a, json_pack("{s:i,s:I,s:f,s:I,s:o}", "layer", l, "uses", (json_int_t)v[0], "hit_rate", h,
+                                           "prefetches", (json_int_t)v[2], "prefetch_accuracy",
+                                           v[2] ? json_real((double)v[3] / (double)v[2]) : json_null()));
+    }
+    if (llo >= 0 && lo < 1)
+        printf("         hit rate per layer: lowest %.3f (layer %d), highest %.3f (layer %d)\n", lo, llo, hi, lhi);
+    return a;
 }
 
 /* ---- one decode measurement ----------------------------------------------------------- */
@@ -329,7 +364,7 @@ static json_t *s_proj(const roofline_model_t *rm, const roofline_run_t *r)
 int main(int argc, char **argv)
 {
     s_opts_t o = {.fmt = "int4", .group = 32, .steps = 64, .warmup = 8, .prompt = 32, .prefill = 512, .seed = 1,
-                  .prefetch_depth = 1, .max_tokens = 512, .probe_mib = 1024, .batches = {1, 16}, .n_batches = 2};
+                  .prefetch_depth = -1, .max_tokens = 512, .probe_mib = 1024, .batches = {1, 16}, .n_batches = 2};
 #ifdef STRATA_HAVE_CUDA
     o.backend = "cuda";
 #else
@@ -616,7 +651,7 @@ int main(int argc, char **argv)
         go.kv_blocks = kv_blocks;
         go.block_size = bs;
         go.max_tokens = max_tokens;
-        go.prefetch_depth = o.prefetch_depth;
+        if (o.prefetch_depth >= 0) go.prefetch_depth = o.prefetch_depth;
         go.use_graphs = !o.no_graphs;
         vram_ctx = s_smi_mib(); /* the CUDA context (and what the probes left) before the model */
         int e = gpu_model_create(&be.g, &m, &go, &eb);
@@ -701,6 +736,7 @@ int main(int argc, char **argv)
         json_object_set_new(row, "prefetches", json_integer((json_int_t)c->prefetches));
         json_object_set_new(row, "misses", json_integer((json_int_t)c->misses));
         json_object_set_new(row, "pcie_gb_s", c->valid ? json_real(pcie) : json_null());
+        json_object_set_new(row, "layers", pre ? json_null() : s_layers_json(c));
         json_object_set_new(row, "slots", json_integer(c->valid ? c->slots : rm.n_experts_total));
         json_object_set_new(row, "experts_total", json_integer(rm.n_experts_total));
         json_object_set_new(row, "bound_tok_s", have_bound && !pre ? json_real(b1.bound_tok_s) : json_null());

@@ -54,6 +54,7 @@ void config_defaults(strata_config_t *c)
     snprintf(c->executor.backend, sizeof c->executor.backend, "cpu");
     c->executor.threads = 0;
     c->executor.gpu_mem = 0;
+    c->executor.prefetch_depth = -1;
     c->executor.place.numa_node = -1;
 
     c->n_prefetchers = 1;
@@ -229,6 +230,7 @@ static int s_on_key(void *user, const char *sec, const char *key, const char *v)
             return s_str(x, sec, key, v, c->executor.cpu_act, sizeof c->executor.cpu_act);
         }
         if (!strcmp(key, "gpu_mem")) return s_bytes(x, sec, key, v, 0, INT64_MAX, &c->executor.gpu_mem);
+        if (!strcmp(key, "prefetch_depth")) return s_int(x, sec, key, v, -1, 64, &c->executor.prefetch_depth);
         int r = s_place(x, sec, key, v, &c->executor.place, &handled);
         if (handled) return r;
     } else if (!strncmp(sec, "prefetcher.", 11)) {

@@ -13,6 +13,7 @@
  *                cpus =   numa_node = -1
  *   [executor]   endpoint = ipc://{run_dir}/executor.sock   backend = cpu|cuda   threads = 0 (all cpus)
  *                gpu_mem = 0 (bytes; suffixes K M G GiB accepted)   cpus =   numa_node = -1
+ *                prefetch_depth = -1 (cuda: MoE layers ahead to prefetch, 0 off; -1 the backend's default)
  *                cpu_act = f32|q8 (cpu backend: INT4 matmul activations; default STRATA_CPU_ACT, else f32)
  *   [prefetcher.N]  (one per NUMA node N) endpoint = ipc://{run_dir}/prefetcher-N.sock
  *                numa_node = N   cpus =   threads = 0
@@ -66,6 +67,7 @@ typedef struct {
         int threads;
         char cpu_act[8];   /* "f32", "q8", or "" (STRATA_CPU_ACT, else f32) */
         int64_t gpu_mem;
+        int prefetch_depth; /* -1: the backend's default */
         config_placement_t place;
     } executor;
 

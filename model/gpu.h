@@ -21,7 +21,10 @@ typedef struct {
     int32_t kv_blocks;       /* paged KV blocks on the GPU */
     int32_t block_size;      /* tokens per KV block */
     int32_t max_tokens;      /* most tokens one step carries */
-    int32_t prefetch_depth;  /* layers ahead to prefetch predicted experts (0 = off) */
+    int32_t prefetch_depth;  /* MoE layers ahead whose experts are predicted and prefetched (0 = off);
+                              * with a cache this takes ALIGN256(moe_layers * n_experts * hidden * 4)
+                              * + ALIGN256(hidden * 4) bytes of the budget, or is turned off when
+                              * that would leave less than one layer of slots */
     bool use_graphs;         /* capture decode steps as CUDA graphs when every expert is resident */
 } gpu_opts_t;
 
@@ -37,9 +40,14 @@ typedef struct {
     int64_t resident_bytes, kv_bytes, workspace_bytes, slot_bytes_total, budget_used;
 } gpu_stats_t;
 
+/* The expert cache of one layer (all zero for dense layers and with every expert resident). */
+typedef struct {
+    uint64_t uses, hits, misses, prefetches, prefetch_used;
+} gpu_layer_stats_t;
+
 typedef struct gpu_model gpu_model_t;
 
-/* Defaults: device 0, no budget, 256 blocks of 16, 512 tokens a step, prefetch depth 1, graphs on. */
+/* Defaults: device 0, no budget, 256 blocks of 16, 512 tokens a step, prefetch depth 16, graphs on. */
 void gpu_opts_default(gpu_opts_t *o);
 /* Put model m on the GPU under o. m must outlive the gpu model. Returns 0 or <0 with eb set. */
 int gpu_model_create(gpu_model_t **out, const model_t *m, const gpu_opts_t *o, strata_errbuf_t *eb);
@@ -50,6 +58,8 @@ int gpu_forward(gpu_model_t *g, const batch_t *b, float *logits);
 /* Greedy variant: argmax on the GPU, only the ids come back. ids: host [n_logits]. */
 int gpu_forward_greedy(gpu_model_t *g, const batch_t *b, int32_t *ids);
 void gpu_get_stats(const gpu_model_t *g, gpu_stats_t *st);
+/* Copies up to max layers' cache statistics into out (may be NULL); returns the layer count. */
+int gpu_get_layer_stats(const gpu_model_t *g, gpu_layer_stats_t *out, int max);
 void gpu_reset_stats(gpu_model_t *g);
 
 #endif

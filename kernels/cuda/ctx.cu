@@ -94,6 +94,20 @@ extern "C" int cuda_d2h(cuda_ctx_t *c, void *dst, const void *src, size_t bytes)
     return 0;
 }
 
+extern "C" int cuda_query(cuda_ctx_t *c)
+{
+    cudaError_t e = cudaStreamQuery(c->stream);
+    if (e == cudaErrorNotReady) return 0;
+    CUDA_CHECK(e);
+    return 1;
+}
+
+extern "C" int cuda_d2h_async(cuda_ctx_t *c, void *dst, const void *src, size_t bytes)
+{
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    return 0;
+}
+
 extern "C" int cuda_sync(cuda_ctx_t *c)
 {
     CUDA_CHECK(cudaStreamSynchronize(c->stream));

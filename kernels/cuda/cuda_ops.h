@@ -35,7 +35,12 @@ int cuda_memset(cuda_ctx_t *c, void *p, int byte, size_t bytes);
 /* Copies on the context's stream. h2d/d2h from pageable memory are synchronous for the host. */
 int cuda_h2d(cuda_ctx_t *c, void *dst, const void *src, size_t bytes);
 int cuda_d2h(cuda_ctx_t *c, void *dst, const void *src, size_t bytes);
+/* Device-to-host copy enqueued on the context's stream, not waited for (dst pinned; capturable
+ * in a graph); cuda_sync waits for it. */
+int cuda_d2h_async(cuda_ctx_t *c, void *dst, const void *src, size_t bytes);
 int cuda_sync(cuda_ctx_t *c);
+/* 1 if everything enqueued on the context's stream has completed, 0 if not, <0 on error. */
+int cuda_query(cuda_ctx_t *c);
 
 /* Pinned host memory: allocate, or page-lock an existing range (e.g. an mmapped arena) so
  * copies from it run as DMA at full PCIe rate. */
@@ -80,8 +85,8 @@ size_t cuda_q8_bytes(int rows, int cols);
 
 /* y[n][w->rows] = x[n][w->cols] @ W^T (+ bias). Any n; fused dequantization for every format. */
 int cuda_matmul(cuda_ctx_t *c, float *y, const float *x, int n, const qmat_t *w, const float *bias);
-/* y[n][w->rows] += x @ W^T (a projection straight onto the residual). */
-int cuda_matmul_acc(cuda_ctx_t *c, float *y, const float *x, int n, const qmat_t *w);
+/* y[n][w->rows] += x @ W^T (+ bias, which may be NULL): a projection straight onto the residual. */
+int cuda_matmul_acc(cuda_ctx_t *c, float *y, const float *x, int n, const qmat_t *w, const float *bias);
 /* ys[i] = x @ ws[i]^T (+ biases[i], which may be NULL) for i < count <= 4, matrices of equal
  * cols (q, k and v): x is converted or quantized once, and on the integer path matrices of one
  * format run in one launch. */

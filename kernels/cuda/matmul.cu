@@ -258,10 +258,10 @@ extern "C" int cuda_matmul(cuda_ctx_t *c, float *y, const float *x, int n, const
     return s_matmul(c, 1, &y, x, n, &w, &bias, false);
 }
 
-extern "C" int cuda_matmul_acc(cuda_ctx_t *c, float *y, const float *x, int n, const qmat_t *w)
+extern "C" int cuda_matmul_acc(cuda_ctx_t *c, float *y, const float *x, int n, const qmat_t *w, const float *bias)
 {
     if (w->rows <= 0) return 0;
-    return s_matmul(c, 1, &y, x, n, &w, NULL, true);
+    return s_matmul(c, 1, &y, x, n, &w, &bias, true);
 }
 
 extern "C" int cuda_matmul_multi(cuda_ctx_t *c, int count, float *const *ys, const float *x, int n,

@@ -64,6 +64,7 @@ void exec_opts_default(exec_opts_t *o)
     o->kv_blocks = 2048;
     o->block_size = 16;
     o->max_tokens = 256;
+    o->prefetch_depth = -1;
 }
 
 double exec_thread_cpu_us(void)
@@ -180,6 +181,7 @@ int exec_create(exec_t **out, const model_t *m, const exec_opts_t *o, strata_err
         gpu_opts_t go;
         gpu_opts_default(&go);
         go.gpu_mem = o->gpu_mem;
+        if (o->prefetch_depth >= 0) go.prefetch_depth = o->prefetch_depth;
         go.kv_blocks = o->kv_blocks;
         go.block_size = o->block_size;
         go.max_tokens = o->max_tokens;

@@ -258,7 +258,8 @@ static void test_synth_formats(uint64_t *rng)
         }
 }
 
-/* Budget that holds exactly one layer's experts: same logits as all-resident, prefetch on/off. */
+/* Budget that holds exactly one layer's experts: same logits as all-resident, with prefetch off,
+ * one layer ahead and three (every later layer; the prediction's routers get their bytes). */
 static void test_tight_cache(uint64_t *rng)
 {
     model_config_t c;
@@ -273,7 +274,7 @@ static void test_tight_cache(uint64_t *rng)
     gpu_opts_default(&o);
     o.kv_blocks = 8;
     o.max_tokens = 16;
-    for (int pass = 0; pass < 3; pass++) {
+    for (int pass = 0; pass < 4; pass++) {
         gpu_model_t *g = NULL;
         strata_errbuf_t eb = {{0}};
         if (pass == 0) {
@@ -287,8 +288,12 @@ static void test_tight_cache(uint64_t *rng)
             gpu_get_stats(probe, &st);
             int64_t per = st.slot_bytes_total / st.slots;
             gpu_model_free(probe);
-            o.gpu_mem = st.budget_used - st.slot_bytes_total + per * c.n_experts;
-            o.prefetch_depth = pass == 1 ? 0 : 1;
+            o.prefetch_depth = pass == 1 ? 0 : pass == 2 ? 1 : 3;
+            /* the prediction: every MoE layer's router in f32 and a norm vector (gpu.h) */
+            int64_t pred = o.prefetch_depth ? (int64_t)(((size_t)c.n_layers * c.n_experts * c.hidden * 4 + 255) & ~(size_t)255) +
+                                                  (int64_t)(((size_t)c.hidden * 4 + 255) & ~(size_t)255)
+                                            : 0;
+            o.gpu_mem = st.budget_used - st.slot_bytes_total + per * c.n_experts + pred;
         }
         T_CHECK(gpu_model_create(&g, &m, &o, &eb) == 0, "create pass %d: %s", pass, eb.msg);
         if (!g) continue;
@@ -304,6 +309,7 @@ static void test_tight_cache(uint64_t *rng)
             T_CHECK(e < 1e-6, "tight cache (prefetch %d): rel err vs all resident %.3g", o.prefetch_depth, e);
             T_CHECK(st.slots == c.n_experts, "slots %d, want %d", st.slots, c.n_experts);
             T_CHECK(st.misses + st.prefetches > 0, "no expert traffic with %d slots", st.slots);
+            T_CHECK(o.prefetch_depth == 0 || st.prefetches > 0, "prefetch depth %d made no copy", o.prefetch_depth);
             T_CHECK(st.budget_used <= o.gpu_mem, "budget used %lld > %lld", (long long)st.budget_used,
                     (long long)o.gpu_mem);
             fprintf(stderr, "tight cache prefetch=%d: slots %d uses %llu hits %llu misses %llu prefetches %llu used %llu\n",

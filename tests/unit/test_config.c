@@ -28,7 +28,7 @@ static void test_defaults(void)
     T_CHECK(!strcmp(c.router.place.cpus, "0-1") && c.router.place.numa_node == -1, "router place");
     T_CHECK(c.scheduler.max_batch_tokens == 256 && c.scheduler.max_seqs == 64 && c.scheduler.kv_blocks == 2048 &&
                 c.scheduler.block_size == 16 && c.scheduler.max_context == 0, "scheduler ints");
-    T_CHECK(!strcmp(c.executor.backend, "cpu") && c.executor.threads == 0 && c.executor.gpu_mem == 0 && !c.executor.cpu_act[0],
+    T_CHECK(!strcmp(c.executor.backend, "cpu") && c.executor.threads == 0 && c.executor.gpu_mem == 0 && c.executor.prefetch_depth == -1 && !c.executor.cpu_act[0],
             "executor");
     T_CHECK(c.launcher.restart_backoff_ms == 200 && c.launcher.restart_backoff_max_ms == 10000 &&
                 c.launcher.ready_timeout_s == 60 && c.launcher.watchdog_s == 30, "launcher");
@@ -63,6 +63,7 @@ static void test_full(void)
         "backend = cuda\n"
         "threads = 4\n"
         "gpu_mem = 16GiB\n"
+        "prefetch_depth = 6\n"
         "cpu_act = q8\n"
         "cpus = 0-1\n"
         "[prefetcher.1]\n"
@@ -91,7 +92,7 @@ static void test_full(void)
                 c.scheduler.block_size == 8 && c.scheduler.max_context == 512 && !strcmp(c.scheduler.place.cpus, "1"),
             "scheduler");
     T_CHECK(!strcmp(c.executor.endpoint, "ipc:///tmp/rd/x//tmp/rd.sock"), "exec ep %s", c.executor.endpoint);
-    T_CHECK(!strcmp(c.executor.backend, "cuda") && c.executor.threads == 4 && c.executor.gpu_mem == (16ll << 30) &&
+    T_CHECK(!strcmp(c.executor.backend, "cuda") && c.executor.threads == 4 && c.executor.gpu_mem == (16ll << 30) && c.executor.prefetch_depth == 6 &&
                 !strcmp(c.executor.cpu_act, "q8"), "executor");
     T_CHECK(c.n_prefetchers == 2, "n_prefetchers %d", c.n_prefetchers);
     T_CHECK(c.prefetcher[0].node == 1 && c.prefetcher[0].place.numa_node == 1 && !strcmp(c.prefetcher[0].place.cpus, "8-15,24") &&
