@@ -45,38 +45,8 @@ void tok_free(tok_t *tok)
     free(tok);
 }
 
-static int s_read_file(const char *path, char **out, size_t *len, strata_errbuf_t *eb)
-{
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    int rc;
-    *out = NULL;
-    if (!f) return strata_seterr(eb, -errno, "%s: cannot open: %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) || ftell(f) < 0) {
-        rc = strata_seterr(eb, STRATA_EIO, "%s: cannot size the file", path);
-        goto fail;
-    }
-    long n = ftell(f);
-    rewind(f);
-    buf = malloc((size_t)n + 1);
-    if (!buf) {
-        rc = STRATA_ENOMEM;
-        goto fail;
-    }
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        rc = strata_seterr(eb, STRATA_EIO, "%s: read error", path);
-        goto fail;
-    }
-    buf[n] = 0;
-    fclose(f);
-    *out = buf;
-    *len = (size_t)n;
-    return 0;
-fail:
-    free(buf);
-    fclose(f);
-    return rc;
-}
+/* Largest tokenizer.json read (real ones are 2-12 MB). */
+#define TOK_MAX_FILE_BYTES ((uint64_t)1 << 30)
 
 int tok_load_json(tok_t **out, const char *json, size_t len, const char *name, strata_errbuf_t *eb)
 {
@@ -188,7 +158,7 @@ int tok_load(tok_t **out, const char *path_or_dir, strata_errbuf_t *eb)
         if (slash) *slash = 0;
         else snprintf(dir, sizeof dir, ".");
     }
-    if ((rc = s_read_file(file, &json, &len, eb))) return rc;
+    if ((rc = strata_read_file(file, TOK_MAX_FILE_BYTES, &json, &len, eb))) return rc;
     tok = s_alloc(file);
     if (!tok) {
         rc = STRATA_ENOMEM;
