@@ -26,8 +26,11 @@
  *                           bytes_h2d) between the two ends of the window;
  *   cpu_expert_share        scheduler.executor.cpu_expert_uses / all expert uses when the group
  *                           reports it, 1 for the CPU backend, else null;
+ *   slots                   scheduler.executor.slots: the executor's expert slots (cuda), else null;
  *   bound_tok_s, ratio      the roofline bound for the model, format, budget and batch on this
- *                           machine (ceilings measured at start) and measured / bound;
+ *                           machine (ceilings measured at start; the executor's slots when it
+ *                           reports them, else slots estimated from the budget and the KV) and
+ *                           measured / bound;
  *   bound_pcie_only_tok_s, ratio_pcie_only
  *                           the same bound with every miss over PCIe (no CPU path): what a GPU
  *                           backend that computes every expert itself can reach (null on the CPU
@@ -491,13 +494,13 @@ static int s_wait_ready(s_conn_t *cn, double wait_s)
 /* Stats snapshot: the counters bench reads, NAN when absent. */
 typedef struct {
     double t;
-    double hits, misses, bytes_h2d, cpu_expert, tokens;
+    double hits, misses, bytes_h2d, cpu_expert, tokens, slots;
     bool ok;
 } s_snap_t;
 
 static void s_snap_from(const msg_stats_t *st, s_snap_t *s)
 {
-    s->hits = s->misses = s->bytes_h2d = s->cpu_expert = s->tokens = NAN;
+    s->hits = s->misses = s->bytes_h2d = s->cpu_expert = s->tokens = s->slots = NAN;
     for (int32_t i = 0; i < st->n; i++) {
         const char *n = st->items[i].name.s;
         double v = st->items[i].value;
@@ -507,6 +510,7 @@ static void s_snap_from(const msg_stats_t *st, s_snap_t *s)
         else if (!strcmp(n, "scheduler.executor.bytes_h2d")) s->bytes_h2d = v;
         else if (!strcmp(n, "scheduler.executor.cpu_expert_uses")) s->cpu_expert = v;
         else if (!strcmp(n, "scheduler.generated_tokens")) s->tokens = v;
+        else if (!strcmp(n, "scheduler.executor.slots")) s->slots = v;
     }
     s->ok = true;
 }
@@ -524,6 +528,7 @@ typedef struct {
     double decode_tok_s, per_seq_tok_s, prefill_tok_s;
     double ttft_p50, ttft_p99, itl_p50, itl_p99;
     double hit_rate, pcie_gb_s, cpu_share;
+    double slots;           /* the executor's expert slots (cuda), NAN when not reported */
     double mean_conc;
     char first_error[200];
 } s_level_t;
@@ -748,7 +753,8 @@ static int s_level(s_conn_t *cn, const s_opts_t *o, s_level_t *L, uint64_t level
     L->itl_p50 = s_pct(itl, n_itl, 0.5);
     L->itl_p99 = s_pct(itl, n_itl, 0.99);
     L->mean_conc = t_prev > t_start ? conc_area / (t_prev - t_start) : NAN;
-    L->hit_rate = L->pcie_gb_s = L->cpu_share = NAN;
+    L->hit_rate = L->pcie_gb_s = L->cpu_share = L->slots = NAN;
+    if (snap1.ok && isfinite(snap1.slots) && snap1.slots > 0) L->slots = snap1.slots;
     if (snap0.ok && snap1.ok) {
         double h = snap1.hits - snap0.hits, m = snap1.misses - snap0.misses, c = snap1.cpu_expert - snap0.cpu_expert;
         if (isfinite(h) && isfinite(m) && h + m > 0) L->hit_rate = h / (h + m);
@@ -793,7 +799,10 @@ static int s_plot(const char *png, const char *dat, const char *title)
     return st == 0 ? 0 : -1;
 }
 
-static double s_bound(const s_model_t *mi, const machine_t *mc, const s_opts_t *o, int batch, bool cpu, roofline_t *out)
+/* The decode bound at batch; slots: the executor's real expert slots when it reported them
+ * (NAN: estimated from the budget and the KV alone). */
+static double s_bound(const s_model_t *mi, const machine_t *mc, const s_opts_t *o, int batch, bool cpu, double slots,
+                      roofline_t *out)
 {
     if (!mi->have || !(mc->cpu_bw > 0) || (!cpu && !(mc->hbm_bw > 0))) return NAN;
     roofline_run_t r;
@@ -803,6 +812,7 @@ static double s_bound(const s_model_t *mi, const machine_t *mc, const s_opts_t *
     r.gpu_mem = (double)o->gpu_mem;
     r.reserved_bytes = (double)batch * (o->prompt + o->gen) * mi->rm.kv_bytes_per_token;
     r.cpu_backend = cpu;
+    if (!cpu && isfinite(slots) && slots > 0) r.slots = (int64_t)slots;
     return roofline_decode(&mi->rm, mc, &r, out) == 0 ? out->bound_tok_s : NAN;
 }
 
@@ -1024,7 +1034,7 @@ int cmd_bench(int argc, char **argv)
         total_ok += L->measured_done - L->errors;
         int bb = o.open_loop ? (int)lround(L->mean_conc > 1 ? L->mean_conc : 1) : L->conc;
         roofline_t bo;
-        double bound = o.no_probe ? NAN : s_bound(&mi, &here, &o, bb, cpu, &bo);
+        double bound = o.no_probe ? NAN : s_bound(&mi, &here, &o, bb, cpu, L->slots, &bo);
         double ratio = isfinite(bound) && bound > 0 ? L->decode_tok_s / bound : NAN;
         double po = isfinite(bound) && !cpu && bo.pcie_only_tok_s > 0 ? bo.pcie_only_tok_s : NAN;
         double po_ratio = isfinite(po) ? L->decode_tok_s / po : NAN;
@@ -1070,6 +1080,7 @@ int cmd_bench(int argc, char **argv)
         json_object_set_new(row, "itl_p50_ms", s_num(L->itl_p50));
         json_object_set_new(row, "itl_p99_ms", s_num(L->itl_p99));
         json_object_set_new(row, "hit_rate", s_num(L->hit_rate));
+        json_object_set_new(row, "slots", s_num(L->slots));
         json_object_set_new(row, "pcie_gb_s", s_num(L->pcie_gb_s));
         json_object_set_new(row, "cpu_expert_share", s_num(L->cpu_share));
         json_object_set_new(row, "bound_tok_s", s_num(bound));
@@ -1095,6 +1106,7 @@ int cmd_bench(int argc, char **argv)
         rr.gpu_mem = (double)o.gpu_mem;
         rr.reserved_bytes = (double)rr.batch * (o.prompt + o.gen) * mi.rm.kv_bytes_per_token;
         rr.cpu_backend = cpu;
+        if (!cpu && isfinite(res[0].slots) && res[0].slots > 0) rr.slots = (int64_t)res[0].slots;
         printf("\n%s %s, gpu_mem %.2f GiB, batch %d:\n", mi.shape, mi.format, o.gpu_mem / GIB, rr.batch);
         roofline_print(stdout, &mi.rm, &here, &rr, res[0].decode_tok_s);
     }
@@ -1110,7 +1122,7 @@ int cmd_bench(int argc, char **argv)
             fprintf(f, "# batch measured_tok_s bound_tok_s bound_rtx3090 bound_rtx4090\n");
             for (int li = 0; li < o.n_levels; li++) {
                 roofline_t bo;
-                double b = o.no_probe ? NAN : s_bound(&mi, &here, &o, o.levels[li], cpu, &bo);
+                double b = o.no_probe ? NAN : s_bound(&mi, &here, &o, o.levels[li], cpu, res[li].slots, &bo);
                 fprintf(f, "%d %g %g %g %g\n", o.levels[li], res[li].decode_tok_s, isfinite(b) ? b : NAN,
                         s_proj(&mi, &roofline_rtx3090, &o, o.levels[li]), s_proj(&mi, &roofline_rtx4090, &o, o.levels[li]));
             }
