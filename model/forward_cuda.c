@@ -20,12 +20,9 @@
  *
  * Eviction safety: at the routing sync of layer L every kernel up to layer L's gate has
  * completed, so any slot that layer L does not use and that is not in flight can be
- * overwritten at once, by either stream. The victim is the slot whose expert is expected to
- * be needed last (s_next_use: its layer's distance ahead in the cyclic layer order, a cycle
- * more when the prediction says this step skips it, and a cycle for each step its decayed
- * popularity expects it to be skipped), as Belady's rule would choose on average. Experts
- * predicted for the window are not evicted by a prefetch, nor by a miss unless nothing else
- * is left, and a prefetch evicts only an expert needed later than the one it brings.
+ * overwritten at once, by either stream. Which one is model/xcache.h's decision (the expert
+ * expected to be needed last, Belady's rule on average); a prefetch evicts only an expert
+ * needed later than the one it brings.
  */
 #include <errno.h>
 #include <math.h>
@@ -34,28 +31,18 @@
 
 #include "kernels/cuda/cuda_ops.h"
 #include "model/gpu.h"
+#include "model/xcache.h"
 
 #define ALIGN256(x) (((x) + 255) & ~(size_t)255)
 #define GPU_MAX_GRAPHS 33 /* decode graphs keyed by n_tokens 1..32 */
 /* budget kept free below the slot array for what the driver allocates later (graphs, kernel
  * code loaded on first use, the slot array's rounding); dropped when a budget is too tight */
 #define GPU_SLOT_MARGIN ((int64_t)64 << 20)
-/* expert popularity: a step's use counts 1, decayed by this factor a step (a ~256-step window) */
-#define GPU_POP_DECAY (1.0f - 1.0f / 256)
 /* prefetch copies on the copy stream at once (double-buffered: one lands while the next is
  * queued). The host refills while it waits for each layer's routing, so more would only commit
  * copies earlier, on staler predictions; measured at Mixtral-8x7B 24 GiB depth 16, batch 1:
  * 1 in flight 138.0 tok/s, 2 in flight 138.3 */
 #define GPU_MAX_INFLIGHT 2
-
-typedef enum { SLOT_FREE = 0, SLOT_READY = 1, SLOT_LOADING = 2 } slot_state_t;
-
-typedef struct {
-    int32_t layer, expert;   /* what the slot holds, -1 when free */
-    slot_state_t state;
-    cuda_event_t *ev;        /* copy-stream event of the last prefetch into this slot */
-    bool prefetched;         /* arrived by prefetch and not used yet */
-} slot_t;
 
 typedef struct {
     float *attn_norm, *ffn_norm, *bq, *bk, *bv, *bo, *q_norm, *k_norm;
@@ -63,7 +50,6 @@ typedef struct {
     ffn_t shared, dense;
     cuda_expert_t *table_dev;   /* [n_experts] device pointers of resident experts */
     cuda_expert_t *table_host;  /* [n_experts] staging copy, pinned: its copy never waits on the stream */
-    int32_t *slot_of;           /* [n_experts] slot index or -1 */
     int32_t moe_ord;            /* this layer's index among the MoE layers, -1 if dense */
 } glayer_t;
 
@@ -100,14 +86,11 @@ struct gpu_model {
     int32_t n_slots, n_total;
     size_t expert_bytes, off_gs, off_u, off_us, off_d, off_ds;
     uint8_t *slots_dev;          /* [n_slots][expert_bytes] */
-    slot_t *slot;
+    xcache_t xc;                 /* the policy: what each slot holds, routing, prediction, victims */
+    cuda_event_t **ev;           /* [n_slots] copy-stream event of the last prefetch into each slot */
     uint8_t *host_experts;       /* pinned [n_layers*n_experts][expert_bytes], NULL if all resident */
-    uint8_t *need;               /* [n_experts] experts routed in the current layer */
-    uint8_t *pneed;              /* [n_layers][n_experts] experts predicted in the prefetch window */
     int32_t n_moe, *moe_layer;   /* MoE layers, and their layer index by ordinal */
     int32_t depth;               /* prefetch window in MoE layers (0: no prediction) */
-    int32_t win_lo, win_n;       /* MoE ordinals [win_lo, win_lo + win_n) that pneed covers */
-    float *pop;                  /* [n_layers][n_experts] steps that used the expert, decayed by GPU_POP_DECAY */
     float *pred_router;          /* [n_moe][n_experts][hidden] f32 routers x ffn_norm, or NULL */
     float *ones;                 /* [hidden] 1.0: the unweighted RMSNorm for the prediction */
     gpu_layer_stats_t *lst;      /* [n_layers] */
@@ -241,104 +224,30 @@ static const uint8_t *s_host_expert(const gpu_model_t *g, int l, int e)
     return g->host_experts + ((size_t)l * g->m->cfg.n_experts + e) * g->expert_bytes;
 }
 
-/* Expected MoE-layer steps until expert e of layer l is used again, seen from MoE ordinal cur
- * (-1: before the first): the layer's distance ahead in the cyclic layer order (a full cycle
- * when the prediction window says this step skips it), plus a cycle for each step that is
- * expected to skip it, from its decayed popularity. Under any routing this orders experts as
- * Belady's rule would on average; under uniform routing it evicts the layers just computed. */
-static float s_next_use(const gpu_model_t *g, int l, int e, int cur)
-{
-    const int nm = g->n_moe, o = g->L[l].moe_ord;
-    const size_t i = (size_t)l * g->m->cfg.n_experts + e;
-    int d = ((o - cur) % nm + nm) % nm;
-    if (d == 0) d = nm;
-    if (o >= g->win_lo && o < g->win_lo + g->win_n && !g->pneed[i]) d += nm;
-    float p = g->pop[i] * (1.0f - GPU_POP_DECAY);
-    p = p < 1e-3f ? 1e-3f : p > 1.0f ? 1.0f : p;
-    return (float)d + (float)nm * (1.0f / p - 1.0f);
-}
+static int s_landed(void *ctx, int s) { return cuda_event_done(((gpu_model_t *)ctx)->ev[s]); }
 
-/* Pick the evictable slot whose expert is needed last (s_next_use from MoE ordinal cur); -1 if
- * none, or if the best is needed sooner than `before`. The experts that layer_now routes to
- * (need, layer_now -1: none) and slots still in flight are not evictable, nor, with keep_pred,
- * the experts predicted in the prefetch window (pneed). */
-static int s_victim(gpu_model_t *g, int layer_now, int cur, bool keep_pred, float before)
-{
-    const int E = g->m->cfg.n_experts;
-    int best = -1;
-    float best_t = before;
-    for (int s = 0; s < g->n_slots; s++) {
-        slot_t *sl = &g->slot[s];
-        if (sl->state == SLOT_FREE) return s;
-        if (sl->state == SLOT_LOADING) {
-            if (cuda_event_done(sl->ev) != 1) continue;
-            sl->state = SLOT_READY; /* a prefetch that landed and was not used yet */
-        }
-        if (sl->layer == layer_now && g->need[sl->expert]) continue;
-        if (keep_pred && g->pneed[(size_t)sl->layer * E + sl->expert]) continue;
-        float t = s_next_use(g, sl->layer, sl->expert, cur);
-        if (t > best_t) best = s, best_t = t;
-    }
-    return best;
-}
-
-static void s_slot_assign(gpu_model_t *g, int s, int l, int e)
-{
-    slot_t *sl = &g->slot[s];
-    if (sl->state != SLOT_FREE && sl->layer >= 0) g->L[sl->layer].slot_of[sl->expert] = -1;
-    sl->layer = l;
-    sl->expert = e;
-    g->L[l].slot_of[e] = s;
-}
-
-/* Copies on the copy stream that have not landed yet. */
-static int s_inflight(gpu_model_t *g)
-{
-    int k = 0;
-    for (int s = 0; s < g->n_slots; s++)
-        if (g->slot[s].state == SLOT_LOADING && cuda_event_done(g->slot[s].ev) != 1) k++;
-    return k;
-}
-
-/* Record the prediction for the D MoE layers from ordinal first on (h_pidx[n][D][top_k]) as the
- * window that pneed flags. */
-static void s_predicted(gpu_model_t *g, int first, int D, int n)
-{
-    const model_config_t *c = &g->m->cfg;
-    const int E = c->n_experts, K = c->top_k;
-    memset(g->pneed, 0, (size_t)c->n_layers * E);
-    g->win_lo = first;
-    g->win_n = D;
-    for (int t = 0; t < n; t++)
-        for (int d = 0; d < D; d++)
-            for (int j = 0; j < K; j++) {
-                int e = g->h_pidx[((size_t)t * D + d) * K + j];
-                if (e >= 0 && e < E) g->pneed[(size_t)g->moe_layer[first + d] * E + e] = 1;
-            }
-}
-
-/* Start copies of predicted experts that are not resident, on the copy stream, nearest layer of
- * the window first, until GPU_MAX_INFLIGHT copies are in flight, while layer cur (its routed
- * experts flagged in need) computes. A copy evicts only an expert needed later than the one
- * it brings. */
+/* Start copies of predicted experts that are not resident (the window of xc), on the copy
+ * stream, nearest layer first, until GPU_MAX_INFLIGHT copies are in flight, while layer cur
+ * (its routed experts flagged in xc.need) computes. A copy evicts only an expert needed later
+ * than the one it brings. */
 static int s_issue(gpu_model_t *g, int cur)
 {
-    const int E = g->m->cfg.n_experts, cur_ord = g->L[cur].moe_ord;
-    int rc, inflight = s_inflight(g);
-    for (int d = 0; d < g->win_n && inflight < GPU_MAX_INFLIGHT; d++) {
-        int l = g->moe_layer[g->win_lo + d];
+    xcache_t *xc = &g->xc;
+    const int E = xc->n_experts, cur_ord = g->L[cur].moe_ord;
+    int rc, inflight = xcache_inflight(xc);
+    for (int d = 0; d < xc->win_n && inflight < GPU_MAX_INFLIGHT; d++) {
+        int l = g->moe_layer[xc->win_lo + d];
         for (int e = 0; e < E && inflight < GPU_MAX_INFLIGHT; e++) {
-            if (!g->pneed[(size_t)l * E + e] || g->L[l].slot_of[e] >= 0) continue;
-            int s = s_victim(g, cur, cur_ord, true, (float)(g->win_lo + d - cur_ord));
+            if (!xc->pneed[(size_t)l * E + e] || xc->slot_of[(size_t)l * E + e] >= 0) continue;
+            int s = xcache_victim(xc, cur, cur_ord, true, (float)(xc->win_lo + d - cur_ord));
             if (s < 0) return 0; /* nothing evictable that is needed later: the miss path will load it */
-            s_slot_assign(g, s, l, e);
-            slot_t *sl = &g->slot[s];
+            xcache_assign(xc, s, l, e);
             if ((rc = cuda_h2d_async(g->cx, CUDA_STREAM_COPY, g->slots_dev + (size_t)s * g->expert_bytes,
                                      s_host_expert(g, l, e), g->expert_bytes)))
                 return rc;
-            if ((rc = cuda_event_record(g->cx, sl->ev, CUDA_STREAM_COPY))) return rc;
-            sl->state = SLOT_LOADING;
-            sl->prefetched = true;
+            if ((rc = cuda_event_record(g->cx, g->ev[s], CUDA_STREAM_COPY))) return rc;
+            xc->slot[s].state = XC_LOADING;
+            xc->slot[s].prefetched = true;
             inflight++;
             g->st.prefetches++;
             g->lst[l].prefetches++;
@@ -352,26 +261,22 @@ static int s_issue(gpu_model_t *g, int cur)
 static int s_ensure(gpu_model_t *g, int l, int n)
 {
     const model_config_t *c = &g->m->cfg;
+    const int E = c->n_experts;
     glayer_t *L = &g->L[l];
+    xcache_t *xc = &g->xc;
     int rc;
-    memset(g->need, 0, (size_t)c->n_experts);
-    for (int i = 0; i < n * c->top_k; i++) {
-        int e = g->h_idx[i];
-        STRATA_ASSERT(e >= 0 && e < c->n_experts);
-        g->need[e] = 1;
-    }
-    for (int e = 0; e < c->n_experts; e++) {
-        float *pop = &g->pop[(size_t)l * c->n_experts + e];
-        *pop = *pop * GPU_POP_DECAY + (g->need[e] ? 1.0f : 0.0f);
-        if (!g->need[e]) continue;
+    for (int i = 0; i < n * c->top_k; i++) STRATA_ASSERT(g->h_idx[i] >= 0 && g->h_idx[i] < E);
+    xcache_route(xc, l, g->h_idx, n * c->top_k);
+    for (int e = 0; e < E; e++) {
+        if (!xc->need[e]) continue;
         g->st.expert_uses++;
         g->lst[l].uses++;
-        int s = L->slot_of[e];
+        int s = xc->slot_of[(size_t)l * E + e];
         if (s >= 0) {
-            slot_t *sl = &g->slot[s];
-            if (sl->state == SLOT_LOADING) {
-                if ((rc = cuda_stream_wait_event(g->cx, CUDA_STREAM_COMPUTE, sl->ev))) return rc;
-                sl->state = SLOT_READY;
+            xc_slot_t *sl = &xc->slot[s];
+            if (sl->state == XC_LOADING) {
+                if ((rc = cuda_stream_wait_event(g->cx, CUDA_STREAM_COMPUTE, g->ev[s]))) return rc;
+                sl->state = XC_READY;
             }
             if (sl->prefetched) {
                 g->st.prefetch_used++;
@@ -381,15 +286,15 @@ static int s_ensure(gpu_model_t *g, int l, int n)
             g->st.hits++;
             g->lst[l].hits++;
         } else {
-            s = s_victim(g, l, L->moe_ord, true, -1.0f);
-            if (s < 0) s = s_victim(g, l, L->moe_ord, false, -1.0f);
+            s = xcache_victim(xc, l, L->moe_ord, true, -1.0f);
+            if (s < 0) s = xcache_victim(xc, l, L->moe_ord, false, -1.0f);
             STRATA_ASSERT(s >= 0); /* n_slots >= n_experts of one layer, checked at create */
-            s_slot_assign(g, s, l, e);
+            xcache_assign(xc, s, l, e);
             if ((rc = cuda_h2d_async(g->cx, CUDA_STREAM_COMPUTE, g->slots_dev + (size_t)s * g->expert_bytes,
                                      s_host_expert(g, l, e), g->expert_bytes)))
                 return rc;
-            g->slot[s].state = SLOT_READY;
-            g->slot[s].prefetched = false;
+            xc->slot[s].state = XC_READY;
+            xc->slot[s].prefetched = false;
             g->st.misses++;
             g->lst[l].misses++;
             g->st.bytes_h2d += g->expert_bytes;
@@ -397,14 +302,14 @@ static int s_ensure(gpu_model_t *g, int l, int n)
     }
     /* Slots still loading for this layer that nobody routed to stay in flight; the compute
      * stream never reads them, and they become READY when next used. */
-    for (int e = 0; e < c->n_experts; e++) {
-        int s = L->slot_of[e];
-        if (s >= 0 && g->slot[s].state != SLOT_LOADING)
+    for (int e = 0; e < E; e++) {
+        int s = xc->slot_of[(size_t)l * E + e];
+        if (s >= 0 && xc->slot[s].state != XC_LOADING)
             L->table_host[e] = s_expert_at(g, l, e, s);
         else
             memset(&L->table_host[e], 0, sizeof L->table_host[e]);
     }
-    return cuda_h2d(g->cx, L->table_dev, L->table_host, (size_t)c->n_experts * sizeof(cuda_expert_t));
+    return cuda_h2d(g->cx, L->table_dev, L->table_host, (size_t)E * sizeof(cuda_expert_t));
 }
 
 /* ---- creation ---- */
@@ -416,21 +321,18 @@ void gpu_model_free(gpu_model_t *g)
     if (g->graphs)
         for (int i = 0; i < GPU_MAX_GRAPHS * g->n_seg; i++) cuda_graph_destroy(g->graphs[i]);
     free(g->graphs);
-    if (g->slot)
-        for (int s = 0; s < g->n_slots; s++) cuda_event_destroy(g->slot[s].ev);
+    if (g->ev)
+        for (int s = 0; s < g->n_slots; s++) cuda_event_destroy(g->ev[s]);
+    free(g->ev);
     for (int i = 0; i < g->n_allocs; i++) cuda_free(g->allocs[i]);
     free(g->allocs);
     if (g->L)
         for (int l = 0; l < g->m->cfg.n_layers; l++) {
             cuda_host_free(g->L[l].table_host);
-            free(g->L[l].slot_of);
         }
     free(g->L);
-    free(g->slot);
-    free(g->need);
-    free(g->pneed);
+    xcache_free(&g->xc);
     free(g->moe_layer);
-    free(g->pop);
     free(g->lst);
     cuda_host_free(g->host_experts);
     cuda_host_free(g->h_x);
@@ -475,10 +377,8 @@ static int s_create_layers(gpu_model_t *g, strata_errbuf_t *eb)
             if (!rc && c->shared_inter > 0) rc = s_upload_qmat(g, &D->shared_gate, &S->shared_gate, "shared gate", eb);
             if (!rc)
                 rc = s_dalloc(g, (void **)&D->table_dev, (size_t)c->n_experts * sizeof(cuda_expert_t), "expert table", eb);
-            D->slot_of = malloc((size_t)c->n_experts * sizeof(int32_t));
-            if (cuda_host_alloc((void **)&D->table_host, (size_t)c->n_experts * sizeof(cuda_expert_t)) || !D->slot_of)
+            if (cuda_host_alloc((void **)&D->table_host, (size_t)c->n_experts * sizeof(cuda_expert_t)))
                 return strata_seterr(eb, STRATA_ENOMEM, "gpu: out of host memory");
-            for (int e = 0; e < c->n_experts; e++) D->slot_of[e] = -1;
             D->moe_ord = g->n_moe;
             g->moe_layer[g->n_moe++] = l;
         } else {
@@ -646,18 +546,13 @@ static int s_create_experts(gpu_model_t *g, strata_errbuf_t *eb)
     g->all_resident = g->n_slots == g->n_total;
     if ((rc = s_dalloc(g, (void **)&g->slots_dev, (size_t)g->n_slots * g->expert_bytes, "expert slots", eb))) return rc;
     g->st.slot_bytes_total = (int64_t)g->n_slots * (int64_t)g->expert_bytes;
-    g->slot = calloc((size_t)g->n_slots, sizeof *g->slot);
-    g->need = calloc((size_t)c->n_experts, 1);
-    g->pneed = calloc((size_t)c->n_layers * c->n_experts, 1);
-    g->pop = malloc(sizeof(float) * (size_t)c->n_layers * c->n_experts);
-    if (!g->slot || !g->need || !g->pneed || !g->pop) return strata_seterr(eb, STRATA_ENOMEM, "gpu: out of host memory");
-    /* popularity starts at the uniform-routing expectation of a step */
-    for (size_t i = 0; i < (size_t)c->n_layers * c->n_experts; i++)
-        g->pop[i] = (float)c->top_k / (float)c->n_experts / (1.0f - GPU_POP_DECAY);
-    for (int s = 0; s < g->n_slots; s++) {
-        g->slot[s].layer = g->slot[s].expert = -1;
-        if ((rc = cuda_event_create(&g->slot[s].ev))) return strata_seterr(eb, rc, "gpu: event creation failed");
-    }
+    g->ev = calloc((size_t)g->n_slots, sizeof *g->ev);
+    if (!g->ev || xcache_init(&g->xc, c->n_layers, c->layer_sparse, c->n_experts, c->top_k, g->n_slots) < 0)
+        return strata_seterr(eb, STRATA_ENOMEM, "gpu: out of host memory");
+    g->xc.landed = s_landed;
+    g->xc.ctx = g;
+    for (int s = 0; s < g->n_slots; s++)
+        if ((rc = cuda_event_create(&g->ev[s]))) return strata_seterr(eb, rc, "gpu: event creation failed");
     uint8_t *stage = NULL;
     if (!g->all_resident) {
         size_t total = (size_t)c->n_layers * c->n_experts * g->expert_bytes;
@@ -676,8 +571,8 @@ static int s_create_experts(gpu_model_t *g, strata_errbuf_t *eb)
             uint8_t *h = g->all_resident ? stage : (uint8_t *)s_host_expert(g, l, e);
             s_expert_pack(g, h, &m->layers[l].experts[e]);
             if (s < g->n_slots) {
-                s_slot_assign(g, s, l, e);
-                g->slot[s].state = SLOT_READY;
+                xcache_assign(&g->xc, s, l, e);
+                g->xc.slot[s].state = XC_READY;
                 if ((rc = cuda_h2d(g->cx, g->slots_dev + (size_t)s * g->expert_bytes, h, g->expert_bytes))) break;
                 if (g->all_resident && (rc = cuda_sync(g->cx))) break; /* stage is reused */
                 s++;
@@ -685,8 +580,10 @@ static int s_create_experts(gpu_model_t *g, strata_errbuf_t *eb)
         }
         if (rc) break;
         glayer_t *L = &g->L[l];
-        for (int e = 0; e < c->n_experts; e++)
-            L->table_host[e] = L->slot_of[e] >= 0 ? s_expert_at(g, l, e, L->slot_of[e]) : (cuda_expert_t){0};
+        for (int e = 0; e < c->n_experts; e++) {
+            int si = g->xc.slot_of[(size_t)l * c->n_experts + e];
+            L->table_host[e] = si >= 0 ? s_expert_at(g, l, e, si) : (cuda_expert_t){0};
+        }
         if (!rc) rc = cuda_h2d(g->cx, L->table_dev, L->table_host, (size_t)c->n_experts * sizeof(cuda_expert_t));
     }
     cuda_sync(g->cx);
@@ -890,15 +787,11 @@ static int s_cache_step(gpu_model_t *g, int k, int n)
         int q = cuda_query(g->cx);
         if (q < 0) return q;
         if (q == 1) break;
-        if (k > 0 && g->win_n > 0 && (rc = s_issue(g, g->moe_layer[k - 1]))) return rc;
+        if (k > 0 && g->xc.win_n > 0 && (rc = s_issue(g, g->moe_layer[k - 1]))) return rc;
     }
     if ((rc = s_ensure(g, l, n))) return rc;
-    if (D <= 0) {
-        g->win_n = 0;
-        return 0;
-    }
-    s_predicted(g, k + 1, D, n);
-    return s_issue(g, l);
+    xcache_predicted(&g->xc, k + 1, D, g->h_pidx, n, g->m->cfg.top_k);
+    return D > 0 ? s_issue(g, l) : 0;
 }
 
 static int s_step(gpu_model_t *g, const batch_t *b, float *logits, int32_t *ids)

@@ -1,0 +1,125 @@
+/* xcache.c - the expert cache's policy (see xcache.h). */
+#include "model/xcache.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+int xcache_init(xcache_t *c, int32_t n_layers, const bool *sparse, int32_t n_experts, int32_t top_k, int32_t n_slots)
+{
+    memset(c, 0, sizeof *c);
+    c->n_layers = n_layers;
+    c->n_experts = n_experts;
+    c->n_slots = n_slots;
+    size_t le = (size_t)n_layers * (size_t)n_experts;
+    c->moe_ord = malloc(sizeof *c->moe_ord * (size_t)n_layers);
+    c->moe_layer = malloc(sizeof *c->moe_layer * (size_t)n_layers);
+    c->slot = calloc((size_t)(n_slots > 0 ? n_slots : 1), sizeof *c->slot);
+    c->slot_of = malloc(sizeof *c->slot_of * (le ? le : 1));
+    c->need = calloc((size_t)(n_experts > 0 ? n_experts : 1), 1);
+    c->pneed = calloc(le ? le : 1, 1);
+    c->pop = malloc(sizeof *c->pop * (le ? le : 1));
+    if (!c->moe_ord || !c->moe_layer || !c->slot || !c->slot_of || !c->need || !c->pneed || !c->pop) {
+        xcache_free(c);
+        return -ENOMEM;
+    }
+    for (int32_t l = 0; l < n_layers; l++) {
+        c->moe_ord[l] = sparse[l] ? c->n_moe : -1;
+        if (sparse[l]) c->moe_layer[c->n_moe++] = l;
+    }
+    for (size_t i = 0; i < le; i++) {
+        c->slot_of[i] = -1;
+        c->pop[i] = n_experts > 0 ? (float)top_k / (float)n_experts / (1.0f - XCACHE_POP_DECAY) : 0.0f;
+    }
+    for (int32_t s = 0; s < n_slots; s++) c->slot[s].layer = c->slot[s].expert = -1;
+    return 0;
+}
+
+void xcache_free(xcache_t *c)
+{
+    free(c->moe_ord);
+    free(c->moe_layer);
+    free(c->slot);
+    free(c->slot_of);
+    free(c->need);
+    free(c->pneed);
+    free(c->pop);
+    memset(c, 0, sizeof *c);
+}
+
+void xcache_assign(xcache_t *c, int s, int l, int e)
+{
+    xc_slot_t *sl = &c->slot[s];
+    if (sl->state != XC_FREE && sl->layer >= 0) c->slot_of[(size_t)sl->layer * c->n_experts + sl->expert] = -1;
+    sl->layer = l;
+    sl->expert = e;
+    c->slot_of[(size_t)l * c->n_experts + e] = s;
+}
+
+float xcache_next_use(const xcache_t *c, int l, int e, int cur)
+{
+    const int nm = c->n_moe, o = c->moe_ord[l];
+    const size_t i = (size_t)l * c->n_experts + e;
+    int d = ((o - cur) % nm + nm) % nm;
+    if (d == 0) d = nm;
+    if (o >= c->win_lo && o < c->win_lo + c->win_n && !c->pneed[i]) d += nm;
+    float p = c->pop[i] * (1.0f - XCACHE_POP_DECAY);
+    p = p < 1e-3f ? 1e-3f : p > 1.0f ? 1.0f : p;
+    return (float)d + (float)nm * (1.0f / p - 1.0f);
+}
+
+/* 1 if slot s's copy has landed (a loading slot found landed becomes READY), 0 if not. */
+static int s_landed(xcache_t *c, int s)
+{
+    if (c->slot[s].state != XC_LOADING) return 1;
+    if (c->landed && c->landed(c->ctx, s) != 1) return 0;
+    c->slot[s].state = XC_READY;
+    return 1;
+}
+
+int xcache_victim(xcache_t *c, int layer_now, int cur, bool keep_pred, float before)
+{
+    int best = -1;
+    float best_t = before;
+    for (int s = 0; s < c->n_slots; s++) {
+        xc_slot_t *sl = &c->slot[s];
+        if (sl->state == XC_FREE) return s;
+        if (!s_landed(c, s)) continue;
+        if (sl->layer == layer_now && c->need[sl->expert]) continue;
+        if (keep_pred && c->pneed[(size_t)sl->layer * c->n_experts + sl->expert]) continue;
+        float t = xcache_next_use(c, sl->layer, sl->expert, cur);
+        if (t > best_t) best = s, best_t = t;
+    }
+    return best;
+}
+
+int xcache_inflight(xcache_t *c)
+{
+    int k = 0;
+    for (int s = 0; s < c->n_slots; s++) k += !s_landed(c, s);
+    return k;
+}
+
+void xcache_route(xcache_t *c, int l, const int32_t *idx, int n_idx)
+{
+    const int E = c->n_experts;
+    memset(c->need, 0, (size_t)E);
+    for (int i = 0; i < n_idx; i++)
+        if (idx[i] >= 0 && idx[i] < E) c->need[idx[i]] = 1;
+    float *pop = c->pop + (size_t)l * E;
+    for (int e = 0; e < E; e++) pop[e] = pop[e] * XCACHE_POP_DECAY + (c->need[e] ? 1.0f : 0.0f);
+}
+
+void xcache_predicted(xcache_t *c, int first, int D, const int32_t *pidx, int n, int top_k)
+{
+    const int E = c->n_experts;
+    memset(c->pneed, 0, (size_t)c->n_layers * E);
+    c->win_lo = first;
+    c->win_n = D > 0 ? D : 0;
+    for (int t = 0; t < n && D > 0; t++)
+        for (int d = 0; d < D; d++)
+            for (int j = 0; j < top_k; j++) {
+                int e = pidx[((size_t)t * D + d) * top_k + j];
+                if (e >= 0 && e < E) c->pneed[(size_t)c->moe_layer[first + d] * E + e] = 1;
+            }
+}

@@ -1,0 +1,221 @@
+/* test_xcache.c - the expert cache's policy (model/xcache.h), without a GPU.
+ *
+ *   - layout: MoE ordinals skip dense layers; every slot starts free and a free slot is the
+ *     first victim; assigning moves an expert in and its predecessor out;
+ *   - the victim is the expert needed last: under equal popularity the current layer's unused
+ *     experts (a whole cycle away) before the layer just behind, never the one the current
+ *     layer routes to; a window layer's experts the prediction does not name go first, the
+ *     predicted ones are kept (keep_pred) and `before` refuses victims needed sooner;
+ *   - a loading slot is neither a victim nor landed until the callback says so, then READY;
+ *   - popularity: an expert used every step outlives one never used in the same layer;
+ *   - a simulation under uniform random routing with the next layers' routing known (perfect
+ *     prediction): the experts copied per step stay within 10% of what a cache holding the same
+ *     share of experts pays on average, uses x (1 - slots / experts), and below what evicting
+ *     the least recently used expert pays (the rule LRU caches use, which under a cyclic layer
+ *     order evicts exactly the experts needed next).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/xcache.h"
+#include "tests/unit/check.h"
+
+static int s_land_ok[64];
+static int s_land(void *ctx, int s)
+{
+    (void)ctx;
+    return s_land_ok[s];
+}
+
+static void test_layout(void)
+{
+    bool sparse[5] = {true, false, true, true, true};
+    xcache_t c;
+    T_CHECK(xcache_init(&c, 5, sparse, 4, 1, 6) == 0, "init");
+    T_CHECK(c.n_moe == 4 && c.moe_ord[1] == -1 && c.moe_ord[2] == 1 && c.moe_layer[3] == 4, "ordinals %d %d %d %d",
+            c.n_moe, c.moe_ord[1], c.moe_ord[2], c.moe_layer[3]);
+    T_CHECK(xcache_victim(&c, -1, -1, true, -1) == 0, "a free slot first");
+    xcache_assign(&c, 0, 0, 2);
+    c.slot[0].state = XC_READY;
+    T_CHECK(c.slot_of[0 * 4 + 2] == 0, "slot_of after assign");
+    xcache_assign(&c, 0, 3, 1);
+    T_CHECK(c.slot_of[0 * 4 + 2] == -1 && c.slot_of[3 * 4 + 1] == 0, "the previous expert leaves");
+    xcache_free(&c);
+}
+
+/* 3 MoE layers x 4 experts, 12 slots all full: layers 0, 1, 2 whole. */
+static void s_fill(xcache_t *c)
+{
+    bool sparse[3] = {true, true, true};
+    xcache_init(c, 3, sparse, 4, 1, 12);
+    for (int l = 0; l < 3; l++)
+        for (int e = 0; e < 4; e++) {
+            xcache_assign(c, l * 4 + e, l, e);
+            c->slot[l * 4 + e].state = XC_READY;
+        }
+}
+
+static void test_victim_order(void)
+{
+    xcache_t c;
+    s_fill(&c);
+    /* layer 1 computes and routes to expert 0 */
+    int32_t r = 0;
+    xcache_route(&c, 1, &r, 1);
+    int v = xcache_victim(&c, 1, 1, true, -1);
+    T_CHECK(v >= 0 && c.slot[v].layer == 1 && c.slot[v].expert != 0, "victim layer %d expert %d (want layer 1, not 0)",
+            v >= 0 ? c.slot[v].layer : -1, v >= 0 ? c.slot[v].expert : -1);
+    T_CHECK(xcache_next_use(&c, 0, 1, 1) > xcache_next_use(&c, 2, 1, 1), "the layer behind after the one ahead");
+    /* the window covers layer 2 and names expert 3: its other experts go first, 3 is kept */
+    int32_t p = 3;
+    xcache_predicted(&c, 2, 1, &p, 1, 1);
+    v = xcache_victim(&c, 1, 1, true, -1);
+    T_CHECK(v >= 0 && c.slot[v].layer == 2 && c.slot[v].expert != 3, "window victim layer %d expert %d",
+            v >= 0 ? c.slot[v].layer : -1, v >= 0 ? c.slot[v].expert : -1);
+    for (int k = 0; k < 12; k++) {
+        v = xcache_victim(&c, 1, 1, true, -1);
+        T_CHECK(!(v >= 0 && c.slot[v].layer == 2 && c.slot[v].expert == 3), "a predicted expert evicted");
+        T_CHECK(!(v >= 0 && c.slot[v].layer == 1 && c.slot[v].expert == 0), "the routed expert evicted");
+        if (v < 0) break;
+        c.slot[v].state = XC_LOADING; /* in flight: not a victim again */
+    }
+    /* before: nothing is needed later than 1000 steps */
+    memset(s_land_ok, 0, sizeof s_land_ok);
+    xcache_free(&c);
+    s_fill(&c);
+    T_CHECK(xcache_victim(&c, -1, 0, false, 1e6f) == -1, "before refuses every victim");
+    xcache_free(&c);
+}
+
+static void test_landed(void)
+{
+    xcache_t c;
+    s_fill(&c);
+    c.landed = s_land;
+    memset(s_land_ok, 0, sizeof s_land_ok);
+    for (int s = 0; s < 12; s++) c.slot[s].state = XC_LOADING;
+    T_CHECK(xcache_inflight(&c) == 12, "12 in flight");
+    T_CHECK(xcache_victim(&c, -1, 0, false, -1) == -1, "no victim while everything loads");
+    s_land_ok[5] = 1;
+    T_CHECK(xcache_inflight(&c) == 11 && c.slot[5].state == XC_READY, "slot 5 landed");
+    T_CHECK(xcache_victim(&c, -1, 0, false, -1) == 5, "the landed slot is the only victim");
+    xcache_free(&c);
+}
+
+static void test_popularity(void)
+{
+    xcache_t c;
+    s_fill(&c);
+    for (int step = 0; step < 300; step++) {
+        int32_t r = 2;
+        xcache_route(&c, 0, &r, 1);
+    }
+    T_CHECK(xcache_next_use(&c, 0, 2, 2) < xcache_next_use(&c, 0, 1, 2), "hot %.1f, cold %.1f",
+            xcache_next_use(&c, 0, 2, 2), xcache_next_use(&c, 0, 1, 2));
+    int v = xcache_victim(&c, -1, 2, false, -1);
+    T_CHECK(v >= 0 && !(c.slot[v].layer == 0 && c.slot[v].expert == 2), "the hot expert evicted");
+    xcache_free(&c);
+}
+
+/* k distinct experts of E, uniformly. */
+static void s_route(uint64_t *rng, int E, int k, int32_t *out)
+{
+    for (int i = 0; i < k; i++) {
+        int e, dup;
+        do {
+            e = (int)(t_rng_next(rng) % (uint64_t)E);
+            dup = 0;
+            for (int j = 0; j < i; j++) dup |= out[j] == e;
+        } while (dup);
+        out[i] = e;
+    }
+}
+
+/* Experts copied per step over `steps` steps: L MoE layers of E experts, top-k, S slots, the
+ * next D layers' routing known. lru: evict the least recently used instead. */
+static double s_simulate(int L, int E, int k, int S, int D, int steps, bool lru, uint64_t seed)
+{
+    bool sparse[64];
+    for (int l = 0; l < L; l++) sparse[l] = true;
+    xcache_t c;
+    xcache_init(&c, L, sparse, E, k, S);
+    int32_t *route = malloc(sizeof(int32_t) * (size_t)L * k), *pidx = malloc(sizeof(int32_t) * (size_t)L * k);
+    uint64_t *last = calloc((size_t)S, sizeof *last), clock = 0;
+    uint64_t rng = seed;
+    long copies = 0, counted_steps = 0;
+    for (int step = 0; step < steps; step++) {
+        for (int l = 0; l < L; l++) s_route(&rng, E, k, route + (size_t)l * k);
+        long before = copies;
+        for (int l = 0; l < L; l++) {
+            xcache_route(&c, l, route + (size_t)l * k, k);
+            for (int e = 0; e < E; e++) {
+                if (!c.need[e]) continue;
+                int s = c.slot_of[(size_t)l * E + e];
+                if (s < 0) {
+                    if (lru) {
+                        s = -1;
+                        for (int t = 0; t < S; t++) {
+                            if (c.slot[t].state == XC_FREE) { s = t; break; }
+                            if (c.slot[t].layer == l && c.need[c.slot[t].expert]) continue;
+                            if (s < 0 || last[t] < last[s]) s = t;
+                        }
+                    } else {
+                        s = xcache_victim(&c, l, l, true, -1);
+                        if (s < 0) s = xcache_victim(&c, l, l, false, -1);
+                    }
+                    xcache_assign(&c, s, l, e);
+                    c.slot[s].state = XC_READY;
+                    copies++;
+                }
+                last[s] = ++clock;
+            }
+            int d = L - 1 - l < D ? L - 1 - l : D;
+            if (lru || d <= 0) continue;
+            for (int j = 0; j < d; j++) memcpy(pidx + (size_t)j * k, route + (size_t)(l + 1 + j) * k, sizeof(int32_t) * k);
+            xcache_predicted(&c, l + 1, d, pidx, 1, k);
+            for (int j = 0; j < d; j++)
+                for (int i = 0; i < k; i++) {
+                    int nl = l + 1 + j, e = pidx[(size_t)j * k + i];
+                    if (c.slot_of[(size_t)nl * E + e] >= 0) continue;
+                    int s = xcache_victim(&c, l, l, true, (float)(j + 1));
+                    if (s < 0) continue;
+                    xcache_assign(&c, s, nl, e);
+                    c.slot[s].state = XC_READY;
+                    last[s] = ++clock;
+                    copies++;
+                }
+        }
+        if (step < steps / 4) copies = before; /* warm-up */
+        else counted_steps++;
+    }
+    free(route), free(pidx), free(last);
+    xcache_free(&c);
+    return (double)copies / (double)counted_steps;
+}
+
+static void test_simulation(void)
+{
+    const int L = 32, E = 8, k = 2, steps = 400;
+    const int slots[] = {239, 246, 200};
+    for (int i = 0; i < 3; i++) {
+        int S = slots[i];
+        double uses = (double)L * k, expect = uses * (1.0 - (double)S / (L * E));
+        double ours = s_simulate(L, E, k, S, 16, steps, false, 7 + i);
+        double lru = s_simulate(L, E, k, S, 16, steps, true, 7 + i);
+        fprintf(stderr, "xcache sim: %d slots of %d: copies per step %.2f (share-of-slots expectation %.2f, LRU %.2f)\n", S,
+                L * E, ours, expect, lru);
+        T_CHECK(ours <= 1.10 * expect, "%d slots: %.2f copies a step, expected about %.2f", S, ours, expect);
+        T_CHECK(ours < lru, "%d slots: %.2f copies a step, LRU %.2f", S, ours, lru);
+    }
+}
+
+int main(void)
+{
+    test_layout();
+    test_victim_order();
+    test_landed();
+    test_popularity();
+    test_simulation();
+    return t_done("xcache");
+}
