@@ -265,168 +265,68 @@ ALWAYS void s_row_view(const qmat_t *w, int32_t r, s_row_t *rw, float *rscale)
     }
 }
 
-/* Rows [r0, r1) for all n <= 4 tokens of the job, reading each row once. */
-ALWAYS void s_fused(const mm_job_t *j, wfmt_t fmt, int T, int32_t r0, int32_t r1)
+/* out[T] for tokens [t0, t0 + T) of row rw (xp: the permuted activations of the token block
+ * starting at tb, for INT4). */
+ALWAYS void s_slice(const mm_job_t *j, wfmt_t fmt, const s_row_t *rw, const float *xp, int tb, int t0, int T, float *out)
+{
+    const int cols = j->w->cols;
+    if (fmt == WF_INT4) s_int4_row_dots(rw, cols, xp + (int64_t)(t0 - tb) * cols, cols, T, out);
+    else s_row_dots(fmt, rw, cols, j->x + (int64_t)t0 * j->ldx, j->ldx, T, out);
+}
+
+/* Rows [r0, r1) for every token of the job. Tokens go in blocks whose activations stay within
+ * ~256 KiB; in a block each row is read once and its dots run in slices of 4 tokens, so a
+ * token's result is the same whatever the batch around it (a decode step of 8 sequences gives
+ * each one exactly what it gets alone). */
+ALWAYS void s_fused(const mm_job_t *j, wfmt_t fmt, int32_t r0, int32_t r1)
 {
     const qmat_t *w = j->w;
     const size_t row_bytes = qmat_data_bytes(fmt, 1, w->cols);
-    float *xp = NULL;
-    if (fmt == WF_INT4) { /* x with each 8 columns as [0 2 4 6 1 3 5 7], see s_int4_block */
-        xp = cpu_row_buf((size_t)T * w->cols);
-        const __m256i perm = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-        for (int t = 0; t < T; t++)
-            for (int c = 0; c < w->cols; c += 8)
-                _mm256_storeu_ps(xp + (int64_t)t * w->cols + c,
-                                 _mm256_permutevar8x32_ps(_mm256_loadu_ps(j->x + t * j->ldx + c), perm));
-    }
-    for (int32_t r = r0; r < r1; r++) {
-        s_row_t rw = {0};
-        float rs, out[4];
-        s_row_view(w, r, &rw, &rs);
-        if (r + PF_ROWS < r1) /* the whole row PF_ROWS ahead (see ops_q8_x86.h) */
-            for (size_t o = 0; o < row_bytes; o += 64) _mm_prefetch((const char *)rw.p + PF_ROWS * row_bytes + o, _MM_HINT_T0);
-        if (fmt == WF_INT4) s_int4_row_dots(&rw, w->cols, xp, w->cols, T, out);
-        else s_row_dots(fmt, &rw, w->cols, j->x, j->ldx, T, out);
-        for (int t = 0; t < T; t++) mm_store(j, t, r, out[t] * rs);
+    int tbk = (int)(65536 / (w->cols > 0 ? w->cols : 1)) & ~3;
+    if (tbk < 4) tbk = 4;
+    for (int tb = 0; tb < j->n; tb += tbk) {
+        const int te = tb + tbk < j->n ? tb + tbk : j->n;
+        float *xp = NULL;
+        if (fmt == WF_INT4) { /* x with each 8 columns as [0 2 4 6 1 3 5 7], see s_int4_block */
+            xp = cpu_row_buf((size_t)(te - tb) * w->cols);
+            const __m256i perm = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+            for (int t = tb; t < te; t++)
+                for (int c = 0; c < w->cols; c += 8)
+                    _mm256_storeu_ps(xp + (int64_t)(t - tb) * w->cols + c,
+                                     _mm256_permutevar8x32_ps(_mm256_loadu_ps(j->x + (int64_t)t * j->ldx + c), perm));
+        }
+        for (int32_t r = r0; r < r1; r++) {
+            s_row_t rw = {0};
+            float rs, out[4];
+            s_row_view(w, r, &rw, &rs);
+            if (r + PF_ROWS < r1) /* the whole row PF_ROWS ahead (see ops_q8_x86.h) */
+                for (size_t o = 0; o < row_bytes; o += 64) _mm_prefetch((const char *)rw.p + PF_ROWS * row_bytes + o, _MM_HINT_T0);
+            for (int t0 = tb; t0 < te; t0 += 4) {
+                const int T = te - t0 < 4 ? te - t0 : 4;
+                switch (T) {
+                case 1: s_slice(j, fmt, &rw, xp, tb, t0, 1, out); break;
+                case 2: s_slice(j, fmt, &rw, xp, tb, t0, 2, out); break;
+                case 3: s_slice(j, fmt, &rw, xp, tb, t0, 3, out); break;
+                default: s_slice(j, fmt, &rw, xp, tb, t0, 4, out); break;
+                }
+                for (int t = 0; t < T; t++) mm_store(j, t0 + t, r, out[t] * rs);
+            }
+        }
     }
 }
 
-#define S_FUSED_FMT(FMT, name)                                                                    \
-    static void name(const mm_job_t *j, int32_t r0, int32_t r1)                                   \
-    {                                                                                             \
-        switch (j->n) {                                                                           \
-        case 1: s_fused(j, FMT, 1, r0, r1); break;                                                \
-        case 2: s_fused(j, FMT, 2, r0, r1); break;                                                \
-        case 3: s_fused(j, FMT, 3, r0, r1); break;                                                \
-        default: s_fused(j, FMT, 4, r0, r1); break;                                               \
-        }                                                                                         \
-    }
+#define S_FUSED_FMT(FMT, name) \
+    static void name(const mm_job_t *j, int32_t r0, int32_t r1) { s_fused(j, FMT, r0, r1); }
 S_FUSED_FMT(WF_F32, s_fused_f32)
 S_FUSED_FMT(WF_BF16, s_fused_bf16)
 S_FUSED_FMT(WF_INT8, s_fused_int8)
 S_FUSED_FMT(WF_FP8, s_fused_fp8)
 S_FUSED_FMT(WF_INT4, s_fused_int4)
 
-/* Dequantize row r to fp32 exactly as qmat_dequant_row does (same products). */
-static void s_dequant_row(const qmat_t *w, int32_t r, float *out)
-{
-    const int cols = w->cols, nb = w->fmt == WF_F32 ? 0 : cols / 32;
-    s_row_t rw = {0};
-    float rs;
-    s_row_view(w, r, &rw, &rs);
-    __m256i nan = _mm256_setzero_si256();
-    __m256 d = _mm256_set1_ps(rs), wv[4];
-    const uint16_t *scp = rw.sc;
-    int gl = 0;
-    for (int b = 0; b < nb; b++) {
-        const int c = b * 32;
-        switch (w->fmt) {
-        case WF_BF16: s_load32(WF_BF16, &rw, c, wv, &nan); break;
-        case WF_INT8: s_load32(WF_INT8, &rw, c, wv, &nan); break;
-        case WF_FP8: s_load32(WF_FP8, &rw, c, wv, &nan); break;
-        default:
-            s_load32(WF_INT4, &rw, c, wv, &nan);
-            if (gl-- == 0) {
-                d = _mm256_set1_ps(_cvtsh_ss(*scp++));
-                gl = rw.group / 32 - 1;
-            }
-            break;
-        }
-        if (w->fmt == WF_BF16)
-            for (int k = 0; k < 4; k++) _mm256_storeu_ps(out + c + 8 * k, wv[k]);
-        else
-            for (int k = 0; k < 4; k++) _mm256_storeu_ps(out + c + 8 * k, _mm256_mul_ps(wv[k], d));
-    }
-    if (!_mm256_testz_si256(nan, nan)) { /* FP8 NaN bytes: the reference keeps them NaN */
-        qmat_dequant_row(w, r, out);
-        return;
-    }
-    {
-        const int64_t c0 = (int64_t)nb * 32;
-        for (int64_t c = c0; c < cols; c++) {
-            switch (w->fmt) {
-            case WF_F32: out[c] = ((const float *)rw.p)[c]; break;
-            case WF_BF16: out[c] = bf16_to_f32(((const uint16_t *)rw.p)[c]); break;
-            case WF_INT8: out[c] = (float)((const int8_t *)rw.p)[c] * rs; break;
-            case WF_FP8: out[c] = fp8e4m3_to_f32(((const uint8_t *)rw.p)[c]) * (rs * (1.0f / 256)); break;
-            default: STRATA_ASSERT(!"int4 rows are whole blocks");
-            }
-        }
-    }
-}
-
-/* o[i][t] = dot(row wi, x[t]) over fp32 rows w0, w1 and T (1..4) tokens: 8 accumulators,
- * so each weight load feeds T FMAs and each activation load feeds 2. */
-ALWAYS void s_tile2(const float *w0, const float *w1, int cols, const float *x, int64_t ldx, int T, float o[2][4])
-{
-    __m256 a0[4], a1[4];
-    for (int t = 0; t < T; t++) a0[t] = a1[t] = _mm256_setzero_ps();
-    int c = 0;
-    for (; c + 8 <= cols; c += 8) {
-        const __m256 v0 = _mm256_loadu_ps(w0 + c), v1 = _mm256_loadu_ps(w1 + c);
-        for (int t = 0; t < T; t++) {
-            const __m256 xv = _mm256_loadu_ps(x + t * ldx + c);
-            a0[t] = _mm256_fmadd_ps(v0, xv, a0[t]);
-            a1[t] = _mm256_fmadd_ps(v1, xv, a1[t]);
-        }
-    }
-    for (int t = 0; t < T; t++) {
-        o[0][t] = s_hsum(a0[t]);
-        o[1][t] = s_hsum(a1[t]);
-        for (int k = c; k < cols; k++) {
-            o[0][t] += w0[k] * x[t * ldx + k];
-            o[1][t] += w1[k] * x[t * ldx + k];
-        }
-    }
-}
-
-/* n > 4 tokens: rows in pairs, each dequantized once per token block into the per-thread
- * buffer, then 2-row x 4-token tiles. Token blocks keep their activations within ~256 KiB. */
-static void s_many_tokens(const mm_job_t *j, int32_t r0, int32_t r1)
-{
-    const qmat_t *w = j->w;
-    const int cols = w->cols;
-    float *buf = w->fmt == WF_F32 ? NULL : cpu_row_buf((size_t)2 * cols);
-    int nb = (int)(65536 / (cols > 0 ? cols : 1)) & ~3;
-    if (nb < 4) nb = 4;
-    for (int tb = 0; tb < j->n; tb += nb) {
-        const int te = tb + nb < j->n ? tb + nb : j->n;
-        for (int32_t r = r0; r < r1; r += 2) {
-            const bool two = r + 1 < r1;
-            const float *w0 = (const float *)w->data + (int64_t)r * cols, *w1 = w0 + (two ? cols : 0);
-            if (buf) {
-                s_dequant_row(w, r, buf);
-                if (two) s_dequant_row(w, r + 1, buf + cols);
-                w0 = buf;
-                w1 = two ? buf + cols : buf;
-            }
-            float o[2][4];
-            for (int t = tb; t < te; t += 4) {
-                const int nt = te - t < 4 ? te - t : 4;
-                const float *xt = j->x + (int64_t)t * j->ldx;
-                switch (nt) {
-                case 1: s_tile2(w0, w1, cols, xt, j->ldx, 1, o); break;
-                case 2: s_tile2(w0, w1, cols, xt, j->ldx, 2, o); break;
-                case 3: s_tile2(w0, w1, cols, xt, j->ldx, 3, o); break;
-                default: s_tile2(w0, w1, cols, xt, j->ldx, 4, o); break;
-                }
-                for (int k = 0; k < nt; k++) {
-                    mm_store(j, t + k, r, o[0][k]);
-                    if (two) mm_store(j, t + k, r + 1, o[1][k]);
-                }
-            }
-        }
-    }
-}
-
 void cpu_avx2_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1)
 {
     if (j->xq) {
         q8x_int4_rows(j, r0, r1);
-        return;
-    }
-    if (j->n > 4) {
-        s_many_tokens(j, r0, r1);
         return;
     }
     switch (j->w->fmt) {

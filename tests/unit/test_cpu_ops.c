@@ -176,6 +176,15 @@ static void test_matmul_case(tpool_t *pool, cpu_isa_t isa, wfmt_t fmt, int rows,
     if (e > g_worst[isa][fmt]) g_worst[isa][fmt] = e;
     T_CHECK(ok, "%s %s %dx%d g%d n=%d bias=%d threads=%d: rel err %g (vs term scale %g), finite %d", cpu_isa_name(isa),
             wfmt_name(fmt), rows, cols, group, n, bias, tpool_size(pool), e, sqrt(num / mn), fin);
+    /* batch invariance: each token alone gives bit for bit its row of the batch, so a
+     * sequence's output does not depend on the others in its step */
+    int differ = 0;
+    for (int t = 0; t < n && n > 1; t++) {
+        cpu_matmul(pool, want, x + (size_t)t * cols, 1, &m.q, b);
+        differ += memcmp(want, y + (size_t)t * rows, sizeof(float) * (size_t)rows) != 0;
+    }
+    T_CHECK(differ == 0, "%s %s %dx%d n=%d: %d tokens differ from the same token alone", cpu_isa_name(isa),
+            wfmt_name(fmt), rows, cols, n, differ);
     free(x); free(y); free(want); free(b); free(mag);
     t_mat_free(&m);
 }
