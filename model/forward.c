@@ -42,7 +42,7 @@ struct forward_ctx {
     float *yg;                /* [T][hidden] their outputs */
     float *ffn_scratch;       /* [2*T*max_inter] for cpu_ffn_swiglu(_many) */
     float *sg;                /* [T] shared-expert gate logit */
-    int64_t *route_count;     /* [n_layers][n_experts] picks since creation or the last reset */
+    int64_t *route_count;     /* [n_layers][n_experts] picks since creation */
     /* attention scratch: one row per thread, att_cap floats each (grown on demand) */
     float *att_scratch;       /* [n_threads][att_cap] */
     int64_t att_cap;
@@ -401,12 +401,6 @@ static void s_ffn(forward_ctx_t *f, int l, int n)
 }
 
 const int64_t *forward_route_counts(const forward_ctx_t *f) { return f->route_count; }
-
-void forward_reset_route_counts(forward_ctx_t *f)
-{
-    const model_config_t *c = &f->m->cfg;
-    memset(f->route_count, 0, sizeof(int64_t) * (size_t)c->n_layers * (c->n_experts > 0 ? c->n_experts : 1));
-}
 
 /* Run one step over b, writing K/V into kv and logits[n_logits][vocab]. Returns 0 or <0. */
 int model_forward(forward_ctx_t *f, kv_cache_t *kv, const batch_t *b, float *logits)

@@ -132,9 +132,8 @@ typedef struct forward_ctx forward_ctx_t;
 forward_ctx_t *forward_ctx_create(const model_t *m, int32_t max_tokens, tpool_t *pool);
 void forward_ctx_free(forward_ctx_t *f);
 /* Expert picks per layer, [n_layers][n_experts] (rows of dense layers stay 0), counted since
- * creation or the last reset. */
+ * creation. */
 const int64_t *forward_route_counts(const forward_ctx_t *f);
-void forward_reset_route_counts(forward_ctx_t *f);
 /* Run one step. logits: [n_logits][vocab]. Returns 0 or <0. */
 int model_forward(forward_ctx_t *f, kv_cache_t *kv, const batch_t *b, float *logits);
 

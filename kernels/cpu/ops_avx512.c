@@ -178,8 +178,7 @@ ALWAYS void s_fused(const mm_job_t *j, wfmt_t fmt, int32_t r0, int32_t r1)
 {
     const qmat_t *w = j->w;
     const size_t row_bytes = qmat_data_bytes(fmt, 1, w->cols);
-    int tbk = (int)(65536 / (w->cols > 0 ? w->cols : 1)) & ~3;
-    if (tbk < 4) tbk = 4;
+    const int tbk = mm_token_block(w->cols);
     for (int tb = 0; tb < j->n; tb += tbk) {
         const int te = tb + tbk < j->n ? tb + tbk : j->n;
         for (int32_t r = r0; r < r1; r++) {

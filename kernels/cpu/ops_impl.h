@@ -63,6 +63,14 @@ void cpu_q8_quantize(const float *x, int64_t ldx, int n, int cols, int8_t *q, fl
 float *cpu_row_buf(size_t n);
 
 /* Shared epilogue for one output element. */
+/* Tokens per block of the row kernels: a block's fp32 activations stay within ~256 KiB, so a
+ * row read once is dotted with all of them from cache. A multiple of 4, at least 4. */
+static inline int mm_token_block(int cols)
+{
+    int tbk = (int)(65536 / (cols > 0 ? cols : 1)) & ~3;
+    return tbk < 4 ? 4 : tbk;
+}
+
 static inline void mm_store(const mm_job_t *j, int t, int32_t r, float dot)
 {
     float v = dot + (j->bias ? j->bias[r] : 0.0f);
