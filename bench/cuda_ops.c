@@ -122,7 +122,7 @@ typedef struct {
 static int s_moe(void *a)
 {
     s_moe_t *m = a;
-    return cuda_moe_ffn(ctx, m->out, m->x, m->n, m->H, m->I, m->fmt, m->ex, m->E, m->idx, m->w, m->K, m->scr);
+    return cuda_moe_ffn(ctx, m->out, m->x, m->n, m->H, m->I, m->fmt, m->ex, m->E, m->idx, m->w, m->K, m->scr, false);
 }
 
 typedef struct {
@@ -136,7 +136,7 @@ static int s_att(void *a)
 {
     s_att_t *t = a;
     return cuda_attention(ctx, t->out, t->q, t->kc, t->vc, t->n, t->seq, t->pos, t->bt, t->max_blocks, 32, 8, 128, 16,
-                          0.088f);
+                          0.088f, NULL);
 }
 
 static void s_help(FILE *f)

@@ -74,6 +74,8 @@ struct gpu_model {
 
     /* workspace (device) */
     float *x, *xn, *q, *k, *v, *att, *y, *rlog, *tw, *sg, *ffn_scr, *xl, *logits, *prlog, *ptw;
+    bool xn_q8; /* s_ffn_pre left xn's int8 rows in the context's workspace for s_ffn_post */
+    bool att_tc; /* this step's attention on tensor cores (mostly prefill: runs of >= 16 rows) */
     int32_t *tidx, *ptidx, *d_pos, *d_seq, *d_bt, *d_rows, *d_ids;
     void *moe_scr;
     /* host staging */
@@ -659,12 +661,14 @@ static int s_attention(gpu_model_t *g, int l, int n)
     const glayer_t *L = &g->L[l];
     cuda_ctx_t *cx = g->cx;
     int hd = c->head_dim, qd = c->n_heads * hd, kd = c->n_kv_heads * hd, rc;
-    if ((rc = cuda_rmsnorm(cx, g->xn, g->x, L->attn_norm, n, c->hidden, c->rms_eps))) return rc;
+    /* the norm and the attention also leave their outputs' int8 rows for the projections */
+    bool xq = false, aq = false;
+    if ((rc = cuda_rmsnorm_q8(cx, g->xn, g->x, L->attn_norm, n, c->hidden, c->rms_eps, &xq))) return rc;
     {
         float *ys[3] = {g->q, g->k, g->v};
         const qmat_t *ws[3] = {&L->wq, &L->wk, &L->wv};
         const float *bs[3] = {L->bq, L->bk, L->bv};
-        if ((rc = cuda_matmul_multi(cx, 3, ys, g->xn, n, ws, bs))) return rc;
+        if ((rc = cuda_matmul_ex(cx, 3, ys, g->xn, n, ws, bs, false, xq))) return rc;
     }
     /* per-head q/k norms run inside cuda_rope_kv; whole-row ones (OLMoE) here */
     if (c->qk_norm == QK_NORM_FULL) {
@@ -677,10 +681,17 @@ static int s_attention(gpu_model_t *g, int l, int n)
                            c->attn_factor, head_norm ? L->q_norm : NULL, head_norm ? L->k_norm : NULL, c->rms_eps, kl,
                            vl, g->d_seq, g->d_bt, g->o.kv_blocks, g->o.block_size)))
         return rc;
-    if ((rc = cuda_attention(cx, g->att, g->q, kl, vl, n, g->d_seq, g->d_pos, g->d_bt, g->o.kv_blocks, c->n_heads,
-                             c->n_kv_heads, hd, g->o.block_size, 1.0f / sqrtf((float)hd))))
-        return rc;
-    return cuda_matmul_acc(cx, g->x, g->att, n, &L->wo, L->bo);
+    const float scale = 1.0f / sqrtf((float)hd);
+    rc = g->att_tc ? cuda_attention_prefill(cx, g->att, g->q, kl, vl, n, g->d_seq, g->d_pos, g->d_bt, g->o.kv_blocks,
+                                            c->n_heads, c->n_kv_heads, hd, g->o.block_size, scale)
+                   : STRATA_EINVAL_INPUT;
+    if (rc == STRATA_EINVAL_INPUT) /* not taken, or a shape it does not take */
+        rc = cuda_attention(cx, g->att, g->q, kl, vl, n, g->d_seq, g->d_pos, g->d_bt, g->o.kv_blocks, c->n_heads,
+                            c->n_kv_heads, hd, g->o.block_size, scale, &aq);
+    if (rc) return rc;
+    const qmat_t *wo = &L->wo;
+    const float *bo = L->bo;
+    return cuda_matmul_ex(cx, 1, &g->x, g->att, n, &wo, &bo, true, aq);
 }
 
 /* Prediction window of MoE layer l: the next D MoE layers (0 without a cache or prediction). */
@@ -699,11 +710,13 @@ static int s_ffn_pre(gpu_model_t *g, int l, int n)
     const glayer_t *L = &g->L[l];
     cuda_ctx_t *cx = g->cx;
     int rc;
-    if ((rc = cuda_rmsnorm(cx, g->xn, g->x, L->ffn_norm, n, c->hidden, c->rms_eps))) return rc;
+    /* xn's int8 rows stay in the workspace for the experts (ffn_post): the router and the
+     * prediction below are fp32 matmuls, or an integer router that writes the same rows */
+    if ((rc = cuda_rmsnorm_q8(cx, g->xn, g->x, L->ffn_norm, n, c->hidden, c->rms_eps, &g->xn_q8))) return rc;
     if (!c->layer_sparse[l]) return 0;
     bool renorm = c->norm_topk || c->arch == ARCH_MIXTRAL;
-    if ((rc = cuda_matmul(cx, g->rlog, g->xn, n, &L->router, NULL))) return rc;
-    if ((rc = cuda_gate_topk(cx, g->rlog, n, c->n_experts, c->top_k, renorm, g->tidx, g->tw))) return rc;
+    if ((rc = cuda_router_topk(cx, g->rlog, g->xn, n, &L->router, c->n_experts, c->top_k, renorm, g->tidx, g->tw)))
+        return rc;
     if (g->all_resident) return 0;
     int D = s_window(g, l);
     if (D > 0) {
@@ -712,8 +725,8 @@ static int s_ffn_pre(gpu_model_t *g, int l, int n)
         qmat_t w = {.fmt = WF_F32, .rows = D * c->n_experts, .cols = c->hidden,
                     .data = g->pred_router + (size_t)(L->moe_ord + 1) * c->n_experts * c->hidden};
         if ((rc = cuda_rmsnorm(cx, g->xl, g->x, g->ones, n, c->hidden, c->rms_eps))) return rc;
-        if ((rc = cuda_matmul(cx, g->prlog, g->xl, n, &w, NULL))) return rc;
-        if ((rc = cuda_gate_topk(cx, g->prlog, n * D, c->n_experts, c->top_k, false, g->ptidx, g->ptw))) return rc;
+        if ((rc = cuda_router_topk(cx, g->prlog, g->xl, n, &w, c->n_experts, c->top_k, false, g->ptidx, g->ptw)))
+            return rc;
         if ((rc = cuda_d2h_async(cx, g->h_pidx, g->ptidx, (size_t)n * D * c->top_k * sizeof(int32_t)))) return rc;
     }
     return cuda_d2h_async(cx, g->h_idx, g->tidx, (size_t)n * c->top_k * sizeof(int32_t));
@@ -733,7 +746,7 @@ static int s_ffn_post(gpu_model_t *g, int l, int n)
         return cuda_add(cx, g->x, g->y, (size_t)n * c->hidden);
     }
     if ((rc = cuda_moe_ffn(cx, g->x, g->xn, n, c->hidden, g->inter, g->expert_fmt, L->table_dev, c->n_experts, g->tidx,
-                           g->tw, c->top_k, g->moe_scr)))
+                           g->tw, c->top_k, g->moe_scr, g->xn_q8)))
         return rc;
     if (c->shared_inter > 0) {
         if ((rc = cuda_matmul(cx, g->sg, g->xn, n, &L->shared_gate, NULL))) return rc;
@@ -806,7 +819,7 @@ static int s_step(gpu_model_t *g, const batch_t *b, float *logits, int32_t *ids)
         return STRATA_EINVAL_INPUT;
     }
     /* validate and stage: embedded rows, positions, block tables */
-    int n_seqs = 0;
+    int n_seqs = 0, runs = 0;
     for (int t = 0; t < n; t++) {
         int32_t tok = b->tokens[t], pos = b->pos[t], s = b->seq[t];
         if (tok < 0 || tok >= c->vocab || pos < 0 || s < 0 || s >= g->o.max_tokens || !b->block_tables[s] ||
@@ -815,8 +828,12 @@ static int s_step(gpu_model_t *g, const batch_t *b, float *logits, int32_t *ids)
             return STRATA_EINVAL_INPUT;
         }
         if (s + 1 > n_seqs) n_seqs = s + 1;
+        runs += t == 0 || s != b->seq[t - 1];
         qmat_dequant_row(&m->embed, tok, g->h_x + (size_t)t * c->hidden);
     }
+    /* the tensor-core kernel makes a pass per sequence in each 64-row tile: worth it when the
+     * step is long runs of one sequence's rows (prefill), not many single decode rows */
+    g->att_tc = n >= 64 && runs * 16 <= n;
     for (int s = 0; s < n_seqs; s++) {
         int need = 0;
         for (int t = 0; t < n; t++)

@@ -1,5 +1,6 @@
 /* ctx.cu - CUDA context (device, compute and copy streams, activation workspace) and memory helpers. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -13,6 +14,8 @@ extern "C" int cuda_device_count(void)
     return n;
 }
 
+int cuda_pdl_on;
+
 extern "C" int cuda_ctx_create(cuda_ctx_t **out, int device)
 {
     cuda_ctx_t *c = (cuda_ctx_t *)calloc(1, sizeof *c);
@@ -20,32 +23,48 @@ extern "C" int cuda_ctx_create(cuda_ctx_t **out, int device)
     c->device = device;
     CUDA_CHECK(cudaSetDevice(device));
     CUDA_CHECK(cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, device));
+    int major = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    const char *no_pdl = getenv("STRATA_NO_PDL");
+    cuda_pdl_on = major >= 9 && !(no_pdl && *no_pdl && strcmp(no_pdl, "0") != 0);
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking));
     *out = c;
     return 0;
 }
 
+static size_t s_al256(size_t b) { return (b + 255) & ~(size_t)255; }
+
 extern "C" size_t cuda_q8_bytes(int rows, int cols)
 {
     size_t e = (size_t)rows * cols;
-    return ((e + 255) & ~(size_t)255) + 2 * (((e / 32) * 4 + 255) & ~(size_t)255) + ((e * 2 + 255) & ~(size_t)255);
+    return s_al256(e) + 2 * s_al256((e / 32) * 4) + s_al256(e * 2) +
+           s_al256((size_t)rows * CUDA_ARGMAX_PARTS * 8) + s_al256((size_t)rows * 4) + 256;
 }
 
 extern "C" int cuda_ctx_reserve_q8(cuda_ctx_t *c, int max_rows, int max_cols)
 {
     size_t e = (size_t)max_rows * max_cols;
-    if (e <= c->q8_elems) return 0;
+    if (e <= c->q8_elems && max_rows <= c->am_rows) return 0;
     if (c->q8) cudaFree(c->q8);
     c->q8 = NULL;
+    c->am_part = NULL;
+    c->am_done = NULL;
+    c->rt_done = NULL;
     c->q8_elems = 0;
+    c->am_rows = 0;
     char *p;
     CUDA_CHECK(cudaMalloc((void **)&p, cuda_q8_bytes(max_rows, max_cols)));
     c->q8 = (int8_t *)p;
-    c->q8d = (float *)(p + ((e + 255) & ~(size_t)255));
-    c->q8s = (int32_t *)((char *)c->q8d + (((e / 32) * 4 + 255) & ~(size_t)255));
-    c->x16 = (__half *)((char *)c->q8s + (((e / 32) * 4 + 255) & ~(size_t)255));
+    c->q8d = (float *)(p + s_al256(e));
+    c->q8s = (int32_t *)((char *)c->q8d + s_al256((e / 32) * 4));
+    c->x16 = (__half *)((char *)c->q8s + s_al256((e / 32) * 4));
+    c->am_part = (unsigned long long *)((char *)c->x16 + s_al256(e * 2));
+    c->am_done = (unsigned *)((char *)c->am_part + s_al256((size_t)max_rows * CUDA_ARGMAX_PARTS * 8));
+    c->rt_done = (unsigned *)((char *)c->am_done + s_al256((size_t)max_rows * 4));
+    CUDA_CHECK(cudaMemset(c->am_done, 0, s_al256((size_t)max_rows * 4) + 256));
     c->q8_elems = e;
+    c->am_rows = max_rows;
     return 0;
 }
 

@@ -1,6 +1,8 @@
 /* cuda_common.cuh - shared device helpers for kernels/cuda (internal; never included from C). */
 #pragma once
 
+#include <float.h>
+
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -22,14 +24,22 @@ struct cuda_ctx {
     int32_t *q8s;
     __half *x16;              /* [rows][cols] fp16 activations for the tensor-core GEMM (gemm.cuh) */
     size_t q8_elems;
+    /* argmax scratch (also cuda_ctx_reserve_q8): am_part[am_rows][CUDA_ARGMAX_PARTS] partial
+     * keys, am_done[am_rows] counters (zero between launches) */
+    unsigned long long *am_part;
+    unsigned *am_done;
+    int am_rows;
+    unsigned *rt_done; /* cuda_router_topk's counter (zero between launches) */
 };
 
-/* Quantize one 32-column block x[0..31] to int8 (q), its scale (d = max|x| / 127) and the sum
- * of its q (s), one warp. */
-__device__ __forceinline__ void q8_quant_block(int8_t *q, float *d, int32_t *s, const float *x)
+/* Most blocks cuda_argmax splits one row over. */
+#define CUDA_ARGMAX_PARTS 128
+
+/* Quantize one 32-column block to int8 (q), its scale (d = max|x| / 127) and the sum of its q
+ * (s), one warp: lane i holds column i's value v. */
+__device__ __forceinline__ void q8_quant_val(float v, int8_t *q, float *d, int32_t *s)
 {
     const int lane = threadIdx.x & 31;
-    float v = x[lane];
     float amax = fabsf(v);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -42,6 +52,37 @@ __device__ __forceinline__ void q8_quant_block(int8_t *q, float *d, int32_t *s, 
     if (lane == 0) {
         *d = dd;
         *s = sum;
+    }
+}
+
+/* The same for a block x[0..31] in memory. */
+__device__ __forceinline__ void q8_quant_block(int8_t *q, float *d, int32_t *s, const float *x)
+{
+    q8_quant_val(x[threadIdx.x & 31], q, d, s);
+}
+
+/* The same with 8 lanes a block (lanes 8j..8j+7 of the warp: columns 4 (lane % 8) .. +3 in v),
+ * bit for bit as q8_quant_val: q is the block's first byte; the group's first lane writes d, s.
+ * Every lane of the warp must call it. */
+__device__ __forceinline__ void q8_quant_f4(float4 v, int8_t *q, float *d, int32_t *s)
+{
+    const int sub = threadIdx.x & 7;
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float dd = amax / 127.f;
+    const int q0 = dd > 0.f ? __float2int_rn(v.x / dd) : 0, q1 = dd > 0.f ? __float2int_rn(v.y / dd) : 0;
+    const int q2 = dd > 0.f ? __float2int_rn(v.z / dd) : 0, q3 = dd > 0.f ? __float2int_rn(v.w / dd) : 0;
+    int sum = q0 + q1 + q2 + q3;
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (q) {
+        ((uint32_t *)q)[sub] = (uint32_t)(q0 & 0xff) | (uint32_t)(q1 & 0xff) << 8 | (uint32_t)(q2 & 0xff) << 16 |
+                               (uint32_t)(q3 & 0xff) << 24;
+        if (sub == 0) {
+            *d = dd;
+            *s = sum;
+        }
     }
 }
 
@@ -71,6 +112,92 @@ __device__ __forceinline__ float warp_max(float v)
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
+}
+
+/* Programmatic dependent launch (sm_90 and later). Every kernel of kernels/cuda starts with
+ * pdl_enter(): it waits until the kernel before it in the stream has finished and its writes
+ * are visible (griddepcontrol.wait), then lets the next kernel be launched at once
+ * (launch_dependents), so that kernel's launch and block scheduling overlap this one's work
+ * instead of following its last block. Without the launch attribute (older GPUs, or
+ * STRATA_NO_PDL=1) both instructions are no-ops and launches are ordered as usual. */
+__device__ __forceinline__ void pdl_enter()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+/* Whether launches carry the programmatic-serialization attribute (set by cuda_ctx_create:
+ * compute capability 9.0 or later, unless STRATA_NO_PDL is set). */
+extern int cuda_pdl_on;
+
+/* kernel<<<grid, block, smem, st>>>(args...), with programmatic dependent launch when on. */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                   Args &&...args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = cuda_pdl_on ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
+}
+
+/* Gate of one token, one warp: softmax over its E logits l (read through L2: they may come
+ * from other blocks of the same grid), then iterative top-k (ties to the lower index), with
+ * the selected probabilities renormalised to sum 1 when renorm. p: E floats of shared memory
+ * for this warp. */
+#define GATE_MAX_E 1024
+__device__ __forceinline__ void gate_topk_warp(const float *l, int E, int top_k, bool renorm, int32_t *idx,
+                                               float *weight, float *p)
+{
+    const int lane = threadIdx.x & 31;
+    float m = -FLT_MAX;
+    for (int e = lane; e < E; e += 32) m = fmaxf(m, __ldcg(l + e));
+    m = warp_max(m);
+    float s = 0.f;
+    for (int e = lane; e < E; e += 32) {
+        p[e] = expf(__ldcg(l + e) - m);
+        s += p[e];
+    }
+    s = warp_sum(s);
+    __syncwarp();
+    for (int e = lane; e < E; e += 32) p[e] /= s;
+    __syncwarp();
+    float sel_sum = 0.f;
+    for (int k = 0; k < top_k; k++) {
+        float bv = -1.f;
+        int bi = E;
+        for (int e = lane; e < E; e += 32)
+            if (p[e] > bv) {
+                bv = p[e];
+                bi = e;
+            }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) {
+            idx[k] = bi;
+            weight[k] = bv;
+            p[bi] = -2.f;
+        }
+        sel_sum += bv;
+        __syncwarp();
+    }
+    if (renorm && lane < top_k) weight[lane] /= sel_sum;
 }
 
 static inline int cdiv(long a, long b) { return (int)((a + b - 1) / b); }

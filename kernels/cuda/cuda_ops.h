@@ -77,7 +77,9 @@ void cuda_graph_destroy(cuda_graph_t *g);
  *     to int8 in blocks of 32 with an fp32 scale (as llama.cpp's Q8_1) and dotted with __dp4a,
  *     about 5x less ALU work than dequantizing to fp32 (cols % 32 == 0);
  *   - from 17 rows, INT4, INT8, FP8 and BF16 weights take the tensor-core GEMM: activations in
- *     fp16, weights dequantized to fp16 in registers, fp32 accumulation (cols % 64 == 0).
+ *     fp16, weights dequantized to fp16 in registers, fp32 accumulation (cols % 64 == 0);
+ *   - cuda_argmax splits each of up to max_rows rows over many blocks (1 KiB a row);
+ *   - cuda_router_topk runs as one launch.
  * Without it, every format takes the fp32 path. Not during capture. */
 int cuda_ctx_reserve_q8(cuda_ctx_t *c, int max_rows, int max_cols);
 /* Bytes cuda_ctx_reserve_q8 allocates. */
@@ -92,6 +94,16 @@ int cuda_matmul_acc(cuda_ctx_t *c, float *y, const float *x, int n, const qmat_t
  * format run in one launch. */
 int cuda_matmul_multi(cuda_ctx_t *c, int count, float *const *ys, const float *x, int n, const qmat_t *const *ws,
                       const float *const *biases);
+/* The general form of the three above: ys[i] (=, or += with accum) x @ ws[i]^T (+ biases[i]).
+ * x_q8: the op that wrote x also left its int8 quantization in the context's workspace (its
+ * q8_done came back true, and nothing used the workspace since), so the integer path skips
+ * quantizing x. */
+int cuda_matmul_ex(cuda_ctx_t *c, int count, float *const *ys, const float *x, int n, const qmat_t *const *ws,
+                   const float *const *biases, bool accum, bool x_q8);
+
+/* Whether an op asked for q8_done writes the int8 quantization of its n x dim output into the
+ * context's workspace: the integer path's input (n <= 16, dim % 32 == 0, room reserved). */
+bool cuda_q8_out_ok(const cuda_ctx_t *c, int n, int dim);
 
 /* Grouped expert FFN with fused dequantization and SwiGLU, tokens regrouped by expert:
  * for every token t and k < top_k with e = idx[t][k]:
@@ -100,21 +112,33 @@ int cuda_matmul_multi(cuda_ctx_t *c, int count, float *const *ys, const float *x
  * pointers, 16-byte aligned; all experts share format `fmt` and one shape. An expert with
  * gate.data == NULL is skipped (not resident: the caller adds its contribution elsewhere).
  * idx/weight are device arrays [n][top_k]. out must be initialised by the caller.
- * scratch: device workspace of cuda_moe_scratch_bytes(n, top_k, inter) bytes. */
+ * scratch: device workspace of cuda_moe_scratch_bytes(n, top_k, inter) bytes.
+ * x_q8: x's quantization is in the context's workspace (see cuda_matmul_ex); the integer path
+ * then reads each pair's token row from there instead of quantizing the pairs' rows. */
 typedef struct {
     qmat_t gate, up, down;
 } cuda_expert_t;
 size_t cuda_moe_scratch_bytes(int n, int top_k, int hidden, int inter, int n_experts);
 int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, int hidden, int inter, wfmt_t fmt,
                  const cuda_expert_t *experts_dev, int n_experts, const int32_t *idx, const float *weight,
-                 int top_k, void *scratch);
+                 int top_k, void *scratch, bool x_q8);
 
 /* y[n][dim] = rmsnorm(x) * w; y may alias x. */
 int cuda_rmsnorm(cuda_ctx_t *c, float *y, const float *x, const float *w, int n, int dim, float eps);
+/* cuda_rmsnorm, and when cuda_q8_out_ok (and dim <= 16384) y's int8 quantization into the
+ * context's workspace in the same pass; *q8_done says whether it did. */
+int cuda_rmsnorm_q8(cuda_ctx_t *c, float *y, const float *x, const float *w, int n, int dim, float eps,
+                    bool *q8_done);
 /* Gate: softmax over n_experts then top-k (ties to the lower index), optional renorm.
  * logits[n][n_experts] -> idx[n][top_k], weight[n][top_k]. */
 int cuda_gate_topk(cuda_ctx_t *c, const float *logits, int n, int n_experts, int top_k, bool renorm,
                    int32_t *idx, float *weight);
+/* The router matmul and the gate in one launch where it can (up to 16 tokens, an F32 or BF16
+ * router of fewer than 1024 rows, the workspace reserved), else the two: logits[n][w->rows] =
+ * x @ w^T, then cuda_gate_topk over each group of n_experts logits (w->rows / n_experts groups a
+ * token: several layers' routers stacked), into idx/weight [n * groups][top_k]. */
+int cuda_router_topk(cuda_ctx_t *c, float *logits, const float *x, int n, const qmat_t *w, int n_experts, int top_k,
+                     bool renorm, int32_t *idx, float *weight);
 /* In place on q[n][n_heads][head_dim] and k[n][n_kv_heads][head_dim]: a per-head RMSNorm with
  * weights q_norm / k_norm [head_dim] (each may be NULL: none), then RoPE (HF rotate_half form, the
  * first rot_dim dims; none when rot_dim == 0) at positions pos[n] with inv_freq[rot_dim/2]
@@ -126,10 +150,19 @@ int cuda_rope_kv(cuda_ctx_t *c, float *q, float *k, const float *v, int n, int n
                  const float *k_norm, float eps, float *k_cache, float *v_cache, const int32_t *seq,
                  const int32_t *bt, int max_blocks, int block_size);
 /* Causal paged attention: token t attends positions 0..pos[t] of sequence seq[t].
- * q[n][n_heads][head_dim] -> out[n][n_heads][head_dim]. */
+ * q[n][n_heads][head_dim] -> out[n][n_heads][head_dim]. With q8_done (may be NULL), out's int8
+ * quantization goes into the context's workspace too when cuda_q8_out_ok and head_dim % 32 == 0;
+ * *q8_done says whether it did. */
 int cuda_attention(cuda_ctx_t *c, float *out, const float *q, const float *k_cache, const float *v_cache,
                    int n, const int32_t *seq, const int32_t *pos, const int32_t *bt, int max_blocks,
-                   int n_heads, int n_kv_heads, int head_dim, int block_size, float scale);
+                   int n_heads, int n_kv_heads, int head_dim, int block_size, float scale, bool *q8_done);
+/* cuda_attention on tensor cores (fp16 inputs, fp32 accumulation; attn.cu) for many rows: a
+ * block takes 64 rows of one head and makes one pass over the keys per sequence among them, so
+ * it suits long runs of one sequence's rows (prefill). head_dim 64 or 128 and 16-byte aligned
+ * buffers, else STRATA_EINVAL_INPUT (nothing launched; take cuda_attention). */
+int cuda_attention_prefill(cuda_ctx_t *c, float *out, const float *q, const float *k_cache, const float *v_cache,
+                           int n, const int32_t *seq, const int32_t *pos, const int32_t *bt, int max_blocks,
+                           int n_heads, int n_kv_heads, int head_dim, int block_size, float scale);
 /* out[n][dim] = embed[tokens[t]] (embed is F32 or BF16 qmat [vocab][dim]). */
 int cuda_embed(cuda_ctx_t *c, float *out, const qmat_t *embed, const int32_t *tokens, int n);
 /* dst[i][:] = src[rows[i]][:] for i < n (rows on device), rows of dim floats. */

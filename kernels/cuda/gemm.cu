@@ -103,6 +103,7 @@ typedef struct {
 template <int FMT, bool SWIGLU>
 __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : 4) k_gemm(gm_args_t a)
 {
+    pdl_enter();
     extern __shared__ __align__(16) uint8_t sm[];
     constexpr int RB = gm_rb<FMT>(), BSTR = RB + 16, STAGE = gm_stage_bytes<FMT>(), CPR = RB / 16;
     int m0, mend;
@@ -173,14 +174,8 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : 4) k_gemm(gm_
         if (s < KT) load(s, s);
         cp_commit();
     }
-    for (int kt = 0; kt < KT; kt++) {
-        cp_wait<GM_STAGES - 2>();
-        __syncthreads();
-        if (kt + GM_STAGES - 1 < KT) load((kt + GM_STAGES - 1) % GM_STAGES, kt + GM_STAGES - 1);
-        cp_commit();
-        const uint8_t *As = sm + (kt % GM_STAGES) * STAGE, *Bs = As + GEMM_BM * GM_ASTR;
-        /* INT4 group scales of this stage: [n8-tile][32-column block] */
-        __half2 sc[4][2];
+    /* INT4 group scales of a stage: [n8-tile][32-column block] */
+    auto load_scales = [&](__half2 (*out)[2], int kt) {
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -189,11 +184,22 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : 4) k_gemm(gm_
                     const uint16_t *sp = (const uint16_t *)(SWIGLU && j >= 2 ? s1 : s0);
                     const int gr = grow[j] < N ? grow[j] : 0;
                     const uint16_t v = __ldg(sp + (size_t)gr * (K / group) + (kt * GM_BK + b * 32) / group);
-                    sc[j][b] = __half2half2(__ushort_as_half(v));
+                    out[j][b] = __half2half2(__ushort_as_half(v));
                 } else {
-                    sc[j][b] = __float2half2_rn(1.f);
+                    out[j][b] = __float2half2_rn(1.f);
                 }
             }
+    };
+    __half2 sc[4][2], scn[4][2];
+    load_scales(sc, 0);
+    for (int kt = 0; kt < KT; kt++) {
+        cp_wait<GM_STAGES - 2>();
+        __syncthreads();
+        if (kt + GM_STAGES - 1 < KT) load((kt + GM_STAGES - 1) % GM_STAGES, kt + GM_STAGES - 1);
+        cp_commit();
+        const uint8_t *As = sm + (kt % GM_STAGES) * STAGE, *Bs = As + GEMM_BM * GM_ASTR;
+        /* the next stage's scales are in flight while this one computes */
+        if (kt + 1 < KT) load_scales(scn, kt + 1);
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
             uint32_t af[4][4];
@@ -213,6 +219,8 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : 4) k_gemm(gm_
                 for (int i = 0; i < 4; i++) mma16816(acc[i][j], af[i], b0, b1);
             }
         }
+#pragma unroll
+        for (int j = 0; j < 4; j++) sc[j][0] = scn[j][0], sc[j][1] = scn[j][1];
     }
     cp_wait<0>();
 
@@ -272,7 +280,7 @@ template <int FMT, bool SWIGLU> static int s_launch(cudaStream_t st, dim3 grid, 
         CUDA_CHECK(cudaFuncSetAttribute(k_gemm<FMT, SWIGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         attr_set = true;
     }
-    k_gemm<FMT, SWIGLU><<<grid, GM_THREADS, smem, st>>>(a);
+    launch_k(k_gemm<FMT, SWIGLU>, grid, GM_THREADS, smem, st, a);
     CUDA_LAUNCH_CHECK();
     return 0;
 }
@@ -290,6 +298,7 @@ template <bool SWIGLU> static int s_dispatch(cudaStream_t st, wfmt_t fmt, dim3 g
 
 __global__ void k_to_half(__half *dst, const float *src, const int32_t *rows, int div, int cols)
 {
+    pdl_enter();
     const int r = blockIdx.x;
     const float *s = src + (size_t)(rows ? rows[r] / div : r) * cols;
     __half *d = dst + (size_t)r * cols;
@@ -300,7 +309,7 @@ __global__ void k_to_half(__half *dst, const float *src, const int32_t *rows, in
 int gemm_to_half(cudaStream_t st, __half *dst, const float *src, const int32_t *rows, int div, int n, int cols)
 {
     if (n <= 0) return 0;
-    k_to_half<<<n, 256, 0, st>>>(dst, src, rows, div, cols);
+    launch_k(k_to_half, n, 256, 0, st, dst, src, rows, div, cols);
     CUDA_LAUNCH_CHECK();
     return 0;
 }

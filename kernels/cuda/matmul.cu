@@ -4,10 +4,19 @@
  * tensor-core GEMM (gemm.cuh) when the workspace and the format allow. */
 #include "kernels/cuda/gemm.cuh"
 
+/* Token chunk blockIdx.y: rows NT * blockIdx.y .. of x and y, and how many of them are left. */
+#define GEMV_CHUNK(NT)                                   \
+    const int t_0 = blockIdx.y * (NT);                   \
+    x += (size_t)t_0 * ldx;                              \
+    y += (size_t)t_0 * ldy;                              \
+    n = n - t_0 < (NT) ? n - t_0 : (NT)
+
 template <int FMT, int NT>
 __global__ void k_gemv(float *y, const float *x, int n, int ldx, qmat_t w, const float *bias, int ldy, bool vec,
                        bool accum)
 {
+    pdl_enter();
+    GEMV_CHUNK(NT);
     const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (r >= w.rows) return;
     float acc[NT];
@@ -23,10 +32,11 @@ __global__ void k_gemv(float *y, const float *x, int n, int ldx, qmat_t w, const
     }
 }
 
-/* Few rows (a router): a block of 256 threads per row, so a row is not one warp's serial loop. */
+/* Few rows (a router): a block of 256 threads per row, so a row is not one warp's serial loop.
+ * Row blockIdx.x of w against up to NT tokens. */
 template <int FMT, int NT>
-__global__ void k_gemv_rowblock(float *y, const float *x, int n, int ldx, qmat_t w, const float *bias, int ldy, bool vec,
-                                bool accum)
+__device__ __forceinline__ void rowblock_dot(float *y, const float *x, int n, int ldx, const qmat_t &w,
+                                             const float *bias, int ldy, bool vec, bool accum)
 {
     const int r = blockIdx.x;
     __shared__ float part[8][NT];
@@ -46,9 +56,44 @@ __global__ void k_gemv_rowblock(float *y, const float *x, int n, int ldx, qmat_t
     }
 }
 
+template <int FMT, int NT>
+__global__ void k_gemv_rowblock(float *y, const float *x, int n, int ldx, qmat_t w, const float *bias, int ldy, bool vec,
+                                bool accum)
+{
+    pdl_enter();
+    GEMV_CHUNK(NT);
+    rowblock_dot<FMT, NT>(y, x, n, ldx, w, bias, ldy, vec, accum);
+}
+
+/* The router and the gate in one launch: block r computes logits row r for the n tokens
+ * (rowblock_dot), and the last block to finish (the done counter, reset for the next launch)
+ * runs the top-k of every group of E logits (n * w.rows / E groups), a warp a group. */
+template <int FMT, int NT>
+__global__ void __launch_bounds__(256) k_router_topk(float *y, const float *x, int n, qmat_t w, bool vec, int E,
+                                                     int top_k, bool renorm, int32_t *idx, float *weight,
+                                                     unsigned *done)
+{
+    pdl_enter();
+    rowblock_dot<FMT, NT>(y, x, n, w.cols, w, NULL, w.rows, vec, false);
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    __shared__ float p[8][GATE_MAX_E];
+    const int warp = threadIdx.x >> 5, groups = n * w.rows / E;
+    for (int gi = warp; gi < groups; gi += 8)
+        gate_topk_warp(y + (size_t)gi * E, E, top_k, renorm, idx + (size_t)gi * top_k, weight + (size_t)gi * top_k,
+                       p[warp]);
+    if (threadIdx.x == 0) *done = 0;
+}
+
 __global__ void k_q8_quant(int8_t *q, float *d, int32_t *s, const float *x, int cols, const int32_t *rows, int div,
                            const int32_t *limit)
 {
+    pdl_enter();
     const int r = blockIdx.y, b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), nb = cols / 32;
     if (b >= nb || (limit && r >= *limit)) return;
     const size_t src = rows ? (size_t)(rows[r] / div) : (size_t)r;
@@ -60,7 +105,7 @@ int q8_quant(cudaStream_t st, int8_t *q, float *d, int32_t *s, const float *x, i
              int div, const int32_t *limit)
 {
     if (n <= 0) return 0;
-    k_q8_quant<<<dim3(cdiv(cols / 32, 8), n), 256, 0, st>>>(q, d, s, x, cols, rows, div, limit);
+    launch_k(k_q8_quant, dim3(cdiv(cols / 32, 8), n), 256, 0, st, q, d, s, x, cols, rows, div, limit);
     CUDA_LAUNCH_CHECK();
     return 0;
 }
@@ -83,6 +128,7 @@ typedef struct {
 template <int FMT, int NT, int LPR, int RR>
 __global__ void k_gemv_q8(mm_set_t set, const int8_t *xq, const float *xd, const int32_t *xs, int n)
 {
+    pdl_enter();
     constexpr int RPW = 32 / LPR * RR; /* rows per warp */
     int i = 0;
 #pragma unroll
@@ -119,7 +165,7 @@ static int s_gemv_q8_set(cudaStream_t st, mm_set_t set, const int8_t *q, const f
     constexpr int rows_per_block = 8 * (32 / LPR) * RR;
     set.start[0] = 0;
     for (int i = 0; i < set.count; i++) set.start[i + 1] = set.start[i] + cdiv(set.w[i].rows, rows_per_block);
-    k_gemv_q8<FMT, NT, LPR, RR><<<set.start[set.count], 256, 0, st>>>(set, q, d, s, m);
+    launch_k(k_gemv_q8<FMT, NT, LPR, RR>, set.start[set.count], 256, 0, st, set, q, d, s, m);
     CUDA_LAUNCH_CHECK();
     return 0;
 }
@@ -146,11 +192,11 @@ static bool s_q8_ok(const cuda_ctx_t *c, const qmat_t *w, int n)
 
 /* The set's matrices share x: quantize it once, then 16 tokens a launch. */
 template <int FMT>
-static int s_gemv_q8(cuda_ctx_t *c, const mm_set_t &set, const float *x, int n)
+static int s_gemv_q8(cuda_ctx_t *c, const mm_set_t &set, const float *x, int n, bool x_q8)
 {
     cudaStream_t st = c->stream;
     const int cols = set.w[0].cols, nb = cols / 32;
-    int rc = q8_quant(st, c->q8, c->q8d, c->q8s, x, n, cols, NULL, 1, NULL);
+    int rc = x_q8 && n <= 16 ? 0 : q8_quant(st, c->q8, c->q8d, c->q8s, x, n, cols, NULL, 1, NULL);
     for (int t0 = 0; t0 < n && !rc; t0 += 16) {
         int m = n - t0 < 16 ? n - t0 : 16;
         const int8_t *q = c->q8 + (size_t)t0 * cols;
@@ -173,26 +219,22 @@ static int s_gemv_fmt(cudaStream_t st, float *y, const float *x, int n, const qm
 {
     const bool vec = q_can_vec(w, w->cols);
     const int threads = 256, blocks = cdiv((long)w->rows * 32, threads);
-    for (int t0 = 0; t0 < n; t0 += 16) {
-        int m = n - t0 < 16 ? n - t0 : 16;
-        const float *xs = x + (size_t)t0 * w->cols;
-        float *ys = y + (size_t)t0 * w->rows;
-        if (w->rows < 1024) { /* too few rows for a warp each to fill the GPU */
-            if (m == 1)
-                k_gemv_rowblock<FMT, 1><<<w->rows, 256, 0, st>>>(ys, xs, m, w->cols, *w, bias, w->rows, vec, accum);
-            else
-                k_gemv_rowblock<FMT, 16><<<w->rows, 256, 0, st>>>(ys, xs, m, w->cols, *w, bias, w->rows, vec, accum);
-            CUDA_LAUNCH_CHECK();
-            continue;
-        }
-        if (m == 1)
-            k_gemv<FMT, 1><<<blocks, threads, 0, st>>>(ys, xs, m, w->cols, *w, bias, w->rows, vec, accum);
-        else if (m <= 4)
-            k_gemv<FMT, 4><<<blocks, threads, 0, st>>>(ys, xs, m, w->cols, *w, bias, w->rows, vec, accum);
+    /* one launch: blockIdx.y takes NT tokens */
+    if (w->rows < 1024) { /* too few rows for a warp each to fill the GPU */
+        if (n == 1)
+            launch_k(k_gemv_rowblock<FMT, 1>, w->rows, 256, 0, st, y, x, n, w->cols, *w, bias, w->rows, vec, accum);
         else
-            k_gemv<FMT, 16><<<blocks, threads, 0, st>>>(ys, xs, m, w->cols, *w, bias, w->rows, vec, accum);
-        CUDA_LAUNCH_CHECK();
+            launch_k(k_gemv_rowblock<FMT, 16>, dim3(w->rows, cdiv(n, 16)), 256, 0, st, y, x, n, w->cols, *w, bias,
+                     w->rows, vec, accum);
+    } else if (n == 1) {
+        launch_k(k_gemv<FMT, 1>, blocks, threads, 0, st, y, x, n, w->cols, *w, bias, w->rows, vec, accum);
+    } else if (n <= 4) {
+        launch_k(k_gemv<FMT, 4>, blocks, threads, 0, st, y, x, n, w->cols, *w, bias, w->rows, vec, accum);
+    } else {
+        launch_k(k_gemv<FMT, 16>, dim3(blocks, cdiv(n, 16)), threads, 0, st, y, x, n, w->cols, *w, bias, w->rows, vec,
+                 accum);
     }
+    CUDA_LAUNCH_CHECK();
     return 0;
 }
 
@@ -213,7 +255,7 @@ static int s_matmul_one(cuda_ctx_t *c, float *y, const float *x, int n, const qm
  * ws[i]->cols columns. The input is converted (GEMM) or quantized (integer path) once; on the
  * integer path, matrices of one format run in one launch. */
 static int s_matmul(cuda_ctx_t *c, int count, float *const *ys, const float *x, int n, const qmat_t *const *ws,
-                    const float *const *biases, bool accum)
+                    const float *const *biases, bool accum, bool x_q8)
 {
     if (n <= 0 || count <= 0) return 0;
     if (count > MM_MAX) {
@@ -246,7 +288,7 @@ static int s_matmul(cuda_ctx_t *c, int count, float *const *ys, const float *x, 
             set.y[i] = ys[i];
             set.bias[i] = biases ? biases[i] : NULL;
         }
-        return ws[0]->fmt == WF_INT4 ? s_gemv_q8<WF_INT4>(c, set, x, n) : s_gemv_q8<WF_INT8>(c, set, x, n);
+        return ws[0]->fmt == WF_INT4 ? s_gemv_q8<WF_INT4>(c, set, x, n, x_q8) : s_gemv_q8<WF_INT8>(c, set, x, n, x_q8);
     }
     for (int i = 0; i < count && !rc; i++) rc = s_matmul_one(c, ys[i], x, n, ws[i], biases ? biases[i] : NULL, accum);
     return rc;
@@ -255,17 +297,53 @@ static int s_matmul(cuda_ctx_t *c, int count, float *const *ys, const float *x, 
 extern "C" int cuda_matmul(cuda_ctx_t *c, float *y, const float *x, int n, const qmat_t *w, const float *bias)
 {
     if (w->rows <= 0) return 0;
-    return s_matmul(c, 1, &y, x, n, &w, &bias, false);
+    return s_matmul(c, 1, &y, x, n, &w, &bias, false, false);
 }
 
 extern "C" int cuda_matmul_acc(cuda_ctx_t *c, float *y, const float *x, int n, const qmat_t *w, const float *bias)
 {
     if (w->rows <= 0) return 0;
-    return s_matmul(c, 1, &y, x, n, &w, &bias, true);
+    return s_matmul(c, 1, &y, x, n, &w, &bias, true, false);
 }
 
 extern "C" int cuda_matmul_multi(cuda_ctx_t *c, int count, float *const *ys, const float *x, int n,
                                  const qmat_t *const *ws, const float *const *biases)
 {
-    return s_matmul(c, count, ys, x, n, ws, biases, false);
+    return s_matmul(c, count, ys, x, n, ws, biases, false, false);
+}
+
+extern "C" int cuda_matmul_ex(cuda_ctx_t *c, int count, float *const *ys, const float *x, int n,
+                              const qmat_t *const *ws, const float *const *biases, bool accum, bool x_q8)
+{
+    return s_matmul(c, count, ys, x, n, ws, biases, accum, x_q8);
+}
+
+template <int FMT>
+static int s_router_topk(cuda_ctx_t *c, float *logits, const float *x, int n, const qmat_t *w, int E, int top_k,
+                         bool renorm, int32_t *idx, float *weight)
+{
+    const bool vec = q_can_vec(w, w->cols);
+    if (n == 1)
+        launch_k(k_router_topk<FMT, 1>, w->rows, 256, 0, c->stream, logits, x, n, *w, vec, E, top_k, renorm, idx,
+                 weight, c->rt_done);
+    else
+        launch_k(k_router_topk<FMT, 16>, w->rows, 256, 0, c->stream, logits, x, n, *w, vec, E, top_k, renorm, idx,
+                 weight, c->rt_done);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
+extern "C" int cuda_router_topk(cuda_ctx_t *c, float *logits, const float *x, int n, const qmat_t *w, int n_experts,
+                                int top_k, bool renorm, int32_t *idx, float *weight)
+{
+    if (n <= 0 || w->rows <= 0) return 0;
+    const bool fused = c->rt_done && n <= 16 && w->rows < 1024 && n_experts > 0 && w->rows % n_experts == 0 &&
+                       (w->fmt == WF_F32 || w->fmt == WF_BF16) && n_experts <= GATE_MAX_E && top_k > 0 &&
+                       top_k <= 32 && top_k <= n_experts;
+    if (!fused) { /* the matmul, then the gate */
+        int rc = cuda_matmul(c, logits, x, n, w, NULL);
+        return rc ? rc : cuda_gate_topk(c, logits, n * (w->rows / n_experts), n_experts, top_k, renorm, idx, weight);
+    }
+    return w->fmt == WF_F32 ? s_router_topk<WF_F32>(c, logits, x, n, w, n_experts, top_k, renorm, idx, weight)
+                            : s_router_topk<WF_BF16>(c, logits, x, n, w, n_experts, top_k, renorm, idx, weight);
 }

@@ -55,43 +55,97 @@ extern "C" size_t cuda_moe_scratch_bytes(int n, int top_k, int hidden, int inter
     return s_layout(NULL, NULL, n, top_k, wide, wide, n_experts);
 }
 
-/* One thread per expert: count, prefix-sum, then a stable (token-ordered) placement; and the
- * GEMM tiles of GEMM_BM rows per expert, in expert order. */
+/* Exclusive prefix sum of v over the block (every thread calls it); *total gets the sum.
+ * wt: 32 ints of shared memory. */
+__device__ __forceinline__ int block_excl_scan(int v, int *wt, int *total)
+{
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) wt[w] = x;
+    __syncthreads();
+    if (w == 0) {
+        int t = lane < nw ? wt[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, t, o);
+            if (lane >= o) t += y;
+        }
+        wt[lane] = t;
+    }
+    __syncthreads();
+    const int r = (w ? wt[w - 1] : 0) + x - v;
+    *total = wt[nw - 1];
+    __syncthreads();
+    return r;
+}
+
+/* Pairs of up to this many are placed in token order (each pair's rank among the earlier
+ * pairs of its expert); beyond it, in the order shared atomics give, which changes no value
+ * (every row of a tile is computed on its own). */
+#define ROUTE_STABLE_MAX 1024
+
+/* One block: count the pairs per expert (shared atomics), prefix sums of the counts and of the
+ * GEMM tiles (GEMM_BM rows each, in expert order), then each pair's place. */
 __global__ void k_moe_route(const int32_t *idx, int P, int E, int32_t *counts, int32_t *offsets, int32_t *perm,
                             int32_t *inv, int2 *tiles, int32_t *n_tiles)
 {
-    const int e = threadIdx.x;
-    int cnt = 0;
-    if (e < E)
-        for (int p = 0; p < P; p++) cnt += idx[p] == e;
-    if (e < E) counts[e] = cnt;
+    pdl_enter();
+    __shared__ int cnt[MOE_MAX_EXPERTS], cur[MOE_MAX_EXPERTS], sidx[ROUTE_STABLE_MAX], wt[32];
+    const int tid = threadIdx.x, bd = blockDim.x;
+    const bool stable = P <= ROUTE_STABLE_MAX;
+    for (int e = tid; e < E; e += bd) cnt[e] = 0;
     __syncthreads();
-    if (e == 0) {
-        int acc = 0;
-        for (int i = 0; i < E; i++) {
-            offsets[i] = acc;
-            acc += counts[i];
-        }
-        offsets[E] = acc;
-        int nt = 0;
-        for (int i = 0; i < E; i++)
-            for (int r = offsets[i]; r < offsets[i + 1]; r += GEMM_BM) tiles[nt++] = make_int2(i, r);
-        *n_tiles = nt;
+    for (int p = tid; p < P; p += bd) {
+        const int e = idx[p];
+        if (stable) sidx[p] = e;
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
     }
     __syncthreads();
-    if (e < E) {
-        int pos = offsets[e];
-        for (int p = 0; p < P; p++)
-            if (idx[p] == e) {
-                perm[pos] = p;
-                inv[p] = pos;
-                pos++;
-            }
+    const int K = (E + bd - 1) / bd, e0 = tid * K; /* this thread's experts */
+    int c = 0, t = 0;
+    for (int k = 0; k < K && e0 + k < E; k++) {
+        c += cnt[e0 + k];
+        t += (cnt[e0 + k] + GEMM_BM - 1) / GEMM_BM;
+    }
+    int ctot, ttot;
+    int co = block_excl_scan(c, wt, &ctot);
+    int to = block_excl_scan(t, wt, &ttot);
+    for (int k = 0; k < K && e0 + k < E; k++) {
+        const int e = e0 + k, ce = cnt[e];
+        counts[e] = ce;
+        offsets[e] = co;
+        cur[e] = co;
+        for (int r = 0; r < ce; r += GEMM_BM) tiles[to++] = make_int2(e, co + r);
+        co += ce;
+    }
+    if (tid == 0) {
+        offsets[E] = ctot;
+        *n_tiles = ttot;
+    }
+    __syncthreads();
+    for (int p = tid; p < P; p += bd) {
+        const int e = stable ? sidx[p] : idx[p];
+        if (e < 0 || e >= E) continue;
+        int pos;
+        if (stable) {
+            pos = cur[e];
+            for (int q = 0; q < p; q++) pos += sidx[q] == e;
+        } else {
+            pos = atomicAdd(&cur[e], 1);
+        }
+        perm[pos] = p;
+        inv[p] = pos;
     }
 }
 
 __global__ void k_moe_gather(float *xs, const float *x, const int32_t *perm, int top_k, int hidden, int P)
 {
+    pdl_enter();
     const int p = blockIdx.x;
     if (p >= P) return;
     const float *src = x + (size_t)(perm[p] / top_k) * hidden;
@@ -99,17 +153,25 @@ __global__ void k_moe_gather(float *xs, const float *x, const int32_t *perm, int
 }
 
 /* Integer path, one block row of tiles per (expert, rows) tile: each group of LPR lanes takes 2
- * rows of gate and the same 2 of up (q8_dot_rows with 4 rows) for the tile's tokens. */
-template <int FMT, int NT, int LPR>
+ * rows of gate and the same 2 of up (q8_dot_rows with 4 rows) for the tile's tokens. GATHER:
+ * q/qd/qs hold token rows and pair p reads row perm[p] / top_k; else pair rows. */
+template <int FMT, int NT, int LPR, bool GATHER>
 __global__ void k_moe_gate_up_q8(float *hs, const int8_t *q, const float *qd, const int32_t *qs,
                                  const cuda_expert_t *experts, const int2 *tiles, const int32_t *n_tiles,
-                                 const int32_t *offsets, int hidden, int inter)
+                                 const int32_t *offsets, int hidden, int inter, const int32_t *perm, int top_k)
 {
+    pdl_enter();
     constexpr int RPW = 32 / LPR * 2;
     int e, p0, cnt;
     if (!moe_tile(tiles, n_tiles, offsets, experts, e, p0, cnt)) return;
     const int lane = threadIdx.x & 31, nb = hidden / 32;
     const qmat_t gw = experts[e].gate, uw = experts[e].up;
+    __shared__ int xr[GATHER ? GEMM_BM : 1]; /* the tile's pairs' token rows (in shared memory:
+                                                 an array in registers spilled at 16 tokens) */
+    if constexpr (GATHER) {
+        for (int i = threadIdx.x; i < cnt; i += blockDim.x) xr[i] = perm[p0 + i] / top_k;
+        __syncthreads();
+    }
     const int bpg = FMT == WF_INT4 ? gw.group / 32 : 1;
     /* a grid of a few blocks per SM strides over the rows: the tile lookup above is paid once */
     for (int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); warp * RPW < inter;
@@ -125,7 +187,11 @@ __global__ void k_moe_gate_up_q8(float *hs, const int8_t *q, const float *qd, co
         const int m = cnt - t0 < NT ? cnt - t0 : NT;
         const size_t p = (size_t)(p0 + t0);
         float acc[4][NT];
-        q8_dot_rows<FMT, NT, 4, LPR>(rp, sp, bpg, q + p * hidden, qd + p * nb, qs + p * nb, m, hidden, acc);
+        if constexpr (GATHER) {
+            q8_dot_rows<FMT, NT, 4, LPR, true>(rp, sp, bpg, q, qd, qs, m, hidden, acc, xr + t0);
+        } else {
+            q8_dot_rows<FMT, NT, 4, LPR>(rp, sp, bpg, q + p * hidden, qd + p * nb, qs + p * nb, m, hidden, acc);
+        }
 #pragma unroll
         for (int j = 0; j < 2; j++)
 #pragma unroll
@@ -142,6 +208,7 @@ __global__ void k_moe_down_q8(float *os, const int8_t *q, const float *qd, const
                               const cuda_expert_t *experts, const int2 *tiles, const int32_t *n_tiles,
                               const int32_t *offsets, int hidden, int inter)
 {
+    pdl_enter();
     constexpr int RPW = 32 / LPR * 4;
     int e, p0, cnt;
     if (!moe_tile(tiles, n_tiles, offsets, experts, e, p0, cnt)) return;
@@ -181,13 +248,28 @@ static int s_row_blocks(int rows, int rows_per_block, int sms, int max_tiles)
     return need < cap ? need : cap > 0 ? cap : 1;
 }
 
+/* The x input of gate/up on the integer path: the pairs' rows quantized into the scratch, or
+ * (gather) the tokens' rows already in the context's workspace. */
+typedef struct {
+    const int8_t *q;
+    const float *qd;
+    const int32_t *qs;
+    bool gather;
+    int top_k;
+} moe_xq_t;
+
 template <int FMT, int NT, int LPR>
-static void s_gate_up_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const cuda_expert_t *experts, int hidden,
-                         int inter, int max_tiles)
+static void s_gate_up_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const moe_xq_t *xq,
+                         const cuda_expert_t *experts, int hidden, int inter, int max_tiles)
 {
     const int rows_per_block = 8 * (32 / LPR) * 2;
-    k_moe_gate_up_q8<FMT, NT, LPR><<<dim3(s_row_blocks(inter, rows_per_block, sms, max_tiles), max_tiles), 256, 0, st>>>(
-        s->hs, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
+    const dim3 grid(s_row_blocks(inter, rows_per_block, sms, max_tiles), max_tiles);
+    if (xq->gather)
+        launch_k(k_moe_gate_up_q8<FMT, NT, LPR, true>, grid, 256, 0, st, s->hs, xq->q, xq->qd, xq->qs, experts,
+                 s->tiles, s->n_tiles, s->offsets, hidden, inter, s->perm, xq->top_k);
+    else
+        launch_k(k_moe_gate_up_q8<FMT, NT, LPR, false>, grid, 256, 0, st, s->hs, xq->q, xq->qd, xq->qs, experts,
+                 s->tiles, s->n_tiles, s->offsets, hidden, inter, s->perm, xq->top_k);
 }
 
 template <int FMT, int NT, int LPR>
@@ -195,18 +277,18 @@ static void s_down_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const cu
                       int inter, int max_tiles)
 {
     const int rows_per_block = 8 * (32 / LPR) * 4;
-    k_moe_down_q8<FMT, NT, LPR><<<dim3(s_row_blocks(hidden, rows_per_block, sms, max_tiles), max_tiles), 256, 0, st>>>(
-        s->os, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
+    launch_k(k_moe_down_q8<FMT, NT, LPR>, dim3(s_row_blocks(hidden, rows_per_block, sms, max_tiles), max_tiles), 256,
+             0, st, s->os, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
 }
 
 template <int FMT, int NT>
-static int s_moe_launch_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const cuda_expert_t *experts, int E,
-                           int hidden, int inter, int P, int max_tiles)
+static int s_moe_launch_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const moe_xq_t *xq,
+                           const cuda_expert_t *experts, int E, int hidden, int inter, int P, int max_tiles)
 {
     if (q8_wide_rows(hidden))
-        s_gate_up_q8<FMT, NT, 32>(st, sms, s, experts, hidden, inter, max_tiles);
+        s_gate_up_q8<FMT, NT, 32>(st, sms, s, xq, experts, hidden, inter, max_tiles);
     else
-        s_gate_up_q8<FMT, NT, 8>(st, sms, s, experts, hidden, inter, max_tiles);
+        s_gate_up_q8<FMT, NT, 8>(st, sms, s, xq, experts, hidden, inter, max_tiles);
     CUDA_LAUNCH_CHECK();
     int rc = q8_quant(st, s->q, s->qd, s->qs, s->hs, P, inter, NULL, 1, s->offsets + E);
     if (rc) return rc;
@@ -219,12 +301,12 @@ static int s_moe_launch_q8(cudaStream_t st, int sms, const moe_scratch_t *s, con
 }
 
 template <int FMT>
-static int s_moe_q8(cudaStream_t st, int sms, int n, const moe_scratch_t *s, const cuda_expert_t *experts, int E,
-                    int hidden, int inter, int P, int max_tiles)
+static int s_moe_q8(cudaStream_t st, int sms, int n, const moe_scratch_t *s, const moe_xq_t *xq,
+                    const cuda_expert_t *experts, int E, int hidden, int inter, int P, int max_tiles)
 {
-    if (n <= 1) return s_moe_launch_q8<FMT, 1>(st, sms, s, experts, E, hidden, inter, P, max_tiles);
-    if (n <= 4) return s_moe_launch_q8<FMT, 4>(st, sms, s, experts, E, hidden, inter, P, max_tiles);
-    return s_moe_launch_q8<FMT, 16>(st, sms, s, experts, E, hidden, inter, P, max_tiles);
+    if (n <= 1) return s_moe_launch_q8<FMT, 1>(st, sms, s, xq, experts, E, hidden, inter, P, max_tiles);
+    if (n <= 4) return s_moe_launch_q8<FMT, 4>(st, sms, s, xq, experts, E, hidden, inter, P, max_tiles);
+    return s_moe_launch_q8<FMT, 16>(st, sms, s, xq, experts, E, hidden, inter, P, max_tiles);
 }
 
 /* hs[p][r] = silu(gate_e[r] . xs[p]) * (up_e[r] . xs[p]) for every pair p of expert e = blockIdx.y. */
@@ -232,6 +314,7 @@ template <int FMT, int NT>
 __global__ void k_moe_gate_up(float *hs, const float *xs, const cuda_expert_t *experts, const int2 *tiles,
                               const int32_t *n_tiles, const int32_t *offsets, int hidden, int inter, bool vec)
 {
+    pdl_enter();
     int e, off, cnt;
     const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (r >= inter || !moe_tile(tiles, n_tiles, offsets, experts, e, off, cnt)) return;
@@ -256,6 +339,7 @@ template <int FMT, int NT>
 __global__ void k_moe_down(float *os, const float *hs, const cuda_expert_t *experts, const int2 *tiles,
                            const int32_t *n_tiles, const int32_t *offsets, int hidden, int inter, bool vec)
 {
+    pdl_enter();
     int e, off, cnt;
     const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (r >= hidden || !moe_tile(tiles, n_tiles, offsets, experts, e, off, cnt)) return;
@@ -277,6 +361,7 @@ __global__ void k_moe_down(float *os, const float *hs, const cuda_expert_t *expe
 __global__ void k_moe_combine(float *out, const float *os, const int32_t *inv, const int32_t *idx,
                               const float *weight, const cuda_expert_t *experts, int top_k, int hidden)
 {
+    pdl_enter();
     const int t = blockIdx.y, d = blockIdx.x * blockDim.x + threadIdx.x;
     if (d >= hidden) return;
     float acc = out[(size_t)t * hidden + d];
@@ -293,10 +378,10 @@ static int s_moe_launch(cudaStream_t st, const moe_scratch_t *s, const cuda_expe
                         bool vec_h, bool vec_i, int max_tiles)
 {
     dim3 g1(cdiv((long)inter * 32, 256), max_tiles), g2(cdiv((long)hidden * 32, 256), max_tiles);
-    k_moe_gate_up<FMT, NT><<<g1, 256, 0, st>>>(s->hs, s->xs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter,
+    launch_k(k_moe_gate_up<FMT, NT>, g1, 256, 0, st, s->hs, s->xs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter,
                                                vec_h);
     CUDA_LAUNCH_CHECK();
-    k_moe_down<FMT, NT><<<g2, 256, 0, st>>>(s->os, s->hs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter,
+    launch_k(k_moe_down<FMT, NT>, g2, 256, 0, st, s->os, s->hs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter,
                                             vec_i);
     CUDA_LAUNCH_CHECK();
     return 0;
@@ -316,7 +401,7 @@ static int s_moe_fmt(cudaStream_t st, int n, const moe_scratch_t *s, const cuda_
 
 extern "C" int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, int hidden, int inter, wfmt_t fmt,
                             const cuda_expert_t *experts_dev, int n_experts, const int32_t *idx,
-                            const float *weight, int top_k, void *scratch)
+                            const float *weight, int top_k, void *scratch, bool x_q8)
 {
     if (n <= 0) return 0;
     if (n_experts <= 0 || n_experts > MOE_MAX_EXPERTS || top_k <= 0 || top_k > n_experts) {
@@ -330,7 +415,8 @@ extern "C" int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, in
     /* tiles: at most one partial tile per active expert, plus whole tiles */
     const int max_tiles = (P < n_experts ? P : n_experts) + P / GEMM_BM;
     cudaStream_t st = c->stream;
-    k_moe_route<<<1, n_experts, 0, st>>>(idx, P, n_experts, s.counts, s.offsets, s.perm, s.inv, s.tiles, s.n_tiles);
+    const int route_threads = min(512, max(64, (max(n_experts, P) + 31) / 32 * 32));
+    launch_k(k_moe_route, 1, route_threads, 0, st, idx, P, n_experts, s.counts, s.offsets, s.perm, s.inv, s.tiles, s.n_tiles);
     CUDA_LAUNCH_CHECK();
     int rc;
     if (n >= GEMM_MOE_MIN_TOKENS && fmt != WF_F32 && hidden % 64 == 0 && inter % 64 == 0) {
@@ -342,21 +428,24 @@ extern "C" int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, in
         if ((rc = gemm_moe(st, false, s.h16, s.os, NULL, hidden, inter, fmt, experts_dev, s.tiles, s.n_tiles,
                            s.offsets, max_tiles)))
             return rc;
-        k_moe_combine<<<dim3(cdiv(hidden, 256), n), 256, 0, st>>>(out, s.os, s.inv, idx, weight, experts_dev, top_k, hidden);
+        launch_k(k_moe_combine, dim3(cdiv(hidden, 256), n), 256, 0, st, out, s.os, s.inv, idx, weight, experts_dev, top_k, hidden);
         CUDA_LAUNCH_CHECK();
         return 0;
     }
     if ((fmt == WF_INT4 || fmt == WF_INT8) && hidden % 32 == 0 && inter % 32 == 0) {
-        /* token rows by expert, straight into int8 blocks */
-        if ((rc = q8_quant(st, s.q, s.qd, s.qs, x, P, hidden, s.perm, top_k, NULL))) return rc;
-        rc = fmt == WF_INT4 ? s_moe_q8<WF_INT4>(st, c->sms, n, &s, experts_dev, n_experts, hidden, inter, P, max_tiles)
-                            : s_moe_q8<WF_INT8>(st, c->sms, n, &s, experts_dev, n_experts, hidden, inter, P, max_tiles);
+        /* token rows by expert, straight into int8 blocks, unless the tokens' rows are in the
+         * context's workspace already */
+        moe_xq_t xq = {s.q, s.qd, s.qs, false, top_k};
+        if (x_q8 && n <= 16) xq = {c->q8, c->q8d, c->q8s, true, top_k};
+        else if ((rc = q8_quant(st, s.q, s.qd, s.qs, x, P, hidden, s.perm, top_k, NULL))) return rc;
+        rc = fmt == WF_INT4 ? s_moe_q8<WF_INT4>(st, c->sms, n, &s, &xq, experts_dev, n_experts, hidden, inter, P, max_tiles)
+                            : s_moe_q8<WF_INT8>(st, c->sms, n, &s, &xq, experts_dev, n_experts, hidden, inter, P, max_tiles);
         if (rc) return rc;
-        k_moe_combine<<<dim3(cdiv(hidden, 256), n), 256, 0, st>>>(out, s.os, s.inv, idx, weight, experts_dev, top_k, hidden);
+        launch_k(k_moe_combine, dim3(cdiv(hidden, 256), n), 256, 0, st, out, s.os, s.inv, idx, weight, experts_dev, top_k, hidden);
         CUDA_LAUNCH_CHECK();
         return 0;
     }
-    k_moe_gather<<<P, 128, 0, st>>>(s.xs, x, s.perm, top_k, hidden, P);
+    launch_k(k_moe_gather, P, 128, 0, st, s.xs, x, s.perm, top_k, hidden, P);
     CUDA_LAUNCH_CHECK();
     switch (fmt) {
     case WF_F32: rc = s_moe_fmt<WF_F32>(st, n, &s, experts_dev, hidden, inter, max_tiles); break;
@@ -367,7 +456,7 @@ extern "C" int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, in
     default: log_error("cuda_moe_ffn: unknown weight format %d", (int)fmt); return STRATA_EINVAL_INPUT;
     }
     if (rc) return rc;
-    k_moe_combine<<<dim3(cdiv(hidden, 256), n), 256, 0, st>>>(out, s.os, s.inv, idx, weight, experts_dev, top_k, hidden);
+    launch_k(k_moe_combine, dim3(cdiv(hidden, 256), n), 256, 0, st, out, s.os, s.inv, idx, weight, experts_dev, top_k, hidden);
     CUDA_LAUNCH_CHECK();
     return 0;
 }

@@ -1,13 +1,17 @@
 /* ops.cu - RMSNorm, gate top-k, RoPE with the paged KV write, attention, embedding, add, argmax. */
 #include <float.h>
 
+#include <cooperative_groups.h>
+
 #include "kernels/cuda/qdot.cuh"
 
 /* ---- RMSNorm: one block per row; each thread keeps its (at most RMS_PER_THREAD) float4s in
  * registers between the sum of squares and the scaling, so x is read once ---- */
 #define RMS_PER_THREAD 4
-__global__ void k_rmsnorm(float *y, const float *x, const float *w, int dim, float eps)
+__global__ void k_rmsnorm(float *y, const float *x, const float *w, int dim, float eps, int8_t *q8, float *q8d,
+                          int32_t *q8s)
 {
+    pdl_enter();
     const float *xr = x + (size_t)blockIdx.x * dim;
     float *yr = y + (size_t)blockIdx.x * dim;
     __shared__ float red[32];
@@ -35,12 +39,21 @@ __global__ void k_rmsnorm(float *y, const float *x, const float *w, int dim, flo
     __syncthreads();
     const float inv = rsqrtf(red[0] / (float)dim + eps);
     if (vec) {
+        const int n4 = dim / 4;
 #pragma unroll
         for (int k = 0; k < RMS_PER_THREAD; k++) {
+            if (k * (int)blockDim.x >= n4) break; /* the same for the whole block */
             const int i = threadIdx.x + k * blockDim.x;
-            if (i < dim / 4) {
+            float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (i < n4) {
                 const float4 g = ((const float4 *)w)[i];
-                ((float4 *)yr)[i] = make_float4(v[k].x * inv * g.x, v[k].y * inv * g.y, v[k].z * inv * g.z, v[k].w * inv * g.w);
+                o = make_float4(v[k].x * inv * g.x, v[k].y * inv * g.y, v[k].z * inv * g.z, v[k].w * inv * g.w);
+                ((float4 *)yr)[i] = o;
+            }
+            /* 8 lanes a 32-column block (n4 % 8 == 0, so a group is all in or all out) */
+            if (q8) {
+                const size_t b = (size_t)blockIdx.x * (dim / 32) + i / 8;
+                q8_quant_f4(o, i < n4 ? q8 + b * 32 : NULL, q8d + b, q8s + b);
             }
         }
     } else {
@@ -48,64 +61,42 @@ __global__ void k_rmsnorm(float *y, const float *x, const float *w, int dim, flo
     }
 }
 
-extern "C" int cuda_rmsnorm(cuda_ctx_t *c, float *y, const float *x, const float *w, int n, int dim, float eps)
+static int s_rmsnorm(cuda_ctx_t *c, float *y, const float *x, const float *w, int n, int dim, float eps, bool q8)
 {
     if (n <= 0) return 0;
     /* enough threads that a row is one float4 each (up to 4096 columns), then up to 4 each */
     int threads = dim / 4 < 1024 ? (dim / 4 + 31) / 32 * 32 : 1024;
     if (threads < 32) threads = 32;
-    k_rmsnorm<<<n, threads, 0, c->stream>>>(y, x, w, dim, eps);
+    launch_k(k_rmsnorm, n, threads, 0, c->stream, y, x, w, dim, eps, q8 ? c->q8 : NULL, c->q8d, c->q8s);
     CUDA_LAUNCH_CHECK();
     return 0;
 }
 
+extern "C" bool cuda_q8_out_ok(const cuda_ctx_t *c, int n, int dim)
+{
+    return c->q8 && n > 0 && n <= 16 && dim % 32 == 0 && (size_t)n * dim <= c->q8_elems;
+}
+
+extern "C" int cuda_rmsnorm(cuda_ctx_t *c, float *y, const float *x, const float *w, int n, int dim, float eps)
+{
+    return s_rmsnorm(c, y, x, w, n, dim, eps, false);
+}
+
+extern "C" int cuda_rmsnorm_q8(cuda_ctx_t *c, float *y, const float *x, const float *w, int n, int dim, float eps,
+                               bool *q8_done)
+{
+    /* the float4 path holds a row in registers up to 4 x 1024 float4s */
+    *q8_done = cuda_q8_out_ok(c, n, dim) && dim <= 16384;
+    return s_rmsnorm(c, y, x, w, n, dim, eps, *q8_done);
+}
+
 /* ---- Gate: one warp per token; softmax then iterative top-k (ties to the lower index) ---- */
-#define GATE_MAX_E 1024
 __global__ void k_gate_topk(const float *logits, int n, int E, int top_k, bool renorm, int32_t *idx, float *weight)
 {
-    const int t = blockIdx.x;
-    const int lane = threadIdx.x;
+    pdl_enter();
     __shared__ float p[GATE_MAX_E];
-    const float *l = logits + (size_t)t * E;
-    float m = -FLT_MAX;
-    for (int e = lane; e < E; e += 32) m = fmaxf(m, l[e]);
-    m = warp_max(m);
-    float s = 0.f;
-    for (int e = lane; e < E; e += 32) {
-        p[e] = expf(l[e] - m);
-        s += p[e];
-    }
-    s = warp_sum(s);
-    __syncwarp();
-    for (int e = lane; e < E; e += 32) p[e] /= s;
-    __syncwarp();
-    float sel_sum = 0.f;
-    for (int k = 0; k < top_k; k++) {
-        float bv = -1.f;
-        int bi = E;
-        for (int e = lane; e < E; e += 32)
-            if (p[e] > bv) {
-                bv = p[e];
-                bi = e;
-            }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-        if (lane == 0) {
-            idx[(size_t)t * top_k + k] = bi;
-            weight[(size_t)t * top_k + k] = bv;
-            p[bi] = -2.f;
-        }
-        sel_sum += bv;
-        __syncwarp();
-    }
-    if (renorm && lane < top_k) weight[(size_t)t * top_k + lane] /= sel_sum;
+    const int t = blockIdx.x;
+    gate_topk_warp(logits + (size_t)t * E, E, top_k, renorm, idx + (size_t)t * top_k, weight + (size_t)t * top_k, p);
 }
 
 extern "C" int cuda_gate_topk(cuda_ctx_t *c, const float *logits, int n, int n_experts, int top_k, bool renorm,
@@ -116,7 +107,7 @@ extern "C" int cuda_gate_topk(cuda_ctx_t *c, const float *logits, int n, int n_e
         log_error("cuda_gate_topk: unsupported n_experts=%d top_k=%d", n_experts, top_k);
         return STRATA_EINVAL_INPUT;
     }
-    k_gate_topk<<<n, 32, 0, c->stream>>>(logits, n, n_experts, top_k, renorm, idx, weight);
+    launch_k(k_gate_topk, n, 32, 0, c->stream, logits, n, n_experts, top_k, renorm, idx, weight);
     CUDA_LAUNCH_CHECK();
     return 0;
 }
@@ -136,6 +127,7 @@ __global__ void k_rope_kv(float *q, float *k, const float *v, int n_heads, int n
                           const float *k_norm, float eps, float *kc, float *vc, const int32_t *seq, const int32_t *bt,
                           int max_blocks, int bs)
 {
+    pdl_enter();
     const int t = blockIdx.x, h = blockIdx.y;
     const bool is_k = h >= n_heads;
     const int kvh = h - n_heads;
@@ -180,104 +172,501 @@ extern "C" int cuda_rope_kv(cuda_ctx_t *c, float *q, float *k, const float *v, i
                             const int32_t *seq, const int32_t *bt, int max_blocks, int block_size)
 {
     if (n <= 0) return 0;
-    k_rope_kv<<<dim3(n, n_heads + n_kv_heads), 64, 0, c->stream>>>(q, k, v, n_heads, n_kv_heads, head_dim, rot_dim,
+    launch_k(k_rope_kv, dim3(n, n_heads + n_kv_heads), 64, 0, c->stream, q, k, v, n_heads, n_kv_heads, head_dim, rot_dim,
                                                                     pos, inv_freq, attn_factor, q_norm, k_norm, eps,
                                                                     k_cache, v_cache, seq, bt, max_blocks, block_size);
     CUDA_LAUNCH_CHECK();
     return 0;
 }
 
-/* Attention: one block of ATT_WARPS warps per (token, head). Each warp takes every
- * ATT_WARPS-th position with an online softmax (running max m, sum l, acc over the lane's
- * dims d = lane + 32 i); the warps' partial states merge through shared memory. */
-#define ATT_WARPS 16
-#define ATT_MAX_DPL 8 /* head_dim <= 256 */
-__global__ void k_attention(float *out, const float *q, const float *kc, const float *vc, const int32_t *seq,
-                            const int32_t *pos, const int32_t *bt, int max_blocks, int n_heads, int n_kv, int hd,
-                            int bs, float scale)
+/* ---- Attention (fp32, any rows; the forward pass takes it for decode-shaped steps) ----
+ * Flash-decoding over the paged cache. A block takes one row t, hb query heads of one GQA group
+ * (so a K/V row is read once for all of them) and one split z of the row's context: positions
+ * [z span, z span + span), span = ceil(n_ctx / splits). Grid (n, n_kv * head chunks, splits).
+ * The splits of a (row, head chunk) form one thread-block cluster (sm_90) and merge their
+ * softmax states through distributed shared memory: no global scratch, and the split count is
+ * chosen on the host without the positions (they are on the device and change between replays
+ * of a graph); a split past the context just contributes an empty state.
+ *
+ * A block copies its positions' K and V rows, ATT_CH / NV positions a stage, into shared memory
+ * with cp.async, nstage stages deep (the next ones are in flight while one is computed). Warp w
+ * takes positions w, w + 8, .. of each stage and keeps its own online softmax for every head:
+ *   q.k: a lane is (head slot hh = lane / L, dim slice ds = lane % L). It keeps its head's q at
+ *     float4s ds, ds + L, .. in registers, prescaled by scale * log2(e) so the softmax runs on
+ *     exp2, and reads the same float4s of the k row (one broadcast for the L-lane groups); an
+ *     L-lane butterfly leaves the score in all of the group's lanes.
+ *   softmax: every lane updates its head's running max m and sum l in registers (the group's
+ *     lanes hold the same values); the probabilities and the rescale factor of each head go to
+ *     a warp-private table.
+ *   p.v: a lane owns float4 columns lane + 32 k of the v row (coalesced) for all head slots.
+ * After the last stage the 8 warps' (m, l, acc) merge through shared memory into the block's
+ * state; the cluster syncs; each warp of the cluster then finishes 32-column blocks of the
+ * output: it combines the splits' states (from their shared memory), writes out and, when
+ * asked, the block's int8 quantization (q8_quant_val on the same floats); a second cluster sync
+ * keeps every block's shared memory alive until the others have read it. */
+#define ATT_WARPS 8
+#define ATT_THREADS (32 * ATT_WARPS)
+#define ATT_MAX_DPL 8    /* head_dim <= 32 * ATT_MAX_DPL */
+#define ATT_MAX_HB 8     /* query heads a block at head_dim <= 128 (half that up to 256) */
+#define ATT_CH 32        /* positions a stage at head_dim <= 128 (half that up to 256) */
+#define ATT_MAX_SPLITS 8 /* splits of a context: the largest portable cluster */
+#define ATT_LOG2E 1.4426950408889634f
+
+/* cp.async copies global -> shared, without a "memory" clobber: a copy is ordered after the
+ * reads of its buffer's previous stage by the __syncthreads before it, and the reads of its data
+ * after it by s_cp_wait (which has the clobber) and the __syncthreads that follows; so the
+ * compiler may keep block-table loads in flight across the copies. */
+static __device__ __forceinline__ void s_cp_async16(void *dst, const void *src)
 {
-    const int t = blockIdx.x, h = blockIdx.y;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int kvh = h / (n_heads / n_kv);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(src));
+}
+
+/* 4 bytes, or 4 zero bytes when bytes == 0 (src is not read then) */
+static __device__ __forceinline__ void s_cp_async4(void *dst, const void *src, int bytes)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(bytes));
+}
+
+static __device__ __forceinline__ void s_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+/* wait until at most N of this thread's committed groups are in flight */
+template <int N> static __device__ __forceinline__ void s_cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* p in the shared memory of the cluster's block r (this block's own when there is no cluster) */
+template <typename T> static __device__ __forceinline__ T *s_peer(T *p, int r, int splits)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    return splits > 1 ? cooperative_groups::this_cluster().map_shared_rank(p, r) : p;
+#else
+    if (splits > 1) __trap(); /* the host splits only kernels built for sm_90 */
+    return p;
+#endif
+}
+
+/* all threads of the cluster; its blocks' shared memory writes before are visible after */
+static __device__ __forceinline__ void s_cluster_sync()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cooperative_groups::this_cluster().sync();
+#else
+    __trap();
+#endif
+}
+
+/* dst[0..N) = the first N floats of the 16-byte aligned table src (broadcast reads) */
+template <int N> static __device__ __forceinline__ void s_slots(float *dst, const float4 *src)
+{
+#pragma unroll
+    for (int x = 0; x < (N + 3) / 4; x++) {
+        const float4 v = src[x];
+        const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (4 * x + i < N) dst[4 * x + i] = e[i];
+    }
+}
+
+/* NV: float4 columns a lane owns in p.v (head_dim <= 128 NV); L: lanes a head in q.k (32 / L
+ * head slots a warp, at least hb). hb: heads a block; nstage: stages in flight (2 or 3); vec:
+ * head_dim % 4 == 0 and q, the caches 16-byte aligned (else 4-byte copies, rows zero-padded). */
+template <int NV, int L>
+__global__ void __launch_bounds__(ATT_THREADS, 2)
+    k_attention(float *out, const float *q, const float *kc, const float *vc, const int32_t *seq, const int32_t *pos,
+                const int32_t *bt, int max_blocks, int n_heads, int n_kv, int hd, int bs, float scale, int hb,
+                int nstage, bool vec, int8_t *q8, float *q8d, int32_t *q8s)
+{
+    constexpr int HPW = 32 / L;         /* head slots of a warp */
+    constexpr int QF = 32 * NV / L;     /* float4s of q a lane holds */
+    constexpr int CH = ATT_CH / NV;     /* positions a stage */
+    constexpr int PPW = CH / ATT_WARPS; /* positions a warp takes of a stage */
+    /* stages [nstage][K, V][CH][hd4] float4 rows; after the last, the warps' acc [ATT_WARPS][HPW][hd4] */
+    extern __shared__ float4 att_smem[];
+    __shared__ float4 s_pw[ATT_WARPS][PPW + 1][2];        /* a warp's p [u][slot], then its rescale [slot] */
+    __shared__ float s_wm[ATT_WARPS][HPW], s_wl[ATT_WARPS][HPW]; /* the warps' m, l (log2 units) */
+    __shared__ float s_bm[ATT_MAX_HB], s_bl[ATT_MAX_HB];        /* the block's m, l per head */
+    __shared__ float4 s_bo[ATT_MAX_HB * 32];                    /* the block's unnormalized out [hb][hd4] */
+    pdl_enter();
+    const int t = blockIdx.x, z = blockIdx.z, splits = gridDim.z;
+    const int G = n_heads / n_kv, nhc = gridDim.y / n_kv, kvh = blockIdx.y / nhc;
+    const int h0 = kvh * G + (int)(blockIdx.y % nhc) * hb, nh = min(hb, (kvh + 1) * G - h0);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hh = lane / L, ds = lane % L;
+    const int hd4 = (hd + 3) >> 2;
     const int sq = seq[t], n_ctx = pos[t] + 1;
-    const float *qv = q + ((size_t)t * n_heads + h) * hd;
-    float qr[ATT_MAX_DPL], acc[ATT_MAX_DPL];
+    const int span = (n_ctx + splits - 1) / splits, p0 = z * span, len = max(0, min(n_ctx - p0, span));
+    const int nch = (len + CH - 1) / CH;
+    const size_t stage4 = (size_t)2 * CH * hd4; /* float4s a stage */
+
+    /* stage c's rows (positions p0 + c CH ..) into buffer c % nstage, one group per thread */
+    auto issue = [&](int c) {
+        float4 *sk = att_smem + (size_t)(c % nstage) * stage4, *sv = sk + CH * hd4;
+        const int pc = p0 + c * CH, nj = min(CH, len - c * CH);
+        if (vec) {
+            /* float4 e = j hd4 + f of the stage's rows; every block-table read first, so they are
+             * in flight together rather than one before each copy */
+            constexpr int R = CH * 32 * NV / ATT_THREADS; /* float4s a thread, at most */
+            size_t o[R];
 #pragma unroll
-    for (int i = 0; i < ATT_MAX_DPL; i++) {
-        int d = lane + 32 * i;
-        qr[i] = d < hd ? qv[d] * scale : 0.f;
-        acc[i] = 0.f;
+            for (int r = 0; r < R; r++) {
+                const int e = threadIdx.x + ATT_THREADS * r, j = e / hd4;
+                o[r] = j < nj ? kv_off(bt, max_blocks, sq, pc + j, kvh, n_kv, hd, bs) + 4 * (e - j * hd4) : 0;
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const int e = threadIdx.x + ATT_THREADS * r;
+                if (e < nj * hd4) {
+                    s_cp_async16(sk + e, kc + o[r]);
+                    s_cp_async16(sv + e, vc + o[r]);
+                }
+            }
+        } else {
+            const int rs = 4 * hd4;
+            for (int e = threadIdx.x; e < nj * rs; e += ATT_THREADS) {
+                const int j = e / rs, d = e - j * rs, b = d < hd ? 4 : 0;
+                const size_t o = kv_off(bt, max_blocks, sq, pc + j, kvh, n_kv, hd, bs) + (b ? d : 0);
+                s_cp_async4((float *)sk + e, kc + o, b);
+                s_cp_async4((float *)sv + e, vc + o, b);
+            }
+        }
+    };
+
+    float m = -INFINITY, l = 0.f; /* this lane's head slot, over the warp's positions so far */
+    float4 acc[HPW][NV];          /* [slot][column lane + 32 k], scaled by 2^-m */
+#pragma unroll
+    for (int h = 0; h < HPW; h++)
+#pragma unroll
+        for (int k = 0; k < NV; k++) acc[h][k] = make_float4(0.f, 0.f, 0.f, 0.f);
+
+#pragma unroll 1
+    for (int c = 0; c < nstage - 1; c++) {
+        if (c < nch) issue(c);
+        s_cp_commit();
     }
-    float m = -FLT_MAX, l = 0.f;
-    for (int p = warp; p < n_ctx; p += ATT_WARPS) {
-        const size_t o = kv_off(bt, max_blocks, sq, p, kvh, n_kv, hd, bs);
-        float s = 0.f;
+
+    /* q of the lane's head slot (loaded while the first stages are in flight) */
+    float4 qr[QF];
+    {
+        const float qs = scale * ATT_LOG2E;
+        const float *qv = q + ((size_t)t * n_heads + h0 + hh) * hd;
 #pragma unroll
-        for (int i = 0; i < ATT_MAX_DPL; i++) {
-            int d = lane + 32 * i;
-            if (d < hd) s += qr[i] * kc[o + d];
+        for (int i = 0; i < QF; i++) {
+            const int f = ds + L * i;
+            float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (hh < nh && f < hd4) {
+                if (vec) {
+                    x = *(const float4 *)(qv + 4 * f);
+                } else {
+                    x.x = qv[4 * f];
+                    if (4 * f + 1 < hd) x.y = qv[4 * f + 1];
+                    if (4 * f + 2 < hd) x.z = qv[4 * f + 2];
+                    if (4 * f + 3 < hd) x.w = qv[4 * f + 3];
+                }
+            }
+            qr[i] = make_float4(x.x * qs, x.y * qs, x.z * qs, x.w * qs);
         }
-        s = warp_sum(s);
-        const float mn = fmaxf(m, s);
-        const float corr = expf(m - mn), e = expf(s - mn);
-        l = l * corr + e;
+    }
+#pragma unroll 1
+    for (int c = 0; c < nch; c++) {
+        /* stage c landed (its group and the ones before it), for every thread; and every warp is
+         * done with stage c - 1, whose buffer stage c + nstage - 1 now takes */
+        if (nstage > 2)
+            s_cp_wait<1>();
+        else
+            s_cp_wait<0>();
+        __syncthreads();
+        if (c + nstage - 1 < nch) issue(c + nstage - 1);
+        s_cp_commit();
+        const int nj = min(CH, len - c * CH);
+        if (warp >= nj) continue;
+        const float4 *sk = att_smem + (size_t)(c % nstage) * stage4, *sv = sk + CH * hd4;
+
+        /* q.k of positions warp + 8 u (an invalid u recomputes position warp, unused) */
+        float s[PPW];
 #pragma unroll
-        for (int i = 0; i < ATT_MAX_DPL; i++) {
-            int d = lane + 32 * i;
-            if (d < hd) acc[i] = acc[i] * corr + e * vc[o + d];
+        for (int u = 0; u < PPW; u++) {
+            const int j = warp + ATT_WARPS * u < nj ? warp + ATT_WARPS * u : warp;
+            const float4 *kr = sk + (size_t)j * hd4;
+            float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+            for (int i = 0; i < QF; i++) {
+                const int f = ds + L * i;
+                if (f < hd4) {
+                    const float4 k = kr[f];
+                    a0 = fmaf(qr[i].x, k.x, a0);
+                    a1 = fmaf(qr[i].y, k.y, a1);
+                    a0 = fmaf(qr[i].z, k.z, a0);
+                    a1 = fmaf(qr[i].w, k.w, a1);
+                }
+            }
+            s[u] = a0 + a1;
         }
+#pragma unroll
+        for (int o = L / 2; o > 0; o >>= 1)
+#pragma unroll
+            for (int u = 0; u < PPW; u++) s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
+
+        /* online softmax of the lane's head slot (position warp is always valid) */
+        float cm = s[0];
+#pragma unroll
+        for (int u = 1; u < PPW; u++)
+            if (warp + ATT_WARPS * u < nj) cm = fmaxf(cm, s[u]);
+        const float mn = fmaxf(m, cm), corr = exp2f(m - mn);
+        float p[PPW], ps = 0.f;
+#pragma unroll
+        for (int u = 0; u < PPW; u++) {
+            p[u] = warp + ATT_WARPS * u < nj ? exp2f(s[u] - mn) : 0.f;
+            ps += p[u];
+        }
+        l = l * corr + ps;
         m = mn;
-    }
-    __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
-    __shared__ float sacc[ATT_WARPS][ATT_MAX_DPL * 32];
-    if (lane == 0) {
-        sm[warp] = m;
-        sl[warp] = l;
-    }
+        float *pw = (float *)s_pw[warp];
+        if (ds == 0) {
 #pragma unroll
-    for (int i = 0; i < ATT_MAX_DPL; i++) sacc[warp][lane + 32 * i] = acc[i];
-    __syncthreads();
-    if (warp == 0) {
-        float M = -FLT_MAX;
-        for (int w = 0; w < ATT_WARPS; w++)
-            if (sl[w] > 0.f) M = fmaxf(M, sm[w]);
-        float L = 0.f, f[ATT_WARPS];
-        for (int w = 0; w < ATT_WARPS; w++) {
-            f[w] = sl[w] > 0.f ? expf(sm[w] - M) : 0.f;
-            L += sl[w] * f[w];
+            for (int u = 0; u < PPW; u++) pw[u * 8 + hh] = p[u];
+            pw[PPW * 8 + hh] = corr;
         }
-        float *ov = out + ((size_t)t * n_heads + h) * hd;
+        __syncwarp();
+
+        /* acc = acc * corr + p.v, every head slot */
+        float cr[HPW];
+        s_slots<HPW>(cr, s_pw[warp][PPW]);
 #pragma unroll
-        for (int i = 0; i < ATT_MAX_DPL; i++) {
-            int d = lane + 32 * i;
-            if (d < hd) {
-                float a = 0.f;
-                for (int w = 0; w < ATT_WARPS; w++) a += sacc[w][d] * f[w];
-                ov[d] = a / L;
+        for (int h = 0; h < HPW; h++)
+#pragma unroll
+            for (int k = 0; k < NV; k++)
+                acc[h][k] = make_float4(acc[h][k].x * cr[h], acc[h][k].y * cr[h], acc[h][k].z * cr[h],
+                                        acc[h][k].w * cr[h]);
+#pragma unroll
+        for (int u = 0; u < PPW; u++) {
+            const int j = warp + ATT_WARPS * u;
+            if (j >= nj) break;
+            float pr[HPW];
+            s_slots<HPW>(pr, s_pw[warp][u]);
+#pragma unroll
+            for (int k = 0; k < NV; k++) {
+                const int f = lane + 32 * k;
+                if (f < hd4) {
+                    const float4 v = sv[(size_t)j * hd4 + f];
+#pragma unroll
+                    for (int h = 0; h < HPW; h++) {
+                        acc[h][k].x = fmaf(pr[h], v.x, acc[h][k].x);
+                        acc[h][k].y = fmaf(pr[h], v.y, acc[h][k].y);
+                        acc[h][k].z = fmaf(pr[h], v.z, acc[h][k].z);
+                        acc[h][k].w = fmaf(pr[h], v.w, acc[h][k].w);
+                    }
+                }
             }
         }
     }
+    s_cp_wait<0>();
+    __syncthreads(); /* the stage buffers are free */
+
+    /* the warps' states into the block's: M = max m_w over warps that saw a position,
+     * l = sum l_w 2^(m_w - M), o = sum acc_w 2^(m_w - M) */
+    float4 *wacc = att_smem;
+#pragma unroll
+    for (int h = 0; h < HPW; h++)
+#pragma unroll
+        for (int k = 0; k < NV; k++)
+            if (h < nh && lane + 32 * k < hd4) wacc[((size_t)warp * HPW + h) * hd4 + lane + 32 * k] = acc[h][k];
+    if (ds == 0) {
+        s_wm[warp][hh] = m;
+        s_wl[warp][hh] = l;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < nh * hd4; e += ATT_THREADS) {
+        const int h = e / hd4, f = e - h * hd4;
+        float M = -INFINITY, lb = 0.f;
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int w = 0; w < ATT_WARPS; w++)
+            if (s_wl[w][h] > 0.f) M = fmaxf(M, s_wm[w][h]);
+        for (int w = 0; w < ATT_WARPS; w++) {
+            if (!(s_wl[w][h] > 0.f)) continue;
+            const float fw = exp2f(s_wm[w][h] - M);
+            const float4 a = wacc[((size_t)w * HPW + h) * hd4 + f];
+            lb += s_wl[w][h] * fw;
+            o = make_float4(o.x + a.x * fw, o.y + a.y * fw, o.z + a.z * fw, o.w + a.w * fw);
+        }
+        s_bo[e] = o;
+        if (f == 0) {
+            s_bm[h] = M;
+            s_bl[h] = lb;
+        }
+    }
+    if (splits > 1)
+        s_cluster_sync();
+    else
+        __syncthreads();
+
+    /* the output's 32-column blocks (head h, block i) over the cluster's warps: the splits'
+     * states combined as the warps' were; lane = column 32 i + lane */
+    const int nb = (hd + 31) / 32;
+    for (int u = z * ATT_WARPS + warp; u < nh * nb; u += splits * ATT_WARPS) {
+        const int h = u / nb, i = u - h * nb, d = 32 * i + lane;
+        float bm[ATT_MAX_SPLITS], bl[ATT_MAX_SPLITS], bo[ATT_MAX_SPLITS];
+#pragma unroll
+        for (int r = 0; r < ATT_MAX_SPLITS; r++) {
+            bm[r] = -INFINITY, bl[r] = 0.f, bo[r] = 0.f;
+            if (r < splits) {
+                bm[r] = *s_peer(&s_bm[h], r, splits);
+                bl[r] = *s_peer(&s_bl[h], r, splits);
+                if (d < hd) bo[r] = s_peer((float *)s_bo, r, splits)[(size_t)h * 4 * hd4 + d];
+            }
+        }
+        float M = -INFINITY, lt = 0.f, a = 0.f;
+#pragma unroll
+        for (int r = 0; r < ATT_MAX_SPLITS; r++)
+            if (bl[r] > 0.f) M = fmaxf(M, bm[r]);
+#pragma unroll
+        for (int r = 0; r < ATT_MAX_SPLITS; r++) {
+            if (!(bl[r] > 0.f)) continue;
+            const float fw = exp2f(bm[r] - M);
+            lt += bl[r] * fw;
+            a += bo[r] * fw;
+        }
+        a = d < hd ? a / lt : 0.f;
+        if (d < hd) out[((size_t)t * n_heads + h0 + h) * hd + d] = a;
+        /* the row's int8 blocks for the o-projection (hd % 32 == 0: column block i of the head) */
+        if (q8) {
+            const size_t b = ((size_t)t * n_heads * hd + (size_t)(h0 + h) * hd) / 32 + i;
+            q8_quant_val(a, q8 + b * 32, q8d + b, q8s + b);
+        }
+    }
+    if (splits > 1) s_cluster_sync(); /* no block leaves while another may read its state */
+}
+
+/* What launches may use, found once (one device per process): the dynamic shared memory a block
+ * may have, and whether splits may form clusters (the device launches them and the kernels were
+ * built for sm_90 or later, which their merge through distributed shared memory needs). */
+static int s_att_smem_max = -1;
+static bool s_att_clusters;
+
+/* Opt the variant in to the dynamic shared memory the device allows next to its static part
+ * (static + dynamic above 48 KiB needs it, else the launch fails with "invalid argument"), and
+ * lower s_att_smem_max to what it gets. */
+template <int NV, int L> static int s_att_optin(int optin)
+{
+    cudaFuncAttributes fa;
+    CUDA_CHECK(cudaFuncGetAttributes(&fa, k_attention<NV, L>));
+    const int dyn = optin - (int)fa.sharedSizeBytes;
+    CUDA_CHECK(cudaFuncSetAttribute(k_attention<NV, L>, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn));
+    if (s_att_smem_max < 0 || dyn < s_att_smem_max) s_att_smem_max = dyn;
+    s_att_clusters = s_att_clusters && fa.ptxVersion >= 90;
+    return 0;
+}
+
+/* Once per process (one device): cluster support, and every variant opted in. */
+static int s_att_caps(const cuda_ctx_t *c)
+{
+    if (s_att_smem_max >= 0) return 0;
+    int optin = 0, cl = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&cl, cudaDevAttrClusterLaunch, c->device));
+    s_att_clusters = cl != 0;
+    int rc = s_att_optin<1, 4>(optin);
+    if (!rc) rc = s_att_optin<1, 8>(optin);
+    if (!rc) rc = s_att_optin<1, 16>(optin);
+    if (!rc) rc = s_att_optin<1, 32>(optin);
+    if (!rc) rc = s_att_optin<2, 8>(optin);
+    if (!rc) rc = s_att_optin<2, 16>(optin);
+    if (!rc) rc = s_att_optin<2, 32>(optin);
+    if (rc) s_att_smem_max = -1;
+    return rc;
+}
+
+/* k_attention<NV, L> on grid, the grid's z (splits) one cluster, with programmatic dependent
+ * launch when on (launch_k's attribute). */
+template <int NV, int L, typename... Args>
+static int s_att_launch(cudaStream_t st, dim3 grid, size_t smem, Args... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(ATT_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[2];
+    int na = 0;
+    if (cuda_pdl_on) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (grid.z > 1) {
+        at[na].id = cudaLaunchAttributeClusterDimension;
+        at[na].val.clusterDim.x = 1;
+        at[na].val.clusterDim.y = 1;
+        at[na++].val.clusterDim.z = grid.z;
+    }
+    cfg.attrs = at;
+    cfg.numAttrs = na;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, k_attention<NV, L>, args...));
+    return 0;
 }
 
 extern "C" int cuda_attention(cuda_ctx_t *c, float *out, const float *q, const float *k_cache, const float *v_cache,
                               int n, const int32_t *seq, const int32_t *pos, const int32_t *bt, int max_blocks,
-                              int n_heads, int n_kv_heads, int head_dim, int block_size, float scale)
+                              int n_heads, int n_kv_heads, int head_dim, int block_size, float scale, bool *q8_done)
 {
+    bool q8 = q8_done && head_dim % 32 == 0 && cuda_q8_out_ok(c, n, n_heads * head_dim);
+    if (q8_done) *q8_done = q8;
     if (n <= 0) return 0;
-    if (head_dim > 32 * ATT_MAX_DPL || n_kv_heads <= 0 || n_heads % n_kv_heads) {
-        log_error("cuda_attention: unsupported head_dim=%d heads=%d kv_heads=%d", head_dim, n_heads, n_kv_heads);
+    if (head_dim <= 0 || head_dim > 32 * ATT_MAX_DPL || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads ||
+        block_size <= 0 || n_heads > 65535) {
+        log_error("cuda_attention: unsupported head_dim=%d heads=%d kv_heads=%d block_size=%d", head_dim, n_heads,
+                  n_kv_heads, block_size);
         return STRATA_EINVAL_INPUT;
     }
-    k_attention<<<dim3(n, n_heads), 32 * ATT_WARPS, 0, c->stream>>>(out, q, k_cache, v_cache, seq, pos, bt,
-                                                                      max_blocks, n_heads, n_kv_heads, head_dim,
-                                                                      block_size, scale);
-    CUDA_LAUNCH_CHECK();
-    return 0;
+    int rc = s_att_caps(c);
+    if (rc) return rc;
+    const int G = n_heads / n_kv_heads, nv = head_dim > 128 ? 2 : 1, hd4 = (head_dim + 3) / 4;
+    int nhc = cdiv(G, ATT_MAX_HB / nv), hb = cdiv(G, nhc);
+    /* splits: powers of two up to a cluster of 8, doubled while the grid still runs at once (two
+     * blocks an SM) and a split keeps at least 8 positions of the longest context the block
+     * tables allow */
+    const long blocks = (long)n * n_kv_heads * nhc, max_ctx = (long)max_blocks * block_size;
+    int splits = 1;
+    while (s_att_clusters && splits < ATT_MAX_SPLITS && 2 * blocks * splits <= 2L * c->sms && 16L * splits <= max_ctx)
+        splits *= 2;
+    /* half the heads a block when that still leaves half the SMs idle (n = 1 with 4 kv heads:
+     * 64 blocks, not 32); a K/V row is then read twice, the second time mostly from L2 */
+    if (hb >= 4 && 2 * blocks * splits <= c->sms / 2) {
+        nhc = cdiv(G, cdiv(hb, 2));
+        hb = cdiv(G, nhc);
+    }
+    const int lanes = hb > 4 ? 4 : hb > 2 ? 8 : hb > 1 ? 16 : 32; /* 32 / (hb rounded up to a power of 2) */
+    const size_t stage = (size_t)2 * (ATT_CH / nv) * hd4 * sizeof(float4);
+    const int nstage = 3 * stage <= (size_t)s_att_smem_max ? 3 : 2;
+    if (2 * stage > (size_t)s_att_smem_max) {
+        log_error("cuda_attention: head_dim=%d needs %zu bytes of shared memory", head_dim, 2 * stage);
+        return STRATA_EINVAL_INPUT;
+    }
+    const bool vec = head_dim % 4 == 0 && ((uintptr_t)q | (uintptr_t)k_cache | (uintptr_t)v_cache) % 16 == 0;
+    const dim3 grid(n, n_kv_heads * nhc, splits);
+    const size_t smem = nstage * stage;
+    int8_t *q8p = q8 ? c->q8 : NULL;
+#define ATT_LAUNCH(NV, L)                                                                                             \
+    s_att_launch<NV, L>(c->stream, grid, smem, out, q, k_cache, v_cache, seq, pos, bt, max_blocks, n_heads,          \
+                        n_kv_heads, head_dim, block_size, scale, hb, nstage, vec, q8p, c->q8d, c->q8s)
+    switch (nv * 100 + lanes) {
+    case 104: rc = ATT_LAUNCH(1, 4); break;
+    case 108: rc = ATT_LAUNCH(1, 8); break;
+    case 116: rc = ATT_LAUNCH(1, 16); break;
+    case 132: rc = ATT_LAUNCH(1, 32); break;
+    case 208: rc = ATT_LAUNCH(2, 8); break;
+    case 216: rc = ATT_LAUNCH(2, 16); break;
+    default: rc = ATT_LAUNCH(2, 32); break;
+    }
+#undef ATT_LAUNCH
+    return rc;
 }
 
 /* ---- Embedding, add, argmax ---- */
 __global__ void k_embed(float *out, qmat_t e, const int32_t *tokens, int n)
 {
+    pdl_enter();
     const int t = blockIdx.x;
     const int tok = tokens[t];
     for (int d = threadIdx.x; d < e.cols; d += blockDim.x) out[(size_t)t * e.cols + d] = q_elem(e, tok, d);
@@ -286,13 +675,14 @@ __global__ void k_embed(float *out, qmat_t e, const int32_t *tokens, int n)
 extern "C" int cuda_embed(cuda_ctx_t *c, float *out, const qmat_t *embed, const int32_t *tokens, int n)
 {
     if (n <= 0) return 0;
-    k_embed<<<n, 256, 0, c->stream>>>(out, *embed, tokens, n);
+    launch_k(k_embed, n, 256, 0, c->stream, out, *embed, tokens, n);
     CUDA_LAUNCH_CHECK();
     return 0;
 }
 
 __global__ void k_add(float *y, const float *x, size_t n)
 {
+    pdl_enter();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] += x[i];
 }
@@ -300,57 +690,89 @@ __global__ void k_add(float *y, const float *x, size_t n)
 extern "C" int cuda_add(cuda_ctx_t *c, float *y, const float *x, size_t n)
 {
     if (!n) return 0;
-    k_add<<<cdiv((long)n, 256), 256, 0, c->stream>>>(y, x, n);
+    launch_k(k_add, cdiv((long)n, 256), 256, 0, c->stream, y, x, n);
     CUDA_LAUNCH_CHECK();
     return 0;
 }
 
-__global__ void k_argmax(const float *logits, int vocab, int32_t *ids)
+/* An argmax key: the float's order in the high word, the inverted id in the low one, so the
+ * largest key is the largest value at the lowest id. NaN never wins. */
+__device__ __forceinline__ unsigned long long am_key(float v, int i)
 {
-    const float *l = logits + (size_t)blockIdx.x * vocab;
-    float bv = -FLT_MAX;
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-        if (l[i] > bv) {
-            bv = l[i];
-            bi = i;
-        }
-    __shared__ float sv[32];
-    __shared__ int si[32];
+    const uint32_t b = __float_as_uint(v), ord = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return v != v ? 0ull : ((unsigned long long)ord << 32) | (0xffffffffu - (uint32_t)i);
+}
+
+__device__ __forceinline__ unsigned long long block_max_u64(unsigned long long v)
+{
+    __shared__ unsigned long long wm[32];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > bv || (ov == bv && oi < bi)) {
-            bv = ov;
-            bi = oi;
-        }
+        const unsigned long long u = __shfl_xor_sync(0xffffffffu, v, o);
+        v = u > v ? u : v;
     }
-    if ((threadIdx.x & 31) == 0) {
-        sv[threadIdx.x >> 5] = bv;
-        si[threadIdx.x >> 5] = bi;
-    }
+    if ((threadIdx.x & 31) == 0) wm[threadIdx.x >> 5] = v;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
-            if (sv[w] > bv || (sv[w] == bv && si[w] < bi)) {
-                bv = sv[w];
-                bi = si[w];
-            }
-        ids[blockIdx.x] = bi;
+    v = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) v = wm[w] > v ? wm[w] : v;
+    __syncthreads();
+    return v;
+}
+
+/* Row blockIdx.y over gridDim.x blocks, each a contiguous slice of the vocabulary: each block
+ * leaves its best key in part[], and the last block of the row to finish (done[] counter, reset
+ * for the next launch) reduces them. One block per row needs no scratch. */
+__global__ void k_argmax(const float *logits, int vocab, int32_t *ids, unsigned long long *part, unsigned *done)
+{
+    pdl_enter();
+    const int row = blockIdx.y, nb = gridDim.x, chunk = (vocab + nb - 1) / nb;
+    const int begin = blockIdx.x * chunk, end = min(vocab, begin + chunk);
+    const float *l = logits + (size_t)row * vocab;
+    unsigned long long best = 0;
+#pragma unroll 4
+    for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        const unsigned long long k = am_key(__ldg(l + i), i);
+        best = k > best ? k : best;
     }
+    best = block_max_u64(best);
+    if (nb > 1) {
+        __shared__ bool last;
+        if (threadIdx.x == 0) {
+            part[(size_t)row * nb + blockIdx.x] = best;
+            __threadfence();
+            last = atomicAdd(done + row, 1u) == (unsigned)nb - 1;
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        best = 0;
+        for (int i = threadIdx.x; i < nb; i += blockDim.x) {
+            const unsigned long long k = __ldcg(part + (size_t)row * nb + i);
+            best = k > best ? k : best;
+        }
+        best = block_max_u64(best);
+        if (threadIdx.x == 0) done[row] = 0;
+    }
+    if (threadIdx.x == 0) ids[row] = best ? (int32_t)(0xffffffffu - (uint32_t)best) : 0;
 }
 
 extern "C" int cuda_argmax(cuda_ctx_t *c, const float *logits, int n, int vocab, int32_t *ids)
 {
-    if (n <= 0) return 0;
-    k_argmax<<<n, 256, 0, c->stream>>>(logits, vocab, ids);
-    CUDA_LAUNCH_CHECK();
+    for (int r0 = 0; r0 < n; r0 += 65535) {
+        const int m = n - r0 < 65535 ? n - r0 : 65535;
+        /* about 2048 logits a block; one block a row without the workspace's scratch */
+        int parts = c->am_part && m <= c->am_rows ? cdiv(vocab, 2048) : 1;
+        if (parts > CUDA_ARGMAX_PARTS) parts = CUDA_ARGMAX_PARTS;
+        launch_k(k_argmax, dim3(parts, m), 256, 0, c->stream, logits + (size_t)r0 * vocab, vocab, ids + r0, c->am_part,
+                 c->am_done);
+        CUDA_LAUNCH_CHECK();
+    }
     return 0;
 }
 
 __global__ void k_add_sigmoid_scaled(float *y, const float *s, const float *g, int n, int dim)
 {
+    pdl_enter();
     const int t = blockIdx.x;
     const float w = 1.f / (1.f + expf(-g[t]));
     for (int d = threadIdx.x; d < dim; d += blockDim.x) y[(size_t)t * dim + d] += w * s[(size_t)t * dim + d];
@@ -359,13 +781,14 @@ __global__ void k_add_sigmoid_scaled(float *y, const float *s, const float *g, i
 extern "C" int cuda_add_sigmoid_scaled(cuda_ctx_t *c, float *y, const float *s, const float *g, int n, int dim)
 {
     if (n <= 0) return 0;
-    k_add_sigmoid_scaled<<<n, 256, 0, c->stream>>>(y, s, g, n, dim);
+    launch_k(k_add_sigmoid_scaled, n, 256, 0, c->stream, y, s, g, n, dim);
     CUDA_LAUNCH_CHECK();
     return 0;
 }
 
 __global__ void k_silu_mul(float *h, const float *g, const float *u, size_t n)
 {
+    pdl_enter();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float a = g[i];
@@ -382,13 +805,14 @@ extern "C" int cuda_ffn_swiglu(cuda_ctx_t *c, float *out, const float *x, int n,
     int rc;
     if ((rc = cuda_matmul(c, g, x, n, gate, NULL))) return rc;
     if ((rc = cuda_matmul(c, u, x, n, up, NULL))) return rc;
-    k_silu_mul<<<cdiv((long)ni, 256), 256, 0, c->stream>>>(h, g, u, ni);
+    launch_k(k_silu_mul, cdiv((long)ni, 256), 256, 0, c->stream, h, g, u, ni);
     CUDA_LAUNCH_CHECK();
     return cuda_matmul(c, out, h, n, down, NULL);
 }
 
 __global__ void k_gather_rows(float *dst, const float *src, const int32_t *rows, int dim)
 {
+    pdl_enter();
     const float *s = src + (size_t)rows[blockIdx.x] * dim;
     for (int d = threadIdx.x; d < dim; d += blockDim.x) dst[(size_t)blockIdx.x * dim + d] = s[d];
 }
@@ -396,7 +820,7 @@ __global__ void k_gather_rows(float *dst, const float *src, const int32_t *rows,
 extern "C" int cuda_gather_rows(cuda_ctx_t *c, float *dst, const float *src, const int32_t *rows, int n, int dim)
 {
     if (n <= 0) return 0;
-    k_gather_rows<<<n, 256, 0, c->stream>>>(dst, src, rows, dim);
+    launch_k(k_gather_rows, n, 256, 0, c->stream, dst, src, rows, dim);
     CUDA_LAUNCH_CHECK();
     return 0;
 }

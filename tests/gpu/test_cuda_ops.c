@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/strata.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "tests/unit/check.h"
@@ -33,6 +34,13 @@ static float *s_poisoned(size_t n)
 {
     void *d = NULL;
     if (cuda_malloc(&d, n * sizeof(float)) || cuda_memset(ctx, d, 0xff, n * sizeof(float))) exit(1);
+    return d;
+}
+
+static float *s_zeroed(size_t n)
+{
+    void *d = NULL;
+    if (cuda_malloc(&d, n * sizeof(float)) || cuda_memset(ctx, d, 0, n * sizeof(float))) exit(1);
     return d;
 }
 
@@ -176,7 +184,7 @@ static void test_moe(void)
                 size_t sb = cuda_moe_scratch_bytes(n, K, H, I, E);
                 cuda_malloc(&dscr, sb);
                 cuda_memset(ctx, dscr, 0xff, sb);
-                T_CHECK(cuda_moe_ffn(ctx, dout, dx, n, H, I, (wfmt_t)f, dex, E, didx, dw, K, dscr) == 0, "moe launch");
+                T_CHECK(cuda_moe_ffn(ctx, dout, dx, n, H, I, (wfmt_t)f, dex, E, didx, dw, K, dscr, false) == 0, "moe launch");
                 float *out = s_down(dout, (size_t)n * H);
                 double e = t_relerr(out, ref, (size_t)n * H);
                 /* the integer path rounds two activations (x, then silu(g)*u) to int8 blocks */
@@ -332,7 +340,7 @@ static void test_attention(void)
               *dv = s_up(v, (size_t)n * nkv * hd * 4), *dout = s_poisoned((size_t)n * nh * hd);
         int32_t *dseq = s_up(seq, n * 4), *dpos = s_up(pos, n * 4), *dbt = s_up(bt, sizeof bt);
         cuda_rope_kv(ctx, dq, dk, dv, n, nh, nkv, hd, 0, dpos, NULL, 1.f, NULL, NULL, 0.f, dkc, dvc, dseq, dbt, maxb, bs);
-        cuda_attention(ctx, dout, dq, dkc, dvc, n, dseq, dpos, dbt, maxb, nh, nkv, hd, bs, scale);
+        cuda_attention(ctx, dout, dq, dkc, dvc, n, dseq, dpos, dbt, maxb, nh, nkv, hd, bs, scale, NULL);
         float *out = s_down(dout, (size_t)n * nh * hd);
         double e = t_relerr(out, ref, (size_t)n * nh * hd);
         T_CHECK(e < 1e-5, "attention h=%d kv=%d hd=%d rel err %.3g", nh, nkv, hd, e);
@@ -342,6 +350,289 @@ static void test_attention(void)
         cuda_free(dkc), cuda_free(dvc), cuda_free(dq), cuda_free(dk), cuda_free(dv), cuda_free(dout);
         cuda_free(dseq), cuda_free(dpos), cuda_free(dbt);
     }
+}
+
+/* Decode-only steps (cuda_attention's split path) against cpu_attention: 4 rows of 4 sequences at
+ * positions 1, 31, 200 and 1500, then the row at 1500 alone (a smaller grid, which takes fewer
+ * heads a block for 32/4 heads and head_dim 256). Shapes: 32 heads over 8 and over 4 kv heads at head_dim 128 (Mixtral,
+ * Qwen3-30B), and head_dim 256, 80 (not a multiple of 32), 50 (not a multiple of 4), MHA at 256,
+ * blocks of 24 and 32. Cache positions no row attends are NaN, so a read past a row's context or
+ * of a block of another sequence shows. The int8 rows are asked for, so that path runs too. */
+static void test_attention_decode(void)
+{
+    static const int cfg[][4] = {{32, 8, 128, 16}, {32, 4, 128, 16}, {16, 2, 256, 16},
+                                 {8, 4, 80, 24},   {6, 2, 50, 16},   {4, 4, 256, 32}}; /* heads, kv, hd, bs */
+    enum { NSEQ = 4 };
+    static const int32_t last[NSEQ] = {1, 31, 200, 1500};
+    for (int c = 0; c < 6; c++) {
+        const int nh = cfg[c][0], nkv = cfg[c][1], hd = cfg[c][2], bs = cfg[c][3];
+        const int maxb = last[NSEQ - 1] / bs + 1, nblk = NSEQ * maxb;
+        int32_t *bt = malloc((size_t)nblk * 4), seq[NSEQ], pos[NSEQ];
+        for (int i = 0; i < nblk; i++) bt[i] = i;
+        for (int i = nblk - 1; i > 0; i--) {
+            int j = (int)(t_rng_next(&rng) % (uint64_t)(i + 1)), tmp = bt[i];
+            bt[i] = bt[j];
+            bt[j] = tmp;
+        }
+        for (int s = 0; s < NSEQ; s++) seq[s] = s, pos[s] = last[s];
+        size_t kvn = (size_t)nblk * nkv * bs * hd, qn = (size_t)NSEQ * nh * hd;
+        float *kc = malloc(kvn * 4), *vc = malloc(kvn * 4);
+        memset(kc, 0xff, kvn * 4);
+        memset(vc, 0xff, kvn * 4);
+        for (int s = 0; s < NSEQ; s++)
+            for (int p = 0; p <= last[s]; p++)
+                for (int h = 0; h < nkv; h++) {
+                    size_t o = (((size_t)bt[s * maxb + p / bs] * nkv + h) * bs + p % bs) * hd;
+                    s_fill(kc + o, hd, 1.f);
+                    s_fill(vc + o, hd, 1.f);
+                }
+        float *q = malloc(qn * 4), *ref = malloc(qn * 4), *scr = malloc((size_t)(last[NSEQ - 1] + 1) * 4);
+        s_fill(q, qn, 2.f);
+        const float scale = 1.f / sqrtf((float)hd);
+        for (int t = 0; t < NSEQ; t++)
+            cpu_attention(ref + (size_t)t * nh * hd, q + (size_t)t * nh * hd, kc, vc, bt + seq[t] * maxb, pos[t] + 1,
+                          nh, nkv, hd, bs, scale, scr);
+        float *dq = s_up(q, qn * 4), *dkc = s_up(kc, kvn * 4), *dvc = s_up(vc, kvn * 4);
+        int32_t *dseq = s_up(seq, sizeof seq), *dpos = s_up(pos, sizeof pos), *dbt = s_up(bt, (size_t)nblk * 4);
+        for (int pass = 0; pass < 2; pass++) {
+            const int r0 = pass ? NSEQ - 1 : 0, n = pass ? 1 : NSEQ;
+            const size_t on = (size_t)n * nh * hd;
+            float *dout = s_poisoned(on);
+            bool done = false;
+            int rc = cuda_attention(ctx, dout, dq + (size_t)r0 * nh * hd, dkc, dvc, n, dseq + r0, dpos + r0, dbt, maxb,
+                                    nh, nkv, hd, bs, scale, &done);
+            T_CHECK(rc == 0, "attention decode h=%d kv=%d hd=%d n=%d: rc %d", nh, nkv, hd, n, rc);
+            T_CHECK(done == (hd % 32 == 0), "attention decode h=%d kv=%d hd=%d n=%d: q8_done %d", nh, nkv, hd, n, done);
+            float *out = s_down(dout, on);
+            double e = t_relerr(out, ref + (size_t)r0 * nh * hd, on);
+            T_CHECK(e < 1e-5, "attention decode h=%d kv=%d hd=%d bs=%d n=%d rel err %.3g", nh, nkv, hd, bs, n, e);
+            free(out);
+            cuda_free(dout);
+        }
+        free(bt), free(kc), free(vc), free(q), free(ref), free(scr);
+        cuda_free(dq), cuda_free(dkc), cuda_free(dvc), cuda_free(dseq), cuda_free(dpos), cuda_free(dbt);
+    }
+}
+
+/* The tensor-core prefill attention (cuda_attention_prefill) against cpu_attention, fp16
+ * inputs: a step of 248 rows where seq 0 prefills 0..186, seq 1 decodes at 150 and seq 2 runs
+ * a prefill chunk 20..79, so 64-row tiles straddle sequences. Rows in step order with cache
+ * blocks of 16, then shuffled (a tile then holds all three sequences, positions in any
+ * order), then in step order with blocks of 24 (not dividing the kernel's 64-key tiles).
+ * Cache positions no row attends are NaN, so a read of them, or of a block past a sequence's
+ * last, shows. */
+static void test_attention_prefill(void)
+{
+    static const int cfg[][3] = {{8, 2, 128}, {4, 4, 128}, {6, 2, 64}, {4, 4, 64}}; /* heads, kv heads, head_dim */
+    enum { NSEQ = 3, MAXB = 16, NBLK = NSEQ * MAXB, N = 248 };
+    static const int first[NSEQ] = {0, 150, 20}, last[NSEQ] = {186, 150, 79};
+    for (int c = 0; c < 12; c++) {
+        const int nh = cfg[c % 4][0], nkv = cfg[c % 4][1], hd = cfg[c % 4][2];
+        const bool shuffled = c / 4 == 1;
+        const int bs = c / 4 == 2 ? 24 : 16;
+        int32_t bt[NBLK], seq[N], pos[N];
+        for (int i = 0; i < NBLK; i++) bt[i] = i;
+        for (int i = NBLK - 1; i > 0; i--) {
+            int j = (int)(t_rng_next(&rng) % (uint64_t)(i + 1)), tmp = bt[i];
+            bt[i] = bt[j];
+            bt[j] = tmp;
+        }
+        int n = 0;
+        for (int s = 0; s < NSEQ; s++)
+            for (int p = first[s]; p <= last[s]; p++) seq[n] = s, pos[n++] = p;
+        T_CHECK(n == N, "prefill step has %d rows", n);
+        for (int i = N - 1; shuffled && i > 0; i--) {
+            int j = (int)(t_rng_next(&rng) % (uint64_t)(i + 1)), ts = seq[i], tp = pos[i];
+            seq[i] = seq[j], pos[i] = pos[j];
+            seq[j] = ts, pos[j] = tp;
+        }
+        size_t kvn = (size_t)NBLK * nkv * bs * hd, qn = (size_t)N * nh * hd;
+        float *kc = malloc(kvn * 4), *vc = malloc(kvn * 4);
+        memset(kc, 0xff, kvn * 4);
+        memset(vc, 0xff, kvn * 4);
+        for (int s = 0; s < NSEQ; s++)
+            for (int p = 0; p <= last[s]; p++)
+                for (int h = 0; h < nkv; h++) {
+                    size_t o = (((size_t)bt[s * MAXB + p / bs] * nkv + h) * bs + p % bs) * hd;
+                    s_fill(kc + o, hd, 1.f);
+                    s_fill(vc + o, hd, 1.f);
+                }
+        float *q = malloc(qn * 4), *ref = malloc(qn * 4), *scr = malloc(256 * 4);
+        s_fill(q, qn, 2.f);
+        float scale = 1.f / sqrtf((float)hd);
+        for (int t = 0; t < N; t++)
+            cpu_attention(ref + (size_t)t * nh * hd, q + (size_t)t * nh * hd, kc, vc, bt + seq[t] * MAXB, pos[t] + 1,
+                          nh, nkv, hd, bs, scale, scr);
+        float *dq = s_up(q, qn * 4), *dkc = s_up(kc, kvn * 4), *dvc = s_up(vc, kvn * 4), *dout = s_poisoned(qn);
+        int32_t *dseq = s_up(seq, sizeof seq), *dpos = s_up(pos, sizeof pos), *dbt = s_up(bt, sizeof bt);
+        T_CHECK(cuda_attention_prefill(ctx, dout, dq, dkc, dvc, N, dseq, dpos, dbt, MAXB, nh, nkv, hd, bs, scale) == 0,
+                "attention_prefill launch");
+        float *out = s_down(dout, qn);
+        double e = t_relerr(out, ref, qn);
+        T_CHECK(e < 3e-3, "attention_prefill h=%d kv=%d hd=%d bs=%d shuffled=%d rel err %.3g", nh, nkv, hd, bs, shuffled,
+                e);
+        /* a shape it refuses, so cuda_attention falls back */
+        if (c == 0) {
+            T_CHECK(cuda_attention_prefill(ctx, dout, dq, dkc, dvc, N, dseq, dpos, dbt, MAXB, nh, nkv, 48, bs, scale) ==
+                        STRATA_EINVAL_INPUT,
+                    "attention_prefill takes head_dim 48");
+            T_CHECK(cuda_attention_prefill(ctx, dout, dq, dkc, dvc, N, dseq, dpos, dbt, MAXB, 6, 4, hd, bs, scale) ==
+                        STRATA_EINVAL_INPUT,
+                    "attention_prefill takes 6 heads over 4 kv heads");
+        }
+        free(out), free(kc), free(vc), free(q), free(ref), free(scr);
+        cuda_free(dq), cuda_free(dkc), cuda_free(dvc), cuda_free(dout), cuda_free(dseq), cuda_free(dpos), cuda_free(dbt);
+    }
+}
+
+/* Ops that leave their output's int8 rows in the context's workspace (q8_done): a consumer
+ * told so (x_q8) must give bit for bit what it gives quantizing the same floats itself, and
+ * must really read the workspace (fed zeros as x, it still matches). */
+static void test_q8_producers(void)
+{
+    static const int dims[] = {128, 2080, 4096, 8192};
+    static const int ns[] = {1, 3, 16};
+    for (int di = 0; di < 4; di++)
+        for (int ni = 0; ni < 3; ni++)
+            for (int f = WF_INT8; f <= WF_INT4; f += WF_INT4 - WF_INT8) {
+                const int dim = dims[di], n = ns[ni], rows = 96;
+                tmat_t m;
+                s_mat(&m, (wfmt_t)f, rows, dim, 32);
+                float *x = malloc((size_t)n * dim * 4), *w = malloc((size_t)dim * 4);
+                s_fill(x, (size_t)n * dim, 2.f);
+                s_fill(w, dim, 1.f);
+                float *dx = s_up(x, (size_t)n * dim * 4), *dw = s_up(w, (size_t)dim * 4);
+                float *y1 = s_poisoned((size_t)n * dim), *y2 = s_poisoned((size_t)n * dim);
+                float *zero = s_zeroed((size_t)n * dim);
+                float *o1 = s_poisoned((size_t)n * rows), *o2 = s_poisoned((size_t)n * rows);
+                const qmat_t *wp = &m.dev;
+                const float *nob = NULL;
+                bool done = false;
+                cuda_rmsnorm(ctx, y1, dx, dw, n, dim, 1e-6f);
+                cuda_matmul_ex(ctx, 1, &o1, y1, n, &wp, &nob, false, false);
+                cuda_rmsnorm_q8(ctx, y2, dx, dw, n, dim, 1e-6f, &done);
+                T_CHECK(done, "rmsnorm_q8 dim=%d n=%d did not quantize", dim, n);
+                cuda_matmul_ex(ctx, 1, &o2, zero, n, &wp, &nob, false, true);
+                float *h1 = s_down(y1, (size_t)n * dim), *h2 = s_down(y2, (size_t)n * dim);
+                float *r1 = s_down(o1, (size_t)n * rows), *r2 = s_down(o2, (size_t)n * rows);
+                T_CHECK(!memcmp(h1, h2, (size_t)n * dim * 4), "rmsnorm_q8 dim=%d n=%d: y differs from rmsnorm", dim, n);
+                T_CHECK(!memcmp(r1, r2, (size_t)n * rows * 4), "%s matmul after rmsnorm_q8 dim=%d n=%d differs",
+                        wfmt_name((wfmt_t)f), dim, n);
+                free(h1), free(h2), free(r1), free(r2), free(x), free(w);
+                cuda_free(dx), cuda_free(dw), cuda_free(y1), cuda_free(y2), cuda_free(zero), cuda_free(o1), cuda_free(o2);
+                s_mat_free(&m);
+            }
+
+    /* attention's output rows for the o-projection: decode rows of 3 sequences */
+    {
+        const int nh = 8, nkv = 2, hd = 128, bs = 16, maxb = 4, n = 3, cols = nh * hd;
+        int32_t bt[3 * 4], seq[3] = {0, 1, 2}, pos[3] = {5, 40, 17};
+        for (int i = 0; i < 12; i++) bt[i] = i;
+        size_t kvn = (size_t)12 * nkv * bs * hd;
+        float *kc = malloc(kvn * 4), *vc = malloc(kvn * 4), *q = malloc((size_t)n * cols * 4);
+        s_fill(kc, kvn, 1.f), s_fill(vc, kvn, 1.f), s_fill(q, (size_t)n * cols, 1.f);
+        float *dkc = s_up(kc, kvn * 4), *dvc = s_up(vc, kvn * 4), *dq = s_up(q, (size_t)n * cols * 4);
+        int32_t *dseq = s_up(seq, sizeof seq), *dpos = s_up(pos, sizeof pos), *dbt = s_up(bt, sizeof bt);
+        float *att = s_poisoned((size_t)n * cols), *zero = s_zeroed((size_t)n * cols);
+        tmat_t m;
+        s_mat(&m, WF_INT4, 256, cols, 32);
+        const qmat_t *wp = &m.dev;
+        const float *nob = NULL;
+        float *o1 = s_poisoned((size_t)n * 256), *o2 = s_poisoned((size_t)n * 256);
+        bool done = false;
+        cuda_attention(ctx, att, dq, dkc, dvc, n, dseq, dpos, dbt, maxb, nh, nkv, hd, bs, 0.088f, &done);
+        T_CHECK(done, "attention did not quantize its output");
+        cuda_matmul_ex(ctx, 1, &o2, zero, n, &wp, &nob, false, true);
+        cuda_matmul_ex(ctx, 1, &o1, att, n, &wp, &nob, false, false);
+        float *r1 = s_down(o1, (size_t)n * 256), *r2 = s_down(o2, (size_t)n * 256);
+        T_CHECK(!memcmp(r1, r2, (size_t)n * 256 * 4), "matmul after attention's q8 rows differs");
+        free(r1), free(r2), free(kc), free(vc), free(q);
+        cuda_free(dkc), cuda_free(dvc), cuda_free(dq), cuda_free(dseq), cuda_free(dpos), cuda_free(dbt);
+        cuda_free(att), cuda_free(zero), cuda_free(o1), cuda_free(o2);
+        s_mat_free(&m);
+    }
+
+    /* the experts reading the tokens' rows from the workspace (gather) */
+    for (int ni = 0; ni < 3; ni++)
+        for (int f = WF_INT8; f <= WF_INT4; f += WF_INT4 - WF_INT8) {
+            const int n = ns[ni], E = 8, K = 2, H = 128, I = 96;
+            tmat_t g[8], u[8], d[8];
+            cuda_expert_t ex[8];
+            for (int e = 0; e < E; e++) {
+                s_mat(&g[e], (wfmt_t)f, I, H, 32);
+                s_mat(&u[e], (wfmt_t)f, I, H, 32);
+                s_mat(&d[e], (wfmt_t)f, H, I, 32);
+                ex[e] = (cuda_expert_t){g[e].dev, u[e].dev, d[e].dev};
+            }
+            float *x = malloc((size_t)n * H * 4), *w = malloc(H * 4), *wt = malloc((size_t)n * K * 4), logits[8];
+            int32_t *idx = malloc((size_t)n * K * 4);
+            s_fill(x, (size_t)n * H, 1.f);
+            s_fill(w, H, 1.f);
+            for (int t = 0; t < n; t++) {
+                s_fill(logits, E, 3.f);
+                cpu_gate_topk(logits, E, K, true, idx + t * K, wt + t * K);
+            }
+            float *dx = s_up(x, (size_t)n * H * 4), *dw = s_up(w, H * 4), *xn = s_poisoned((size_t)n * H);
+            float *zero = s_zeroed((size_t)n * H);
+            float *o1 = s_up(x, (size_t)n * H * 4), *o2 = s_up(x, (size_t)n * H * 4);
+            int32_t *didx = s_up(idx, (size_t)n * K * 4);
+            float *dwt = s_up(wt, (size_t)n * K * 4);
+            cuda_expert_t *dex = s_up(ex, sizeof ex);
+            void *scr = NULL;
+            cuda_malloc(&scr, cuda_moe_scratch_bytes(n, K, H, I, E));
+            bool done = false;
+            cuda_rmsnorm_q8(ctx, xn, dx, dw, n, H, 1e-6f, &done);
+            T_CHECK(done, "rmsnorm_q8 before the experts did not quantize");
+            cuda_moe_ffn(ctx, o2, zero, n, H, I, (wfmt_t)f, dex, E, didx, dwt, K, scr, true);
+            cuda_moe_ffn(ctx, o1, xn, n, H, I, (wfmt_t)f, dex, E, didx, dwt, K, scr, false);
+            float *r1 = s_down(o1, (size_t)n * H), *r2 = s_down(o2, (size_t)n * H);
+            T_CHECK(!memcmp(r1, r2, (size_t)n * H * 4), "%s experts n=%d reading the workspace's rows differ",
+                    wfmt_name((wfmt_t)f), n);
+            free(r1), free(r2), free(x), free(w), free(wt), free(idx);
+            cuda_free(dx), cuda_free(dw), cuda_free(xn), cuda_free(zero), cuda_free(o1), cuda_free(o2), cuda_free(didx);
+            cuda_free(dwt);
+            cuda_free(dex), cuda_free(scr);
+            for (int e = 0; e < E; e++) s_mat_free(&g[e]), s_mat_free(&u[e]), s_mat_free(&d[e]);
+        }
+}
+
+/* The router and the gate in one launch (cuda_router_topk) against the two launches, bit for
+ * bit: the same logits (rowblock) and the same top-k; stacked routers (several groups of
+ * n_experts a token); twice in a row, so the last-block counter must have reset. */
+static void test_router_topk(void)
+{
+    static const int Es[] = {8, 128}, Ds[] = {1, 3}, ns[] = {1, 5, 16};
+    for (int ei = 0; ei < 2; ei++)
+        for (int di = 0; di < 2; di++)
+            for (int ni = 0; ni < 3; ni++)
+                for (int renorm = 0; renorm < 2; renorm++) {
+                    const int E = Es[ei], D = Ds[di], n = ns[ni], H = 256, K = E == 8 ? 2 : 8, rows = E * D;
+                    float *w = malloc((size_t)rows * H * 4), *x = malloc((size_t)n * H * 4);
+                    s_fill(w, (size_t)rows * H, 1.f);
+                    s_fill(x, (size_t)n * H, 1.f);
+                    qmat_t wm = {WF_F32, rows, H, 0, s_up(w, (size_t)rows * H * 4), NULL};
+                    float *dx = s_up(x, (size_t)n * H * 4), *l1 = s_poisoned((size_t)n * rows),
+                          *l2 = s_poisoned((size_t)n * rows);
+                    const size_t G = (size_t)n * D;
+                    int32_t *i1 = (int32_t *)s_poisoned(G * K), *i2 = (int32_t *)s_poisoned(G * K);
+                    float *w1 = s_poisoned(G * K), *w2 = s_poisoned(G * K);
+                    cuda_matmul(ctx, l1, dx, n, &wm, NULL);
+                    cuda_gate_topk(ctx, l1, (int)G, E, K, renorm, i1, w1);
+                    int32_t *hi1 = (int32_t *)s_down((float *)i1, G * K);
+                    float *hw1 = s_down(w1, G * K);
+                    for (int rep = 0; rep < 2; rep++) {
+                        T_CHECK(cuda_router_topk(ctx, l2, dx, n, &wm, E, K, renorm, i2, w2) == 0, "router_topk launch");
+                        int32_t *hi2 = (int32_t *)s_down((float *)i2, G * K);
+                        float *hw2 = s_down(w2, G * K);
+                        T_CHECK(!memcmp(hi1, hi2, G * K * 4) && !memcmp(hw1, hw2, G * K * 4),
+                                "router_topk E=%d D=%d n=%d renorm=%d run %d differs from matmul + gate", E, D, n,
+                                renorm, rep);
+                        free(hi2), free(hw2);
+                    }
+                    free(hi1), free(hw1), free(w), free(x);
+                    cuda_free((void *)wm.data), cuda_free(dx), cuda_free(l1), cuda_free(l2);
+                    cuda_free(i1), cuda_free(i2), cuda_free(w1), cuda_free(w2);
+                }
 }
 
 static void test_embed_argmax_add(void)
@@ -361,17 +652,31 @@ static void test_embed_argmax_add(void)
         cuda_free(dt), cuda_free(dout);
         s_mat_free(&m);
     }
-    const int n = 4, V = 5000;
-    float *l = malloc(n * V * 4);
-    s_fill(l, n * V, 1.f);
-    l[1 * V + 77] = 9.f, l[1 * V + 33] = 9.f; /* tie: lower id wins */
-    int32_t want[4];
-    for (int t = 0; t < n; t++) want[t] = cpu_sample(l + t * V, V, 0.f, 0, 1.f, 0.5);
-    float *dl = s_up(l, n * V * 4);
-    int32_t *di = (int32_t *)s_poisoned(n);
-    cuda_argmax(ctx, dl, n, V, di);
-    int32_t *got = (int32_t *)s_down((float *)di, n);
-    T_CHECK(!memcmp(got, want, sizeof want), "argmax differs (row1 got %d want %d)", got[1], want[1]);
+    /* argmax: one block a row (V 1000) and split over blocks (5000, 151936), with ties in one
+     * block and across blocks; run twice, so the blocks' done counters must have reset */
+    static const int Vs[] = {1000, 5000, 151936};
+    for (int vi = 0; vi < 3; vi++) {
+        const int n = 4, V = Vs[vi];
+        float *l = malloc((size_t)n * V * 4);
+        s_fill(l, (size_t)n * V, 1.f);
+        l[1 * V + 77] = 9.f, l[1 * V + 33] = 9.f;       /* tie: lower id wins */
+        l[2 * V + V - 1] = 9.f, l[2 * V + V / 2] = 9.f; /* tie across blocks */
+        l[3 * V + 5] = NAN;                             /* NaN never wins */
+        int32_t want[4];
+        for (int t = 0; t < n; t++) want[t] = cpu_sample(l + (size_t)t * V, V, 0.f, 0, 1.f, 0.5);
+        float *dl = s_up(l, (size_t)n * V * 4);
+        for (int rep = 0; rep < 2; rep++) {
+            int32_t *di = (int32_t *)s_poisoned(n);
+            cuda_argmax(ctx, dl, n, V, di);
+            int32_t *got = (int32_t *)s_down((float *)di, n);
+            T_CHECK(!memcmp(got, want, sizeof want), "argmax V=%d run %d differs (rows got %d %d %d %d want %d %d %d %d)",
+                    V, rep, got[0], got[1], got[2], got[3], want[0], want[1], want[2], want[3]);
+            free(got);
+            cuda_free(di);
+        }
+        free(l);
+        cuda_free(dl);
+    }
     float *a = malloc(1000 * 4), *b = malloc(1000 * 4);
     s_fill(a, 1000, 1.f);
     s_fill(b, 1000, 1.f);
@@ -381,8 +686,8 @@ static void test_embed_argmax_add(void)
     int ok = 1;
     for (int i = 0; i < 1000; i++) ok &= sum[i] == a[i] + b[i];
     T_CHECK(ok, "add differs");
-    free(l), free(got), free(a), free(b), free(sum);
-    cuda_free(dl), cuda_free(di), cuda_free(da), cuda_free(db);
+    free(a), free(b), free(sum);
+    cuda_free(da), cuda_free(db);
 }
 
 int main(void)
@@ -400,6 +705,10 @@ int main(void)
     test_rmsnorm_rope();
     test_gate();
     test_attention();
+    test_attention_decode();
+    test_attention_prefill();
+    test_q8_producers();
+    test_router_topk();
     test_embed_argmax_add();
     cuda_ctx_destroy(ctx);
     return t_done("test_cuda_ops");
