@@ -138,6 +138,17 @@ static void test_matmul(bool q8)
             }
 }
 
+/* E random experts of format f (hidden H, inter I, int4 groups of 32) and their table. */
+static void s_experts(tmat_t *g, tmat_t *u, tmat_t *d, cuda_expert_t *ex, int E, wfmt_t f, int H, int I)
+{
+    for (int e = 0; e < E; e++) {
+        s_mat(&g[e], f, I, H, 32);
+        s_mat(&u[e], f, I, H, 32);
+        s_mat(&d[e], f, H, I, 32);
+        ex[e] = (cuda_expert_t){g[e].dev, u[e].dev, d[e].dev};
+    }
+}
+
 static void test_moe(void)
 { /* Below 32 tokens INT4/INT8 take the integer (q8) path (hidden and inter are multiples of
    * 32); from 32 tokens every format but F32 takes the fp16 GEMM when both are multiples of
@@ -152,12 +163,7 @@ static void test_moe(void)
                 bool gemm = n >= 32 && f != WF_F32 && I % 64 == 0;
                 tmat_t g[8], u[8], d[8];
                 cuda_expert_t ex[8];
-                for (int e = 0; e < E; e++) {
-                    s_mat(&g[e], (wfmt_t)f, I, H, 32);
-                    s_mat(&u[e], (wfmt_t)f, I, H, 32);
-                    s_mat(&d[e], (wfmt_t)f, H, I, 32);
-                    ex[e] = (cuda_expert_t){g[e].dev, u[e].dev, d[e].dev};
-                }
+                s_experts(g, u, d, ex, E, (wfmt_t)f, H, I);
                 if (missing) ex[3].gate.data = NULL; /* expert 3 not resident: skipped */
                 float *x = malloc((size_t)n * H * 4), *base = malloc((size_t)n * H * 4), *ref = malloc((size_t)n * H * 4);
                 int32_t *idx = malloc((size_t)n * K * 4);
@@ -287,6 +293,35 @@ static void test_gate(void)
         }
 }
 
+/* bt[0..n-1] = a random permutation of 0..n-1 (block tables that share out the cache). */
+static void s_perm(int32_t *bt, int n)
+{
+    for (int i = 0; i < n; i++) bt[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(t_rng_next(&rng) % (uint64_t)(i + 1)), tmp = bt[i];
+        bt[i] = bt[j];
+        bt[j] = tmp;
+    }
+}
+
+/* Paged K and V caches of kvn floats, NaN (0xff bytes) except positions 0..last[s] of each of
+ * the nseq sequences (block table row s of bt, maxb blocks a row), random there: a read of a
+ * position no row attends shows. */
+static void s_kv_caches(float **kc, float **vc, size_t kvn, const int32_t *bt, int maxb, int nseq, const int32_t *last,
+                        int nkv, int bs, int hd)
+{
+    *kc = malloc(kvn * 4), *vc = malloc(kvn * 4);
+    memset(*kc, 0xff, kvn * 4);
+    memset(*vc, 0xff, kvn * 4);
+    for (int s = 0; s < nseq; s++)
+        for (int p = 0; p <= last[s]; p++)
+            for (int h = 0; h < nkv; h++) {
+                size_t o = (((size_t)bt[s * maxb + p / bs] * nkv + h) * bs + p % bs) * hd;
+                s_fill(*kc + o, hd, 1.f);
+                s_fill(*vc + o, hd, 1.f);
+            }
+}
+
 static void test_attention(void)
 {
     static const int cfg[][3] = {{8, 2, 128}, {4, 4, 48}, {6, 2, 64}}; /* heads, kv heads, head_dim */
@@ -294,12 +329,7 @@ static void test_attention(void)
         const int nh = cfg[c][0], nkv = cfg[c][1], hd = cfg[c][2], bs = 16, nblk = 40, maxb = 12, nseq = 3;
         /* block tables: a random permutation of blocks shared out to sequences */
         int32_t bt[3 * 12], perm[40];
-        for (int i = 0; i < nblk; i++) perm[i] = i;
-        for (int i = nblk - 1; i > 0; i--) {
-            int j = (int)(t_rng_next(&rng) % (uint64_t)(i + 1)), tmp = perm[i];
-            perm[i] = perm[j];
-            perm[j] = tmp;
-        }
+        s_perm(perm, nblk);
         for (int i = 0; i < nseq * maxb; i++) bt[i] = perm[i];
         /* a step: seq 0 prefills 37 tokens, seq 1 decodes at pos 150, seq 2 prefill chunk 20..29 */
         int n = 0;
@@ -368,24 +398,11 @@ static void test_attention_decode(void)
         const int nh = cfg[c][0], nkv = cfg[c][1], hd = cfg[c][2], bs = cfg[c][3];
         const int maxb = last[NSEQ - 1] / bs + 1, nblk = NSEQ * maxb;
         int32_t *bt = malloc((size_t)nblk * 4), seq[NSEQ], pos[NSEQ];
-        for (int i = 0; i < nblk; i++) bt[i] = i;
-        for (int i = nblk - 1; i > 0; i--) {
-            int j = (int)(t_rng_next(&rng) % (uint64_t)(i + 1)), tmp = bt[i];
-            bt[i] = bt[j];
-            bt[j] = tmp;
-        }
+        s_perm(bt, nblk);
         for (int s = 0; s < NSEQ; s++) seq[s] = s, pos[s] = last[s];
         size_t kvn = (size_t)nblk * nkv * bs * hd, qn = (size_t)NSEQ * nh * hd;
-        float *kc = malloc(kvn * 4), *vc = malloc(kvn * 4);
-        memset(kc, 0xff, kvn * 4);
-        memset(vc, 0xff, kvn * 4);
-        for (int s = 0; s < NSEQ; s++)
-            for (int p = 0; p <= last[s]; p++)
-                for (int h = 0; h < nkv; h++) {
-                    size_t o = (((size_t)bt[s * maxb + p / bs] * nkv + h) * bs + p % bs) * hd;
-                    s_fill(kc + o, hd, 1.f);
-                    s_fill(vc + o, hd, 1.f);
-                }
+        float *kc, *vc;
+        s_kv_caches(&kc, &vc, kvn, bt, maxb, NSEQ, last, nkv, bs, hd);
         float *q = malloc(qn * 4), *ref = malloc(qn * 4), *scr = malloc((size_t)(last[NSEQ - 1] + 1) * 4);
         s_fill(q, qn, 2.f);
         const float scale = 1.f / sqrtf((float)hd);
@@ -425,18 +442,13 @@ static void test_attention_prefill(void)
 {
     static const int cfg[][3] = {{8, 2, 128}, {4, 4, 128}, {6, 2, 64}, {4, 4, 64}}; /* heads, kv heads, head_dim */
     enum { NSEQ = 3, MAXB = 16, NBLK = NSEQ * MAXB, N = 248 };
-    static const int first[NSEQ] = {0, 150, 20}, last[NSEQ] = {186, 150, 79};
+    static const int32_t first[NSEQ] = {0, 150, 20}, last[NSEQ] = {186, 150, 79};
     for (int c = 0; c < 12; c++) {
         const int nh = cfg[c % 4][0], nkv = cfg[c % 4][1], hd = cfg[c % 4][2];
         const bool shuffled = c / 4 == 1;
         const int bs = c / 4 == 2 ? 24 : 16;
         int32_t bt[NBLK], seq[N], pos[N];
-        for (int i = 0; i < NBLK; i++) bt[i] = i;
-        for (int i = NBLK - 1; i > 0; i--) {
-            int j = (int)(t_rng_next(&rng) % (uint64_t)(i + 1)), tmp = bt[i];
-            bt[i] = bt[j];
-            bt[j] = tmp;
-        }
+        s_perm(bt, NBLK);
         int n = 0;
         for (int s = 0; s < NSEQ; s++)
             for (int p = first[s]; p <= last[s]; p++) seq[n] = s, pos[n++] = p;
@@ -447,16 +459,8 @@ static void test_attention_prefill(void)
             seq[j] = ts, pos[j] = tp;
         }
         size_t kvn = (size_t)NBLK * nkv * bs * hd, qn = (size_t)N * nh * hd;
-        float *kc = malloc(kvn * 4), *vc = malloc(kvn * 4);
-        memset(kc, 0xff, kvn * 4);
-        memset(vc, 0xff, kvn * 4);
-        for (int s = 0; s < NSEQ; s++)
-            for (int p = 0; p <= last[s]; p++)
-                for (int h = 0; h < nkv; h++) {
-                    size_t o = (((size_t)bt[s * MAXB + p / bs] * nkv + h) * bs + p % bs) * hd;
-                    s_fill(kc + o, hd, 1.f);
-                    s_fill(vc + o, hd, 1.f);
-                }
+        float *kc, *vc;
+        s_kv_caches(&kc, &vc, kvn, bt, MAXB, NSEQ, last, nkv, bs, hd);
         float *q = malloc(qn * 4), *ref = malloc(qn * 4), *scr = malloc(256 * 4);
         s_fill(q, qn, 2.f);
         float scale = 1.f / sqrtf((float)hd);
@@ -558,12 +562,7 @@ static void test_q8_producers(void)
             const int n = ns[ni], E = 8, K = 2, H = 128, I = 96;
             tmat_t g[8], u[8], d[8];
             cuda_expert_t ex[8];
-            for (int e = 0; e < E; e++) {
-                s_mat(&g[e], (wfmt_t)f, I, H, 32);
-                s_mat(&u[e], (wfmt_t)f, I, H, 32);
-                s_mat(&d[e], (wfmt_t)f, H, I, 32);
-                ex[e] = (cuda_expert_t){g[e].dev, u[e].dev, d[e].dev};
-            }
+            s_experts(g, u, d, ex, E, (wfmt_t)f, H, I);
             float *x = malloc((size_t)n * H * 4), *w = malloc(H * 4), *wt = malloc((size_t)n * K * 4), logits[8];
             int32_t *idx = malloc((size_t)n * K * 4);
             s_fill(x, (size_t)n * H, 1.f);
