@@ -76,6 +76,8 @@ struct gpu_model {
     float *x, *xn, *q, *k, *v, *att, *y, *rlog, *tw, *sg, *ffn_scr, *xl, *logits, *prlog, *ptw;
     bool xn_q8; /* s_ffn_pre left xn's int8 rows in the context's workspace for s_ffn_post */
     bool att_tc; /* this step's attention on tensor cores (mostly prefill: runs of >= 16 rows) */
+    bool pre_attn, pre_attn_q8; /* s_ffn_post normed x into xn for the next layer's attention
+                                   (and left its int8 rows in the workspace) */
     int32_t *tidx, *ptidx, *d_pos, *d_seq, *d_bt, *d_rows, *d_ids;
     void *moe_scr;
     /* host staging */
@@ -662,8 +664,10 @@ static int s_attention(gpu_model_t *g, int l, int n)
     cuda_ctx_t *cx = g->cx;
     int hd = c->head_dim, qd = c->n_heads * hd, kd = c->n_kv_heads * hd, rc;
     /* the norm and the attention also leave their outputs' int8 rows for the projections */
-    bool xq = false, aq = false;
-    if ((rc = cuda_rmsnorm_q8(cx, g->xn, g->x, L->attn_norm, n, c->hidden, c->rms_eps, &xq))) return rc;
+    bool xq = g->pre_attn_q8, aq = false;
+    if (!g->pre_attn && (rc = cuda_rmsnorm_q8(cx, g->xn, g->x, L->attn_norm, n, c->hidden, c->rms_eps, &xq)))
+        return rc;
+    g->pre_attn = false;
     {
         float *ys[3] = {g->q, g->k, g->v};
         const qmat_t *ws[3] = {&L->wq, &L->wk, &L->wv};
@@ -745,9 +749,13 @@ static int s_ffn_post(gpu_model_t *g, int l, int n)
             return rc;
         return cuda_add(cx, g->x, g->y, (size_t)n * c->hidden);
     }
+    /* without a shared expert to add, the combine also norms x for the next layer's attention */
+    const bool fuse = c->shared_inter <= 0 && l + 1 < c->n_layers;
+    cuda_next_norm_t nn = {fuse ? g->L[l + 1].attn_norm : NULL, g->xn, c->rms_eps, &g->pre_attn_q8};
     if ((rc = cuda_moe_ffn(cx, g->x, g->xn, n, c->hidden, g->inter, g->expert_fmt, L->table_dev, c->n_experts, g->tidx,
-                           g->tw, c->top_k, g->moe_scr, g->xn_q8)))
+                           g->tw, c->top_k, g->moe_scr, g->xn_q8, fuse ? &nn : NULL)))
         return rc;
+    g->pre_attn = fuse;
     if (c->shared_inter > 0) {
         if ((rc = cuda_matmul(cx, g->sg, g->xn, n, &L->shared_gate, NULL))) return rc;
         if ((rc = cuda_ffn_swiglu(cx, g->att, g->xn, n, &L->shared.gate, &L->shared.up, &L->shared.down, g->ffn_scr)))
@@ -860,6 +868,7 @@ static int s_step(gpu_model_t *g, const batch_t *b, float *logits, int32_t *ids)
     if ((rc = cuda_h2d_async(cx, CUDA_STREAM_COMPUTE, g->d_bt, g->h_bt, (size_t)n_seqs * g->o.kv_blocks * 4))) return rc;
 
     g->st.steps++;
+    g->pre_attn = g->pre_attn_q8 = false; /* a step that failed half-way may have left them set */
 
     /* Decode-shaped steps replay a CUDA graph per size and segment (one segment when every
      * expert is resident; with a cache, the host decides residency between segments). */

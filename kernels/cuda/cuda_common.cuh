@@ -200,4 +200,60 @@ __device__ __forceinline__ void gate_topk_warp(const float *l, int E, int top_k,
     if (renorm && lane < top_k) weight[lane] /= sel_sum;
 }
 
+/* Sum of v over the block (every thread calls it; blockDim.x a multiple of 32). */
+__device__ __forceinline__ float block_sum(float v)
+{
+    __shared__ float red[32];
+    v = warp_sum(v);
+    __syncthreads(); /* red may still be read from an earlier call */
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float r = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.f;
+        r = warp_sum(r);
+        if (threadIdx.x == 0) red[0] = r;
+    }
+    __syncthreads();
+    return red[0];
+}
+
+/* RMSNorm rows held in registers: thread i keeps float4s i, i + blockDim.x, ... (at most
+ * RMS_PER_THREAD); one block a row, rms_threads(dim) threads. */
+#define RMS_PER_THREAD 4
+static inline int rms_threads(int dim)
+{
+    /* enough threads that a row is one float4 each (up to 4096 columns), then up to 4 each */
+    int threads = dim / 4 < 1024 ? (dim / 4 + 31) / 32 * 32 : 1024;
+    return threads < 32 ? 32 : threads;
+}
+__device__ __forceinline__ bool rms_row_vec(int dim)
+{
+    return dim % 4 == 0 && dim / 4 <= RMS_PER_THREAD * (int)blockDim.x;
+}
+
+/* The second half of RMSNorm for row blockIdx.x held in v (ss: this thread's sum of squares):
+ * yr = v * rsqrt(mean + eps) * w, and with q8 the row's int8 blocks (dim % 32 == 0). */
+__device__ __forceinline__ void rms_row_f4(const float4 *v, float ss, int dim, float eps, const float *w, float *yr,
+                                           int8_t *q8, float *q8d, int32_t *q8s)
+{
+    const float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
+    const int n4 = dim / 4;
+#pragma unroll
+    for (int k = 0; k < RMS_PER_THREAD; k++) {
+        if (k * (int)blockDim.x >= n4) break; /* the same for the whole block */
+        const int i = threadIdx.x + k * blockDim.x;
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i < n4) {
+            const float4 g = ((const float4 *)w)[i];
+            o = make_float4(v[k].x * inv * g.x, v[k].y * inv * g.y, v[k].z * inv * g.z, v[k].w * inv * g.w);
+            ((float4 *)yr)[i] = o;
+        }
+        /* 8 lanes a 32-column block (n4 % 8 == 0, so a group is all in or all out) */
+        if (q8) {
+            const size_t b = (size_t)blockIdx.x * (dim / 32) + i / 8;
+            q8_quant_f4(o, i < n4 ? q8 + b * 32 : NULL, q8d + b, q8s + b);
+        }
+    }
+}
+
 static inline int cdiv(long a, long b) { return (int)((a + b - 1) / b); }

@@ -114,14 +114,22 @@ bool cuda_q8_out_ok(const cuda_ctx_t *c, int n, int dim);
  * idx/weight are device arrays [n][top_k]. out must be initialised by the caller.
  * scratch: device workspace of cuda_moe_scratch_bytes(n, top_k, inter) bytes.
  * x_q8: x's quantization is in the context's workspace (see cuda_matmul_ex); the integer path
- * then reads each pair's token row from there instead of quantizing the pairs' rows. */
+ * then reads each pair's token row from there instead of quantizing the pairs' rows.
+ * nn (may be NULL): the next layer's RMSNorm of out, in the combine's launch: y = rmsnorm(out) *
+ * w, and with q8_done (may be NULL) its int8 rows as cuda_rmsnorm_q8 writes them. */
 typedef struct {
     qmat_t gate, up, down;
 } cuda_expert_t;
+typedef struct {
+    const float *w; /* the norm's weights [hidden] */
+    float *y;       /* its output [n][hidden] (may be the MoE's x: the experts are done with it) */
+    float eps;
+    bool *q8_done;
+} cuda_next_norm_t;
 size_t cuda_moe_scratch_bytes(int n, int top_k, int hidden, int inter, int n_experts);
 int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, int hidden, int inter, wfmt_t fmt,
                  const cuda_expert_t *experts_dev, int n_experts, const int32_t *idx, const float *weight,
-                 int top_k, void *scratch, bool x_q8);
+                 int top_k, void *scratch, bool x_q8, const cuda_next_norm_t *nn);
 
 /* y[n][dim] = rmsnorm(x) * w; y may alias x. */
 int cuda_rmsnorm(cuda_ctx_t *c, float *y, const float *x, const float *w, int n, int dim, float eps);

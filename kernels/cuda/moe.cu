@@ -373,6 +373,60 @@ __global__ void k_moe_combine(float *out, const float *os, const int32_t *inv, c
     out[(size_t)t * hidden + d] = acc;
 }
 
+/* k_moe_combine for token blockIdx.x held in registers (rms_row_f4's layout), then the next
+ * layer's RMSNorm of it into xn (and its int8 rows with q8): one block a token, the float4s of
+ * a column summed in the same order as k_moe_combine, so out is bit for bit the same. */
+__global__ void k_moe_combine_norm(float *out, const float *os, const int32_t *inv, const int32_t *idx,
+                                   const float *weight, const cuda_expert_t *experts, int top_k, int hidden,
+                                   const float *norm_w, float eps, float *xn, int8_t *q8, float *q8d, int32_t *q8s)
+{
+    pdl_enter();
+    const int t = blockIdx.x, n4 = hidden / 4;
+    float4 *o4 = (float4 *)(out + (size_t)t * hidden);
+    float4 v[RMS_PER_THREAD];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < RMS_PER_THREAD; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i < n4) {
+            a = o4[i];
+            for (int j = 0; j < top_k; j++) {
+                const int p = t * top_k + j;
+                if (!experts[idx[p]].gate.data) continue;
+                const float w = weight[p];
+                const float4 e = ((const float4 *)(os + (size_t)inv[p] * hidden))[i];
+                a.x += w * e.x, a.y += w * e.y, a.z += w * e.z, a.w += w * e.w;
+            }
+            o4[i] = a;
+        }
+        v[k] = a;
+        ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+    }
+    rms_row_f4(v, ss, hidden, eps, norm_w, xn + (size_t)t * hidden, q8, q8d, q8s);
+}
+
+/* The weighted sum onto out, and with nn the next layer's norm of the result. */
+static int s_combine(cudaStream_t st, cuda_ctx_t *c, float *out, const moe_scratch_t *s, const int32_t *idx,
+                     const float *weight, const cuda_expert_t *experts, int n, int top_k, int hidden,
+                     const cuda_next_norm_t *nn)
+{
+    if (nn && hidden % 4 == 0 && hidden / 4 <= RMS_PER_THREAD * 1024) {
+        const bool q8 = nn->q8_done && cuda_q8_out_ok(c, n, hidden) && hidden <= 16384;
+        if (nn->q8_done) *nn->q8_done = q8;
+        launch_k(k_moe_combine_norm, n, rms_threads(hidden), 0, st, out, s->os, s->inv, idx, weight, experts, top_k,
+                 hidden, nn->w, nn->eps, nn->y, q8 ? c->q8 : NULL, c->q8d, c->q8s);
+        CUDA_LAUNCH_CHECK();
+        return 0;
+    }
+    launch_k(k_moe_combine, dim3(cdiv(hidden, 256), n), 256, 0, st, out, s->os, s->inv, idx, weight, experts, top_k,
+             hidden);
+    CUDA_LAUNCH_CHECK();
+    if (!nn) return 0;
+    if (nn->q8_done) return cuda_rmsnorm_q8(c, nn->y, out, nn->w, n, hidden, nn->eps, nn->q8_done);
+    return cuda_rmsnorm(c, nn->y, out, nn->w, n, hidden, nn->eps);
+}
+
 template <int FMT, int NT>
 static int s_moe_launch(cudaStream_t st, const moe_scratch_t *s, const cuda_expert_t *experts, int hidden, int inter,
                         bool vec_h, bool vec_i, int max_tiles)
@@ -401,7 +455,7 @@ static int s_moe_fmt(cudaStream_t st, int n, const moe_scratch_t *s, const cuda_
 
 extern "C" int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, int hidden, int inter, wfmt_t fmt,
                             const cuda_expert_t *experts_dev, int n_experts, const int32_t *idx,
-                            const float *weight, int top_k, void *scratch, bool x_q8)
+                            const float *weight, int top_k, void *scratch, bool x_q8, const cuda_next_norm_t *nn)
 {
     if (n <= 0) return 0;
     if (n_experts <= 0 || n_experts > MOE_MAX_EXPERTS || top_k <= 0 || top_k > n_experts) {
@@ -428,9 +482,7 @@ extern "C" int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, in
         if ((rc = gemm_moe(st, false, s.h16, s.os, NULL, hidden, inter, fmt, experts_dev, s.tiles, s.n_tiles,
                            s.offsets, max_tiles)))
             return rc;
-        launch_k(k_moe_combine, dim3(cdiv(hidden, 256), n), 256, 0, st, out, s.os, s.inv, idx, weight, experts_dev, top_k, hidden);
-        CUDA_LAUNCH_CHECK();
-        return 0;
+        return s_combine(st, c, out, &s, idx, weight, experts_dev, n, top_k, hidden, nn);
     }
     if ((fmt == WF_INT4 || fmt == WF_INT8) && hidden % 32 == 0 && inter % 32 == 0) {
         /* token rows by expert, straight into int8 blocks, unless the tokens' rows are in the
@@ -441,9 +493,7 @@ extern "C" int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, in
         rc = fmt == WF_INT4 ? s_moe_q8<WF_INT4>(st, c->sms, n, &s, &xq, experts_dev, n_experts, hidden, inter, P, max_tiles)
                             : s_moe_q8<WF_INT8>(st, c->sms, n, &s, &xq, experts_dev, n_experts, hidden, inter, P, max_tiles);
         if (rc) return rc;
-        launch_k(k_moe_combine, dim3(cdiv(hidden, 256), n), 256, 0, st, out, s.os, s.inv, idx, weight, experts_dev, top_k, hidden);
-        CUDA_LAUNCH_CHECK();
-        return 0;
+        return s_combine(st, c, out, &s, idx, weight, experts_dev, n, top_k, hidden, nn);
     }
     launch_k(k_moe_gather, P, 128, 0, st, s.xs, x, s.perm, top_k, hidden, P);
     CUDA_LAUNCH_CHECK();
@@ -456,7 +506,5 @@ extern "C" int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, in
     default: log_error("cuda_moe_ffn: unknown weight format %d", (int)fmt); return STRATA_EINVAL_INPUT;
     }
     if (rc) return rc;
-    launch_k(k_moe_combine, dim3(cdiv(hidden, 256), n), 256, 0, st, out, s.os, s.inv, idx, weight, experts_dev, top_k, hidden);
-    CUDA_LAUNCH_CHECK();
-    return 0;
+    return s_combine(st, c, out, &s, idx, weight, experts_dev, n, top_k, hidden, nn);
 }

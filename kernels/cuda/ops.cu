@@ -6,68 +6,35 @@
 #include "kernels/cuda/qdot.cuh"
 
 /* ---- RMSNorm: one block per row; each thread keeps its (at most RMS_PER_THREAD) float4s in
- * registers between the sum of squares and the scaling, so x is read once ---- */
-#define RMS_PER_THREAD 4
+ * registers between the sum of squares and the scaling, so x is read once (rms_row_f4) ---- */
 __global__ void k_rmsnorm(float *y, const float *x, const float *w, int dim, float eps, int8_t *q8, float *q8d,
                           int32_t *q8s)
 {
     pdl_enter();
     const float *xr = x + (size_t)blockIdx.x * dim;
     float *yr = y + (size_t)blockIdx.x * dim;
-    __shared__ float red[32];
-    const bool vec = dim % 4 == 0 && dim / 4 <= RMS_PER_THREAD * (int)blockDim.x;
-    float4 v[RMS_PER_THREAD];
-    float ss = 0.f;
-    if (vec) {
+    if (rms_row_vec(dim)) {
+        float4 v[RMS_PER_THREAD];
+        float ss = 0.f;
 #pragma unroll
         for (int k = 0; k < RMS_PER_THREAD; k++) {
             const int i = threadIdx.x + k * blockDim.x;
             v[k] = i < dim / 4 ? ((const float4 *)xr)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
             ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
         }
-    } else {
-        for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+        rms_row_f4(v, ss, dim, eps, w, yr, q8, q8d, q8s);
+        return;
     }
-    ss = warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float r = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.f;
-        r = warp_sum(r);
-        if (threadIdx.x == 0) red[0] = r;
-    }
-    __syncthreads();
-    const float inv = rsqrtf(red[0] / (float)dim + eps);
-    if (vec) {
-        const int n4 = dim / 4;
-#pragma unroll
-        for (int k = 0; k < RMS_PER_THREAD; k++) {
-            if (k * (int)blockDim.x >= n4) break; /* the same for the whole block */
-            const int i = threadIdx.x + k * blockDim.x;
-            float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (i < n4) {
-                const float4 g = ((const float4 *)w)[i];
-                o = make_float4(v[k].x * inv * g.x, v[k].y * inv * g.y, v[k].z * inv * g.z, v[k].w * inv * g.w);
-                ((float4 *)yr)[i] = o;
-            }
-            /* 8 lanes a 32-column block (n4 % 8 == 0, so a group is all in or all out) */
-            if (q8) {
-                const size_t b = (size_t)blockIdx.x * (dim / 32) + i / 8;
-                q8_quant_f4(o, i < n4 ? q8 + b * 32 : NULL, q8d + b, q8s + b);
-            }
-        }
-    } else {
-        for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
-    }
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+    const float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
 }
 
 static int s_rmsnorm(cuda_ctx_t *c, float *y, const float *x, const float *w, int n, int dim, float eps, bool q8)
 {
     if (n <= 0) return 0;
-    /* enough threads that a row is one float4 each (up to 4096 columns), then up to 4 each */
-    int threads = dim / 4 < 1024 ? (dim / 4 + 31) / 32 * 32 : 1024;
-    if (threads < 32) threads = 32;
-    launch_k(k_rmsnorm, n, threads, 0, c->stream, y, x, w, dim, eps, q8 ? c->q8 : NULL, c->q8d, c->q8s);
+    launch_k(k_rmsnorm, n, rms_threads(dim), 0, c->stream, y, x, w, dim, eps, q8 ? c->q8 : NULL, c->q8d, c->q8s);
     CUDA_LAUNCH_CHECK();
     return 0;
 }

@@ -190,7 +190,8 @@ static void test_moe(void)
                 size_t sb = cuda_moe_scratch_bytes(n, K, H, I, E);
                 cuda_malloc(&dscr, sb);
                 cuda_memset(ctx, dscr, 0xff, sb);
-                T_CHECK(cuda_moe_ffn(ctx, dout, dx, n, H, I, (wfmt_t)f, dex, E, didx, dw, K, dscr, false) == 0, "moe launch");
+                T_CHECK(cuda_moe_ffn(ctx, dout, dx, n, H, I, (wfmt_t)f, dex, E, didx, dw, K, dscr, false, NULL) == 0,
+                        "moe launch");
                 float *out = s_down(dout, (size_t)n * H);
                 double e = t_relerr(out, ref, (size_t)n * H);
                 /* the integer path rounds two activations (x, then silu(g)*u) to int8 blocks */
@@ -582,8 +583,32 @@ static void test_q8_producers(void)
             bool done = false;
             cuda_rmsnorm_q8(ctx, xn, dx, dw, n, H, 1e-6f, &done);
             T_CHECK(done, "rmsnorm_q8 before the experts did not quantize");
-            cuda_moe_ffn(ctx, o2, zero, n, H, I, (wfmt_t)f, dex, E, didx, dwt, K, scr, true);
-            cuda_moe_ffn(ctx, o1, xn, n, H, I, (wfmt_t)f, dex, E, didx, dwt, K, scr, false);
+            cuda_moe_ffn(ctx, o2, zero, n, H, I, (wfmt_t)f, dex, E, didx, dwt, K, scr, true, NULL);
+            cuda_moe_ffn(ctx, o1, xn, n, H, I, (wfmt_t)f, dex, E, didx, dwt, K, scr, false, NULL);
+            /* the next layer's norm in the combine's launch: out, the normed rows and their int8
+             * rows bit for bit as the combine, then cuda_rmsnorm_q8 */
+            float *o3 = s_up(x, (size_t)n * H * 4), *y1 = s_poisoned((size_t)n * H), *y3 = s_poisoned((size_t)n * H);
+            float *m1 = s_poisoned((size_t)n * I), *m3 = s_poisoned((size_t)n * I);
+            tmat_t pm;
+            s_mat(&pm, (wfmt_t)f, I, H, 32);
+            const qmat_t *pw = &pm.dev;
+            const float *nob = NULL;
+            bool done1 = false, done3 = false;
+            cuda_rmsnorm_q8(ctx, y1, o1, dw, n, H, 1e-6f, &done1);
+            cuda_matmul_ex(ctx, 1, &m1, y1, n, &pw, &nob, false, true);
+            cuda_moe_ffn(ctx, o3, xn, n, H, I, (wfmt_t)f, dex, E, didx, dwt, K, scr, false,
+                         &(cuda_next_norm_t){dw, y3, 1e-6f, &done3});
+            cuda_matmul_ex(ctx, 1, &m3, zero, n, &pw, &nob, false, true);
+            T_CHECK(done1 && done3, "rmsnorm after the experts did not quantize");
+            float *r3 = s_down(o3, (size_t)n * H), *h1 = s_down(y1, (size_t)n * H), *h3 = s_down(y3, (size_t)n * H);
+            float *k1 = s_down(m1, (size_t)n * I), *k3 = s_down(m3, (size_t)n * I);
+            float *r1b = s_down(o1, (size_t)n * H);
+            T_CHECK(!memcmp(r1b, r3, (size_t)n * H * 4) && !memcmp(h1, h3, (size_t)n * H * 4) &&
+                        !memcmp(k1, k3, (size_t)n * I * 4),
+                    "%s experts n=%d with the next norm fused differ", wfmt_name((wfmt_t)f), n);
+            free(r3), free(h1), free(h3), free(k1), free(k3), free(r1b);
+            cuda_free(o3), cuda_free(y1), cuda_free(y3), cuda_free(m1), cuda_free(m3);
+            s_mat_free(&pm);
             float *r1 = s_down(o1, (size_t)n * H), *r2 = s_down(o2, (size_t)n * H);
             T_CHECK(!memcmp(r1, r2, (size_t)n * H * 4), "%s experts n=%d reading the workspace's rows differ",
                     wfmt_name((wfmt_t)f), n);
