@@ -50,7 +50,6 @@ typedef struct {
     ffn_t shared, dense;
     cuda_expert_t *table_dev;   /* [n_experts] device pointers of resident experts */
     cuda_expert_t *table_host;  /* [n_experts] staging copy, pinned: its copy never waits on the stream */
-    int32_t moe_ord;            /* this layer's index among the MoE layers, -1 if dense */
 } glayer_t;
 
 struct gpu_model {
@@ -93,8 +92,7 @@ struct gpu_model {
     xcache_t xc;                 /* the policy: what each slot holds, routing, prediction, victims */
     cuda_event_t **ev;           /* [n_slots] copy-stream event of the last prefetch into each slot */
     uint8_t *host_experts;       /* pinned [n_layers*n_experts][expert_bytes], NULL if all resident */
-    int32_t n_moe, *moe_layer;   /* MoE layers, and their layer index by ordinal */
-    int32_t depth;               /* prefetch window in MoE layers (0: no prediction) */
+        int32_t depth;               /* prefetch window in MoE layers (0: no prediction) */
     float *pred_router;          /* [n_moe][n_experts][hidden] f32 routers x ffn_norm, or NULL */
     float *ones;                 /* [hidden] 1.0: the unweighted RMSNorm for the prediction */
     gpu_layer_stats_t *lst;      /* [n_layers] */
@@ -237,10 +235,10 @@ static int s_landed(void *ctx, int s) { return cuda_event_done(((gpu_model_t *)c
 static int s_issue(gpu_model_t *g, int cur)
 {
     xcache_t *xc = &g->xc;
-    const int E = xc->n_experts, cur_ord = g->L[cur].moe_ord;
+    const int E = xc->n_experts, cur_ord = xc->moe_ord[cur];
     int rc, inflight = xcache_inflight(xc);
     for (int d = 0; d < xc->win_n && inflight < GPU_MAX_INFLIGHT; d++) {
-        int l = g->moe_layer[xc->win_lo + d];
+        int l = g->xc.moe_layer[xc->win_lo + d];
         for (int e = 0; e < E && inflight < GPU_MAX_INFLIGHT; e++) {
             if (!xc->pneed[(size_t)l * E + e] || xc->slot_of[(size_t)l * E + e] >= 0) continue;
             int s = xcache_victim(xc, cur, cur_ord, true, (float)(xc->win_lo + d - cur_ord));
@@ -290,8 +288,8 @@ static int s_ensure(gpu_model_t *g, int l, int n)
             g->st.hits++;
             g->lst[l].hits++;
         } else {
-            s = xcache_victim(xc, l, L->moe_ord, true, -1.0f);
-            if (s < 0) s = xcache_victim(xc, l, L->moe_ord, false, -1.0f);
+            s = xcache_victim(xc, l, xc->moe_ord[l], true, -1.0f);
+            if (s < 0) s = xcache_victim(xc, l, xc->moe_ord[l], false, -1.0f);
             STRATA_ASSERT(s >= 0); /* n_slots >= n_experts of one layer, checked at create */
             xcache_assign(xc, s, l, e);
             if ((rc = cuda_h2d_async(g->cx, CUDA_STREAM_COMPUTE, g->slots_dev + (size_t)s * g->expert_bytes,
@@ -336,7 +334,6 @@ void gpu_model_free(gpu_model_t *g)
         }
     free(g->L);
     xcache_free(&g->xc);
-    free(g->moe_layer);
     free(g->lst);
     cuda_host_free(g->host_experts);
     cuda_host_free(g->h_x);
@@ -354,9 +351,10 @@ static int s_create_layers(gpu_model_t *g, strata_errbuf_t *eb)
     int rc = 0;
     size_t H = (size_t)c->hidden, qd = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->n_kv_heads * c->head_dim;
     g->L = calloc((size_t)c->n_layers, sizeof *g->L);
-    g->moe_layer = calloc((size_t)c->n_layers, sizeof *g->moe_layer);
     g->lst = calloc((size_t)c->n_layers, sizeof *g->lst);
-    if (!g->L || !g->moe_layer || !g->lst) return strata_seterr(eb, STRATA_ENOMEM, "gpu: out of host memory");
+    /* the MoE layers' ordinals (g->xc.moe_ord / moe_layer); the slots come with the budget */
+    if (!g->L || !g->lst || xcache_init(&g->xc, c->n_layers, c->layer_sparse, c->n_experts, c->top_k, 0) < 0)
+        return strata_seterr(eb, STRATA_ENOMEM, "gpu: out of host memory");
     for (int l = 0; l < c->n_layers && !rc; l++) {
         const layer_t *S = &m->layers[l];
         glayer_t *D = &g->L[l];
@@ -383,10 +381,7 @@ static int s_create_layers(gpu_model_t *g, strata_errbuf_t *eb)
                 rc = s_dalloc(g, (void **)&D->table_dev, (size_t)c->n_experts * sizeof(cuda_expert_t), "expert table", eb);
             if (cuda_host_alloc((void **)&D->table_host, (size_t)c->n_experts * sizeof(cuda_expert_t)))
                 return strata_seterr(eb, STRATA_ENOMEM, "gpu: out of host memory");
-            D->moe_ord = g->n_moe;
-            g->moe_layer[g->n_moe++] = l;
         } else {
-            D->moe_ord = -1;
             rc = s_upload_ffn(g, &D->dense, &S->dense, "dense mlp", eb);
         }
     }
@@ -471,17 +466,17 @@ static int s_create_prediction(gpu_model_t *g, strata_errbuf_t *eb)
 {
     const model_config_t *c = &g->m->cfg;
     const size_t E = (size_t)c->n_experts, H = (size_t)c->hidden;
-    float *h = malloc(sizeof(float) * (size_t)g->n_moe * E * H);
+    float *h = malloc(sizeof(float) * (size_t)g->xc.n_moe * E * H);
     if (!h) return strata_seterr(eb, STRATA_ENOMEM, "gpu: out of host memory for the prediction routers");
-    for (int o = 0; o < g->n_moe; o++) {
-        const layer_t *S = &g->m->layers[g->moe_layer[o]];
+    for (int o = 0; o < g->xc.n_moe; o++) {
+        const layer_t *S = &g->m->layers[g->xc.moe_layer[o]];
         for (size_t e = 0; e < E; e++) {
             float *r = h + ((size_t)o * E + e) * H;
             qmat_dequant_row(&S->router, (int32_t)e, r);
             for (size_t i = 0; i < H; i++) r[i] *= S->ffn_norm[i];
         }
     }
-    int rc = s_upload(g, (void **)&g->pred_router, h, sizeof(float) * (size_t)g->n_moe * E * H, "prediction routers", eb);
+    int rc = s_upload(g, (void **)&g->pred_router, h, sizeof(float) * (size_t)g->xc.n_moe * E * H, "prediction routers", eb);
     for (size_t i = 0; i < H; i++) h[i] = 1.0f;
     if (!rc) rc = s_upload(g, (void **)&g->ones, h, sizeof(float) * H, "prediction norm", eb);
     free(h);
@@ -529,7 +524,7 @@ static int s_create_experts(gpu_model_t *g, strata_errbuf_t *eb)
     int64_t n = s_slot_count(g);
     if (n < g->n_total && g->depth > 0) {
         /* a cache: the prediction stack takes its bytes first, if a layer's worth of slots is left */
-        int64_t pb = (int64_t)(ALIGN256(sizeof(float) * (size_t)g->n_moe * c->n_experts * c->hidden) +
+        int64_t pb = (int64_t)(ALIGN256(sizeof(float) * (size_t)g->xc.n_moe * c->n_experts * c->hidden) +
                                ALIGN256(sizeof(float) * (size_t)c->hidden));
         g->used += pb;
         int64_t n2 = s_slot_count(g);
@@ -551,7 +546,7 @@ static int s_create_experts(gpu_model_t *g, strata_errbuf_t *eb)
     if ((rc = s_dalloc(g, (void **)&g->slots_dev, (size_t)g->n_slots * g->expert_bytes, "expert slots", eb))) return rc;
     g->st.slot_bytes_total = (int64_t)g->n_slots * (int64_t)g->expert_bytes;
     g->ev = calloc((size_t)g->n_slots, sizeof *g->ev);
-    if (!g->ev || xcache_init(&g->xc, c->n_layers, c->layer_sparse, c->n_experts, c->top_k, g->n_slots) < 0)
+    if (!g->ev || xcache_set_slots(&g->xc, g->n_slots) < 0)
         return strata_seterr(eb, STRATA_ENOMEM, "gpu: out of host memory");
     g->xc.landed = s_landed;
     g->xc.ctx = g;
@@ -623,7 +618,7 @@ int gpu_model_create(gpu_model_t **out, const model_t *m, const gpu_opts_t *o, s
             break;
         }
     if ((rc = s_create_layers(g, eb))) goto fail;
-    g->depth = o->prefetch_depth < g->n_moe - 1 ? o->prefetch_depth : g->n_moe - 1;
+    g->depth = o->prefetch_depth < g->xc.n_moe - 1 ? o->prefetch_depth : g->xc.n_moe - 1;
     if (g->depth < 0) g->depth = 0;
     if ((rc = s_upload_f32(g, &g->final_norm, m->final_norm, (size_t)c->hidden, "final_norm", eb))) goto fail;
     if ((rc = s_upload_f32(g, &g->inv_freq, c->inv_freq, 512, "inv_freq", eb))) goto fail;
@@ -635,7 +630,7 @@ int gpu_model_create(gpu_model_t **out, const model_t *m, const gpu_opts_t *o, s
     g->st.kv_bytes = (int64_t)(2 * g->layer_elems * c->n_layers * 4);
     if ((rc = s_create_workspace(g, eb))) goto fail;
     if ((rc = s_create_experts(g, eb))) goto fail;
-    g->n_seg = g->all_resident ? 1 : g->n_moe + 1;
+    g->n_seg = g->all_resident ? 1 : g->xc.n_moe + 1;
     g->graphs = calloc((size_t)GPU_MAX_GRAPHS * g->n_seg, sizeof *g->graphs);
     if (!g->graphs) {
         rc = strata_seterr(eb, STRATA_ENOMEM, "gpu: out of host memory");
@@ -702,7 +697,7 @@ static int s_attention(gpu_model_t *g, int l, int n)
 static int s_window(const gpu_model_t *g, int l)
 {
     if (g->all_resident || !g->pred_router) return 0;
-    int D = g->n_moe - 1 - g->L[l].moe_ord;
+    int D = g->xc.n_moe - 1 - g->xc.moe_ord[l];
     return D < g->depth ? D : g->depth;
 }
 
@@ -727,7 +722,7 @@ static int s_ffn_pre(gpu_model_t *g, int l, int n)
         /* the next D MoE layers' gates on this hidden state (normalized once, their ffn_norm
          * folded into the stacked routers) predict what they will route to */
         qmat_t w = {.fmt = WF_F32, .rows = D * c->n_experts, .cols = c->hidden,
-                    .data = g->pred_router + (size_t)(L->moe_ord + 1) * c->n_experts * c->hidden};
+                    .data = g->pred_router + (size_t)(g->xc.moe_ord[l] + 1) * c->n_experts * c->hidden};
         if ((rc = cuda_rmsnorm(cx, g->xl, g->x, g->ones, n, c->hidden, c->rms_eps))) return rc;
         if ((rc = cuda_router_topk(cx, g->prlog, g->xl, n, &w, c->n_experts, c->top_k, false, g->ptidx, g->ptw)))
             return rc;
@@ -775,11 +770,11 @@ static int s_segment(gpu_model_t *g, int k, int n, int n_logits, bool greedy)
     int rc, l = 0, end = c->n_layers;
     if (!g->all_resident) {
         if (k > 0) {
-            l = g->moe_layer[k - 1];
+            l = g->xc.moe_layer[k - 1];
             if ((rc = s_ffn_post(g, l, n))) return rc;
             l++;
         }
-        if (k < g->n_moe) end = g->moe_layer[k];
+        if (k < g->xc.n_moe) end = g->xc.moe_layer[k];
     }
     for (; l < end; l++) {
         if ((rc = s_attention(g, l, n))) return rc;
@@ -803,12 +798,12 @@ static int s_segment(gpu_model_t *g, int k, int n, int n_logits, bool greedy)
  * followed at once by the next, chosen with the freshest prediction there is. */
 static int s_cache_step(gpu_model_t *g, int k, int n)
 {
-    int l = g->moe_layer[k], D = s_window(g, l), rc;
+    int l = g->xc.moe_layer[k], D = s_window(g, l), rc;
     for (;;) {
         int q = cuda_query(g->cx);
         if (q < 0) return q;
         if (q == 1) break;
-        if (k > 0 && g->xc.win_n > 0 && (rc = s_issue(g, g->moe_layer[k - 1]))) return rc;
+        if (k > 0 && g->xc.win_n > 0 && (rc = s_issue(g, g->xc.moe_layer[k - 1]))) return rc;
     }
     if ((rc = s_ensure(g, l, n))) return rc;
     xcache_predicted(&g->xc, k + 1, D, g->h_pidx, n, g->m->cfg.top_k);

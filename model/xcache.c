@@ -10,16 +10,14 @@ int xcache_init(xcache_t *c, int32_t n_layers, const bool *sparse, int32_t n_exp
     memset(c, 0, sizeof *c);
     c->n_layers = n_layers;
     c->n_experts = n_experts;
-    c->n_slots = n_slots;
     size_t le = (size_t)n_layers * (size_t)n_experts;
     c->moe_ord = malloc(sizeof *c->moe_ord * (size_t)n_layers);
     c->moe_layer = malloc(sizeof *c->moe_layer * (size_t)n_layers);
-    c->slot = calloc((size_t)(n_slots > 0 ? n_slots : 1), sizeof *c->slot);
     c->slot_of = malloc(sizeof *c->slot_of * (le ? le : 1));
     c->need = calloc((size_t)(n_experts > 0 ? n_experts : 1), 1);
     c->pneed = calloc(le ? le : 1, 1);
     c->pop = malloc(sizeof *c->pop * (le ? le : 1));
-    if (!c->moe_ord || !c->moe_layer || !c->slot || !c->slot_of || !c->need || !c->pneed || !c->pop) {
+    if (!c->moe_ord || !c->moe_layer || !c->slot_of || !c->need || !c->pneed || !c->pop || xcache_set_slots(c, n_slots)) {
         xcache_free(c);
         return -ENOMEM;
     }
@@ -31,6 +29,16 @@ int xcache_init(xcache_t *c, int32_t n_layers, const bool *sparse, int32_t n_exp
         c->slot_of[i] = -1;
         c->pop[i] = n_experts > 0 ? (float)top_k / (float)n_experts / (1.0f - XCACHE_POP_DECAY) : 0.0f;
     }
+    return 0;
+}
+
+int xcache_set_slots(xcache_t *c, int32_t n_slots)
+{
+    free(c->slot);
+    c->n_slots = 0;
+    c->slot = calloc((size_t)(n_slots > 0 ? n_slots : 1), sizeof *c->slot);
+    if (!c->slot) return -ENOMEM;
+    c->n_slots = n_slots;
     for (int32_t s = 0; s < n_slots; s++) c->slot[s].layer = c->slot[s].expert = -1;
     return 0;
 }

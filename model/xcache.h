@@ -45,8 +45,11 @@ typedef struct {
 
 /* Slots for n_slots experts of a model of n_layers layers (sparse[l]: MoE layer) with
  * n_experts experts each, top_k routed a token; popularity starts at the uniform k/E a step.
- * Every slot starts free. Returns 0 or -ENOMEM. */
+ * Every slot starts free. n_slots may be 0, with the slots given later by xcache_set_slots
+ * (the layout, moe_ord / moe_layer, is then already there). Returns 0 or -ENOMEM. */
 int xcache_init(xcache_t *c, int32_t n_layers, const bool *sparse, int32_t n_experts, int32_t top_k, int32_t n_slots);
+/* Replace the (free) slots by n_slots free ones. Returns 0 or -ENOMEM. */
+int xcache_set_slots(xcache_t *c, int32_t n_slots);
 void xcache_free(xcache_t *c);
 
 /* Slot s now holds expert e of layer l (its previous expert, if any, is no longer resident). */
