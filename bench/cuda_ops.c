@@ -122,7 +122,7 @@ typedef struct {
 static int s_moe(void *a)
 {
     s_moe_t *m = a;
-    return cuda_moe_ffn(ctx, m->out, m->x, m->n, m->H, m->I, m->fmt, m->ex, m->E, m->idx, m->w, m->K, m->scr, false, NULL);
+    return cuda_moe_ffn(ctx, m->out, m->x, m->n, m->H, m->I, m->fmt, m->ex, m->E, m->idx, m->w, m->K, m->scr, 0, NULL);
 }
 
 typedef struct {

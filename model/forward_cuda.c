@@ -73,7 +73,8 @@ struct gpu_model {
 
     /* workspace (device) */
     float *x, *xn, *q, *k, *v, *att, *y, *rlog, *tw, *sg, *ffn_scr, *xl, *logits, *prlog, *ptw;
-    bool xn_q8; /* s_ffn_pre left xn's int8 rows in the context's workspace for s_ffn_post */
+    bool xn_q8;  /* s_ffn_pre left xn's int8 rows in the context's workspace for s_ffn_post */
+    bool routed; /* and the gate's routing in moe_scr */
     bool att_tc; /* this step's attention on tensor cores (mostly prefill: runs of >= 16 rows) */
     bool pre_attn, pre_attn_q8; /* s_ffn_post normed x into xn for the next layer's attention
                                    (and left its int8 rows in the workspace) */
@@ -711,10 +712,14 @@ static int s_ffn_pre(gpu_model_t *g, int l, int n)
     int rc;
     /* xn's int8 rows stay in the workspace for the experts (ffn_post): the router and the
      * prediction below are fp32 matmuls, or an integer router that writes the same rows */
-    if ((rc = cuda_rmsnorm_q8(cx, g->xn, g->x, L->ffn_norm, n, c->hidden, c->rms_eps, &g->xn_q8))) return rc;
-    if (!c->layer_sparse[l]) return 0;
+    g->routed = false;
+    if (!c->layer_sparse[l]) return cuda_rmsnorm_q8(cx, g->xn, g->x, L->ffn_norm, n, c->hidden, c->rms_eps, &g->xn_q8);
+    /* the norm, the gate and the routing of its pairs in one launch where the router can */
     bool renorm = c->norm_topk || c->arch == ARCH_MIXTRAL;
-    if ((rc = cuda_router_topk(cx, g->rlog, g->xn, n, &L->router, c->n_experts, c->top_k, renorm, g->tidx, g->tw)))
+    cuda_next_norm_t pre = {L->ffn_norm, g->xn, c->rms_eps, &g->xn_q8};
+    cuda_route_into_t route = {g->moe_scr, g->inter, &g->routed};
+    if ((rc = cuda_router_topk(cx, g->rlog, g->x, n, &L->router, c->n_experts, c->top_k, renorm, g->tidx, g->tw, &pre,
+                               &route)))
         return rc;
     if (g->all_resident) return 0;
     int D = s_window(g, l);
@@ -723,8 +728,9 @@ static int s_ffn_pre(gpu_model_t *g, int l, int n)
          * folded into the stacked routers) predict what they will route to */
         qmat_t w = {.fmt = WF_F32, .rows = D * c->n_experts, .cols = c->hidden,
                     .data = g->pred_router + (size_t)(g->xc.moe_ord[l] + 1) * c->n_experts * c->hidden};
-        if ((rc = cuda_rmsnorm(cx, g->xl, g->x, g->ones, n, c->hidden, c->rms_eps))) return rc;
-        if ((rc = cuda_router_topk(cx, g->prlog, g->xl, n, &w, c->n_experts, c->top_k, false, g->ptidx, g->ptw)))
+        cuda_next_norm_t unit = {g->ones, g->xl, c->rms_eps, NULL};
+        if ((rc = cuda_router_topk(cx, g->prlog, g->x, n, &w, c->n_experts, c->top_k, false, g->ptidx, g->ptw, &unit,
+                                   NULL)))
             return rc;
         if ((rc = cuda_d2h_async(cx, g->h_pidx, g->ptidx, (size_t)n * D * c->top_k * sizeof(int32_t)))) return rc;
     }
@@ -747,8 +753,9 @@ static int s_ffn_post(gpu_model_t *g, int l, int n)
     /* without a shared expert to add, the combine also norms x for the next layer's attention */
     const bool fuse = c->shared_inter <= 0 && l + 1 < c->n_layers;
     cuda_next_norm_t nn = {fuse ? g->L[l + 1].attn_norm : NULL, g->xn, c->rms_eps, &g->pre_attn_q8};
+    const unsigned flags = (g->xn_q8 ? CUDA_MOE_X_Q8 : 0) | (g->routed ? CUDA_MOE_ROUTED : 0);
     if ((rc = cuda_moe_ffn(cx, g->x, g->xn, n, c->hidden, g->inter, g->expert_fmt, L->table_dev, c->n_experts, g->tidx,
-                           g->tw, c->top_k, g->moe_scr, g->xn_q8, fuse ? &nn : NULL)))
+                           g->tw, c->top_k, g->moe_scr, flags, fuse ? &nn : NULL)))
         return rc;
     g->pre_attn = fuse;
     if (c->shared_inter > 0) {

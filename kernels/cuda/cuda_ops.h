@@ -113,23 +113,28 @@ bool cuda_q8_out_ok(const cuda_ctx_t *c, int n, int dim);
  * gate.data == NULL is skipped (not resident: the caller adds its contribution elsewhere).
  * idx/weight are device arrays [n][top_k]. out must be initialised by the caller.
  * scratch: device workspace of cuda_moe_scratch_bytes(n, top_k, inter) bytes.
- * x_q8: x's quantization is in the context's workspace (see cuda_matmul_ex); the integer path
- * then reads each pair's token row from there instead of quantizing the pairs' rows.
+ * flags: CUDA_MOE_X_Q8: x's quantization is in the context's workspace (see cuda_matmul_ex);
+ * the integer path then reads each pair's token row from there instead of quantizing the
+ * pairs' rows. CUDA_MOE_ROUTED: cuda_router_topk routed idx into scratch already.
  * nn (may be NULL): the next layer's RMSNorm of out, in the combine's launch: y = rmsnorm(out) *
  * w, and with q8_done (may be NULL) its int8 rows as cuda_rmsnorm_q8 writes them. */
 typedef struct {
     qmat_t gate, up, down;
 } cuda_expert_t;
+/* An RMSNorm fused into another op's launch: y = rmsnorm(in) * w, and with q8_done (may be
+ * NULL) y's int8 rows in the context's workspace as cuda_rmsnorm_q8 writes them. */
 typedef struct {
     const float *w; /* the norm's weights [hidden] */
-    float *y;       /* its output [n][hidden] (may be the MoE's x: the experts are done with it) */
+    float *y;       /* its output [n][hidden] (after cuda_moe_ffn, may be the MoE's x) */
     float eps;
     bool *q8_done;
 } cuda_next_norm_t;
 size_t cuda_moe_scratch_bytes(int n, int top_k, int hidden, int inter, int n_experts);
 int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, int hidden, int inter, wfmt_t fmt,
                  const cuda_expert_t *experts_dev, int n_experts, const int32_t *idx, const float *weight,
-                 int top_k, void *scratch, bool x_q8, const cuda_next_norm_t *nn);
+                 int top_k, void *scratch, unsigned flags, const cuda_next_norm_t *nn);
+#define CUDA_MOE_X_Q8 1u
+#define CUDA_MOE_ROUTED 2u
 
 /* y[n][dim] = rmsnorm(x) * w; y may alias x. */
 int cuda_rmsnorm(cuda_ctx_t *c, float *y, const float *x, const float *w, int n, int dim, float eps);
@@ -142,11 +147,22 @@ int cuda_rmsnorm_q8(cuda_ctx_t *c, float *y, const float *x, const float *w, int
 int cuda_gate_topk(cuda_ctx_t *c, const float *logits, int n, int n_experts, int top_k, bool renorm,
                    int32_t *idx, float *weight);
 /* The router matmul and the gate in one launch where it can (up to 16 tokens, an F32 or BF16
- * router of fewer than 1024 rows, the workspace reserved), else the two: logits[n][w->rows] =
- * x @ w^T, then cuda_gate_topk over each group of n_experts logits (w->rows / n_experts groups a
- * token: several layers' routers stacked), into idx/weight [n * groups][top_k]. */
+ * router of fewer than 1024 rows, cols % 4 == 0, the workspace reserved), else in steps:
+ * logits[n][w->rows] = x @ w^T, then cuda_gate_topk over each group of n_experts logits
+ * (w->rows / n_experts groups a token: several layers' routers stacked), into idx/weight
+ * [n * groups][top_k].
+ * pre (may be NULL): the router reads pre's RMSNorm of x, and pre->y gets it (with q8_done,
+ * its int8 rows as cuda_rmsnorm_q8 writes them); in the one launch every block norms the rows.
+ * route (may be NULL): in the one launch, one router (rows == n_experts) also routes the pairs
+ * into route->scratch for cuda_moe_ffn (CUDA_MOE_ROUTED); *route->routed says whether it did. */
+typedef struct {
+    void *scratch; /* cuda_moe_ffn's, for n tokens, top_k, w->cols hidden and inter below */
+    int inter;
+    bool *routed;
+} cuda_route_into_t;
 int cuda_router_topk(cuda_ctx_t *c, float *logits, const float *x, int n, const qmat_t *w, int n_experts, int top_k,
-                     bool renorm, int32_t *idx, float *weight);
+                     bool renorm, int32_t *idx, float *weight, const cuda_next_norm_t *pre,
+                     const cuda_route_into_t *route);
 /* In place on q[n][n_heads][head_dim] and k[n][n_kv_heads][head_dim]: a per-head RMSNorm with
  * weights q_norm / k_norm [head_dim] (each may be NULL: none), then RoPE (HF rotate_half form, the
  * first rot_dim dims; none when rot_dim == 0) at positions pos[n] with inv_freq[rot_dim/2]

@@ -65,31 +65,6 @@ __global__ void k_gemv_rowblock(float *y, const float *x, int n, int ldx, qmat_t
     rowblock_dot<FMT, NT>(y, x, n, ldx, w, bias, ldy, vec, accum);
 }
 
-/* The router and the gate in one launch: block r computes logits row r for the n tokens
- * (rowblock_dot), and the last block to finish (the done counter, reset for the next launch)
- * runs the top-k of every group of E logits (n * w.rows / E groups), a warp a group. */
-template <int FMT, int NT>
-__global__ void __launch_bounds__(256) k_router_topk(float *y, const float *x, int n, qmat_t w, bool vec, int E,
-                                                     int top_k, bool renorm, int32_t *idx, float *weight,
-                                                     unsigned *done)
-{
-    pdl_enter();
-    rowblock_dot<FMT, NT>(y, x, n, w.cols, w, NULL, w.rows, vec, false);
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    __shared__ float p[8][GATE_MAX_E];
-    const int warp = threadIdx.x >> 5, groups = n * w.rows / E;
-    for (int gi = warp; gi < groups; gi += 8)
-        gate_topk_warp(y + (size_t)gi * E, E, top_k, renorm, idx + (size_t)gi * top_k, weight + (size_t)gi * top_k,
-                       p[warp]);
-    if (threadIdx.x == 0) *done = 0;
-}
-
 __global__ void k_q8_quant(int8_t *q, float *d, int32_t *s, const float *x, int cols, const int32_t *rows, int div,
                            const int32_t *limit)
 {
@@ -316,34 +291,4 @@ extern "C" int cuda_matmul_ex(cuda_ctx_t *c, int count, float *const *ys, const 
                               const qmat_t *const *ws, const float *const *biases, bool accum, bool x_q8)
 {
     return s_matmul(c, count, ys, x, n, ws, biases, accum, x_q8);
-}
-
-template <int FMT>
-static int s_router_topk(cuda_ctx_t *c, float *logits, const float *x, int n, const qmat_t *w, int E, int top_k,
-                         bool renorm, int32_t *idx, float *weight)
-{
-    const bool vec = q_can_vec(w, w->cols);
-    if (n == 1)
-        launch_k(k_router_topk<FMT, 1>, w->rows, 256, 0, c->stream, logits, x, n, *w, vec, E, top_k, renorm, idx,
-                 weight, c->rt_done);
-    else
-        launch_k(k_router_topk<FMT, 16>, w->rows, 256, 0, c->stream, logits, x, n, *w, vec, E, top_k, renorm, idx,
-                 weight, c->rt_done);
-    CUDA_LAUNCH_CHECK();
-    return 0;
-}
-
-extern "C" int cuda_router_topk(cuda_ctx_t *c, float *logits, const float *x, int n, const qmat_t *w, int n_experts,
-                                int top_k, bool renorm, int32_t *idx, float *weight)
-{
-    if (n <= 0 || w->rows <= 0) return 0;
-    const bool fused = c->rt_done && n <= 16 && w->rows < 1024 && n_experts > 0 && w->rows % n_experts == 0 &&
-                       (w->fmt == WF_F32 || w->fmt == WF_BF16) && n_experts <= GATE_MAX_E && top_k > 0 &&
-                       top_k <= 32 && top_k <= n_experts;
-    if (!fused) { /* the matmul, then the gate */
-        int rc = cuda_matmul(c, logits, x, n, w, NULL);
-        return rc ? rc : cuda_gate_topk(c, logits, n * (w->rows / n_experts), n_experts, top_k, renorm, idx, weight);
-    }
-    return w->fmt == WF_F32 ? s_router_topk<WF_F32>(c, logits, x, n, w, n_experts, top_k, renorm, idx, weight)
-                            : s_router_topk<WF_BF16>(c, logits, x, n, w, n_experts, top_k, renorm, idx, weight);
 }
