@@ -180,6 +180,23 @@ template <int FMT> __device__ __forceinline__ float4 w_f4(const qmat_t &w, int r
                        __uint_as_float(u.y & 0xffff0000u));
 }
 
+/* Sums over a block of 8 warps of each thread's v[t] (t < NT): thread t < n gets token t's.
+ * part: shared memory (every thread must call it; it waits for earlier readers of part). */
+template <int NT> __device__ __forceinline__ float sums8(const float *v, float (*part)[NT], int n)
+{
+    __syncthreads();
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float s = warp_sum(v[t]);
+        if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5][t] = s;
+    }
+    __syncthreads();
+    float s = 0.f;
+    if ((int)threadIdx.x < n)
+        for (int k = 0; k < 8; k++) s += part[k][threadIdx.x];
+    return s;
+}
+
 /* Block r: logits row r (y[t][r]) for the n <= NT tokens; then the last block to finish (the
  * done counter, reset for the next launch) runs the top-k of every group of E logits
  * (n * w.rows / E groups), a warp a group, and routes. */
@@ -203,17 +220,8 @@ __global__ void __launch_bounds__(256) k_router_topk(float *y, const float *x, i
                     const float4 v = x4[(size_t)t * n4 + i];
                     ss[t] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
                 }
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const float v = warp_sum(ss[t]);
-            if ((tid & 31) == 0) part[warp][t] = v;
-        }
-        __syncthreads();
-        if (tid < n) {
-            float v = 0.f;
-            for (int k = 0; k < 8; k++) v += part[k][tid];
-            inv[tid] = rsqrtf(v / (float)w.cols + nm.eps);
-        }
+        const float v = sums8<NT>(ss, part, n);
+        if (tid < n) inv[tid] = rsqrtf(v / (float)w.cols + nm.eps);
         __syncthreads();
     }
     float acc[NT];
@@ -240,18 +248,8 @@ __global__ void __launch_bounds__(256) k_router_topk(float *y, const float *x, i
             acc[t] += wv.x * v.x + wv.y * v.y + wv.z * v.z + wv.w * v.w;
         }
     }
-    __syncthreads(); /* part is reused */
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        const float v = warp_sum(acc[t]);
-        if ((tid & 31) == 0) part[warp][t] = v;
-    }
-    __syncthreads();
-    if (tid < n) {
-        float v = 0.f;
-        for (int k = 0; k < 8; k++) v += part[k][tid];
-        y[(size_t)tid * w.rows + r] = v;
-    }
+    const float v = sums8<NT>(acc, part, n);
+    if (tid < n) y[(size_t)tid * w.rows + r] = v;
     __shared__ bool last;
     __threadfence();
     __syncthreads();
