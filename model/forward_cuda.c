@@ -93,7 +93,7 @@ struct gpu_model {
     xcache_t xc;                 /* the policy: what each slot holds, routing, prediction, victims */
     cuda_event_t **ev;           /* [n_slots] copy-stream event of the last prefetch into each slot */
     uint8_t *host_experts;       /* pinned [n_layers*n_experts][expert_bytes], NULL if all resident */
-        int32_t depth;               /* prefetch window in MoE layers (0: no prediction) */
+    int32_t depth;               /* prefetch window in MoE layers (0: no prediction) */
     float *pred_router;          /* [n_moe][n_experts][hidden] f32 routers x ffn_norm, or NULL */
     float *ones;                 /* [hidden] 1.0: the unweighted RMSNorm for the prediction */
     gpu_layer_stats_t *lst;      /* [n_layers] */

@@ -151,10 +151,10 @@ int cuda_gate_topk(cuda_ctx_t *c, const float *logits, int n, int n_experts, int
  * logits[n][w->rows] = x @ w^T, then cuda_gate_topk over each group of n_experts logits
  * (w->rows / n_experts groups a token: several layers' routers stacked), into idx/weight
  * [n * groups][top_k].
- * pre (may be NULL): the router reads pre's RMSNorm of x, and pre->y gets it (with q8_done,
- * its int8 rows as cuda_rmsnorm_q8 writes them); in the one launch every block norms the rows.
- * route (may be NULL): in the one launch, one router (rows == n_experts) also routes the pairs
- * into route->scratch for cuda_moe_ffn (CUDA_MOE_ROUTED); *route->routed says whether it did. */
+ * pre (may be NULL): the router reads pre's RMSNorm of x, and pre->y gets it (with q8_done, its
+ * int8 rows as cuda_rmsnorm_q8 writes them); at one token in the launch (every block norms it).
+ * route (may be NULL): at one token in the launch, one router (rows == n_experts) also routes
+ * the pairs into route->scratch for cuda_moe_ffn (CUDA_MOE_ROUTED); *route->routed: it did. */
 typedef struct {
     void *scratch; /* cuda_moe_ffn's, for n tokens, top_k, w->cols hidden and inter below */
     int inter;

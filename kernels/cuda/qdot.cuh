@@ -145,6 +145,12 @@ template <int LPR> __device__ __forceinline__ float group_sum(float v)
  * against 376 tok/s, batch 16 641 against 755, so the bar stays at 128. */
 static inline bool q8_wide_rows(int cols) { return cols / 32 >= 128; }
 
+/* Unrolling of the block loop: one token on whole-warp rows has registers to spare for more
+ * weight loads in flight. Measured on the H200 (batch-1 decode, int4 g32, unrolling 2 / 4 / 8):
+ * Mixtral-8x7B 262 / 279 / 256 tok/s, Qwen3-30B-A3B 390 / 391 / 397 (8 on the rows of 4096
+ * columns, 4 on the experts' down rows: Mixtral 264). */
+template <int NT, int LPR> __host__ __device__ constexpr int q8_unroll() { return NT == 1 && LPR == 32 ? 4 : 2; }
+
 /* Per-lane partial dot products of RR weight rows of an INT4 or INT8 matrix with NT
  * int8-quantized activation rows (q8 layout of cuda_common.cuh, row stride cols; cols % 32 == 0,
  * rows 16-byte aligned). rp[i]: row i's data; sp[i]: its scales (INT4: the row's fp16 group
@@ -155,12 +161,6 @@ static inline bool q8_wide_rows(int cols) { return cols / 32 >= 128; }
  * nibbles of word i pair with activation word i and the high nibbles with word 4+i. The +8
  * offset is removed with the block sum of q: sum_j (n_j - 8) a_j = dot(n, a) - 8 * sum(a).
  * ROWS: activation row t is row xr[t] of xq/xd/xs (a gather), else row t. */
-/* Unrolling of the block loop: one token on whole-warp rows has registers to spare for more
- * weight loads in flight. Measured on the H200 (batch-1 decode, int4 g32, unrolling 2 / 4 / 8):
- * Mixtral-8x7B 262 / 279 / 256 tok/s, Qwen3-30B-A3B 390 / 391 / 397 (8 on the rows of 4096
- * columns, 4 on the experts' down rows: Mixtral 264). */
-template <int NT, int LPR> __host__ __device__ constexpr int q8_unroll() { return NT == 1 && LPR == 32 ? 4 : 2; }
-
 template <int FMT, int NT, int RR, int LPR, bool ROWS = false>
 __device__ __forceinline__ void q8_dot_rows(const uint8_t *const *rp, const void *const *sp, int bpg, const int8_t *xq,
                                             const float *xd, const int32_t *xs, int n, int cols, float (*acc)[NT],
