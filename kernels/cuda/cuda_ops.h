@@ -112,7 +112,7 @@ bool cuda_q8_out_ok(const cuda_ctx_t *c, int n, int dim);
  * pointers, 16-byte aligned; all experts share format `fmt` and one shape. An expert with
  * gate.data == NULL is skipped (not resident: the caller adds its contribution elsewhere).
  * idx/weight are device arrays [n][top_k]. out must be initialised by the caller.
- * scratch: device workspace of cuda_moe_scratch_bytes(n, top_k, inter) bytes.
+ * scratch: device workspace of cuda_moe_scratch_bytes(n, top_k, hidden, inter, n_experts) bytes.
  * flags: CUDA_MOE_X_Q8: x's quantization is in the context's workspace (see cuda_matmul_ex);
  * the integer path then reads each pair's token row from there instead of quantizing the
  * pairs' rows. CUDA_MOE_ROUTED: cuda_router_topk routed idx into scratch already.
