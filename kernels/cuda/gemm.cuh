@@ -42,10 +42,11 @@ static inline bool gemm_ok(const qmat_t *w)
 /* dst[r][:] = fp16(src[rows ? rows[r] / div : r][:]) for r < n, rows of cols floats. */
 int gemm_to_half(cudaStream_t st, __half *dst, const float *src, const int32_t *rows, int div, int n, int cols);
 
-/* y[m][n] (row stride ldy) = x[m] . w[n] (+ bias[n]) for m < M, or += with accum.
- * x: [M][w->cols] fp16. */
-int gemm_plain(cudaStream_t st, float *y, int ldy, const __half *x, int M, const qmat_t *w, const float *bias,
-               bool accum);
+/* ys[i][m][n] = x[m] . ws[i][n] (+ biases[i][n]) for m < M and i < count, or += with accum;
+ * rows of ws[i]->rows floats. x: [M][cols] fp16, the matrices' common column count. Up to 3
+ * matrices of one format run in one launch (q, k and v: one grid, not three small ones). */
+int gemm_plain(cudaStream_t st, int count, float *const *ys, const __half *x, int M, const qmat_t *const *ws,
+               const float *const *biases, bool accum);
 
 /* Grouped over experts: tile i < *n_tiles is tiles[i] = (expert e, first row p0) and covers
  * rows p0 .. min(p0 + GEMM_BM, offsets[e + 1]) - 1 of x (and of the output).

@@ -250,9 +250,7 @@ static int s_matmul(cuda_ctx_t *c, int count, float *const *ys, const float *x, 
     int rc = 0;
     if (gemm) {
         if ((rc = gemm_to_half(c->stream, c->x16, x, NULL, 1, n, cols))) return rc;
-        for (int i = 0; i < count && !rc; i++)
-            rc = gemm_plain(c->stream, ys[i], ws[i]->rows, c->x16, n, ws[i], biases ? biases[i] : NULL, accum);
-        return rc;
+        return gemm_plain(c->stream, count, ys, c->x16, n, ws, biases, accum);
     }
     if (q8) {
         mm_set_t set = {};

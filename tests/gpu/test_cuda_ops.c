@@ -117,21 +117,32 @@ static void test_matmul(bool q8)
                 float *y2 = s_down(dy, (size_t)n * rows);
                 e = t_relerr(y2, want, (size_t)n * rows);
                 T_CHECK(e < bound, "matmul_acc %s %dx%d n=%d q8=%d rel err %.3g", wfmt_name((wfmt_t)f), rows, cols, n, q8, e);
-                /* two matrices on one input: with and without the bias */
+                /* four matrices on one input, two of them with other rows (a GEMM launch takes
+                 * three; q/k/v have different rows): with and without the bias */
+                tmat_t m2;
+                const int rows2 = rows / 2 + 5;
+                s_mat(&m2, (wfmt_t)f, rows2, cols, group);
+                float *ref2 = malloc((size_t)n * rows2 * sizeof(float));
+                cpu_matmul(NULL, ref2, x, n, &m2.host, NULL);
                 float *dy2 = s_poisoned((size_t)n * rows), *dy3 = s_poisoned((size_t)n * rows);
-                float *ys2[2] = {dy2, dy3};
-                const qmat_t *ws2[2] = {&m.dev, &m.dev};
-                const float *bs2[2] = {(k & 1) ? db : NULL, db};
-                T_CHECK(cuda_matmul_multi(ctx, 2, ys2, dx, n, ws2, bs2) == 0, "launch multi");
+                float *dz2 = s_poisoned((size_t)n * rows2), *dz3 = s_poisoned((size_t)n * rows2);
+                float *ys4[4] = {dy2, dz2, dy3, dz3};
+                const qmat_t *ws4[4] = {&m.dev, &m2.dev, &m.dev, &m2.dev};
+                const float *bs4[4] = {(k & 1) ? db : NULL, NULL, db, NULL};
+                T_CHECK(cuda_matmul_multi(ctx, 4, ys4, dx, n, ws4, bs4) == 0, "launch multi");
                 float *ya = s_down(dy2, (size_t)n * rows), *yb = s_down(dy3, (size_t)n * rows);
+                float *za = s_down(dz2, (size_t)n * rows2), *zb = s_down(dz3, (size_t)n * rows2);
                 for (int t = 0; t < n; t++)
                     for (int r = 0; r < rows; r++)
                         want[(size_t)t * rows + r] = ref[(size_t)t * rows + r] + ((k & 1) ? 0.f : bias[r]);
                 double ea = t_relerr(ya, ref, (size_t)n * rows), eb = t_relerr(yb, want, (size_t)n * rows);
-                T_CHECK(ea < bound && eb < bound, "matmul_multi %s %dx%d n=%d q8=%d rel err %.3g %.3g",
-                        wfmt_name((wfmt_t)f), rows, cols, n, q8, ea, eb);
-                free(want), free(y2), free(ya), free(yb);
-                cuda_free(dy2), cuda_free(dy3);
+                double ec = t_relerr(za, ref2, (size_t)n * rows2), ed = t_relerr(zb, ref2, (size_t)n * rows2);
+                T_CHECK(ea < bound && eb < bound && ec < bound && ed < bound,
+                        "matmul_multi %s %dx%d (+%d rows) n=%d q8=%d rel err %.3g %.3g %.3g %.3g", wfmt_name((wfmt_t)f),
+                        rows, cols, rows2, n, q8, ea, eb, ec, ed);
+                free(want), free(y2), free(ya), free(yb), free(za), free(zb), free(ref2);
+                cuda_free(dy2), cuda_free(dy3), cuda_free(dz2), cuda_free(dz3);
+                s_mat_free(&m2);
                 free(y), free(x), free(bias), free(ref);
                 cuda_free(dx), cuda_free(db), cuda_free(dy);
                 s_mat_free(&m);
@@ -153,7 +164,7 @@ static void test_moe(void)
 { /* Below 32 tokens INT4/INT8 take the integer (q8) path (hidden and inter are multiples of
    * 32); from 32 tokens every format but F32 takes the fp16 GEMM when both are multiples of
    * 64 (inter 192), and the per-token kernels otherwise (inter 96). */
-    static const int ns[] = {1, 2, 5, 16, 40, 100};
+    static const int ns[] = {1, 2, 5, 16, 40, 100, 300}; /* 300: full GEMM tiles and partial ones */
     static const int inters[] = {96, 192};
     const int E = 8, K = 2, H = 128;
     for (int f = 0; f < WF_COUNT; f++)
