@@ -103,7 +103,6 @@ typedef struct {
 template <int FMT, int NT, int LPR, int RR>
 __global__ void k_gemv_q8(mm_set_t set, const int8_t *xq, const float *xd, const int32_t *xs, int n)
 {
-    pdl_enter();
     constexpr int RPW = 32 / LPR * RR; /* rows per warp */
     int i = 0;
 #pragma unroll
@@ -114,6 +113,9 @@ __global__ void k_gemv_q8(mm_set_t set, const int8_t *xq, const float *xd, const
     const float *bias = i == 0 ? set.bias[0] : i == 1 ? set.bias[1] : i == 2 ? set.bias[2] : set.bias[3];
     const int blk = blockIdx.x - (i == 0 ? 0 : i == 1 ? set.start[1] : i == 2 ? set.start[2] : set.start[3]);
     const int lane = threadIdx.x & 31, warp = (blk * blockDim.x + threadIdx.x) >> 5;
+    /* the weights do not depend on the kernel before: they come into L2 while it finishes */
+    if (lane < 2) l2_prefetch_rows<FMT>(w, warp * RPW, RPW, lane == 0);
+    pdl_enter();
     if (warp * RPW >= w.rows) return; /* the whole warp is past the last row */
     const int r0 = warp * RPW + lane / LPR * RR;
     const uint8_t *rp[RR];

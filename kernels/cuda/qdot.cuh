@@ -257,6 +257,22 @@ __device__ __forceinline__ void q8_row_ptrs(const qmat_t &w, int r, const uint8_
         sp = (const float *)w.scales + r;
 }
 
+/* Ask L2 for rows r0 .. r0 + count - 1 of an INT4 or INT8 matrix (those that exist): their
+ * data (data) or their scales (!data). */
+template <int FMT>
+__device__ __forceinline__ void l2_prefetch_rows(const qmat_t &w, int r0, int count, bool data)
+{
+    count = min(count, w.rows - r0);
+    if (count <= 0) return;
+    if (data) {
+        const size_t rb = q_row_bytes(FMT, w.cols);
+        l2_prefetch((const uint8_t *)w.data + (size_t)r0 * rb, (size_t)count * rb);
+    } else {
+        const size_t sb = FMT == WF_INT4 ? (size_t)(w.cols / w.group) * 2 : 4;
+        l2_prefetch((const uint8_t *)w.scales + (size_t)r0 * sb, (size_t)count * sb);
+    }
+}
+
 /* Quantize n rows of cols floats (cols % 32 == 0) into the q8 layout: output row r takes source
  * row (rows ? rows[r] / div : r) of x; with limit, rows r >= *limit are skipped. One warp per
  * 32-column block, so a row is quantized by many blocks at once. */
