@@ -3,9 +3,11 @@
  * Resident on the GPU: attention weights, norms, routers, shared experts, dense MLPs, the
  * final norm and the LM head. The embedding stays in host memory: a step looks up its rows
  * on the CPU and copies n x hidden floats. Experts live in slots, each holding one whole
- * expert laid out as [gate.data|gate.scales|up.data|up.scales|down.data|down.scales], every
- * piece 256-byte aligned, so a miss moves as one DMA from a pinned host copy of the same
- * layout.
+ * expert, so a miss moves as one DMA. When every expert is one span of the model's memory with
+ * the same layout (a packed model, the weight arena: s_span_layout), a slot holds that span as
+ * it is and the DMA reads the model's memory, page-locked (s_lock_spans); else a slot is
+ * [gate.data|gate.scales|up.data|up.scales|down.data|down.scales], every piece 256-byte
+ * aligned, and the DMA reads a pinned copy of every expert in that layout.
  *
  * A step is one CUDA graph per decode size when every expert is resident. With fewer slots
  * than experts it is n_moe + 1 segments, each a graph too (s_segment): segment k ends with MoE
@@ -88,11 +90,17 @@ struct gpu_model {
     /* expert cache */
     bool all_resident;
     int32_t n_slots, n_total;
-    size_t expert_bytes, off_gs, off_u, off_us, off_d, off_ds;
+    size_t expert_bytes, off_g, off_gs, off_u, off_us, off_d, off_ds;
+    size_t copy_bytes;           /* what one expert's copy moves: its span, or expert_bytes */
+    bool span_layout;            /* a slot holds the expert's span of the model's memory as is */
+    bool from_model;             /* copies read the model's memory, page-locked (no pinned copy) */
+    void **locked;               /* [n_locked] page-locked ranges of the model's memory */
+    int n_locked;
     uint8_t *slots_dev;          /* [n_slots][expert_bytes] */
     xcache_t xc;                 /* the policy: what each slot holds, routing, prediction, victims */
     cuda_event_t **ev;           /* [n_slots] copy-stream event of the last prefetch into each slot */
-    uint8_t *host_experts;       /* pinned [n_layers*n_experts][expert_bytes], NULL if all resident */
+    uint8_t *host_experts;       /* pinned [n_layers*n_experts][expert_bytes], NULL if all resident
+                                    or from_model */
     int32_t depth;               /* prefetch window in MoE layers (0: no prediction) */
     float *pred_router;          /* [n_moe][n_experts][hidden] f32 routers x ffn_norm, or NULL */
     float *ones;                 /* [hidden] 1.0: the unweighted RMSNorm for the prediction */
@@ -192,19 +200,84 @@ static void s_expert_layout(gpu_model_t *g, const ffn_t *e)
     o += ALIGN256(qmat_data_bytes(e->down.fmt, e->down.rows, e->down.cols));
     g->off_ds = o;
     o += ALIGN256(qmat_scale_bytes(e->down.fmt, e->down.rows, e->down.cols, e->down.group));
-    g->expert_bytes = o;
+    g->expert_bytes = g->copy_bytes = o;
 }
 
-/* Pack expert e's six pieces into dst (host) in slot layout. */
-static void s_expert_pack(const gpu_model_t *g, uint8_t *dst, const ffn_t *e)
+/* The six pieces of expert e in host memory, in slot order: gate, its scales, up, its scales,
+ * down, its scales (n[i] == 0: none). */
+static void s_pieces(const ffn_t *e, const uint8_t *p[6], size_t n[6])
 {
     const qmat_t *q[3] = {&e->gate, &e->up, &e->down};
-    const size_t off[3][2] = {{0, g->off_gs}, {g->off_u, g->off_us}, {g->off_d, g->off_ds}};
     for (int i = 0; i < 3; i++) {
-        memcpy(dst + off[i][0], q[i]->data, qmat_data_bytes(q[i]->fmt, q[i]->rows, q[i]->cols));
-        size_t sb = qmat_scale_bytes(q[i]->fmt, q[i]->rows, q[i]->cols, q[i]->group);
-        if (sb) memcpy(dst + off[i][1], q[i]->scales, sb);
+        p[2 * i] = q[i]->data;
+        n[2 * i] = qmat_data_bytes(q[i]->fmt, q[i]->rows, q[i]->cols);
+        p[2 * i + 1] = q[i]->scales;
+        n[2 * i + 1] = q[i]->scales ? qmat_scale_bytes(q[i]->fmt, q[i]->rows, q[i]->cols, q[i]->group) : 0;
     }
+}
+
+/* The span layout: when every routed expert's pieces lie in one span of host memory, at the
+ * same 16-byte aligned offsets from its start, and the span is not much more than the pieces
+ * (a packed model, the weight arena), a slot holds the span as it is, so a copy is one DMA
+ * straight from the model's memory. Else (pieces scattered, as an HF checkpoint loads) the
+ * slot layout of s_expert_layout stays. */
+static void s_span_layout(gpu_model_t *g)
+{
+    const model_config_t *c = &g->m->cfg;
+    size_t off0[6] = {0}, span0 = 0;
+    bool first = true;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!c->layer_sparse[l]) continue;
+        for (int e = 0; e < c->n_experts; e++) {
+            const uint8_t *p[6];
+            size_t n[6], off[6];
+            s_pieces(&g->m->layers[l].experts[e], p, n);
+            uintptr_t lo = UINTPTR_MAX, hi = 0;
+            for (int i = 0; i < 6; i++)
+                if (n[i]) {
+                    lo = (uintptr_t)p[i] < lo ? (uintptr_t)p[i] : lo;
+                    hi = (uintptr_t)p[i] + n[i] > hi ? (uintptr_t)p[i] + n[i] : hi;
+                }
+            for (int i = 0; i < 6; i++) {
+                off[i] = n[i] ? (uintptr_t)p[i] - lo : 0;
+                if (off[i] % 16) return;
+            }
+            if (first) {
+                memcpy(off0, off, sizeof off);
+                span0 = hi - lo;
+                first = false;
+            } else if (memcmp(off, off0, sizeof off) || hi - lo != span0) {
+                return;
+            }
+        }
+    }
+    if (first || span0 > g->expert_bytes + g->expert_bytes / 8) return;
+    g->span_layout = true;
+    g->off_g = off0[0], g->off_gs = off0[1], g->off_u = off0[2], g->off_us = off0[3], g->off_d = off0[4];
+    g->off_ds = off0[5];
+    g->copy_bytes = span0;
+    g->expert_bytes = ALIGN256(span0);
+}
+
+/* The start of expert e's bytes as a slot holds them (the span layout's span). */
+static const uint8_t *s_span_start(const gpu_model_t *g, const ffn_t *e)
+{
+    return (const uint8_t *)e->gate.data - g->off_g;
+}
+
+/* Pack expert e into dst (host) in slot layout. */
+static void s_expert_pack(const gpu_model_t *g, uint8_t *dst, const ffn_t *e)
+{
+    if (g->span_layout) {
+        memcpy(dst, s_span_start(g, e), g->copy_bytes);
+        return;
+    }
+    const uint8_t *p[6];
+    size_t n[6];
+    s_pieces(e, p, n);
+    const size_t off[6] = {g->off_g, g->off_gs, g->off_u, g->off_us, g->off_d, g->off_ds};
+    for (int i = 0; i < 6; i++)
+        if (n[i]) memcpy(dst + off[i], p[i], n[i]);
 }
 
 /* Device qmats of the expert (layer l, expert e) if it sat in slot s. */
@@ -213,7 +286,7 @@ static cuda_expert_t s_expert_at(const gpu_model_t *g, int l, int e, int s)
     const ffn_t *src = &g->m->layers[l].experts[e];
     uint8_t *b = g->slots_dev + (size_t)s * g->expert_bytes;
     cuda_expert_t x = {src->gate, src->up, src->down};
-    x.gate.data = b;
+    x.gate.data = b + g->off_g;
     x.gate.scales = x.gate.scales ? b + g->off_gs : NULL;
     x.up.data = b + g->off_u;
     x.up.scales = x.up.scales ? b + g->off_us : NULL;
@@ -224,7 +297,16 @@ static cuda_expert_t s_expert_at(const gpu_model_t *g, int l, int e, int s)
 
 static const uint8_t *s_host_expert(const gpu_model_t *g, int l, int e)
 {
+    if (g->from_model) return s_span_start(g, &g->m->layers[l].experts[e]);
     return g->host_experts + ((size_t)l * g->m->cfg.n_experts + e) * g->expert_bytes;
+}
+
+/* Copy expert (l, e) into slot s on the given stream, counted in the statistics. */
+static int s_copy_in(gpu_model_t *g, int s, int l, int e, int stream)
+{
+    g->st.bytes_h2d += g->copy_bytes;
+    return cuda_h2d_async(g->cx, stream, g->slots_dev + (size_t)s * g->expert_bytes, s_host_expert(g, l, e),
+                          g->copy_bytes);
 }
 
 static int s_landed(void *ctx, int s) { return cuda_event_done(((gpu_model_t *)ctx)->ev[s]); }
@@ -245,16 +327,13 @@ static int s_issue(gpu_model_t *g, int cur)
             int s = xcache_victim(xc, cur, cur_ord, true, (float)(xc->win_lo + d - cur_ord));
             if (s < 0) return 0; /* nothing evictable that is needed later: the miss path will load it */
             xcache_assign(xc, s, l, e);
-            if ((rc = cuda_h2d_async(g->cx, CUDA_STREAM_COPY, g->slots_dev + (size_t)s * g->expert_bytes,
-                                     s_host_expert(g, l, e), g->expert_bytes)))
-                return rc;
+            if ((rc = s_copy_in(g, s, l, e, CUDA_STREAM_COPY))) return rc;
             if ((rc = cuda_event_record(g->cx, g->ev[s], CUDA_STREAM_COPY))) return rc;
             xc->slot[s].state = XC_LOADING;
             xc->slot[s].prefetched = true;
             inflight++;
             g->st.prefetches++;
             g->lst[l].prefetches++;
-            g->st.bytes_h2d += g->expert_bytes;
         }
     }
     return 0;
@@ -293,14 +372,11 @@ static int s_ensure(gpu_model_t *g, int l, int n)
             if (s < 0) s = xcache_victim(xc, l, xc->moe_ord[l], false, -1.0f);
             STRATA_ASSERT(s >= 0); /* n_slots >= n_experts of one layer, checked at create */
             xcache_assign(xc, s, l, e);
-            if ((rc = cuda_h2d_async(g->cx, CUDA_STREAM_COMPUTE, g->slots_dev + (size_t)s * g->expert_bytes,
-                                     s_host_expert(g, l, e), g->expert_bytes)))
-                return rc;
+            if ((rc = s_copy_in(g, s, l, e, CUDA_STREAM_COMPUTE))) return rc;
             xc->slot[s].state = XC_READY;
             xc->slot[s].prefetched = false;
             g->st.misses++;
             g->lst[l].misses++;
-            g->st.bytes_h2d += g->expert_bytes;
         }
     }
     /* Slots still loading for this layer that nobody routed to stay in flight; the compute
@@ -337,6 +413,8 @@ void gpu_model_free(gpu_model_t *g)
     xcache_free(&g->xc);
     free(g->lst);
     cuda_host_free(g->host_experts);
+    for (int i = 0; i < g->n_locked; i++) cuda_host_unregister(g->locked[i]);
+    free(g->locked);
     cuda_host_free(g->h_x);
     cuda_host_free(g->h_bt);
     cuda_host_free(g->h_idx);
@@ -484,6 +562,58 @@ static int s_create_prediction(gpu_model_t *g, strata_errbuf_t *eb)
     return rc;
 }
 
+typedef struct {
+    uintptr_t lo, hi;
+} s_range_t;
+
+static int s_range_cmp(const void *a, const void *b)
+{
+    const s_range_t *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* Page-lock the experts' spans of the model's memory (merged into ranges of whole pages), so
+ * copies DMA straight from it: no pinned copy of every expert. 0, or <0 with nothing left
+ * locked (the caller falls back to the pinned copy). */
+static int s_lock_spans(gpu_model_t *g)
+{
+    const model_config_t *c = &g->m->cfg;
+    const uintptr_t pg = 4096;
+    s_range_t *r = malloc(sizeof *r * (size_t)g->n_total);
+    if (!r) return STRATA_ENOMEM;
+    int n = 0, rc = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int e = 0; c->layer_sparse[l] && e < c->n_experts; e++) {
+            uintptr_t lo = (uintptr_t)s_span_start(g, &g->m->layers[l].experts[e]);
+            r[n++] = (s_range_t){lo & ~(pg - 1), (lo + g->copy_bytes + pg - 1) & ~(pg - 1)};
+        }
+    qsort(r, (size_t)n, sizeof *r, s_range_cmp);
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        if (m && r[i].lo <= r[m - 1].hi) {
+            if (r[i].hi > r[m - 1].hi) r[m - 1].hi = r[i].hi;
+        } else {
+            r[m++] = r[i];
+        }
+    }
+    g->locked = calloc((size_t)m, sizeof *g->locked);
+    for (int i = 0; i < m && !rc && g->locked; i++) {
+        if ((rc = cuda_host_register((void *)r[i].lo, r[i].hi - r[i].lo))) break;
+        g->locked[g->n_locked++] = (void *)r[i].lo;
+        g->st.host_locked_bytes += (int64_t)(r[i].hi - r[i].lo);
+    }
+    if (!g->locked) rc = STRATA_ENOMEM;
+    free(r);
+    if (rc) {
+        for (int i = 0; i < g->n_locked; i++) cuda_host_unregister(g->locked[i]);
+        free(g->locked);
+        g->locked = NULL;
+        g->n_locked = 0;
+        g->st.host_locked_bytes = 0;
+    }
+    return rc;
+}
+
 static int s_create_experts(gpu_model_t *g, strata_errbuf_t *eb)
 {
     const model_t *m = g->m;
@@ -513,6 +643,7 @@ static int s_create_experts(gpu_model_t *g, strata_errbuf_t *eb)
                                      "gpu: layer %d expert %d differs in format or shape from the others", l, e);
         }
     }
+    s_span_layout(g);
     /* What the device really lost so far (the driver rounds small allocations up and keeps its
      * own pieces) is charged when it exceeds the requested bytes, and the slots keep
      * GPU_SLOT_MARGIN spare, so that nvidia-smi stays within --gpu-mem plus the CUDA context. */
@@ -554,26 +685,38 @@ static int s_create_experts(gpu_model_t *g, strata_errbuf_t *eb)
     for (int s = 0; s < g->n_slots; s++)
         if ((rc = cuda_event_create(&g->ev[s]))) return strata_seterr(eb, rc, "gpu: event creation failed");
     uint8_t *stage = NULL;
-    if (!g->all_resident) {
+    if (!g->all_resident && g->span_layout) {
+        double t0 = strata_now();
+        g->from_model = g->st.from_model = s_lock_spans(g) == 0;
+        if (g->from_model)
+            log_info("gpu: %d of %d experts fit in %d slots; copies read the model's memory, %.2f GB page-locked in %d "
+                     "ranges (%.1f s)", g->n_slots, g->n_total, g->n_slots, g->st.host_locked_bytes / 1e9, g->n_locked,
+                     strata_now() - t0);
+        else
+            log_warn("gpu: page-locking the model's expert memory failed; staging a pinned copy instead");
+    }
+    if (!g->all_resident && !g->from_model) {
         size_t total = (size_t)c->n_layers * c->n_experts * g->expert_bytes;
         if ((rc = cuda_host_alloc((void **)&g->host_experts, total)))
             return strata_seterr(eb, rc, "gpu: pinned host copy of the experts (%zu bytes) failed", total);
+        g->st.host_locked_bytes = (int64_t)total;
         log_info("gpu: %d of %d experts fit in %d slots; staging %.2f GB of experts in pinned host memory", g->n_slots,
                  g->n_total, g->n_slots, total / 1e9);
-    } else if ((rc = cuda_host_alloc((void **)&stage, g->expert_bytes))) {
+    } else if (g->all_resident && (rc = cuda_host_alloc((void **)&stage, g->expert_bytes))) {
         return strata_seterr(eb, rc, "gpu: pinned staging failed");
     }
-    /* fill: pinned copies of every expert; the first n_slots go to the GPU in layer order */
+    /* fill: pinned copies of every expert (none when copies read the model's memory); the
+     * first n_slots go to the GPU in layer order */
     int s = 0;
     for (int l = 0; l < c->n_layers; l++) {
         if (!c->layer_sparse[l]) continue;
         for (int e = 0; e < c->n_experts; e++) {
-            uint8_t *h = g->all_resident ? stage : (uint8_t *)s_host_expert(g, l, e);
-            s_expert_pack(g, h, &m->layers[l].experts[e]);
+            const uint8_t *h = g->all_resident ? stage : s_host_expert(g, l, e);
+            if (!g->from_model) s_expert_pack(g, (uint8_t *)h, &m->layers[l].experts[e]);
             if (s < g->n_slots) {
                 xcache_assign(&g->xc, s, l, e);
                 g->xc.slot[s].state = XC_READY;
-                if ((rc = cuda_h2d(g->cx, g->slots_dev + (size_t)s * g->expert_bytes, h, g->expert_bytes))) break;
+                if ((rc = cuda_h2d(g->cx, g->slots_dev + (size_t)s * g->expert_bytes, h, g->copy_bytes))) break;
                 if (g->all_resident && (rc = cuda_sync(g->cx))) break; /* stage is reused */
                 s++;
             }
@@ -922,4 +1065,6 @@ void gpu_reset_stats(gpu_model_t *g)
     g->st.workspace_bytes = keep.workspace_bytes;
     g->st.slot_bytes_total = keep.slot_bytes_total;
     g->st.budget_used = keep.budget_used;
+    g->st.host_locked_bytes = keep.host_locked_bytes;
+    g->st.from_model = keep.from_model;
 }

@@ -5,7 +5,9 @@
  * Budget (--gpu-mem): every device allocation is charged against it; creation fails with a
  * clear message when the resident part does not fit. What is left after resident weights, KV
  * and workspace becomes expert slots (at most one per expert). With fewer slots than experts,
- * the experts' bytes are kept in pinned host memory and moved into slots as whole DMAs.
+ * each expert moves into a slot as one DMA: straight from the model's own memory, page-locked,
+ * when every expert is one span of it with the same layout (a packed model, the weight arena),
+ * else from a pinned copy of every expert.
  */
 #ifndef STRATA_GPU_H
 #define STRATA_GPU_H
@@ -38,6 +40,9 @@ typedef struct {
     uint64_t bytes_h2d;        /* expert bytes copied host -> GPU */
     int32_t slots, n_experts_total;
     int64_t resident_bytes, kv_bytes, workspace_bytes, slot_bytes_total, budget_used;
+    int64_t host_locked_bytes; /* host memory the cache keeps page-locked for its copies */
+    bool from_model;           /* copies read the model's own memory (page-locked: a packed model,
+                                  the weight arena), not a pinned copy of every expert */
 } gpu_stats_t;
 
 /* The expert cache of one layer (all zero for dense layers and with every expert resident). */

@@ -16,6 +16,7 @@
 #include "model/generate.h"
 #include "model/gpu.h"
 #include "model/synth.h"
+#include "model/synth_fast.h"
 #include "tests/unit/check.h"
 
 /* A one-sequence driver: identity block table over the GPU KV cache. */
@@ -260,12 +261,38 @@ static void test_synth_formats(uint64_t *rng)
 
 /* Budget that holds exactly one layer's experts: same logits as all-resident, with prefetch off,
  * one layer ahead and three (every later layer; the prediction's routers get their bytes). */
-static void test_tight_cache(uint64_t *rng)
+/* A tiny Mixtral in the packed layout (each expert one aligned block, as a packed folder or the
+ * weight arena holds it), built in memory: the cache then copies straight from its memory. */
+static int s_packed_mixtral(model_t *m, uint64_t seed)
 {
-    model_config_t c;
-    synth_config(&c, ARCH_MIXTRAL, 300, 256, 4, 4, 2, 64, 8, 2, 256);
+    static const char cfg[] =
+        "{\"architectures\": [\"MixtralForCausalLM\"], \"model_type\": \"mixtral\", \"vocab_size\": 300, "
+        "\"hidden_size\": 256, \"intermediate_size\": 256, \"num_hidden_layers\": 4, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2, \"head_dim\": 64, \"hidden_act\": \"silu\", \"max_position_embeddings\": 4096, "
+        "\"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, \"tie_word_embeddings\": false, \"num_local_experts\": 8, "
+        "\"num_experts_per_tok\": 2}";
+    synth_params_t p;
+    synth_params_default(&p, WF_INT4);
+    p.attn_fmt = WF_INT4;
+    p.seed = seed;
+    strata_errbuf_t eb = {{0}};
+    int rc = synth_fast_model(m, cfg, &p, 2, NULL, &eb);
+    if (rc) fprintf(stderr, "synth_fast_model: %s\n", eb.msg);
+    return rc;
+}
+
+/* The cache with room for one layer's experts equals every expert resident, without prefetch
+ * and with it; packed: the model in the packed layout (copies straight from its memory), else
+ * synth_model's separately allocated tensors (a pinned copy of every expert). */
+static void test_tight_cache(uint64_t *rng, bool packed)
+{
     model_t m;
-    T_CHECK(synth_model(&m, &c, WF_INT4, 32, t_rng_next(rng)) == 0, "synth");
+    model_config_t c0;
+    synth_config(&c0, ARCH_MIXTRAL, 300, 256, 4, 4, 2, 64, 8, 2, 256);
+    const int rc0 = packed ? s_packed_mixtral(&m, t_rng_next(rng)) : synth_model(&m, &c0, WF_INT4, 32, t_rng_next(rng));
+    T_CHECK(rc0 == 0, "synth (packed %d)", packed);
+    if (rc0) return;
+    const model_config_t c = m.cfg;
     int32_t toks[48];
     for (int i = 0; i < 48; i++) toks[i] = (int32_t)(t_rng_next(rng) % 300);
     const int V = 300, n0 = 8, steps = 40;
@@ -307,13 +334,17 @@ static void test_tight_cache(uint64_t *rng)
         if (pass) {
             double e = t_relerr(got, ref, (size_t)(n0 + steps) * V);
             T_CHECK(e < 1e-6, "tight cache (prefetch %d): rel err vs all resident %.3g", o.prefetch_depth, e);
+            T_CHECK(st.from_model == packed, "tight cache (packed %d): copies from the model's memory %d", packed,
+                    st.from_model);
+            T_CHECK(st.host_locked_bytes > 0, "tight cache: no host memory locked for the copies");
             T_CHECK(st.slots == c.n_experts, "slots %d, want %d", st.slots, c.n_experts);
             T_CHECK(st.misses + st.prefetches > 0, "no expert traffic with %d slots", st.slots);
             T_CHECK(o.prefetch_depth == 0 || st.prefetches > 0, "prefetch depth %d made no copy", o.prefetch_depth);
             T_CHECK(st.budget_used <= o.gpu_mem, "budget used %lld > %lld", (long long)st.budget_used,
                     (long long)o.gpu_mem);
-            fprintf(stderr, "tight cache prefetch=%d: slots %d uses %llu hits %llu misses %llu prefetches %llu used %llu\n",
-                    o.prefetch_depth, st.slots, (unsigned long long)st.expert_uses, (unsigned long long)st.hits,
+            fprintf(stderr,
+                    "tight cache %s prefetch=%d: slots %d uses %llu hits %llu misses %llu prefetches %llu used %llu\n",
+                    packed ? "packed" : "scattered", o.prefetch_depth, st.slots, (unsigned long long)st.expert_uses, (unsigned long long)st.hits,
                     (unsigned long long)st.misses, (unsigned long long)st.prefetches,
                     (unsigned long long)st.prefetch_used);
         }
@@ -340,6 +371,7 @@ int main(int argc, char **argv)
     }
     test_fixtures(argc > 1 ? argv[1] : "tests/fixtures");
     test_synth_formats(&rng);
-    test_tight_cache(&rng);
+    test_tight_cache(&rng, false);
+    test_tight_cache(&rng, true);
     return t_done("test_gpu_model");
 }
