@@ -30,6 +30,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/cuda/cuda_ops.h"
 #include "model/gpu.h"
@@ -578,7 +579,7 @@ static int s_range_cmp(const void *a, const void *b)
 static int s_lock_spans(gpu_model_t *g)
 {
     const model_config_t *c = &g->m->cfg;
-    const uintptr_t pg = 4096;
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
     s_range_t *r = malloc(sizeof *r * (size_t)g->n_total);
     if (!r) return STRATA_ENOMEM;
     int n = 0, rc = 0;
