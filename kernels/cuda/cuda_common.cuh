@@ -236,6 +236,12 @@ __device__ __forceinline__ float block_sum(float v)
 /* RMSNorm rows held in registers: thread i keeps float4s i, i + blockDim.x, ... (at most
  * RMS_PER_THREAD); one block a row, rms_threads(dim) threads. */
 #define RMS_PER_THREAD 4
+/* Whether an RMSNorm of n rows of dim can also write their int8 rows into the workspace: the
+ * workspace takes them, and a row fits the float4 registers (rms_row_f4) that quantize. */
+static inline bool rms_q8_ok(const cuda_ctx_t *c, int n, int dim)
+{
+    return cuda_q8_out_ok(c, n, dim) && dim / 4 <= RMS_PER_THREAD * 1024;
+}
 static inline int rms_threads(int dim)
 {
     /* enough threads that a row is one float4 each (up to 4096 columns), then up to 4 each */

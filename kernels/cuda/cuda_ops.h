@@ -139,7 +139,8 @@ int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, int hidden, i
 /* y[n][dim] = rmsnorm(x) * w; y may alias x. */
 int cuda_rmsnorm(cuda_ctx_t *c, float *y, const float *x, const float *w, int n, int dim, float eps);
 /* cuda_rmsnorm, and when cuda_q8_out_ok (and dim <= 16384) y's int8 quantization into the
- * context's workspace in the same pass; *q8_done says whether it did. */
+ * context's workspace in the same pass; *q8_done says whether it did (q8_done NULL: none, as
+ * cuda_rmsnorm). */
 int cuda_rmsnorm_q8(cuda_ctx_t *c, float *y, const float *x, const float *w, int n, int dim, float eps,
                     bool *q8_done);
 /* Gate: softmax over n_experts then top-k (ties to the lower index), optional renorm.

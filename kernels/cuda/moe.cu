@@ -156,7 +156,8 @@ __global__ void k_moe_route(const int32_t *idx, int P, int E, int32_t *counts, i
 /* Optional parts of the router's launch. Norm (w != NULL): the router reads rmsnorm(x) * w;
  * every block computes the rows' norms, and 32-column block j of the normed rows (y, and with
  * q8 its int8 block) is written by block j % gridDim.x. Route (counts != NULL): the last block
- * also routes the pairs (moe_route_block) for cuda_moe_ffn. */
+ * also routes the pairs (moe_route_block) for cuda_moe_ffn. Both at one token only: the kernel
+ * for more tokens compiles without them. */
 typedef struct {
     const float *w;
     float eps, *y;
@@ -209,7 +210,8 @@ __global__ void __launch_bounds__(256) k_router_topk(float *y, const float *x, i
     const int r = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, n4 = w.cols / 4, nb = w.cols / 32;
     const float4 *x4 = (const float4 *)x;
     __shared__ float part[8][NT], inv[NT];
-    if (nm.w) { /* each row's sum of squares */
+    const bool norm = NT == 1 && nm.w; /* the host norms in the launch at one token only */
+    if (norm) { /* the row's sum of squares */
         float ss[NT];
 #pragma unroll
         for (int t = 0; t < NT; t++) ss[t] = 0.f;
@@ -231,12 +233,12 @@ __global__ void __launch_bounds__(256) k_router_topk(float *y, const float *x, i
         const int i = i0 + tid, b = i / 8;
         const bool in = i < n4, mine = in && b % gridDim.x == r;
         const float4 wv = in ? w_f4<FMT>(w, r, i) : make_float4(0.f, 0.f, 0.f, 0.f);
-        const float4 g = nm.w && in ? ((const float4 *)nm.w)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 g = norm && in ? ((const float4 *)nm.w)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             if (t >= n) break;
             float4 v = in ? x4[(size_t)t * n4 + i] : make_float4(0.f, 0.f, 0.f, 0.f);
-            if (nm.w) {
+            if (norm) {
                 const float s = inv[t];
                 v = make_float4(v.x * s * g.x, v.y * s * g.y, v.z * s * g.z, v.w * s * g.w);
                 if (mine) ((float4 *)nm.y)[(size_t)t * n4 + i] = v;
@@ -263,7 +265,7 @@ __global__ void __launch_bounds__(256) k_router_topk(float *y, const float *x, i
         gate_topk_warp(y + (size_t)gi * E, E, top_k, renorm, idx + (size_t)gi * top_k, weight + (size_t)gi * top_k,
                        p[warp]);
     if (tid == 0) *done = 0;
-    if (!rt.counts) return;
+    if (NT > 1 || !rt.counts) return; /* the host routes in the launch at one token only */
     __syncthreads(); /* idx is written; p is free */
     __shared__ int wt[32];
     int *sh = (int *)&p[0][0]; /* cnt [E], cur [E], sidx [P]: 3 * 1024 ints of p's 8192 */
@@ -295,8 +297,7 @@ extern "C" int cuda_router_topk(cuda_ctx_t *c, float *logits, const float *x, in
     /* the norm and the routing go in the one launch at one token (measured at 16, Qwen3-30B-A3B
      * decode: 760 -> 708 tok/s with every block norming the 16 rows) */
     if (pre && (!fused || n > 1)) {
-        int rc = pre->q8_done ? cuda_rmsnorm_q8(c, pre->y, x, pre->w, n, w->cols, pre->eps, pre->q8_done)
-                              : cuda_rmsnorm(c, pre->y, x, pre->w, n, w->cols, pre->eps);
+        int rc = cuda_rmsnorm_q8(c, pre->y, x, pre->w, n, w->cols, pre->eps, pre->q8_done);
         if (rc) return rc;
         x = pre->y;
         pre = NULL;
@@ -601,7 +602,7 @@ static int s_combine(cudaStream_t st, cuda_ctx_t *c, float *out, const moe_scrat
                      const cuda_next_norm_t *nn)
 {
     if (nn && hidden % 4 == 0 && hidden / 4 <= RMS_PER_THREAD * 1024) {
-        const bool q8 = nn->q8_done && cuda_q8_out_ok(c, n, hidden) && hidden <= 16384;
+        const bool q8 = nn->q8_done && rms_q8_ok(c, n, hidden);
         if (nn->q8_done) *nn->q8_done = q8;
         launch_k(k_moe_combine_norm, n, rms_threads(hidden), 0, st, out, s->os, s->inv, idx, weight, experts, top_k,
                  hidden, nn->w, nn->eps, nn->y, q8 ? c->q8 : NULL, c->q8d, c->q8s);
@@ -612,8 +613,7 @@ static int s_combine(cudaStream_t st, cuda_ctx_t *c, float *out, const moe_scrat
              hidden);
     CUDA_LAUNCH_CHECK();
     if (!nn) return 0;
-    if (nn->q8_done) return cuda_rmsnorm_q8(c, nn->y, out, nn->w, n, hidden, nn->eps, nn->q8_done);
-    return cuda_rmsnorm(c, nn->y, out, nn->w, n, hidden, nn->eps);
+    return cuda_rmsnorm_q8(c, nn->y, out, nn->w, n, hidden, nn->eps, nn->q8_done);
 }
 
 template <int FMT, int NT>

@@ -52,9 +52,9 @@ extern "C" int cuda_rmsnorm(cuda_ctx_t *c, float *y, const float *x, const float
 extern "C" int cuda_rmsnorm_q8(cuda_ctx_t *c, float *y, const float *x, const float *w, int n, int dim, float eps,
                                bool *q8_done)
 {
-    /* the float4 path holds a row in registers up to 4 x 1024 float4s */
-    *q8_done = cuda_q8_out_ok(c, n, dim) && dim <= 16384;
-    return s_rmsnorm(c, y, x, w, n, dim, eps, *q8_done);
+    const bool q8 = q8_done && rms_q8_ok(c, n, dim);
+    if (q8_done) *q8_done = q8;
+    return s_rmsnorm(c, y, x, w, n, dim, eps, q8);
 }
 
 /* ---- Gate: one warp per token; softmax then iterative top-k (ties to the lower index) ---- */
