@@ -771,14 +771,6 @@ typedef struct {
     uint64_t t0_ns;
 } copy_t;
 
-static uint64_t s_rand(uint64_t *s) /* splitmix64 */
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static uint8_t *s_slot(const bench_t *b, uint32_t s) { return b->slots + s * b->setup.slot_stride; }
 
 /* The compute-stream side of a copy whose data is ready after `ready`: wait on it, read the
@@ -801,7 +793,7 @@ static int s_issue(bench_t *b, run_t *r, copy_t *c, int ev, int64_t k)
 {
     const opts_t *o = &b->o;
     int rc;
-    *c = (copy_t){.k = k, .expert = (uint32_t)(s_rand(&r->rng) % (uint64_t)o->experts),
+    *c = (copy_t){.k = k, .expert = (uint32_t)(strata_splitmix64(&r->rng) % (uint64_t)o->experts),
                   .slot = (uint32_t)(k % o->slots), .t0_ns = strata_now_ns()};
     if (r->d == DESIGN_P) {
         dmab_copy_t m = {.expert = c->expert, .slot = c->slot, .event = (uint32_t)ev, .id = (uint64_t)k,
@@ -947,12 +939,6 @@ typedef struct {
     char error[512];                    /* "<test>: why", when one failed */
 } figures_t;
 
-static int s_cmp_double(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static double s_mean(const double *v, int64_t n)
 {
     double s = 0;
@@ -963,9 +949,8 @@ static double s_mean(const double *v, int64_t n)
 /* p50, p99 (nearest rank) and mean of v[n], sorted here. */
 static void s_latency(double *v, int64_t n, figures_t *f)
 {
-    qsort(v, (size_t)n, sizeof *v, s_cmp_double);
-    f->lat_p50_us = v[(int64_t)ceil(0.50 * (double)n) - 1];
-    f->lat_p99_us = v[(int64_t)ceil(0.99 * (double)n) - 1];
+    f->lat_p50_us = strata_percentile(v, (size_t)n, 0.50);
+    f->lat_p99_us = strata_percentile(v, (size_t)n, 0.99);
     f->lat_mean_us = s_mean(v, n);
 }
 

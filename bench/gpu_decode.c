@@ -224,14 +224,6 @@ typedef struct {
     double prefill_tok_s;
 } s_res_t;
 
-static uint64_t s_rng(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static int s_decode(s_be_t *be, const s_opts_t *o, int B, int32_t nb_per_seq, s_res_t *res)
 {
     int rc = 0;
@@ -255,7 +247,7 @@ static int s_decode(s_be_t *be, const s_opts_t *o, int B, int32_t nb_per_seq, s_
     /* prompts: one step per sequence */
     for (int i = 0; i < B; i++) {
         for (int t = 0; t < o->prompt; t++) {
-            tok[t] = (int32_t)(s_rng(&st) % (uint64_t)V);
+            tok[t] = (int32_t)(strata_splitmix64(&st) % (uint64_t)V);
             pos[t] = t;
             seq[t] = i;
         }
@@ -277,7 +269,7 @@ static int s_decode(s_be_t *be, const s_opts_t *o, int B, int32_t nb_per_seq, s_
          * feedback repeats one token, which pins the routing to the same experts every step
          * and would measure a skewed, not a uniform, expert load. The step's cost is the same. */
         for (int i = 0; i < B; i++) {
-            tok[i] = (int32_t)((s_rng(&st) ^ (uint64_t)last[i]) % (uint64_t)V);
+            tok[i] = (int32_t)((strata_splitmix64(&st) ^ (uint64_t)last[i]) % (uint64_t)V);
             pos[i] = npos[i]++;
             seq[i] = i;
         }
@@ -319,7 +311,7 @@ static int s_prefill(s_be_t *be, const s_opts_t *o, int n, s_res_t *res)
         for (int p0 = 0; p0 < n; p0 += T) {
             int k = n - p0 < T ? n - p0 : T;
             for (int t = 0; t < k; t++) {
-                tok[t] = (int32_t)(s_rng(&st) % (uint64_t)V);
+                tok[t] = (int32_t)(strata_splitmix64(&st) % (uint64_t)V);
                 pos[t] = p0 + t;
             }
             int32_t row = k - 1;

@@ -176,3 +176,19 @@ uint64_t strata_now_ns(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+static int s_cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+double strata_percentile(double *v, size_t n, double q)
+{
+    if (!n) return NAN;
+    qsort(v, n, sizeof *v, s_cmp_double);
+    size_t k = (size_t)ceil(q * (double)n);
+    if (k < 1) k = 1;
+    if (k > n) k = n;
+    return v[k - 1];
+}

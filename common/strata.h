@@ -103,6 +103,19 @@ int strata_read_file(const char *path, uint64_t max, char **out, size_t *len, st
 double strata_now(void);
 uint64_t strata_now_ns(void);
 
+/* splitmix64: the next value of the sequence whose state is *x (advances it). Any state,
+ * 0 included, gives well-mixed output; seeds other generators and drives simple random tests. */
+static inline uint64_t strata_splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Percentile q in [0, 1] of v[n], nearest rank (v is sorted in place); NAN if n == 0. */
+double strata_percentile(double *v, size_t n, double q);
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,21 +8,13 @@
 
 #define SEQ_BLOCK_SIZE 16
 
-static uint64_t s_splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static inline uint64_t s_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
 /* Seed the four words from splitmix64 so that seed 0 gives a non-zero state. */
 void sampler_rng_seed(sampler_rng_t *r, uint64_t seed)
 {
     uint64_t x = seed;
-    for (int i = 0; i < 4; i++) r->s[i] = s_splitmix64(&x);
+    for (int i = 0; i < 4; i++) r->s[i] = strata_splitmix64(&x);
 }
 
 /* xoshiro256**, top 53 bits scaled to [0, 1). */

@@ -63,16 +63,8 @@ typedef struct {
     int fail;   /* first error */
 } s_gen_t;
 
-static uint64_t s_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* Uniform in [-1, 1). */
-static float s_uni(uint64_t *s) { return (float)((double)(s_next(s) >> 11) * 0x1.0p-52 - 1.0); }
+static float s_uni(uint64_t *s) { return (float)((double)(strata_splitmix64(s) >> 11) * 0x1.0p-52 - 1.0); }
 
 static void *s_own(s_gen_t *g, size_t bytes)
 {

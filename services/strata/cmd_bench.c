@@ -140,31 +140,6 @@ static int s_parse_list(const char *s, double *out, int cap, int *n, bool intege
     return *n ? 0 : -1;
 }
 
-static int s_cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Percentile q in [0,1] of v[n] (sorted in place), nearest rank; NAN if empty. */
-static double s_pct(double *v, size_t n, double q)
-{
-    if (!n) return NAN;
-    qsort(v, n, sizeof *v, s_cmp_d);
-    size_t k = (size_t)ceil(q * (double)n);
-    if (k < 1) k = 1;
-    if (k > n) k = n;
-    return v[k - 1];
-}
-
-static uint64_t s_rng(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static json_t *s_num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
 /* v * mul with fmt, or "-" when v is not a number. */
@@ -538,7 +513,7 @@ typedef struct {
 static int s_send_req(s_conn_t *cn, const s_opts_t *o, s_req_t *r, int k, uint64_t base_id, uint64_t *rng, int32_t *tok)
 {
     int32_t V = cn->vocab > 0 ? cn->vocab : 1;
-    for (int i = 0; i < o->prompt; i++) tok[i] = (int32_t)(s_rng(rng) % (uint64_t)V);
+    for (int i = 0; i < o->prompt; i++) tok[i] = (int32_t)(strata_splitmix64(rng) % (uint64_t)V);
     msg_t m;
     msg_init(&m, MSG_GENERATE);
     m.has_id = true;
@@ -591,7 +566,7 @@ static int s_level(s_conn_t *cn, const s_opts_t *o, s_level_t *L, uint64_t level
         double t = 0;
         uint64_t ar = o->seed * 7919u + level_no;
         for (int k = 0; k < N; k++) {
-            double u = ((double)(s_rng(&ar) >> 11) + 0.5) * 0x1.0p-53;
+            double u = ((double)(strata_splitmix64(&ar) >> 11) + 0.5) * 0x1.0p-53;
             t += -log(u) / L->rate;
             arrive[k] = t;
         }
@@ -746,12 +721,12 @@ static int s_level(s_conn_t *cn, const s_opts_t *o, s_level_t *L, uint64_t level
     }
     L->window_s = t_w0 >= 0 && t_w1 > t_w0 ? t_w1 - t_w0 : 0;
     L->decode_tok_s = L->window_s > 0 ? (double)L->window_tokens / L->window_s : NAN;
-    L->per_seq_tok_s = s_pct(pseq, n_p, 0.5);
-    L->prefill_tok_s = s_pct(pre, n_r, 0.5);
-    L->ttft_p50 = s_pct(ttft, n_t, 0.5);
-    L->ttft_p99 = s_pct(ttft, n_t, 0.99);
-    L->itl_p50 = s_pct(itl, n_itl, 0.5);
-    L->itl_p99 = s_pct(itl, n_itl, 0.99);
+    L->per_seq_tok_s = strata_percentile(pseq, n_p, 0.5);
+    L->prefill_tok_s = strata_percentile(pre, n_r, 0.5);
+    L->ttft_p50 = strata_percentile(ttft, n_t, 0.5);
+    L->ttft_p99 = strata_percentile(ttft, n_t, 0.99);
+    L->itl_p50 = strata_percentile(itl, n_itl, 0.5);
+    L->itl_p99 = strata_percentile(itl, n_itl, 0.99);
     L->mean_conc = t_prev > t_start ? conc_area / (t_prev - t_start) : NAN;
     L->hit_rate = L->pcie_gb_s = L->cpu_share = L->slots = NAN;
     if (snap1.ok && isfinite(snap1.slots) && snap1.slots > 0) L->slots = snap1.slots;

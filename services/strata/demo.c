@@ -122,14 +122,6 @@ typedef struct {
     int vec;             /* 1 = 1-d, filled with ones (norm weights) */
 } s_tensor_t;
 
-static uint64_t s_rng(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static int s_tensor_list(s_tensor_t **out)
 {
     int cap = 8 + DEMO_LAYERS * (8 + 3 * DEMO_EXPERTS), n = 0;
@@ -216,7 +208,7 @@ static int s_safetensors_write(const char *path, uint64_t seed, strata_errbuf_t 
          * norms are ones; embeddings unit scale */
         double a = t[i].rows == DEMO_VOCAB && strstr(t[i].name, "embed") ? 1.0 : sqrt(3.0 / (double)t[i].cols);
         for (size_t k = 0; k < cnt; k++) {
-            float v = t[i].vec ? 1.0f : (float)(((double)(s_rng(&rng) >> 11) / 9007199254740992.0 * 2.0 - 1.0) * a);
+            float v = t[i].vec ? 1.0f : (float)(((double)(strata_splitmix64(&rng) >> 11) / 9007199254740992.0 * 2.0 - 1.0) * a);
             buf[k] = f32_to_bf16(v);
         }
         if (fwrite(buf, sizeof *buf, cnt, f) != cnt) {

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "common/strata.h"
+
 static int t_checks, t_failed;
 
 #define T_CHECK(cond, ...)                                                                   \
@@ -32,13 +34,7 @@ static inline uint64_t t_seed(void)
     return s;
 }
 
-static inline uint64_t t_rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+static inline uint64_t t_rng_next(uint64_t *s) { return strata_splitmix64(s); }
 /* Uniform in [-1, 1). */
 static inline float t_randf(uint64_t *s) { return (float)((t_rng_next(s) >> 40) * (2.0 / 16777216.0) - 1.0); }
 
