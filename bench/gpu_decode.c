@@ -46,7 +46,7 @@ typedef struct {
     int64_t gpu_mem;
     uint64_t seed;
     int batches[MAX_BATCHES], n_batches;
-    bool no_graphs, no_probe;
+    bool no_graphs, no_probe, whole_experts;
     double probe_mib;
 } s_opts_t;
 
@@ -77,6 +77,8 @@ static void s_help(FILE *f)
             "  --max-tokens N     most tokens a step carries (default 512)\n"
             "  --prefetch-depth D MoE layers ahead to predict and prefetch (default: the GPU model's, 16; 0 = off)\n"
             "  --no-graphs        no CUDA graphs\n"
+            "  --whole-experts    a budget's slots hold whole experts (default: when not every expert fits,\n"
+            "                     every expert stays resident but the last rows of its down projection)\n"
             "  --device N         CUDA device (default 0)\n"
             "  --backend B        cuda (default when built with CUDA) or cpu\n"
             "  --threads T        CPU threads for building the model and the cpu backend (0 = all)\n"
@@ -159,7 +161,7 @@ typedef struct {
     uint64_t expert_uses, hits, misses, prefetches, prefetch_used, bytes_h2d;
     uint64_t layer[S_MAX_LAYERS][4]; /* per layer: uses, hits, prefetches, prefetch_used */
     int32_t n_layers;
-    int32_t slots;
+    int32_t slots, split_rows, tail_slots;
     int64_t resident_bytes, kv_bytes, workspace_bytes, budget_used;
     bool valid;
 } s_cache_t;
@@ -173,6 +175,7 @@ static void s_stats(s_be_t *be, s_cache_t *c, bool reset)
         gpu_get_stats(be->g, &st);
         c->expert_uses = st.expert_uses, c->hits = st.hits, c->misses = st.misses, c->prefetches = st.prefetches;
         c->prefetch_used = st.prefetch_used, c->bytes_h2d = st.bytes_h2d, c->slots = st.slots;
+        c->split_rows = st.split_rows, c->tail_slots = st.tail_slots;
         c->resident_bytes = st.resident_bytes, c->kv_bytes = st.kv_bytes, c->workspace_bytes = st.workspace_bytes;
         c->budget_used = st.budget_used, c->valid = true;
         gpu_layer_stats_t ls[S_MAX_LAYERS];
@@ -447,6 +450,8 @@ int main(int argc, char **argv)
             }
         } else if (!strcmp(a, "--no-graphs")) {
             o.no_graphs = true;
+        } else if (!strcmp(a, "--whole-experts")) {
+            o.whole_experts = true;
         } else if (!strcmp(a, "--no-probe")) {
             o.no_probe = true;
         } else {
@@ -645,6 +650,7 @@ int main(int argc, char **argv)
         go.max_tokens = max_tokens;
         if (o.prefetch_depth >= 0) go.prefetch_depth = o.prefetch_depth;
         go.use_graphs = !o.no_graphs;
+        go.split_experts = !o.whole_experts;
         vram_ctx = s_smi_mib(); /* the CUDA context (and what the probes left) before the model */
         int e = gpu_model_create(&be.g, &m, &go, &eb);
         if (e < 0) {
@@ -665,9 +671,11 @@ int main(int argc, char **argv)
     s_cache_t c0;
     s_stats(&be, &c0, false);
     printf("backend %s ready in %.2f s: budget %.2f GiB, resident %.2f GiB, kv %.2f GiB, workspace %.2f GiB, "
-           "%d of %lld experts in slots\n",
+           "%d of %lld experts' worth on the GPU",
            o.backend, strata_now() - t_create, o.gpu_mem / GIB, c0.resident_bytes / GIB, c0.kv_bytes / GIB,
            c0.workspace_bytes / GIB, c0.valid ? c0.slots : (int)rm.n_experts_total, (long long)rm.n_experts_total);
+    if (c0.split_rows) printf(" (split: down rows %d.. of every expert cached in %d tail slots)", c0.split_rows, c0.tail_slots);
+    printf("\n");
 
     /* 4-6. runs */
     printf("\n%-8s %6s %10s %10s %9s %7s %8s %8s %10s %10s %7s %10s %7s %10s %10s\n", "run", "batch", "tok/s",
@@ -731,6 +739,8 @@ int main(int argc, char **argv)
         json_object_set_new(row, "layers", pre ? json_null() : s_layers_json(c));
         json_object_set_new(row, "slots", json_integer(c->valid ? c->slots : rm.n_experts_total));
         json_object_set_new(row, "experts_total", json_integer(rm.n_experts_total));
+        json_object_set_new(row, "split_rows", c->valid && c->split_rows ? json_integer(c->split_rows) : json_null());
+        json_object_set_new(row, "tail_slots", c->valid && c->split_rows ? json_integer(c->tail_slots) : json_null());
         json_object_set_new(row, "bound_tok_s", have_bound && !pre ? json_real(b1.bound_tok_s) : json_null());
         json_object_set_new(row, "bound_at_hit_tok_s", have_bound && !pre ? json_real(b2.bound_tok_s) : json_null());
         json_object_set_new(row, "bound_limit", have_bound && !pre ? json_string(b1.limit) : json_null());

@@ -231,6 +231,10 @@ static int s_on_key(void *user, const char *sec, const char *key, const char *v)
         }
         if (!strcmp(key, "gpu_mem")) return s_bytes(x, sec, key, v, 0, INT64_MAX, &c->executor.gpu_mem);
         if (!strcmp(key, "prefetch_depth")) return s_int(x, sec, key, v, -1, 64, &c->executor.prefetch_depth);
+        if (!strcmp(key, "expert_cache")) {
+            if (strcmp(v, "split") && strcmp(v, "whole")) return s_err(x, sec, key, "'%s' must be split or whole", v);
+            return s_str(x, sec, key, v, c->executor.expert_cache, sizeof c->executor.expert_cache);
+        }
         int r = s_place(x, sec, key, v, &c->executor.place, &handled);
         if (handled) return r;
     } else if (!strncmp(sec, "prefetcher.", 11)) {

@@ -14,6 +14,9 @@
  *   [executor]   endpoint = ipc://{run_dir}/executor.sock   backend = cpu|cuda   threads = 0 (all cpus)
  *                gpu_mem = 0 (bytes; suffixes K M G GiB accepted)   cpus =   numa_node = -1
  *                prefetch_depth = -1 (cuda: MoE layers ahead to prefetch, 0 off; -1 the backend's default)
+ *                expert_cache = split|whole (cuda, when the experts do not all fit: every expert
+ *                resident but its down projection's last rows, which slots cache (split, default),
+ *                or slots caching whole experts)
  *                cpu_act = f32|q8 (cpu backend: INT4 matmul activations; default STRATA_CPU_ACT, else f32)
  *   [prefetcher.N]  (one per NUMA node N) endpoint = ipc://{run_dir}/prefetcher-N.sock
  *                numa_node = N   cpus =   threads = 0
@@ -68,6 +71,7 @@ typedef struct {
         char cpu_act[8];   /* "f32", "q8", or "" (STRATA_CPU_ACT, else f32) */
         int64_t gpu_mem;
         int prefetch_depth; /* -1: the backend's default */
+        char expert_cache[8]; /* "split", "whole", or "" (split) */
         config_placement_t place;
     } executor;
 

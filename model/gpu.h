@@ -1,13 +1,14 @@
 /* gpu.h - the model on a GPU within a memory budget: resident weights, a paged KV cache,
- * workspace, and an expert cache whose slots hold whole experts, filled on demand and by
- * prefetch over PCIe. Uses only kernels/cuda/cuda_ops.h (no CUDA headers).
+ * workspace, and an expert cache filled on demand and by prefetch over PCIe, whose slots hold
+ * the tails of split experts (every expert resident but the last rows of its down projection)
+ * or whole experts. Uses only kernels/cuda/cuda_ops.h (no CUDA headers).
  *
  * Budget (--gpu-mem): every device allocation is charged against it; creation fails with a
  * clear message when the resident part does not fit. What is left after resident weights, KV
- * and workspace becomes expert slots (at most one per expert). With fewer slots than experts,
- * each expert moves into a slot as one DMA: straight from the model's own memory, page-locked,
- * when every expert is one span of it with the same layout (a packed model, the weight arena),
- * else from a pinned copy of every expert.
+ * and workspace holds the experts (split_experts: heads of all, tails in slots; else whole
+ * experts in slots, at most one per expert). A copy into a slot is one DMA (two for a tail),
+ * straight from the model's own memory, page-locked, when every expert is one span of it with
+ * the same layout (a packed model, the weight arena), else from a pinned copy of every expert.
  */
 #ifndef STRATA_GPU_H
 #define STRATA_GPU_H
@@ -23,11 +24,14 @@ typedef struct {
     int32_t kv_blocks;       /* paged KV blocks on the GPU */
     int32_t block_size;      /* tokens per KV block */
     int32_t max_tokens;      /* most tokens one step carries */
-    int32_t prefetch_depth;  /* MoE layers ahead whose experts are predicted and prefetched (0 = off);
+    int32_t prefetch_depth;  /* MoE layers ahead whose experts are predicted and prefetched (0 = off,
+                              * < 0: 16 with whole experts, 2 with split ones);
                               * with a cache this takes ALIGN256(moe_layers * n_experts * hidden * 4)
                               * + ALIGN256(hidden * 4) bytes of the budget, or is turned off when
                               * that would leave less than one layer of slots */
     bool use_graphs;         /* capture decode steps as CUDA graphs when every expert is resident */
+    bool split_experts;      /* when whole experts do not all fit: keep every expert resident but
+                              * the last rows of its down projection, and cache those (default) */
 } gpu_opts_t;
 
 typedef struct {
@@ -43,6 +47,9 @@ typedef struct {
     int64_t host_locked_bytes; /* host memory the cache keeps page-locked for its copies */
     bool from_model;           /* copies read the model's own memory (page-locked: a packed model,
                                   the weight arena), not a pinned copy of every expert */
+    int32_t split_rows;        /* split experts: down rows of every expert resident (0: whole experts) */
+    int32_t tail_slots;        /* split experts: slots caching the other rows; slots is then the
+                                  whole experts' worth of expert bytes on the GPU */
 } gpu_stats_t;
 
 /* The expert cache of one layer (all zero for dense layers and with every expert resident). */
@@ -52,7 +59,8 @@ typedef struct {
 
 typedef struct gpu_model gpu_model_t;
 
-/* Defaults: device 0, no budget, 256 blocks of 16, 512 tokens a step, prefetch depth 16, graphs on. */
+/* Defaults: device 0, no budget, 256 blocks of 16, 512 tokens a step, prefetch depth by the cache's
+ * kind (16 whole, 2 split), graphs on, split experts. */
 void gpu_opts_default(gpu_opts_t *o);
 /* Put model m on the GPU under o. m must outlive the gpu model. Returns 0 or <0 with eb set. */
 int gpu_model_create(gpu_model_t **out, const model_t *m, const gpu_opts_t *o, strata_errbuf_t *eb);

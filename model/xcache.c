@@ -10,6 +10,7 @@ int xcache_init(xcache_t *c, int32_t n_layers, const bool *sparse, int32_t n_exp
     memset(c, 0, sizeof *c);
     c->n_layers = n_layers;
     c->n_experts = n_experts;
+    c->n_pin = 1;
     size_t le = (size_t)n_layers * (size_t)n_experts;
     c->moe_ord = malloc(sizeof *c->moe_ord * (size_t)n_layers);
     c->moe_layer = malloc(sizeof *c->moe_layer * (size_t)n_layers);
@@ -68,6 +69,7 @@ float xcache_next_use(const xcache_t *c, int l, int e, int cur)
 {
     const int nm = c->n_moe, o = c->moe_ord[l];
     const size_t i = (size_t)l * c->n_experts + e;
+    if (o < c->n_pin) return 0.0f; /* the first layers: kept over the rest (xcache.h) */
     int d = ((o - cur) % nm + nm) % nm;
     if (d == 0) d = nm;
     if (o >= c->win_lo && o < c->win_lo + c->win_n && !c->pneed[i]) d += nm;

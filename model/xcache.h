@@ -8,8 +8,12 @@
  * full cycle for the current layer), one cycle more when the prediction window covers its
  * layer and does not name it, and one cycle for each step that its popularity (uses per step,
  * decayed by XCACHE_POP_DECAY a step) expects it to be skipped. Under uniform routing this
- * evicts the layers just computed, where LRU or LFU would evict the ones needed next. Never
- * evictable: a slot the current layer routes to, or one whose copy has not landed.
+ * evicts the layers just computed, where LRU or LFU would evict the ones needed next. The
+ * experts of the first n_pin MoE layers (1 unless the owner says otherwise) come before every
+ * other: no gate earlier in a step predicts the first, and the next follow it too soon for a
+ * prefetch to land, so their misses would stall; a prefetch never evicts them, and a miss only
+ * when nothing else is left. Never evictable: a slot the current layer routes to, or one whose
+ * copy has not landed.
  */
 #ifndef STRATA_XCACHE_H
 #define STRATA_XCACHE_H
@@ -30,6 +34,7 @@ typedef struct {
 
 typedef struct {
     int32_t n_layers, n_experts, n_moe, n_slots;
+    int32_t n_pin;           /* the first n_pin MoE layers' experts are kept over the rest */
     int32_t *moe_ord;        /* [n_layers] index among the MoE layers, -1 for a dense layer */
     int32_t *moe_layer;      /* [n_moe] layer index by ordinal */
     xc_slot_t *slot;         /* [n_slots] */

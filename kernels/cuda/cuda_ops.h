@@ -117,9 +117,15 @@ bool cuda_q8_out_ok(const cuda_ctx_t *c, int n, int dim);
  * the integer path then reads each pair's token row from there instead of quantizing the
  * pairs' rows. CUDA_MOE_ROUTED: cuda_router_topk routed idx into scratch already.
  * nn (may be NULL): the next layer's RMSNorm of out, in the combine's launch: y = rmsnorm(out) *
- * w, and with q8_done (may be NULL) its int8 rows as cuda_rmsnorm_q8 writes them. */
+ * w, and with q8_done (may be NULL) its int8 rows as cuda_rmsnorm_q8 writes them.
+ * A split expert (split > 0, a multiple of 128) keeps down's rows split .. rows - 1 elsewhere:
+ * down_tail, whose data and scales pointers are offset back by split rows, so that row r of
+ * down_tail is row r of down (the expert cache keeps every expert's other rows resident and
+ * moves only these; model/forward_cuda.c). */
 typedef struct {
     qmat_t gate, up, down;
+    qmat_t down_tail;
+    int32_t split; /* 0: every row in down */
 } cuda_expert_t;
 /* An RMSNorm fused into another op's launch: y = rmsnorm(in) * w, and with q8_done (may be
  * NULL) y's int8 rows in the context's workspace as cuda_rmsnorm_q8 writes them. */

@@ -125,7 +125,8 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : 4) k_gemm(gm_
             d0 = (const uint8_t *)ex->gate.data, s0 = ex->gate.scales, group = ex->gate.group;
             d1 = (const uint8_t *)ex->up.data, s1 = ex->up.scales;
         } else {
-            d0 = (const uint8_t *)ex->down.data, s0 = ex->down.scales, group = ex->down.group;
+            const qmat_t &dq = moe_down_rows(*ex, bx * GM_BN); /* split % GM_BN == 0 */
+            d0 = (const uint8_t *)dq.data, s0 = dq.scales, group = dq.group;
         }
         mend = m0 + cnt;
     } else {

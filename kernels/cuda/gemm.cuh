@@ -30,6 +30,12 @@ __device__ __forceinline__ bool moe_tile(const int2 *tiles, const int32_t *n_til
     return experts[e].gate.data != NULL;
 }
 
+/* The qmat that holds row r of expert ex's down projection (see cuda_expert_t). */
+__device__ __forceinline__ const qmat_t &moe_down_rows(const cuda_expert_t &ex, int r)
+{
+    return ex.split > 0 && r >= ex.split ? ex.down_tail : ex.down;
+}
+
 /* Whether w can take the GEMM: INT4 (group a multiple of 32), INT8, FP8 or BF16, cols a
  * multiple of 64, data 16-byte aligned. */
 static inline bool gemm_ok(const qmat_t *w)

@@ -403,15 +403,15 @@ __global__ void k_moe_down_q8(float *os, const int8_t *q, const float *qd, const
     int e, p0, cnt;
     if (!moe_tile(tiles, n_tiles, offsets, experts, e, p0, cnt)) return;
     const int lane = threadIdx.x & 31, nb = inter / 32;
-    const qmat_t dw = experts[e].down;
-    const int bpg = FMT == WF_INT4 ? dw.group / 32 : 1;
+    const cuda_expert_t &ex = experts[e];
+    const int bpg = FMT == WF_INT4 ? ex.down.group / 32 : 1;
     for (int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); warp * RPW < hidden;
          warp += gridDim.x * (blockDim.x >> 5)) {
     const int r0 = warp * RPW + lane / LPR * 4;
     const uint8_t *rp[4];
     const void *sp[4];
 #pragma unroll
-    for (int i = 0; i < 4; i++) q8_row_ptrs<FMT>(dw, r0 + i, rp[i], sp[i]);
+    for (int i = 0; i < 4; i++) q8_row_ptrs<FMT>(moe_down_rows(ex, r0 + i), r0 + i, rp[i], sp[i]);
     for (int t0 = 0; t0 < cnt; t0 += NT) {
         const int m = cnt - t0 < NT ? cnt - t0 : NT;
         const size_t p = (size_t)(p0 + t0);
@@ -537,7 +537,8 @@ __global__ void k_moe_down(float *os, const float *hs, const cuda_expert_t *expe
     for (int t0 = 0; t0 < cnt; t0 += NT) {
         const int m = cnt - t0 < NT ? cnt - t0 : NT;
         float acc[NT];
-        q_row_dot<FMT, NT>(ex.down, r, hs + (size_t)(off + t0) * inter, m, inter, vec, acc, threadIdx.x & 31, 32);
+        q_row_dot<FMT, NT>(moe_down_rows(ex, r), r, hs + (size_t)(off + t0) * inter, m, inter, vec, acc,
+                           threadIdx.x & 31, 32);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             float s = warp_sum(acc[t]);

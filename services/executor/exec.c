@@ -182,6 +182,7 @@ int exec_create(exec_t **out, const model_t *m, const exec_opts_t *o, strata_err
         gpu_opts_default(&go);
         go.gpu_mem = o->gpu_mem;
         if (o->prefetch_depth >= 0) go.prefetch_depth = o->prefetch_depth;
+        go.split_experts = !o->whole_experts;
         go.kv_blocks = o->kv_blocks;
         go.block_size = o->block_size;
         go.max_tokens = o->max_tokens;

@@ -30,6 +30,7 @@ typedef struct {
     int threads;           /* cpu: worker threads, 0 = all online cpus */
     int64_t gpu_mem;       /* cuda: memory budget in bytes, 0 = no budget */
     int prefetch_depth;    /* cuda: MoE layers ahead to prefetch; -1 = the backend's default */
+    bool whole_experts;    /* cuda: a cache of whole experts, not split ones (gpu.h) */
     int32_t kv_blocks;     /* KV cache blocks */
     int32_t block_size;    /* tokens per block */
     int32_t max_tokens;    /* most tokens one step carries (the scheduler's max_batch_tokens) */

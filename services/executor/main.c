@@ -41,7 +41,9 @@ static void s_usage(FILE *f)
             "usage: strata-executor --config FILE\n\n"
             "Runs the scheduler's step plans (proto/PROTOCOL.md, \"Scheduler <-> executor\") on the group's\n"
             "model: [executor] backend = cpu (thread pool) or cuda (one GPU under gpu_mem, prefetching the\n"
-            "experts that the next prefetch_depth MoE layers' gates predict). The weights are\n"
+            "experts that the next prefetch_depth MoE layers' gates predict; expert_cache = split keeps\n"
+            "every expert resident but its down projection's last rows, whole caches whole experts).\n"
+            "The weights are\n"
             "mapped read-only from the prefetchers' shm arenas, so a restart reads no model file from disk;\n"
             "KV cache: [scheduler] kv_blocks x block_size. Binds a ROUTER at [executor] endpoint.\n\n"
             "  --config FILE   the group config (INI, common/config.h)\n"
@@ -235,6 +237,7 @@ int main(int argc, char **argv)
     if (cfg.executor.cpu_act[0]) cpu_ops_set_act((cpu_act_t)cpu_act_parse(cfg.executor.cpu_act));
     o.gpu_mem = cfg.executor.gpu_mem;
     o.prefetch_depth = cfg.executor.prefetch_depth;
+    o.whole_experts = !strcmp(cfg.executor.expert_cache, "whole");
     o.kv_blocks = cfg.scheduler.kv_blocks;
     o.block_size = cfg.scheduler.block_size;
     o.max_tokens = cfg.scheduler.max_batch_tokens;

@@ -160,21 +160,48 @@ static void s_experts(tmat_t *g, tmat_t *u, tmat_t *d, cuda_expert_t *ex, int E,
     }
 }
 
+/* Split an expert's down projection dm at row `split` (cuda_expert_t): rows split.. go to a new
+ * device buffer *tail (data, then scales at *tail + its data bytes), down_tail points there
+ * offset back by split rows, and those rows are poisoned where down keeps them. */
+static void s_split_down(cuda_expert_t *ex, const tmat_t *dm, int split, void **tail)
+{
+    const qmat_t *d = &ex->down;
+    const size_t rd = qmat_data_bytes(d->fmt, 1, d->cols), rs = qmat_scale_bytes(d->fmt, 1, d->cols, d->group);
+    const size_t nt = (size_t)(d->rows - split), db = nt * rd, sb = nt * rs;
+    T_CHECK(cuda_malloc(tail, db + sb + 16) == 0, "tail alloc");
+    uint8_t *t = *tail, *src = (uint8_t *)d->data + (size_t)split * rd;
+    T_CHECK(cuda_h2d(ctx, t, (const uint8_t *)dm->hdata + (size_t)split * rd, db) == 0, "tail copy");
+    cuda_memset(ctx, src, 0x77, db);
+    ex->down_tail = *d;
+    ex->down_tail.data = t - (size_t)split * rd;
+    if (sb) {
+        uint8_t *ssrc = (uint8_t *)d->scales + (size_t)split * rs;
+        T_CHECK(cuda_h2d(ctx, t + db, (const uint8_t *)dm->hscales + (size_t)split * rs, sb) == 0, "tail scale copy");
+        cuda_memset(ctx, ssrc, 0x77, sb);
+        ex->down_tail.scales = t + db - (size_t)split * rs;
+    }
+    ex->split = split;
+}
+
 static void test_moe(void)
 { /* Below 32 tokens INT4/INT8 take the integer (q8) path (hidden and inter are multiples of
    * 32); from 32 tokens every format but F32 takes the fp16 GEMM when both are multiples of
-   * 64 (inter 192), and the per-token kernels otherwise (inter 96). */
+   * 64 (inter 192), and the per-token kernels otherwise (inter 96). c & 4: every expert split
+   * (down rows 128.. elsewhere, poisoned in place), hidden 384. */
     static const int ns[] = {1, 2, 5, 16, 40, 100, 300}; /* 300: full GEMM tiles and partial ones */
     static const int inters[] = {96, 192};
-    const int E = 8, K = 2, H = 128;
+    const int E = 8, K = 2;
     for (int f = 0; f < WF_COUNT; f++)
         for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
-            for (int c = 0; c < 4; c++) {
-                int n = ns[ni], missing = c & 1, I = inters[c >> 1];
+            for (int c = 0; c < 8; c++) {
+                int n = ns[ni], missing = c & 1, I = inters[(c >> 1) & 1], split = c & 4 ? 128 : 0;
+                const int H = split ? 384 : 128;
                 bool gemm = n >= 32 && f != WF_F32 && I % 64 == 0;
                 tmat_t g[8], u[8], d[8];
                 cuda_expert_t ex[8];
+                void *tails[8] = {0};
                 s_experts(g, u, d, ex, E, (wfmt_t)f, H, I);
+                for (int e = 0; split && e < E; e++) s_split_down(&ex[e], &d[e], split, &tails[e]);
                 if (missing) ex[3].gate.data = NULL; /* expert 3 not resident: skipped */
                 float *x = malloc((size_t)n * H * 4), *base = malloc((size_t)n * H * 4), *ref = malloc((size_t)n * H * 4);
                 int32_t *idx = malloc((size_t)n * K * 4);
@@ -207,10 +234,11 @@ static void test_moe(void)
                 double e = t_relerr(out, ref, (size_t)n * H);
                 /* the integer path rounds two activations (x, then silu(g)*u) to int8 blocks */
                 double bound = gemm ? 5e-3 : f == WF_INT4 || f == WF_INT8 ? 2e-2 : 1e-5;
-                T_CHECK(e < bound, "moe %s n=%d inter=%d missing=%d rel err %.3g", wfmt_name((wfmt_t)f), n, I, missing, e);
+                T_CHECK(e < bound, "moe %s n=%d inter=%d missing=%d split=%d rel err %.3g", wfmt_name((wfmt_t)f), n, I,
+                        missing, split, e);
                 free(out), free(x), free(base), free(ref), free(idx), free(wt), free(logits), free(scratch);
                 cuda_free(dx), cuda_free(dout), cuda_free(didx), cuda_free(dw), cuda_free(dex), cuda_free(dscr);
-                for (int e2 = 0; e2 < E; e2++) s_mat_free(&g[e2]), s_mat_free(&u[e2]), s_mat_free(&d[e2]);
+                for (int e2 = 0; e2 < E; e2++) s_mat_free(&g[e2]), s_mat_free(&u[e2]), s_mat_free(&d[e2]), cuda_free(tails[e2]);
             }
 }
 

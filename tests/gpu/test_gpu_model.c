@@ -282,8 +282,10 @@ static int s_packed_mixtral(model_t *m, uint64_t seed)
 }
 
 /* The cache with room for one layer's experts equals every expert resident, without prefetch
- * and with it; packed: the model in the packed layout (copies straight from its memory), else
- * synth_model's separately allocated tensors (a pinned copy of every expert). */
+ * and with it (passes 1-3, whole experts); so does the split cache (passes 4-6: every expert
+ * resident but down rows 128.., whose tails fill about 26 of 32 slots) with one expert's worth fewer
+ * bytes than all of them. packed: the model in the packed layout (copies straight from its
+ * memory), else synth_model's separately allocated tensors (a pinned copy of every expert). */
 static void test_tight_cache(uint64_t *rng, bool packed)
 {
     model_t m;
@@ -301,7 +303,8 @@ static void test_tight_cache(uint64_t *rng, bool packed)
     gpu_opts_default(&o);
     o.kv_blocks = 8;
     o.max_tokens = 16;
-    for (int pass = 0; pass < 4; pass++) {
+    for (int pass = 0; pass < 7; pass++) {
+        const bool split = pass >= 4;
         gpu_model_t *g = NULL;
         strata_errbuf_t eb = {{0}};
         if (pass == 0) {
@@ -315,12 +318,15 @@ static void test_tight_cache(uint64_t *rng, bool packed)
             gpu_get_stats(probe, &st);
             int64_t per = st.slot_bytes_total / st.slots;
             gpu_model_free(probe);
-            o.prefetch_depth = pass == 1 ? 0 : pass == 2 ? 1 : 3;
+            o.prefetch_depth = (pass - 1) % 3 == 0 ? 0 : (pass - 1) % 3 == 1 ? 1 : 3;
+            o.split_experts = split;
             /* the prediction: every MoE layer's router in f32 and a norm vector (gpu.h) */
             int64_t pred = o.prefetch_depth ? (int64_t)(((size_t)c.n_layers * c.n_experts * c.hidden * 4 + 255) & ~(size_t)255) +
                                                   (int64_t)(((size_t)c.hidden * 4 + 255) & ~(size_t)255)
                                             : 0;
             o.gpu_mem = st.budget_used - st.slot_bytes_total + per * c.n_experts + pred;
+            if (split) /* the slot margin (64 MiB) and every expert but one */
+                o.gpu_mem = st.budget_used - st.slot_bytes_total + (64 << 20) + per * (st.slots - 1) + pred;
         }
         T_CHECK(gpu_model_create(&g, &m, &o, &eb) == 0, "create pass %d: %s", pass, eb.msg);
         if (!g) continue;
@@ -337,14 +343,20 @@ static void test_tight_cache(uint64_t *rng, bool packed)
             T_CHECK(st.from_model == packed, "tight cache (packed %d): copies from the model's memory %d", packed,
                     st.from_model);
             T_CHECK(st.host_locked_bytes > 0, "tight cache: no host memory locked for the copies");
-            T_CHECK(st.slots == c.n_experts, "slots %d, want %d", st.slots, c.n_experts);
+            if (split) {
+                T_CHECK(st.split_rows == 128 && st.tail_slots >= 2 * c.n_experts && st.tail_slots < st.n_experts_total,
+                        "split: rows %d, tail slots %d (want 128, 16..31)", st.split_rows, st.tail_slots);
+                T_CHECK(st.slots < st.n_experts_total, "split: %d of %d experts' worth", st.slots, st.n_experts_total);
+            } else {
+                T_CHECK(st.slots == c.n_experts && !st.split_rows, "slots %d, want %d", st.slots, c.n_experts);
+            }
             T_CHECK(st.misses + st.prefetches > 0, "no expert traffic with %d slots", st.slots);
             T_CHECK(o.prefetch_depth == 0 || st.prefetches > 0, "prefetch depth %d made no copy", o.prefetch_depth);
             T_CHECK(st.budget_used <= o.gpu_mem, "budget used %lld > %lld", (long long)st.budget_used,
                     (long long)o.gpu_mem);
             fprintf(stderr,
-                    "tight cache %s prefetch=%d: slots %d uses %llu hits %llu misses %llu prefetches %llu used %llu\n",
-                    packed ? "packed" : "scattered", o.prefetch_depth, st.slots, (unsigned long long)st.expert_uses, (unsigned long long)st.hits,
+                    "tight cache %s%s prefetch=%d: slots %d uses %llu hits %llu misses %llu prefetches %llu used %llu\n",
+                    packed ? "packed" : "scattered", split ? " split" : "", o.prefetch_depth, st.slots, (unsigned long long)st.expert_uses, (unsigned long long)st.hits,
                     (unsigned long long)st.misses, (unsigned long long)st.prefetches,
                     (unsigned long long)st.prefetch_used);
         }

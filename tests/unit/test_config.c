@@ -64,6 +64,7 @@ static void test_full(void)
         "threads = 4\n"
         "gpu_mem = 16GiB\n"
         "prefetch_depth = 6\n"
+        "expert_cache = whole\n"
         "cpu_act = q8\n"
         "cpus = 0-1\n"
         "[prefetcher.1]\n"
@@ -93,7 +94,7 @@ static void test_full(void)
             "scheduler");
     T_CHECK(!strcmp(c.executor.endpoint, "ipc:///tmp/rd/x//tmp/rd.sock"), "exec ep %s", c.executor.endpoint);
     T_CHECK(!strcmp(c.executor.backend, "cuda") && c.executor.threads == 4 && c.executor.gpu_mem == (16ll << 30) && c.executor.prefetch_depth == 6 &&
-                !strcmp(c.executor.cpu_act, "q8"), "executor");
+                !strcmp(c.executor.cpu_act, "q8") && !strcmp(c.executor.expert_cache, "whole"), "executor");
     T_CHECK(c.n_prefetchers == 2, "n_prefetchers %d", c.n_prefetchers);
     T_CHECK(c.prefetcher[0].node == 1 && c.prefetcher[0].place.numa_node == 1 && !strcmp(c.prefetcher[0].place.cpus, "8-15,24") &&
                 c.prefetcher[0].threads == 2 && !strcmp(c.prefetcher[0].endpoint, "ipc:///tmp/rd/prefetcher-1.sock"),
@@ -145,6 +146,7 @@ static void test_errors(void)
         {"[executor]\ncpus = 5000\n", {"bad.ini:2:", "cpus", "cpulist"}},
         {"[executor]\nbackend = tpu\n", {"bad.ini:2:", "backend", "cpu or cuda"}},
         {"[executor]\ncpu_act = int8\n", {"bad.ini:2:", "cpu_act", "f32 or q8"}},
+        {"[executor]\nexpert_cache = half\n", {"bad.ini:2:", "expert_cache", "split or whole"}},
         {"[executor]\ngpu_mem = 12Q\n", {"bad.ini:2:", "gpu_mem", "byte count"}},
         {"[executor]\nnuma_node = -2\n", {"bad.ini:2:", "numa_node", "out of range"}},
         {"[router]\nendpoint = http://x\n", {"bad.ini:2:", "endpoint", "tcp:// or ipc://"}},

@@ -5,7 +5,8 @@
  *   - the victim is the expert needed last: under equal popularity the current layer's unused
  *     experts (a whole cycle away) before the layer just behind, never the one the current
  *     layer routes to; a window layer's experts the prediction does not name go first, the
- *     predicted ones are kept (keep_pred) and `before` refuses victims needed sooner;
+ *     predicted ones are kept (keep_pred) and `before` refuses victims needed sooner; the
+ *     first MoE layer's experts (nothing predicts them) go last and never to a prefetch;
  *   - a loading slot is neither a victim nor landed until the callback says so, then READY;
  *   - popularity: an expert used every step outlives one never used in the same layer;
  *   - a simulation under uniform random routing with the next layers' routing known (perfect
@@ -44,12 +45,12 @@ static void test_layout(void)
     xcache_free(&c);
 }
 
-/* 3 MoE layers x 4 experts, 12 slots all full: layers 0, 1, 2 whole. */
+/* 4 MoE layers x 4 experts, 16 slots all full: layers 0 .. 3 whole. */
 static void s_fill(xcache_t *c)
 {
-    bool sparse[3] = {true, true, true};
-    xcache_init(c, 3, sparse, 4, 1, 12);
-    for (int l = 0; l < 3; l++)
+    bool sparse[4] = {true, true, true, true};
+    xcache_init(c, 4, sparse, 4, 1, 16);
+    for (int l = 0; l < 4; l++)
         for (int e = 0; e < 4; e++) {
             xcache_assign(c, l * 4 + e, l, e);
             c->slot[l * 4 + e].state = XC_READY;
@@ -60,26 +61,44 @@ static void test_victim_order(void)
 {
     xcache_t c;
     s_fill(&c);
-    /* layer 1 computes and routes to expert 0 */
+    /* layer 2 computes and routes to expert 0 */
     int32_t r = 0;
-    xcache_route(&c, 1, &r, 1);
-    int v = xcache_victim(&c, 1, 1, true, -1);
-    T_CHECK(v >= 0 && c.slot[v].layer == 1 && c.slot[v].expert != 0, "victim layer %d expert %d (want layer 1, not 0)",
+    xcache_route(&c, 2, &r, 1);
+    int v = xcache_victim(&c, 2, 2, true, -1);
+    T_CHECK(v >= 0 && c.slot[v].layer == 2 && c.slot[v].expert != 0, "victim layer %d expert %d (want layer 2, not 0)",
             v >= 0 ? c.slot[v].layer : -1, v >= 0 ? c.slot[v].expert : -1);
-    T_CHECK(xcache_next_use(&c, 0, 1, 1) > xcache_next_use(&c, 2, 1, 1), "the layer behind after the one ahead");
-    /* the window covers layer 2 and names expert 3: its other experts go first, 3 is kept */
+    T_CHECK(xcache_next_use(&c, 1, 1, 2) > xcache_next_use(&c, 3, 1, 2), "the layer behind after the one ahead");
+    /* the first MoE layer, which nothing predicts, comes before every other */
+    T_CHECK(xcache_next_use(&c, 0, 1, 2) < xcache_next_use(&c, 3, 1, 2), "the first layer after the next one");
+    /* the window covers layer 3 and names expert 3: its other experts go first, 3 is kept */
     int32_t p = 3;
-    xcache_predicted(&c, 2, 1, &p, 1, 1);
-    v = xcache_victim(&c, 1, 1, true, -1);
-    T_CHECK(v >= 0 && c.slot[v].layer == 2 && c.slot[v].expert != 3, "window victim layer %d expert %d",
+    xcache_predicted(&c, 3, 1, &p, 1, 1);
+    v = xcache_victim(&c, 2, 2, true, -1);
+    T_CHECK(v >= 0 && c.slot[v].layer == 3 && c.slot[v].expert != 3, "window victim layer %d expert %d",
             v >= 0 ? c.slot[v].layer : -1, v >= 0 ? c.slot[v].expert : -1);
-    for (int k = 0; k < 12; k++) {
-        v = xcache_victim(&c, 1, 1, true, -1);
-        T_CHECK(!(v >= 0 && c.slot[v].layer == 2 && c.slot[v].expert == 3), "a predicted expert evicted");
-        T_CHECK(!(v >= 0 && c.slot[v].layer == 1 && c.slot[v].expert == 0), "the routed expert evicted");
+    /* a prefetch for layer 3 (before: 1 layer ahead) never evicts the first layer's experts;
+     * slots marked loading stay so (nothing lands) */
+    c.landed = s_land;
+    memset(s_land_ok, 0, sizeof s_land_ok);
+    for (int k = 0; k < 16; k++) {
+        v = xcache_victim(&c, 2, 2, true, 1.0f);
+        T_CHECK(!(v >= 0 && c.slot[v].layer == 0), "a prefetch evicted the first layer's expert %d", c.slot[v].expert);
         if (v < 0) break;
+        c.slot[v].state = XC_LOADING;
+    }
+    for (int s = 0; s < 16; s++) c.slot[s].state = XC_READY;
+    int last = -1, n_v = 0;
+    for (int k = 0; k < 16; k++) {
+        v = xcache_victim(&c, 2, 2, true, -1);
+        T_CHECK(!(v >= 0 && c.slot[v].layer == 3 && c.slot[v].expert == 3), "a predicted expert evicted");
+        T_CHECK(!(v >= 0 && c.slot[v].layer == 2 && c.slot[v].expert == 0), "the routed expert evicted");
+        if (v < 0) break;
+        last = v, n_v++;
         c.slot[v].state = XC_LOADING; /* in flight: not a victim again */
     }
+    T_CHECK(n_v == 14 && last >= 0 && c.slot[last].layer == 0, "%d victims, the last of layer %d (want 14, layer 0)", n_v,
+            last >= 0 ? c.slot[last].layer : -1);
+    c.landed = NULL;
     /* before: nothing is needed later than 1000 steps */
     memset(s_land_ok, 0, sizeof s_land_ok);
     xcache_free(&c);
@@ -94,11 +113,11 @@ static void test_landed(void)
     s_fill(&c);
     c.landed = s_land;
     memset(s_land_ok, 0, sizeof s_land_ok);
-    for (int s = 0; s < 12; s++) c.slot[s].state = XC_LOADING;
-    T_CHECK(xcache_inflight(&c) == 12, "12 in flight");
+    for (int s = 0; s < 16; s++) c.slot[s].state = XC_LOADING;
+    T_CHECK(xcache_inflight(&c) == 16, "16 in flight");
     T_CHECK(xcache_victim(&c, -1, 0, false, -1) == -1, "no victim while everything loads");
     s_land_ok[5] = 1;
-    T_CHECK(xcache_inflight(&c) == 11 && c.slot[5].state == XC_READY, "slot 5 landed");
+    T_CHECK(xcache_inflight(&c) == 15 && c.slot[5].state == XC_READY, "slot 5 landed");
     T_CHECK(xcache_victim(&c, -1, 0, false, -1) == 5, "the landed slot is the only victim");
     xcache_free(&c);
 }
@@ -109,12 +128,12 @@ static void test_popularity(void)
     s_fill(&c);
     for (int step = 0; step < 300; step++) {
         int32_t r = 2;
-        xcache_route(&c, 0, &r, 1);
+        xcache_route(&c, 1, &r, 1);
     }
-    T_CHECK(xcache_next_use(&c, 0, 2, 2) < xcache_next_use(&c, 0, 1, 2), "hot %.1f, cold %.1f",
-            xcache_next_use(&c, 0, 2, 2), xcache_next_use(&c, 0, 1, 2));
+    T_CHECK(xcache_next_use(&c, 1, 2, 2) < xcache_next_use(&c, 1, 1, 2), "hot %.1f, cold %.1f",
+            xcache_next_use(&c, 1, 2, 2), xcache_next_use(&c, 1, 1, 2));
     int v = xcache_victim(&c, -1, 2, false, -1);
-    T_CHECK(v >= 0 && !(c.slot[v].layer == 0 && c.slot[v].expert == 2), "the hot expert evicted");
+    T_CHECK(v >= 0 && !(c.slot[v].layer == 1 && c.slot[v].expert == 2), "the hot expert evicted");
     xcache_free(&c);
 }
 
