@@ -432,7 +432,7 @@ static int s_ensure(gpu_model_t *g, int l, int n)
         else
             memset(&L->table_host[e], 0, sizeof L->table_host[e]);
     }
-    return cuda_h2d(g->cx, L->table_dev, L->table_host, (size_t)E * sizeof(cuda_expert_t));
+    return cuda_h2d_small(g->cx, L->table_dev, L->table_host, (size_t)E * sizeof(cuda_expert_t));
 }
 
 /* ---- creation ---- */

@@ -61,6 +61,10 @@ int cuda_stream_wait_event(cuda_ctx_t *c, int stream, cuda_event_t *ev);
 int cuda_event_done(cuda_event_t *ev);
 /* Async host-to-device copy on the given stream (src should be pinned for true async DMA). */
 int cuda_h2d_async(cuda_ctx_t *c, int stream, void *dst, const void *src, size_t bytes);
+/* A small host-to-device copy on the compute stream by a kernel that reads pinned host memory
+ * src (cuda_host_alloc: mapped) over PCIe, so it never queues behind the copy stream's DMAs on
+ * the copy engine. bytes a multiple of 4, both 4-byte aligned. */
+int cuda_h2d_small(cuda_ctx_t *c, void *dst, const void *src, size_t bytes);
 
 /* CUDA graphs of the compute stream: capture the ops enqueued between begin and end into *g
  * (replacing it), then replay with cuda_graph_launch. Kernel arguments are fixed at capture,

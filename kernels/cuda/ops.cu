@@ -784,6 +784,21 @@ __global__ void k_gather_rows(float *dst, const float *src, const int32_t *rows,
     for (int d = threadIdx.x; d < dim; d += blockDim.x) dst[(size_t)blockIdx.x * dim + d] = s[d];
 }
 
+__global__ void k_copy_words(uint32_t *dst, const uint32_t *src, size_t n)
+{
+    pdl_enter();
+    for (size_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+
+extern "C" int cuda_h2d_small(cuda_ctx_t *c, void *dst, const void *src, size_t bytes)
+{
+    if (bytes % 4 || (uintptr_t)dst % 4 || (uintptr_t)src % 4) return STRATA_EINVAL_INPUT;
+    if (!bytes) return 0;
+    launch_k(k_copy_words, 1, 256, 0, c->stream, (uint32_t *)dst, (const uint32_t *)src, bytes / 4);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
 extern "C" int cuda_gather_rows(cuda_ctx_t *c, float *dst, const float *src, const int32_t *rows, int n, int dim)
 {
     if (n <= 0) return 0;

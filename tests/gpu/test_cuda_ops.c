@@ -783,6 +783,23 @@ static void test_router_fused(void)
             }
 }
 
+/* cuda_h2d_small: a kernel reads pinned host memory; bad alignment is refused */
+static void test_h2d_small(void)
+{
+    uint32_t *h = NULL;
+    T_CHECK(cuda_host_alloc((void **)&h, 4096) == 0, "pinned alloc");
+    for (int i = 0; i < 1024; i++) h[i] = (uint32_t)t_rng_next(&rng);
+    float *d = s_poisoned(1024);
+    T_CHECK(cuda_h2d_small(ctx, d + 1, h + 3, 1000 * 4) == 0, "h2d_small");
+    float *out = s_down(d, 1024);
+    T_CHECK(!memcmp(out + 1, h + 3, 1000 * 4), "h2d_small: the copy differs");
+    T_CHECK(isnan(out[0]) && isnan(out[1001]), "h2d_small wrote outside its range");
+    T_CHECK(cuda_h2d_small(ctx, d, (uint8_t *)h + 2, 8) == STRATA_EINVAL_INPUT, "misaligned source accepted");
+    free(out);
+    cuda_free(d);
+    cuda_host_free(h);
+}
+
 static void test_embed_argmax_add(void)
 {
     for (int f = WF_F32; f <= WF_BF16; f++) {
@@ -859,6 +876,7 @@ int main(void)
     test_router_topk();
     test_router_fused();
     test_embed_argmax_add();
+    test_h2d_small();
     cuda_ctx_destroy(ctx);
     return t_done("test_cuda_ops");
 }
