@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_sample.h"
 #include "model/gpu.h"
 #include "model/xcache.h"
 
@@ -94,11 +95,13 @@ struct gpu_model {
     bool pre_attn, pre_attn_q8; /* s_ffn_post normed x into xn for the next layer's attention
                                    (and left its int8 rows in the workspace) */
     int32_t *tidx, *ptidx, *d_pos, *d_seq, *d_bt, *d_rows, *d_ids;
+    cuda_sample_param_t *d_samp; /* [max_tokens] a sampled step's parameters by logit row */
     void *moe_scr;
     /* host staging */
     float *h_x;                  /* [max_tokens][hidden] embedded rows */
     int32_t *h_bt;               /* [max_tokens][kv_blocks] flattened block tables */
     int32_t *h_idx, *h_pidx;     /* routing of this layer / prediction of the next */
+    cuda_sample_param_t *h_samp; /* [max_tokens] staging of d_samp */
 
     /* expert cache */
     bool all_resident;
@@ -116,14 +119,13 @@ struct gpu_model {
     size_t tail_data;            /* a tail's down rows; their scales follow at ALIGN256(tail_data) */
     uint8_t *heads_dev;          /* [n_moe][n_experts][head_bytes] */
     bool span_layout;            /* a slot holds the expert's span of the model's memory as is */
-    bool from_model;             /* copies read the model's memory, page-locked (no pinned copy) */
     void **locked;               /* [n_locked] page-locked ranges of the model's memory */
     int n_locked;
     uint8_t *slots_dev;          /* [n_slots][slot_bytes] */
     xcache_t xc;                 /* the policy: what each slot holds, routing, prediction, victims */
     cuda_event_t **ev;           /* [n_slots] copy-stream event of the last prefetch into each slot */
     uint8_t *host_experts;       /* pinned [n_layers*n_experts][expert_bytes], NULL if all resident
-                                    or from_model */
+                                    or st.from_model (copies read the model's memory) */
     int32_t depth;               /* prefetch window in MoE layers (0: no prediction) */
     int32_t max_inflight;        /* prefetch copies on the copy stream at once */
     float *pred_router;          /* [n_moe][n_experts][hidden] f32 routers x ffn_norm, or NULL */
@@ -133,7 +135,7 @@ struct gpu_model {
     cuda_graph_t **graphs;       /* [GPU_MAX_GRAPHS][n_seg] decode graphs by n_tokens and segment */
     int32_t n_seg;               /* segments of a step: 1, or n_moe + 1 with a cache */
     int32_t graph_nlog[GPU_MAX_GRAPHS];
-    bool graph_greedy[GPU_MAX_GRAPHS];
+    int8_t graph_mode[GPU_MAX_GRAPHS]; /* s_mode_t its last segment was captured for */
     gpu_stats_t st;
 };
 
@@ -208,23 +210,6 @@ static int s_upload_ffn(gpu_model_t *g, ffn_t *dst, const ffn_t *src, const char
 
 /* ---- expert slots ---- */
 
-static void s_expert_layout(gpu_model_t *g, const ffn_t *e)
-{
-    size_t o = 0;
-    o += ALIGN256(qmat_data_bytes(e->gate.fmt, e->gate.rows, e->gate.cols));
-    g->off_gs = o;
-    o += ALIGN256(qmat_scale_bytes(e->gate.fmt, e->gate.rows, e->gate.cols, e->gate.group));
-    g->off_u = o;
-    o += ALIGN256(qmat_data_bytes(e->up.fmt, e->up.rows, e->up.cols));
-    g->off_us = o;
-    o += ALIGN256(qmat_scale_bytes(e->up.fmt, e->up.rows, e->up.cols, e->up.group));
-    g->off_d = o;
-    o += ALIGN256(qmat_data_bytes(e->down.fmt, e->down.rows, e->down.cols));
-    g->off_ds = o;
-    o += ALIGN256(qmat_scale_bytes(e->down.fmt, e->down.rows, e->down.cols, e->down.group));
-    g->expert_bytes = g->copy_bytes = o;
-}
-
 /* The six pieces of expert e in host memory, in slot order: gate, its scales, up, its scales,
  * down, its scales (n[i] == 0: none). */
 static void s_pieces(const ffn_t *e, const uint8_t *p[6], size_t n[6])
@@ -236,6 +221,28 @@ static void s_pieces(const ffn_t *e, const uint8_t *p[6], size_t n[6])
         p[2 * i + 1] = q[i]->scales;
         n[2 * i + 1] = q[i]->scales ? qmat_scale_bytes(q[i]->fmt, q[i]->rows, q[i]->cols, q[i]->group) : 0;
     }
+}
+
+/* Pieces of n[i] bytes laid out one after another, each 256-byte aligned: their offsets;
+ * returns the total. */
+static size_t s_layout(const size_t n[6], size_t off[6])
+{
+    size_t o = 0;
+    for (int i = 0; i < 6; i++) {
+        off[i] = o;
+        o += ALIGN256(n[i]);
+    }
+    return o;
+}
+
+/* The slot layout of whole experts shaped as e. */
+static void s_expert_layout(gpu_model_t *g, const ffn_t *e)
+{
+    const uint8_t *p[6];
+    size_t n[6], off[6];
+    s_pieces(e, p, n);
+    g->expert_bytes = g->copy_bytes = s_layout(n, off);
+    g->off_g = off[0], g->off_gs = off[1], g->off_u = off[2], g->off_us = off[3], g->off_d = off[4], g->off_ds = off[5];
 }
 
 /* The span layout: when every routed expert's pieces lie in one span of host memory, at the
@@ -329,7 +336,7 @@ static cuda_expert_t s_expert_at(const gpu_model_t *g, int l, int e, int s)
 
 static const uint8_t *s_host_expert(const gpu_model_t *g, int l, int e)
 {
-    if (g->from_model) return s_span_start(g, &g->m->layers[l].experts[e]);
+    if (g->st.from_model) return s_span_start(g, &g->m->layers[l].experts[e]);
     return g->host_experts + ((size_t)l * g->m->cfg.n_experts + e) * g->expert_bytes;
 }
 
@@ -463,6 +470,7 @@ void gpu_model_free(gpu_model_t *g)
     cuda_host_free(g->h_bt);
     cuda_host_free(g->h_idx);
     cuda_host_free(g->h_pidx);
+    cuda_host_free(g->h_samp);
     cuda_ctx_destroy(g->cx);
     free(g);
 }
@@ -549,6 +557,7 @@ static int s_create_workspace(gpu_model_t *g, strata_errbuf_t *eb)
     WS(d_seq, T * 4);
     WS(d_rows, T * 4);
     WS(d_ids, T * 4);
+    WS(d_samp, T * sizeof(cuda_sample_param_t));
     WS(d_bt, T * (size_t)g->o.kv_blocks * 4);
     if (c->n_experts > 0) WS(moe_scr, cuda_moe_scratch_bytes((int)T, c->top_k, c->hidden, g->inter, c->n_experts));
 #undef WS
@@ -566,7 +575,8 @@ static int s_create_workspace(gpu_model_t *g, strata_errbuf_t *eb)
     g->st.workspace_bytes = g->used - before;
     if (rc) return rc;
     if (cuda_host_alloc((void **)&g->h_x, T * H * 4) || cuda_host_alloc((void **)&g->h_bt, T * (size_t)g->o.kv_blocks * 4) ||
-        cuda_host_alloc((void **)&g->h_idx, T * tk * 4) || cuda_host_alloc((void **)&g->h_pidx, T * D * tk * 4))
+        cuda_host_alloc((void **)&g->h_idx, T * tk * 4) || cuda_host_alloc((void **)&g->h_pidx, T * D * tk * 4) ||
+        cuda_host_alloc((void **)&g->h_samp, T * sizeof(cuda_sample_param_t)))
         return strata_seterr(eb, STRATA_ENOMEM, "gpu: pinned host staging failed");
     return 0;
 }
@@ -602,17 +612,15 @@ static int64_t s_split_plan(gpu_model_t *g, const ffn_t *e0)
     size_t n[6];
     s_pieces(e0, p, n);
     const size_t dr = qmat_data_bytes(d->fmt, 1, d->cols), sr = d->scales ? qmat_scale_bytes(d->fmt, 1, d->cols, d->group) : 0;
-    const size_t pre = ALIGN256(n[0]) + ALIGN256(n[1]) + ALIGN256(n[2]) + ALIGN256(n[3]);
     const int64_t left = g->budget - g->used - GPU_SLOT_MARGIN;
     for (int split = (d->rows - 1) / 128 * 128; split >= 128; split -= 128) {
         const size_t rest = (size_t)(d->rows - split);
-        const int64_t head = (int64_t)(pre + ALIGN256(split * dr) + ALIGN256(split * sr));
+        n[4] = split * dr, n[5] = split * sr;
+        const int64_t head = (int64_t)s_layout(n, g->hoff);
         const int64_t tail = (int64_t)(ALIGN256(rest * dr) + ALIGN256(rest * sr));
         if (g->n_total * head + want * tail > left) continue;
         g->split = split;
         g->d_row = dr, g->ds_row = sr;
-        g->hoff[0] = 0;
-        for (int i = 1; i < 6; i++) g->hoff[i] = g->hoff[i - 1] + ALIGN256(i == 5 ? split * dr : n[i - 1]);
         g->head_bytes = (size_t)head;
         g->tail_data = rest * dr;
         g->copy_bytes = rest * (dr + sr);
@@ -809,14 +817,14 @@ static int s_create_experts(gpu_model_t *g, strata_errbuf_t *eb)
     uint8_t *stage = NULL;
     if (!g->all_resident && g->span_layout) {
         double t0 = strata_now();
-        g->from_model = g->st.from_model = s_lock_spans(g) == 0;
-        if (g->from_model)
+        g->st.from_model = s_lock_spans(g) == 0;
+        if (g->st.from_model)
             log_info("gpu: copies read the model's memory, %.2f GB page-locked in %d ranges (%.1f s)",
                      g->st.host_locked_bytes / 1e9, g->n_locked, strata_now() - t0);
         else
             log_warn("gpu: page-locking the model's expert memory failed; staging a pinned copy instead");
     }
-    if (!g->all_resident && !g->from_model) {
+    if (!g->all_resident && !g->st.from_model) {
         size_t total = (size_t)c->n_layers * c->n_experts * g->expert_bytes;
         if ((rc = cuda_host_alloc((void **)&g->host_experts, total)))
             return strata_seterr(eb, rc, "gpu: pinned host copy of the experts (%zu bytes) failed", total);
@@ -832,7 +840,7 @@ static int s_create_experts(gpu_model_t *g, strata_errbuf_t *eb)
         if (!c->layer_sparse[l]) continue;
         for (int e = 0; e < c->n_experts; e++) {
             const uint8_t *h = g->all_resident ? stage : s_host_expert(g, l, e);
-            if (!g->from_model) s_expert_pack(g, (uint8_t *)h, &m->layers[l].experts[e]);
+            if (!g->st.from_model) s_expert_pack(g, (uint8_t *)h, &m->layers[l].experts[e]);
             if (g->split && (rc = s_head_upload(g, l, e, h))) break;
             if (s < g->n_slots) {
                 xcache_assign(&g->xc, s, l, e);
@@ -908,15 +916,7 @@ int gpu_model_create(gpu_model_t **out, const model_t *m, const gpu_opts_t *o, s
      * layer's routing (Mixtral 24 GiB, depth 2: 2 in flight 162.2 tok/s, 4 164.7, 6 163.0) */
     g->max_inflight = g->split ? 2 * c->top_k : GPU_MAX_INFLIGHT;
     if (g->split && o->prefetch_depth < 0 && g->depth > GPU_DEPTH_SPLIT) g->depth = GPU_DEPTH_SPLIT;
-    if (g->split) {
-        /* keep the tails of as many first MoE layers as leave room for one layer's routing
-         * and the prefetch window (xcache.h: nothing prefetches them in time). Mixtral 24 GiB,
-         * 29 tail slots, batch 1: 1 layer 166.6 tok/s, 2 (this rule) 172.3, 3 173.6 */
-        const int E = c->n_experts, win = c->top_k * (g->depth + 2), keep = E > win ? E : win;
-        int pin = 1;
-        while (pin + 1 < g->xc.n_moe && g->n_slots - (pin + 1) * E >= keep) pin++;
-        g->xc.n_pin = pin;
-    }
+
     g->st.budget_used = g->used;
     if (g->split)
         log_info("gpu: resident %.1f MB, KV %.1f MB, workspace %.1f MB, every expert's head (all but down rows %d..) "
@@ -1052,11 +1052,15 @@ static int s_ffn_post(gpu_model_t *g, int l, int n)
     return 0;
 }
 
+/* What a step leaves: the logits, the argmax of each logit row, or a token sampled from it. */
+typedef enum { S_LOGITS = 0, S_GREEDY = 1, S_SAMPLE = 2 } s_mode_t;
+
 /* Segment k of a step. Without a cache there is one segment: every layer, the final norm, the
- * LM head and the argmax. With a cache, segment k (0 <= k <= n_moe) runs from the experts of
- * MoE layer k-1 (k > 0) to the gate of MoE layer k (k < n_moe) or the end; between segments
- * the host waits for the routing and makes the experts resident (s_cache_step). */
-static int s_segment(gpu_model_t *g, int k, int n, int n_logits, bool greedy)
+ * LM head and the argmax or the sampling. With a cache, segment k (0 <= k <= n_moe) runs from
+ * the experts of MoE layer k-1 (k > 0) to the gate of MoE layer k (k < n_moe) or the end;
+ * between segments the host waits for the routing and makes the experts resident
+ * (s_cache_step). */
+static int s_segment(gpu_model_t *g, int k, int n, int n_logits, s_mode_t mode)
 {
     const model_config_t *c = &g->m->cfg;
     int rc, l = 0, end = c->n_layers;
@@ -1080,7 +1084,8 @@ static int s_segment(gpu_model_t *g, int k, int n, int n_logits, bool greedy)
     if ((rc = cuda_gather_rows(g->cx, g->xn, g->x, g->d_rows, n_logits, c->hidden))) return rc;
     if ((rc = cuda_rmsnorm(g->cx, g->xn, g->xn, g->final_norm, n_logits, c->hidden, c->rms_eps))) return rc;
     if ((rc = cuda_matmul(g->cx, g->logits, g->xn, n_logits, &g->lm_head, NULL))) return rc;
-    if (greedy && (rc = cuda_argmax(g->cx, g->logits, n_logits, c->vocab, g->d_ids))) return rc;
+    if (mode == S_GREEDY && (rc = cuda_argmax(g->cx, g->logits, n_logits, c->vocab, g->d_ids))) return rc;
+    if (mode == S_SAMPLE && (rc = cuda_sample(g->cx, g->logits, n_logits, c->vocab, g->d_samp, g->d_ids))) return rc;
     return 0;
 }
 
@@ -1102,12 +1107,30 @@ static int s_cache_step(gpu_model_t *g, int k, int n)
     return D > 0 ? s_issue(g, l) : 0;
 }
 
-static int s_step(gpu_model_t *g, const batch_t *b, float *logits, int32_t *ids)
+/* One step: logits (host, S_LOGITS) or ids (host, the other modes; samp: each logit row's
+ * parameters with S_SAMPLE). */
+/* Split experts: the first MoE layers whose tails the cache keeps (xcache_t.n_pin; nothing
+ * prefetches them in time) for a step of n tokens: as many as leave room for the current
+ * layer's experts and the prefetch window's, the expected distinct experts a layer routes n
+ * tokens to, and at least one. Mixtral 24 GiB, 29 tail slots, batch 1: 1 layer 166.6 tok/s, 2
+ * (this rule) 172.3, 3 173.6; at batch 16 a rule for batch 1 (5 of 53 slots' layers kept in
+ * the group) left too few for the window: hit rate 0.22, 214.6 tok/s against 352.7. */
+static int s_pin_layers(const gpu_model_t *g, int n)
+{
+    const double E = g->m->cfg.n_experts, k = g->m->cfg.top_k;
+    const double distinct = E * (1.0 - pow(1.0 - k / E, n));
+    const int keep = (int)ceil(distinct * (g->depth + 1));
+    int pin = (int)((g->n_slots - keep) / E);
+    if (pin > g->xc.n_moe - 1) pin = g->xc.n_moe - 1;
+    return pin > 1 ? pin : 1;
+}
+
+static int s_step(gpu_model_t *g, const batch_t *b, s_mode_t mode, float *logits, int32_t *ids,
+                  const gpu_sample_t *samp)
 {
     const model_t *m = g->m;
     const model_config_t *c = &m->cfg;
     int n = b->n_tokens, rc;
-    bool greedy = ids != NULL;
     if (n == 0) return 0;
     if (n < 0 || n > g->o.max_tokens || b->n_logits < 0 || b->n_logits > n) {
         log_error("gpu: batch of %d tokens (%d logits) exceeds max_tokens %d", n, b->n_logits, g->o.max_tokens);
@@ -1148,6 +1171,11 @@ static int s_step(gpu_model_t *g, const batch_t *b, float *logits, int32_t *ids)
             return STRATA_EINVAL_INPUT;
         }
     cuda_ctx_t *cx = g->cx;
+    if (mode == S_SAMPLE) {
+        for (int i = 0; i < b->n_logits; i++)
+            g->h_samp[i] = (cuda_sample_param_t){samp[i].temperature, samp[i].top_k, samp[i].top_p, 0.f, samp[i].u};
+        if ((rc = cuda_h2d_small(cx, g->d_samp, g->h_samp, (size_t)b->n_logits * sizeof *g->h_samp))) return rc;
+    }
     if ((rc = cuda_h2d_async(cx, CUDA_STREAM_COMPUTE, g->x, g->h_x, (size_t)n * c->hidden * 4))) return rc;
     if ((rc = cuda_h2d(cx, g->d_pos, b->pos, (size_t)n * 4))) return rc;
     if ((rc = cuda_h2d(cx, g->d_seq, b->seq, (size_t)n * 4))) return rc;
@@ -1155,6 +1183,7 @@ static int s_step(gpu_model_t *g, const batch_t *b, float *logits, int32_t *ids)
     if ((rc = cuda_h2d_async(cx, CUDA_STREAM_COMPUTE, g->d_bt, g->h_bt, (size_t)n_seqs * g->o.kv_blocks * 4))) return rc;
 
     g->st.steps++;
+    if (g->split) g->xc.n_pin = s_pin_layers(g, n);
     g->pre_attn = g->pre_attn_q8 = false; /* a step that failed half-way may have left them set */
 
     /* Decode-shaped steps replay a CUDA graph per size and segment (one segment when every
@@ -1165,26 +1194,35 @@ static int s_step(gpu_model_t *g, const batch_t *b, float *logits, int32_t *ids)
         if (graph) {
             cuda_graph_t **gr = &g->graphs[(size_t)n * n_seg + k];
             bool last = k == n_seg - 1;
-            if (!*gr || (last && (g->graph_greedy[n] != greedy || g->graph_nlog[n] != b->n_logits))) {
+            if (!*gr || (last && (g->graph_mode[n] != (int8_t)mode || g->graph_nlog[n] != b->n_logits))) {
                 if ((rc = cuda_graph_begin(cx))) return rc;
-                rc = s_segment(g, k, n, b->n_logits, greedy);
+                rc = s_segment(g, k, n, b->n_logits, mode);
                 int rc2 = cuda_graph_end(cx, gr);
                 if (rc || rc2) return rc ? rc : rc2;
-                if (last) g->graph_greedy[n] = greedy, g->graph_nlog[n] = b->n_logits;
+                if (last) g->graph_mode[n] = (int8_t)mode, g->graph_nlog[n] = b->n_logits;
             }
             if ((rc = cuda_graph_launch(cx, *gr))) return rc;
-        } else if ((rc = s_segment(g, k, n, b->n_logits, greedy))) {
+        } else if ((rc = s_segment(g, k, n, b->n_logits, mode))) {
             return rc;
         }
         if (k < n_seg - 1 && (rc = s_cache_step(g, k, n))) return rc;
     }
-    if (greedy) return cuda_d2h(cx, ids, g->d_ids, (size_t)b->n_logits * 4);
+    if (mode != S_LOGITS) return cuda_d2h(cx, ids, g->d_ids, (size_t)b->n_logits * 4);
     return cuda_d2h(cx, logits, g->logits, (size_t)b->n_logits * c->vocab * 4);
 }
 
-int gpu_forward(gpu_model_t *g, const batch_t *b, float *logits) { return s_step(g, b, logits, NULL); }
+int gpu_forward(gpu_model_t *g, const batch_t *b, float *logits) { return s_step(g, b, S_LOGITS, logits, NULL, NULL); }
 
-int gpu_forward_greedy(gpu_model_t *g, const batch_t *b, int32_t *ids) { return s_step(g, b, NULL, ids); }
+int gpu_forward_greedy(gpu_model_t *g, const batch_t *b, int32_t *ids)
+{
+    return s_step(g, b, S_GREEDY, NULL, ids, NULL);
+}
+
+int gpu_forward_sample(gpu_model_t *g, const batch_t *b, const gpu_sample_t *samp, int32_t *ids)
+{
+    if (g->m->cfg.vocab > CUDA_SAMPLE_MAX_VOCAB) return STRATA_EUNSUPPORTED;
+    return s_step(g, b, S_SAMPLE, NULL, ids, samp);
+}
 
 void gpu_get_stats(const gpu_model_t *g, gpu_stats_t *st) { *st = g->st; }
 

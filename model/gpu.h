@@ -70,6 +70,19 @@ void gpu_model_free(gpu_model_t *g);
 int gpu_forward(gpu_model_t *g, const batch_t *b, float *logits);
 /* Greedy variant: argmax on the GPU, only the ids come back. ids: host [n_logits]. */
 int gpu_forward_greedy(gpu_model_t *g, const batch_t *b, int32_t *ids);
+/* One logit row's sampling, as cpu_sample takes it (kernels/cpu/ops.h): temperature <= 0 or
+ * top_k == 1 greedy, top_k <= 0 no top-k, top_p >= 1 no nucleus, u the row's uniform draw. */
+typedef struct {
+    float temperature;
+    int32_t top_k;
+    float top_p;
+    double u;
+} gpu_sample_t;
+/* Sampling variant: each logit row's token drawn on the GPU as cpu_sample draws it
+ * (kernels/cuda/cuda_sample.h: the same token but where a mass lies within rounding of a
+ * boundary); only the ids come back. samp, ids: host [n_logits]. STRATA_EUNSUPPORTED for a
+ * vocabulary above 2^21. */
+int gpu_forward_sample(gpu_model_t *g, const batch_t *b, const gpu_sample_t *samp, int32_t *ids);
 void gpu_get_stats(const gpu_model_t *g, gpu_stats_t *st);
 /* Copies up to max layers' cache statistics into out (may be NULL); returns the layer count. */
 int gpu_get_layer_stats(const gpu_model_t *g, gpu_layer_stats_t *out, int max);

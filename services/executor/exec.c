@@ -42,13 +42,14 @@ struct exec {
     /* cuda */
 #ifdef STRATA_HAVE_CUDA
     gpu_model_t *gpu;
+    gpu_sample_t *samp;                 /* [MSG_MAX_STEP_SEQS] each logit row's sampling */
 #endif
     /* one step, built from the plan */
     int32_t *tok, *pos, *seq;           /* [o.max_tokens] */
     const int32_t **tables;             /* [MSG_MAX_STEP_SEQS] block table per sequence */
     int32_t *rows;                      /* [MSG_MAX_STEP_SEQS] logit row -> token index */
     int32_t *row_of;                    /* [MSG_MAX_STEP_SEQS] sequence -> its logit row or -1 */
-    int32_t *ids;                       /* [MSG_MAX_STEP_SEQS] greedy ids from the GPU */
+    int32_t *ids;                       /* [MSG_MAX_STEP_SEQS] ids the GPU picked (greedy or sampled) */
     int32_t *seq_of;                    /* [MSG_MAX_STEP_SEQS] logit row -> its sequence */
     double *u;                          /* [MSG_MAX_STEP_SEQS] the uniform draw of each logit row */
     float *logits;                      /* [logits_rows][vocab] */
@@ -140,6 +141,13 @@ int exec_create(exec_t **out, const model_t *m, const exec_opts_t *o, strata_err
     e->seq_of = malloc(MSG_MAX_STEP_SEQS * sizeof *e->seq_of);
     e->u = malloc(MSG_MAX_STEP_SEQS * sizeof *e->u);
     e->rng = calloc(RNG_CACHE, sizeof *e->rng);
+#ifdef STRATA_HAVE_CUDA
+    e->samp = malloc(MSG_MAX_STEP_SEQS * sizeof *e->samp);
+    if (!e->samp) {
+        rc = STRATA_ENOMEM;
+        goto fail;
+    }
+#endif
     if (!e->tok || !e->pos || !e->seq || !e->tables || !e->rows || !e->row_of || !e->ids || !e->seq_of || !e->u ||
         !e->rng) {
         rc = STRATA_ENOMEM;
@@ -220,6 +228,9 @@ void exec_free(exec_t *e)
     free(e->ids);
     free(e->seq_of);
     free(e->u);
+#ifdef STRATA_HAVE_CUDA
+    free(e->samp);
+#endif
     free(e->logits);
     free(e->rng);
     free(e);
@@ -354,8 +365,19 @@ int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_
         if (n_logits && all_greedy) {
             rc = gpu_forward_greedy(e->gpu, &b, e->ids);
             have_ids = true;
+        } else if (n_logits) {
+            /* sampled on the GPU: only the ids come back (cpu_sample's decisions, drawn with
+             * the same uniforms in plan order) */
+            for (int32_t r = 0; r < n_logits; r++) {
+                const msg_step_seq_t *q = &st->seqs[e->seq_of[r]];
+                e->samp[r] = (gpu_sample_t){q->samp.temperature, q->samp.top_k, q->samp.top_p,
+                                            s_draw(e, q->req, q->samp.seed, q->n_sampled)};
+            }
+            rc = gpu_forward_sample(e->gpu, &b, e->samp, e->ids);
+            have_ids = rc == 0;
+            if (rc == STRATA_EUNSUPPORTED) rc = gpu_forward(e->gpu, &b, e->logits);
         } else {
-            rc = gpu_forward(e->gpu, &b, n_logits ? e->logits : NULL);
+            rc = gpu_forward(e->gpu, &b, NULL);
         }
 #else
         rc = STRATA_EUNSUPPORTED;

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/ops.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "model/generate.h"
 #include "model/gpu.h"
@@ -259,6 +260,69 @@ static void test_synth_formats(uint64_t *rng)
         }
 }
 
+/* gpu_forward_sample draws what cpu_sample draws from the same logits: an 8-token step run
+ * for its logits, then again (the same tokens and positions) sampled on the GPU with other
+ * parameters in every row; the CPU samples the logits with the same uniforms. Only a draw
+ * within rounding of a mass boundary may differ (cuda_sample.h). */
+static void test_sample(uint64_t *rng)
+{
+    model_config_t c;
+    synth_config(&c, ARCH_MIXTRAL, 300, 256, 2, 4, 2, 64, 8, 2, 128);
+    model_t m;
+    T_CHECK(synth_model(&m, &c, WF_INT4, 32, t_rng_next(rng)) == 0, "synth");
+    gpu_opts_t o;
+    gpu_opts_default(&o);
+    o.kv_blocks = 16;
+    o.max_tokens = 16;
+    gpu_model_t *g = NULL;
+    strata_errbuf_t eb = {{0}};
+    T_CHECK(gpu_model_create(&g, &m, &o, &eb) == 0, "create: %s", eb.msg);
+    if (!g) {
+        model_free(&m);
+        return;
+    }
+    const int n = 8, V = 300;
+    int32_t toks[8], pos[8], seq[8] = {0}, rows[8], ids[8], bt[16];
+    for (int i = 0; i < n; i++) toks[i] = (int32_t)(t_rng_next(rng) % V), pos[i] = i, rows[i] = i;
+    for (int i = 0; i < 16; i++) bt[i] = i;
+    const int32_t *bts[1] = {bt};
+    batch_t b = {n, toks, pos, seq, bts, n, rows};
+    float *logits = malloc(sizeof(float) * n * V), *row = malloc(sizeof(float) * V);
+    T_CHECK(gpu_forward(g, &b, logits) == 0, "logits step");
+    static const float temps[] = {0.f, 0.5f, 1.f, 1.8f};
+    static const int topks[] = {0, 1, 5, 40};
+    static const float topps[] = {1.f, 0.9f, 0.3f};
+    int draws = 0, differ = 0;
+    for (int rep = 0; rep < 12; rep++) {
+        gpu_sample_t sp[8];
+        for (int r = 0; r < n; r++) {
+            uint64_t k = t_rng_next(rng);
+            sp[r] = (gpu_sample_t){temps[k % 4], topks[(k >> 8) % 4], topps[(k >> 16) % 3],
+                                   (double)(t_rng_next(rng) >> 11) / 9007199254740992.0};
+            ids[r] = -7;
+        }
+        T_CHECK(gpu_forward_sample(g, &b, sp, ids) == 0, "sample step");
+        for (int r = 0; r < n; r++) {
+            memcpy(row, logits + (size_t)r * V, sizeof(float) * V);
+            int32_t want = cpu_sample(row, V, sp[r].temperature, sp[r].top_k, sp[r].top_p, sp[r].u);
+            T_CHECK(ids[r] >= 0 && ids[r] < V, "row %d: id %d", r, ids[r]);
+            draws++;
+            differ += ids[r] != want;
+        }
+    }
+    /* a greedy row of the sampling path is the argmax */
+    int32_t gid[8];
+    T_CHECK(gpu_forward_greedy(g, &b, gid) == 0, "greedy step");
+    gpu_sample_t g0[8];
+    for (int r = 0; r < n; r++) g0[r] = (gpu_sample_t){0.f, 0, 1.f, 0.5};
+    T_CHECK(gpu_forward_sample(g, &b, g0, ids) == 0 && !memcmp(ids, gid, sizeof gid), "greedy rows differ from the argmax");
+    T_CHECK(differ * 100 <= draws, "GPU sampling differs from cpu_sample on %d of %d draws", differ, draws);
+    fprintf(stderr, "sampling on the GPU: %d of %d draws as cpu_sample's\n", draws - differ, draws);
+    free(logits), free(row);
+    gpu_model_free(g);
+    model_free(&m);
+}
+
 /* Budget that holds exactly one layer's experts: same logits as all-resident, with prefetch off,
  * one layer ahead and three (every later layer; the prediction's routers get their bytes). */
 /* A tiny Mixtral in the packed layout (each expert one aligned block, as a packed folder or the
@@ -383,6 +447,7 @@ int main(int argc, char **argv)
     }
     test_fixtures(argc > 1 ? argv[1] : "tests/fixtures");
     test_synth_formats(&rng);
+    test_sample(&rng);
     test_tight_cache(&rng, false);
     test_tight_cache(&rng, true);
     return t_done("test_gpu_model");
