@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : 4) k_gemm(gm_
     } else {
         m0 = blockIdx.y * GEMM_BM;
         mend = min(m0 + GEMM_BM, a.M);
-        if (!SWIGLU && a.count > 1) { /* static indexing only, so the arguments stay in parameter space */
+        if (!SWIGLU) { /* static indexing only, so the arguments stay in parameter space */
             const int i = (bx >= a.nblk[1]) + (a.count > 2 && bx >= a.nblk[2]);
             const qmat_t w = i == 0 ? a.w[0] : i == 1 ? a.w[1] : a.w[2];
             d0 = (const uint8_t *)w.data, s0 = w.scales, group = w.group;
@@ -353,8 +353,6 @@ int gemm_plain(cudaStream_t st, int count, float *const *ys, const __half *x, in
         a.w[i] = *ws[i], a.y[i] = ys[i], a.bias[i] = biases ? biases[i] : NULL;
         a.nblk[i + 1] = a.nblk[i] + cdiv(ws[i]->rows, GM_BN);
     }
-    a.N = ws[0]->rows;
-    a.w[1] = a.count > 1 ? a.w[1] : a.w[0];
     int rc = s_dispatch<false>(st, ws[0]->fmt, dim3(a.nblk[a.count], cdiv(M, GEMM_BM)), a);
     if (rc || a.count == count) return rc;
     return gemm_plain(st, count - a.count, ys + a.count, x, M, ws + a.count, biases ? biases + a.count : NULL, accum);

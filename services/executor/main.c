@@ -33,6 +33,10 @@
 #include "services/executor/exec_model.h"
 
 #define HELLO_EVERY_S 0.2
+/* backend = cuda: after a step, poll without sleeping this long for the next plan. A blocking
+ * poll's wakeup is on the path of every step, and the GPU idles meanwhile (the CPU backend's
+ * threads need the cores, so it sleeps) */
+#define SPIN_AFTER_STEP_S 0.005
 #define SCHED_ID "scheduler"
 
 static void s_usage(FILE *f)
@@ -62,6 +66,8 @@ typedef struct {
     bool heard;            /* the scheduler has sent something */
     double ctrl_cpu_us;    /* CPU of this thread handling messages, minus forward and sampling */
     double t_hello;
+    double t_step;         /* when the last step's result went out */
+    bool spin;             /* backend = cuda: SPIN_AFTER_STEP_S */
 } svc_t;
 
 static void s_hello(svc_t *S, msg_hello_t *h)
@@ -118,6 +124,7 @@ static void s_on_step(svc_t *S, const void *route, size_t len, const msg_t *in)
     m.u.result.sample_us = smp;
     rc = zmsg_send(S->sock, route, len, &m, &S->buf, 0);
     if (rc < 0) log_warn("send result of step %llu: %s", (unsigned long long)in->id, strata_strerror(rc));
+    S->t_step = strata_now();
     free(reqs);
 }
 
@@ -271,8 +278,10 @@ int main(int argc, char **argv)
              exec_max_context(S.ex));
     notify_ready();
     zmq_pollitem_t item = {S.sock, 0, ZMQ_POLLIN, 0};
+    S.spin = !strcmp(o.backend, "cuda");
     while (!*stop) {
-        int n = zmq_poll(&item, 1, S.heard ? 100 : 20);
+        bool spin = S.spin && strata_now() - S.t_step < SPIN_AFTER_STEP_S;
+        int n = zmq_poll(&item, 1, spin ? 0 : S.heard ? 100 : 20);
         if (n < 0 && zmq_errno() != EINTR) {
             log_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
             goto done;

@@ -662,8 +662,11 @@ int main(int argc, char **argv)
              cfg.executor.endpoint);
     s_probe(&S, strata_now());
     zmq_pollitem_t items[2] = {{S.esock, 0, ZMQ_POLLIN, 0}, {S.rsock, 0, ZMQ_POLLIN, 0}};
+    /* backend = cuda: poll without sleeping while a plan is out, so the result's wakeup is not
+     * on the path of every step (the CPU backend's threads need the cores, so it sleeps) */
+    const bool spin = !strcmp(cfg.executor.backend, "cuda");
     while (!*stop) {
-        bool busy = S.sc && S.exec_instance && sched_has_work(S.sc);
+        bool busy = S.sc && S.exec_instance && (sched_has_work(S.sc) || (spin && sched_inflight(S.sc)));
         int n = zmq_poll(items, 2, busy ? 0 : 20);
         if (n < 0 && zmq_errno() != EINTR) {
             log_error("zmq_poll: %s", zmq_strerror(zmq_errno()));

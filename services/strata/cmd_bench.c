@@ -27,6 +27,9 @@
  *   cpu_expert_share        scheduler.executor.cpu_expert_uses / all expert uses when the group
  *                           reports it, 1 for the CPU backend, else null;
  *   slots                   scheduler.executor.slots: the executor's expert slots (cuda), else null;
+ *   step_forward_us, step_rtt_us
+ *                           per step in the window (the scheduler's step_*_us_total / steps_timed):
+ *                           the executor's forward pass, and the scheduler's round trip to it;
  *   bound_tok_s, ratio      the roofline bound for the model, format, budget and batch on this
  *                           machine (ceilings measured at start; the executor's slots when it
  *                           reports them, else slots estimated from the budget and the KV) and
@@ -470,12 +473,14 @@ static int s_wait_ready(s_conn_t *cn, double wait_s)
 typedef struct {
     double t;
     double hits, misses, bytes_h2d, cpu_expert, tokens, slots;
+    double steps, rtt_us, fwd_us; /* the scheduler's timed steps, their round trips and forward time */
     bool ok;
 } s_snap_t;
 
 static void s_snap_from(const msg_stats_t *st, s_snap_t *s)
 {
     s->hits = s->misses = s->bytes_h2d = s->cpu_expert = s->tokens = s->slots = NAN;
+    s->steps = s->rtt_us = s->fwd_us = NAN;
     for (int32_t i = 0; i < st->n; i++) {
         const char *n = st->items[i].name.s;
         double v = st->items[i].value;
@@ -486,6 +491,9 @@ static void s_snap_from(const msg_stats_t *st, s_snap_t *s)
         else if (!strcmp(n, "scheduler.executor.cpu_expert_uses")) s->cpu_expert = v;
         else if (!strcmp(n, "scheduler.generated_tokens")) s->tokens = v;
         else if (!strcmp(n, "scheduler.executor.slots")) s->slots = v;
+        else if (!strcmp(n, "scheduler.steps_timed")) s->steps = v;
+        else if (!strcmp(n, "scheduler.step_rtt_us_total")) s->rtt_us = v;
+        else if (!strcmp(n, "scheduler.step_forward_us_total")) s->fwd_us = v;
     }
     s->ok = true;
 }
@@ -504,6 +512,8 @@ typedef struct {
     double ttft_p50, ttft_p99, itl_p50, itl_p99;
     double hit_rate, pcie_gb_s, cpu_share;
     double slots;           /* the executor's expert slots (cuda), NAN when not reported */
+    double step_fwd_us, step_rtt_us; /* per step in the window: the executor's forward pass, the
+                                        scheduler's round trip to the executor */
     double mean_conc;
     char first_error[200];
 } s_level_t;
@@ -728,7 +738,7 @@ static int s_level(s_conn_t *cn, const s_opts_t *o, s_level_t *L, uint64_t level
     L->itl_p50 = strata_percentile(itl, n_itl, 0.5);
     L->itl_p99 = strata_percentile(itl, n_itl, 0.99);
     L->mean_conc = t_prev > t_start ? conc_area / (t_prev - t_start) : NAN;
-    L->hit_rate = L->pcie_gb_s = L->cpu_share = L->slots = NAN;
+    L->hit_rate = L->pcie_gb_s = L->cpu_share = L->slots = L->step_fwd_us = L->step_rtt_us = NAN;
     if (snap1.ok && isfinite(snap1.slots) && snap1.slots > 0) L->slots = snap1.slots;
     if (snap0.ok && snap1.ok) {
         double h = snap1.hits - snap0.hits, m = snap1.misses - snap0.misses, c = snap1.cpu_expert - snap0.cpu_expert;
@@ -736,6 +746,11 @@ static int s_level(s_conn_t *cn, const s_opts_t *o, s_level_t *L, uint64_t level
         if (isfinite(snap1.bytes_h2d - snap0.bytes_h2d) && snap1.t > snap0.t)
             L->pcie_gb_s = (snap1.bytes_h2d - snap0.bytes_h2d) / (snap1.t - snap0.t) / 1e9;
         if (isfinite(c) && isfinite(h) && isfinite(m) && h + m + c > 0) L->cpu_share = c / (h + m + c);
+        double ns = snap1.steps - snap0.steps;
+        if (isfinite(ns) && ns > 0) {
+            L->step_fwd_us = (snap1.fwd_us - snap0.fwd_us) / ns;
+            L->step_rtt_us = (snap1.rtt_us - snap0.rtt_us) / ns;
+        }
     }
     if (!strcmp(o->backend, "cpu") && !o->endpoint_arg) L->cpu_share = 1.0;
 #undef S_ISSUE
@@ -1027,6 +1042,10 @@ int cmd_bench(int argc, char **argv)
         printf("%-6s %7d %9.2f %10.2f %10.1f %8.1fm %8.1fm %8.2fm %8.2fm %6s %7s %6s %10s %7s %10s %7s\n", lvl,
                L->measured_done, L->decode_tok_s, L->per_seq_tok_s, L->prefill_tok_s, L->ttft_p50, L->ttft_p99,
                L->itl_p50, L->itl_p99, f_hit, f_pcie, f_cpu, f_bound, f_ratio, f_po, f_por);
+        if (isfinite(L->step_rtt_us))
+            printf("       per step: the executor's forward %.2f ms, the scheduler's round trip %.2f ms (the control "
+                   "plane and sampling %.0f us)\n",
+                   L->step_fwd_us / 1e3, L->step_rtt_us / 1e3, L->step_rtt_us - L->step_fwd_us);
         if (L->errors || e < 0)
             fprintf(stderr, "bench: level %s: %d errors%s%s\n", lvl, L->errors, L->first_error[0] ? "; first: " : "",
                     L->first_error);
@@ -1057,6 +1076,8 @@ int cmd_bench(int argc, char **argv)
         json_object_set_new(row, "hit_rate", s_num(L->hit_rate));
         json_object_set_new(row, "slots", s_num(L->slots));
         json_object_set_new(row, "pcie_gb_s", s_num(L->pcie_gb_s));
+        json_object_set_new(row, "step_forward_us", s_num(L->step_fwd_us));
+        json_object_set_new(row, "step_rtt_us", s_num(L->step_rtt_us));
         json_object_set_new(row, "cpu_expert_share", s_num(L->cpu_share));
         json_object_set_new(row, "bound_tok_s", s_num(bound));
         json_object_set_new(row, "bound_limit", isfinite(bound) ? json_string(bo.limit) : json_null());
