@@ -9,7 +9,11 @@ started with `strata up`, and:
     whose prompt is tokens + greedy[:i]; the answer must equal greedy[i] on at least 95% of the
     positions of every fixture (the issue's criterion);
   - free-running: one greedy request of len(greedy) tokens from the prompt, reported (a single
-    early divergence changes every later token, so this one is not scored by position).
+    early divergence changes every later token, so this one is not scored by position);
+  - sampled (temperature 0.8, top-k 20, top-p 0.9, seed 7; drawn on the GPU by the executor):
+    twice, which must give the same ids, all inside the vocabulary; how far they agree with
+    `strata generate` on the CPU with the same parameters is reported, not scored (a logit that
+    differs in its last bits may move a draw across a mass boundary).
 Needs a GPU; run by tests/gpu/run, never by the CPU CI.
 
 usage: test_group_greedy.py --strata BIN [--fixtures DIR] [--only NAME,...] [--backend cuda|cpu]
@@ -26,9 +30,12 @@ sys.path.insert(0, os.path.join(HERE, "..", "group"))
 from grouplib import free_port  # noqa: E402
 
 
-def client(strata, endpoint, prompt, n):
+SAMPLED = ["--temperature", "0.8", "--top-k", "20", "--top-p", "0.9", "--seed", "7"]
+
+
+def client(strata, endpoint, prompt, n, extra=()):
     out = subprocess.run([strata, "client", "--endpoint", endpoint, "--tokens", ",".join(map(str, prompt)),
-                          "--max-tokens", str(n), "--ignore-eos", "--ids", "--timeout", "120"],
+                          "--max-tokens", str(n), "--ignore-eos", "--ids", "--timeout", "120"] + list(extra),
                          capture_output=True, text=True, timeout=180)
     if out.returncode != 0:
         raise RuntimeError("strata client failed (%d): %s" % (out.returncode, out.stderr.strip()[-400:]))
@@ -61,7 +68,20 @@ def run_fixture(strata, fdir, backend):
         prefix = 0
         while prefix < len(free) and prefix < len(greedy) and free[prefix] == greedy[prefix]:
             prefix += 1
-        return same, len(greedy), prefix
+        n = len(greedy)
+        s1 = client(strata, endpoint, tokens, n, SAMPLED)
+        s2 = client(strata, endpoint, tokens, n, SAMPLED)
+        vocab = json.load(open(os.path.join(fdir, "config.json")))["vocab_size"]
+        if s1 != s2 or len(s1) != n or not all(0 <= t < vocab for t in s1):
+            raise RuntimeError("sampled: %s then %s (want the same %d ids under %d)" % (s1, s2, n, vocab))
+        gen = subprocess.run([strata, "generate", os.path.abspath(fdir), "--tokens", ",".join(map(str, tokens)),
+                              "--max-tokens", str(n), "--ignore-eos"] + SAMPLED,
+                             capture_output=True, text=True, timeout=300)
+        cpu = [int(x) for x in gen.stdout.split()] if gen.returncode == 0 else []
+        sprefix = 0
+        while sprefix < min(len(s1), len(cpu)) and s1[sprefix] == cpu[sprefix]:
+            sprefix += 1
+        return same, n, prefix, sprefix
     finally:
         subprocess.run([strata, "down", "--config", ini], capture_output=True, text=True, timeout=120)
         subprocess.run(["rm", "-rf", run_dir])
@@ -80,15 +100,16 @@ def main():
     failed = 0
     for n in names:
         try:
-            same, total, prefix = run_fixture(a.strata, os.path.join(a.fixtures, n), a.backend)
+            same, total, prefix, sprefix = run_fixture(a.strata, os.path.join(a.fixtures, n), a.backend)
         except Exception as e:  # one fixture's failure must not hide the others
             print("FAIL %-22s %s" % (n, e))
             failed += 1
             continue
         ok = same * 100 >= total * 95
         failed += not ok
-        print("%s %-22s teacher-forced %d/%d positions equal, free-running %d/%d before the first difference"
-              % ("ok  " if ok else "FAIL", n, same, total, prefix, total))
+        print("%s %-22s teacher-forced %d/%d positions equal, free-running %d/%d before the first difference, "
+              "sampled twice the same, %d/%d as strata generate's before the first difference"
+              % ("ok  " if ok else "FAIL", n, same, total, prefix, total, sprefix, total))
     print("test_group_greedy: %d fixtures, %d failed" % (len(names), failed))
     return 1 if failed or not names else 0
 
