@@ -207,6 +207,20 @@ static void s_cpu_logits(const model_t *m, const int32_t *toks, int n, float *ou
     seq_free(&s);
 }
 
+/* Model m on the GPU with the default options but kv_blocks and max_tokens; NULL (a failed
+ * check) when creation fails. */
+static gpu_model_t *s_gpu(const model_t *m, int kv_blocks, int max_tokens)
+{
+    gpu_opts_t o;
+    gpu_opts_default(&o);
+    o.kv_blocks = kv_blocks;
+    o.max_tokens = max_tokens;
+    gpu_model_t *g = NULL;
+    strata_errbuf_t eb = {{0}};
+    T_CHECK(gpu_model_create(&g, m, &o, &eb) == 0, "create: %s", eb.msg);
+    return g;
+}
+
 static void test_synth_formats(uint64_t *rng)
 {
     static const wfmt_t fmts[] = {WF_F32, WF_BF16, WF_INT8, WF_FP8, WF_INT4};
@@ -221,13 +235,7 @@ static void test_synth_formats(uint64_t *rng)
             for (int i = 0; i < 20; i++) toks[i] = (int32_t)(t_rng_next(rng) % 300);
             float *ref = malloc(sizeof(float) * 20 * 300), *got = malloc(sizeof(float) * 20 * 300);
             s_cpu_logits(&m, toks, 20, ref);
-            gpu_opts_t o;
-            gpu_opts_default(&o);
-            o.kv_blocks = 16;
-            o.max_tokens = 32;
-            gpu_model_t *g = NULL;
-            strata_errbuf_t eb = {{0}};
-            T_CHECK(gpu_model_create(&g, &m, &o, &eb) == 0, "create: %s", eb.msg);
+            gpu_model_t *g = s_gpu(&m, 16, 32);
             if (g) {
                 gseq_t s;
                 gs_init(&s, g, 32);
@@ -270,13 +278,7 @@ static void test_sample(uint64_t *rng)
     synth_config(&c, ARCH_MIXTRAL, 300, 256, 2, 4, 2, 64, 8, 2, 128);
     model_t m;
     T_CHECK(synth_model(&m, &c, WF_INT4, 32, t_rng_next(rng)) == 0, "synth");
-    gpu_opts_t o;
-    gpu_opts_default(&o);
-    o.kv_blocks = 16;
-    o.max_tokens = 16;
-    gpu_model_t *g = NULL;
-    strata_errbuf_t eb = {{0}};
-    T_CHECK(gpu_model_create(&g, &m, &o, &eb) == 0, "create: %s", eb.msg);
+    gpu_model_t *g = s_gpu(&m, 16, 16);
     if (!g) {
         model_free(&m);
         return;
