@@ -161,7 +161,8 @@ typedef struct {
     uint64_t expert_uses, hits, misses, prefetches, prefetch_used, bytes_h2d;
     uint64_t layer[S_MAX_LAYERS][4]; /* per layer: uses, hits, prefetches, prefetch_used */
     int32_t n_layers;
-    int32_t slots, split_rows, tail_slots;
+    int32_t slots, split_rows; /* the cache's slots (whole experts or tails); split rows or 0 */
+    double experts_on_gpu;     /* the roofline's slots (gpu_stats_t) */
     int64_t resident_bytes, kv_bytes, workspace_bytes, budget_used;
     bool valid;
 } s_cache_t;
@@ -175,7 +176,7 @@ static void s_stats(s_be_t *be, s_cache_t *c, bool reset)
         gpu_get_stats(be->g, &st);
         c->expert_uses = st.expert_uses, c->hits = st.hits, c->misses = st.misses, c->prefetches = st.prefetches;
         c->prefetch_used = st.prefetch_used, c->bytes_h2d = st.bytes_h2d, c->slots = st.slots;
-        c->split_rows = st.split_rows, c->tail_slots = st.tail_slots;
+        c->split_rows = st.split_rows, c->experts_on_gpu = st.experts_on_gpu;
         c->resident_bytes = st.resident_bytes, c->kv_bytes = st.kv_bytes, c->workspace_bytes = st.workspace_bytes;
         c->budget_used = st.budget_used, c->valid = true;
         gpu_layer_stats_t ls[S_MAX_LAYERS];
@@ -671,10 +672,10 @@ int main(int argc, char **argv)
     s_cache_t c0;
     s_stats(&be, &c0, false);
     printf("backend %s ready in %.2f s: budget %.2f GiB, resident %.2f GiB, kv %.2f GiB, workspace %.2f GiB, "
-           "%d of %lld experts' worth on the GPU",
+           "%.2f of %lld experts' worth on the GPU",
            o.backend, strata_now() - t_create, o.gpu_mem / GIB, c0.resident_bytes / GIB, c0.kv_bytes / GIB,
-           c0.workspace_bytes / GIB, c0.valid ? c0.slots : (int)rm.n_experts_total, (long long)rm.n_experts_total);
-    if (c0.split_rows) printf(" (split: down rows %d.. of every expert cached in %d tail slots)", c0.split_rows, c0.tail_slots);
+           c0.workspace_bytes / GIB, c0.valid ? c0.experts_on_gpu : (double)rm.n_experts_total, (long long)rm.n_experts_total);
+    if (c0.split_rows) printf(" (split: down rows %d.. of every expert cached in %d tail slots)", c0.split_rows, c0.slots);
     printf("\n");
 
     /* 4-6. runs */
@@ -700,7 +701,7 @@ int main(int argc, char **argv)
         rr.context = res.context;
         rr.gpu_mem = (double)o.gpu_mem;
         rr.reserved_bytes = (double)(c->kv_bytes + c->workspace_bytes);
-        rr.slots = c->valid ? c->slots : -1;
+        rr.slots = c->valid ? c->experts_on_gpu : -1;
         rr.cpu_backend = !cuda;
         roofline_t b1 = {0}, b2 = {0};
         bool have_bound = !o.no_probe && roofline_decode(&rm, &here, &rr, &b1) == 0;
@@ -737,10 +738,10 @@ int main(int argc, char **argv)
         json_object_set_new(row, "misses", json_integer((json_int_t)c->misses));
         json_object_set_new(row, "pcie_gb_s", c->valid ? json_real(pcie) : json_null());
         json_object_set_new(row, "layers", pre ? json_null() : s_layers_json(c));
-        json_object_set_new(row, "slots", json_integer(c->valid ? c->slots : rm.n_experts_total));
+        json_object_set_new(row, "slots", json_real(c->valid ? c->experts_on_gpu : (double)rm.n_experts_total));
         json_object_set_new(row, "experts_total", json_integer(rm.n_experts_total));
         json_object_set_new(row, "split_rows", c->valid && c->split_rows ? json_integer(c->split_rows) : json_null());
-        json_object_set_new(row, "tail_slots", c->valid && c->split_rows ? json_integer(c->tail_slots) : json_null());
+        json_object_set_new(row, "tail_slots", c->valid && c->split_rows ? json_integer(c->slots) : json_null());
         json_object_set_new(row, "bound_tok_s", have_bound && !pre ? json_real(b1.bound_tok_s) : json_null());
         json_object_set_new(row, "bound_at_hit_tok_s", have_bound && !pre ? json_real(b2.bound_tok_s) : json_null());
         json_object_set_new(row, "bound_limit", have_bound && !pre ? json_string(b1.limit) : json_null());
@@ -778,7 +779,7 @@ int main(int argc, char **argv)
         rr.context = o.prompt + o.warmup + o.steps / 2.0;
         rr.gpu_mem = (double)o.gpu_mem;
         rr.reserved_bytes = (double)(c0.kv_bytes + c0.workspace_bytes);
-        rr.slots = c0.valid ? c0.slots : -1;
+        rr.slots = c0.valid ? c0.experts_on_gpu : -1;
         rr.cpu_backend = !cuda;
         json_t *first = json_array_get(rows, 0);
         roofline_print(stdout, &rm, &here, &rr, json_real_value(json_object_get(first, "decode_tok_s")));

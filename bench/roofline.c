@@ -92,7 +92,7 @@ int roofline_decode(const roofline_model_t *m, const machine_t *mc, const roofli
     double budget = r->gpu_mem > 0 ? r->gpu_mem : mc->gpu_mem;
     double slots;
     if (r->slots >= 0) {
-        slots = (double)r->slots;
+        slots = r->slots;
     } else {
         double left = budget - m->resident_bytes - r->reserved_bytes;
         if (budget > 0 && left < 0) return STRATA_EINVAL_INPUT;
@@ -207,7 +207,7 @@ void roofline_print(FILE *f, const roofline_model_t *m, const machine_t *here, c
             continue;
         }
         double gm = rr.cpu_backend ? 0 : (rr.gpu_mem > 0 ? rr.gpu_mem : mc->gpu_mem);
-        fprintf(f, "%-28s %8.1fG %7.0fG %7.1fG %7.1fG %7.0f %6.3f %6.1f%% %7.1f t/s %10s", mc->name, gm / GIB,
+        fprintf(f, "%-28s %8.1fG %7.0fG %7.1fG %7.1fG %7.1f %6.3f %6.1f%% %7.1f t/s %10s", mc->name, gm / GIB,
                 mc->hbm_bw / 1e9, mc->pcie_bw / 1e9, mc->cpu_bw / 1e9, o.slots, o.hit_rate, 100 * o.cpu_share,
                 o.bound_tok_s, o.limit);
         if (i == 0 && measured_tok_s > 0) fprintf(f, " %9.3f", measured_tok_s / o.bound_tok_s);

@@ -71,7 +71,8 @@ typedef struct {
     double context;         /* average tokens held in each sequence's KV cache during the steps */
     double gpu_mem;         /* the budget (--gpu-mem) in bytes; 0 = the machine's gpu_mem */
     double reserved_bytes;  /* KV cache + workspace charged to the budget besides resident weights */
-    int64_t slots;          /* expert slots when known (gpu_get_stats); < 0: from the budget */
+    double slots;           /* whole experts' worth on the GPU when known (gpu_stats_t.experts_on_gpu,
+                             * may be fractional); < 0: slots from the budget */
     double hit_rate;        /* measured or assumed cache hit rate; < 0: uniform routing, slots / total */
     bool cpu_backend;       /* all weights in host memory, computed on the CPU */
 } roofline_run_t;

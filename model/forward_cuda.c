@@ -796,16 +796,15 @@ static int s_create_experts(gpu_model_t *g, strata_errbuf_t *eb)
     if ((rc = s_dalloc(g, (void **)&g->slots_dev, (size_t)g->n_slots * g->slot_bytes, "expert slots", eb))) return rc;
     g->st.slot_bytes_total = (int64_t)g->n_slots * (int64_t)g->slot_bytes + (int64_t)g->n_total * (int64_t)g->head_bytes;
     g->st.slots = g->n_slots;
+    g->st.experts_on_gpu = g->n_slots;
     if (g->split) {
-        /* whole experts' worth of expert bytes on the GPU, for the bound (roofline.h) */
         const uint8_t *p[6];
         size_t pn[6], full = 0;
         s_pieces(e0, p, pn);
         for (int i = 0; i < 6; i++) full += pn[i];
         const size_t head = full - g->copy_bytes;
-        g->st.slots = (int32_t)(((double)g->n_total * head + (double)g->n_slots * g->copy_bytes) / full);
+        g->st.experts_on_gpu = ((double)g->n_total * head + (double)g->n_slots * g->copy_bytes) / full;
         g->st.split_rows = g->split;
-        g->st.tail_slots = g->n_slots;
     }
     g->ev = calloc((size_t)g->n_slots, sizeof *g->ev);
     if (!g->ev || xcache_set_slots(&g->xc, g->n_slots) < 0)
@@ -920,9 +919,10 @@ int gpu_model_create(gpu_model_t **out, const model_t *m, const gpu_opts_t *o, s
     g->st.budget_used = g->used;
     if (g->split)
         log_info("gpu: resident %.1f MB, KV %.1f MB, workspace %.1f MB, every expert's head (all but down rows %d..) "
-                 "%.2f MB x %d, %d tail slots x %.2f MB (%d experts' worth of %d), budget %.1f of %s MB",
+                 "%.2f MB x %d, %d tail slots x %.2f MB (%.2f experts' worth of %d), budget %.1f of %s MB",
                  g->st.resident_bytes / 1e6, g->st.kv_bytes / 1e6, g->st.workspace_bytes / 1e6, g->split,
-                 g->head_bytes / 1e6, g->n_total, g->n_slots, g->slot_bytes / 1e6, g->st.slots, g->n_total, g->used / 1e6,
+                 g->head_bytes / 1e6, g->n_total, g->n_slots, g->slot_bytes / 1e6, g->st.experts_on_gpu, g->n_total,
+                 g->used / 1e6,
                  g->budget ? "--gpu-mem" : "unbounded");
     else
         log_info("gpu: resident %.1f MB, KV %.1f MB, workspace %.1f MB, %d expert slots x %.2f MB (%s), budget %.1f of "
@@ -1239,6 +1239,7 @@ void gpu_reset_stats(gpu_model_t *g)
     memset(&g->st, 0, sizeof g->st);
     memset(g->lst, 0, sizeof *g->lst * (size_t)g->m->cfg.n_layers);
     g->st.slots = keep.slots;
+    g->st.experts_on_gpu = keep.experts_on_gpu;
     g->st.n_experts_total = keep.n_experts_total;
     g->st.resident_bytes = keep.resident_bytes;
     g->st.kv_bytes = keep.kv_bytes;
@@ -1248,5 +1249,4 @@ void gpu_reset_stats(gpu_model_t *g)
     g->st.host_locked_bytes = keep.host_locked_bytes;
     g->st.from_model = keep.from_model;
     g->st.split_rows = keep.split_rows;
-    g->st.tail_slots = keep.tail_slots;
 }

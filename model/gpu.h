@@ -42,14 +42,15 @@ typedef struct {
     uint64_t prefetches;       /* experts copied ahead of need */
     uint64_t prefetch_used;    /* ... that the next layers did use */
     uint64_t bytes_h2d;        /* expert bytes copied host -> GPU */
-    int32_t slots, n_experts_total;
+    int32_t slots, n_experts_total; /* the cache's slots (whole experts, or tails) */
+    double experts_on_gpu;     /* whole experts' worth of expert bytes on the GPU: slots, or with
+                                  split experts every head plus the tails in slots (fractional);
+                                  the slots of the roofline's bound (bench/roofline.h) */
     int64_t resident_bytes, kv_bytes, workspace_bytes, slot_bytes_total, budget_used;
     int64_t host_locked_bytes; /* host memory the cache keeps page-locked for its copies */
     bool from_model;           /* copies read the model's own memory (page-locked: a packed model,
                                   the weight arena), not a pinned copy of every expert */
     int32_t split_rows;        /* split experts: down rows of every expert resident (0: whole experts) */
-    int32_t tail_slots;        /* split experts: slots caching the other rows; slots is then the
-                                  whole experts' worth of expert bytes on the GPU */
 } gpu_stats_t;
 
 /* The expert cache of one layer (all zero for dense layers and with every expert resident). */

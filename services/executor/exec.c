@@ -430,6 +430,7 @@ void exec_get_stats(const exec_t *e, exec_stats_t *st)
         st->bytes_h2d = g.bytes_h2d;
         st->slots = g.slots;
         st->n_experts_total = g.n_experts_total;
+        st->experts_on_gpu = g.experts_on_gpu;
     }
 #endif
 }

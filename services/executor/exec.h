@@ -45,6 +45,7 @@ typedef struct {
     bool has_cache;                 /* the fields below are meaningful */
     uint64_t hits, misses, prefetches, prefetch_used, bytes_h2d;
     int32_t slots, n_experts_total;
+    double experts_on_gpu;          /* gpu_stats_t's: the roofline's slots */
 } exec_stats_t;
 
 /* Defaults: cpu, all threads, 2048 blocks of 16, 256 tokens a step, model's context. */

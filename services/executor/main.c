@@ -157,6 +157,7 @@ static void s_on_stats(svc_t *S, const void *route, size_t len, const msg_t *in)
         S_STAT("prefetch_used", st.prefetch_used);
         S_STAT("bytes_h2d", st.bytes_h2d);
         S_STAT("slots", st.slots);
+        S_STAT("experts_on_gpu", st.experts_on_gpu);
         S_STAT("experts_total", st.n_experts_total);
         S_STAT("hit_rate", st.hits + st.misses ? (double)st.hits / (double)(st.hits + st.misses) : 0);
     }

@@ -26,7 +26,9 @@
  *                           bytes_h2d) between the two ends of the window;
  *   cpu_expert_share        scheduler.executor.cpu_expert_uses / all expert uses when the group
  *                           reports it, 1 for the CPU backend, else null;
- *   slots                   scheduler.executor.slots: the executor's expert slots (cuda), else null;
+ *   slots                   scheduler.executor.experts_on_gpu: the whole experts' worth of expert bytes
+ *                           on the GPU (cuda; its slots, or with split experts every head and the
+ *                           tails in slots, fractional), else null;
  *   step_forward_us, step_rtt_us
  *                           per step in the window (the scheduler's step_*_us_total / steps_timed):
  *                           the executor's forward pass, and the scheduler's round trip to it;
@@ -490,7 +492,7 @@ static void s_snap_from(const msg_stats_t *st, s_snap_t *s)
         else if (!strcmp(n, "scheduler.executor.bytes_h2d")) s->bytes_h2d = v;
         else if (!strcmp(n, "scheduler.executor.cpu_expert_uses")) s->cpu_expert = v;
         else if (!strcmp(n, "scheduler.generated_tokens")) s->tokens = v;
-        else if (!strcmp(n, "scheduler.executor.slots")) s->slots = v;
+        else if (!strcmp(n, "scheduler.executor.experts_on_gpu")) s->slots = v;
         else if (!strcmp(n, "scheduler.steps_timed")) s->steps = v;
         else if (!strcmp(n, "scheduler.step_rtt_us_total")) s->rtt_us = v;
         else if (!strcmp(n, "scheduler.step_forward_us_total")) s->fwd_us = v;
@@ -802,7 +804,7 @@ static double s_bound(const s_model_t *mi, const machine_t *mc, const s_opts_t *
     r.gpu_mem = (double)o->gpu_mem;
     r.reserved_bytes = (double)batch * (o->prompt + o->gen) * mi->rm.kv_bytes_per_token;
     r.cpu_backend = cpu;
-    if (!cpu && isfinite(slots) && slots > 0) r.slots = (int64_t)slots;
+    if (!cpu && isfinite(slots) && slots > 0) r.slots = slots;
     return roofline_decode(&mi->rm, mc, &r, out) == 0 ? out->bound_tok_s : NAN;
 }
 
@@ -1102,7 +1104,7 @@ int cmd_bench(int argc, char **argv)
         rr.gpu_mem = (double)o.gpu_mem;
         rr.reserved_bytes = (double)rr.batch * (o.prompt + o.gen) * mi.rm.kv_bytes_per_token;
         rr.cpu_backend = cpu;
-        if (!cpu && isfinite(res[0].slots) && res[0].slots > 0) rr.slots = (int64_t)res[0].slots;
+        if (!cpu && isfinite(res[0].slots) && res[0].slots > 0) rr.slots = res[0].slots;
         printf("\n%s %s, gpu_mem %.2f GiB, batch %d:\n", mi.shape, mi.format, o.gpu_mem / GIB, rr.batch);
         roofline_print(stdout, &mi.rm, &here, &rr, res[0].decode_tok_s);
     }

@@ -410,11 +410,14 @@ static void test_tight_cache(uint64_t *rng, bool packed)
                     st.from_model);
             T_CHECK(st.host_locked_bytes > 0, "tight cache: no host memory locked for the copies");
             if (split) {
-                T_CHECK(st.split_rows == 128 && st.tail_slots >= 2 * c.n_experts && st.tail_slots < st.n_experts_total,
-                        "split: rows %d, tail slots %d (want 128, 16..31)", st.split_rows, st.tail_slots);
-                T_CHECK(st.slots < st.n_experts_total, "split: %d of %d experts' worth", st.slots, st.n_experts_total);
+                T_CHECK(st.split_rows == 128 && st.slots >= 2 * c.n_experts && st.slots < st.n_experts_total,
+                        "split: rows %d, tail slots %d (want 128, 16..31)", st.split_rows, st.slots);
+                T_CHECK(st.experts_on_gpu > st.n_experts_total - 1.5 && st.experts_on_gpu < st.n_experts_total,
+                        "split: %.3f of %d experts' worth (the budget holds all but one)", st.experts_on_gpu,
+                        st.n_experts_total);
             } else {
-                T_CHECK(st.slots == c.n_experts && !st.split_rows, "slots %d, want %d", st.slots, c.n_experts);
+                T_CHECK(st.slots == c.n_experts && st.experts_on_gpu == st.slots && !st.split_rows, "slots %d, want %d",
+                        st.slots, c.n_experts);
             }
             T_CHECK(st.misses + st.prefetches > 0, "no expert traffic with %d slots", st.slots);
             T_CHECK(o.prefetch_depth == 0 || st.prefetches > 0, "prefetch depth %d made no copy", o.prefetch_depth);
