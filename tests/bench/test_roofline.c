@@ -155,6 +155,15 @@ static void s_round_numbers(void)
     mc.hbm_bw = 1e13;
     T_CHECK(roofline_decode(&m, &mc, &r, &o) == 0, "decode");
     T_CHECK(s_close(o.step_s, 2.5e-3, 1e-12) && o.cpu_share == 0, "step %.6f share %.3f", o.step_s, o.cpu_share);
+    /* fractional slots (split experts: every head plus some tails, gpu_stats_t.experts_on_gpu):
+     * 30.5 of 40 resident, batch 1, no CPU path: miss (1 - 30.5/40) * 1e9 = 2.375e8 -> 2.375e-2
+     * s over PCIe, the PCIe-only bound 1 / 2.375e-2 (not 30's 1 / 2.5e-2) */
+    r.hit_rate = -1;
+    r.slots = 30.5;
+    T_CHECK(roofline_decode(&m, &mc, &r, &o) == 0, "decode");
+    T_CHECK(o.slots == 30.5 && s_close(o.miss_bytes, 2.375e8, 1e-12), "slots %.2f miss %.4g", o.slots, o.miss_bytes);
+    T_CHECK(s_close(o.pcie_only_tok_s, 1 / 2.375e-2, 1e-12), "pcie-only %.4f", o.pcie_only_tok_s);
+    r.slots = -1;
     /* batch 0 is refused */
     r.batch = 0;
     T_CHECK(roofline_decode(&m, &mc, &r, &o) == STRATA_EINVAL_INPUT, "batch 0");
