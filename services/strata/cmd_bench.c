@@ -513,7 +513,7 @@ typedef struct {
     double decode_tok_s, per_seq_tok_s, prefill_tok_s;
     double ttft_p50, ttft_p99, itl_p50, itl_p99;
     double hit_rate, pcie_gb_s, cpu_share;
-    double slots;           /* the executor's expert slots (cuda), NAN when not reported */
+    double slots;           /* the executor's experts_on_gpu (cuda), NAN when not reported */
     double step_fwd_us, step_rtt_us; /* per step in the window: the executor's forward pass, the
                                         scheduler's round trip to the executor */
     double mean_conc;
