@@ -33,43 +33,10 @@
 #define AT_THREADS 128
 #define AT_LOG2E 1.4426950408889634f
 
-/* The paged-cache offset of (seq, pos, kv head), as ops.cu's kv_off: caches are
- * [block][kv_head][bs][hd] and bt[seq][max_blocks] maps a sequence's blocks. */
-__device__ __forceinline__ size_t s_kv_off(const int32_t *bt, int max_blocks, int seq, int pos, int kvh, int n_kv,
-                                           int hd, int bs)
-{
-    const int blk = bt[(size_t)seq * max_blocks + pos / bs];
-    return (((size_t)blk * n_kv + kvh) * bs + pos % bs) * hd;
-}
-
 __device__ __forceinline__ uint32_t s_pack(float lo, float hi)
 {
     __half2 h = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&h);
-}
-
-__device__ __forceinline__ void s_mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void s_ldm4(uint32_t *r, const __half *p)
-{
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-__device__ __forceinline__ void s_ldm4_t(uint32_t *r, const __half *p)
-{
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
 }
 
 /* Four fp32 values to fp16 at p (8-byte aligned). */
@@ -140,7 +107,7 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_prefill(float *out, const f
     /* this warp's Q as A fragments, k-slice kk: rows warp*16 + (lane & 15), dims kk*16 + (lane >> 4)*8 */
     uint32_t qf[NK][4];
 #pragma unroll
-    for (int kk = 0; kk < NK; kk++) s_ldm4(qf[kk], &sk[warp * 16 + (lane & 15)][kk * 16 + (lane >> 4) * 8]);
+    for (int kk = 0; kk < NK; kk++) ldm4(qf[kk], &sk[warp * 16 + (lane & 15)][kk * 16 + (lane >> 4) * 8]);
     __syncthreads(); /* s_last complete; and the loop below writes sk only after its own barrier */
 
     /* this thread's two rows: warp*16 + g and + 8 */
@@ -168,7 +135,7 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_prefill(float *out, const f
              * barrier, so it may be rewritten before the first */
             if (tid < AT_BN) {
                 const int p = k0 + tid;
-                s_off[tid] = p <= last ? (long long)s_kv_off(bt, max_blocks, sq, p, kvh, n_kv, HD, bs) : -1ll;
+                s_off[tid] = p <= last ? (long long)kv_off(bt, max_blocks, sq, p, kvh, n_kv, HD, bs) : -1ll;
             }
             __syncthreads(); /* s_off written; every warp done with the previous tile's sk, sv */
 #pragma unroll 4
@@ -196,9 +163,9 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_prefill(float *out, const f
 #pragma unroll
                 for (int jp = 0; jp < AT_BN / 16; jp++) {
                     uint32_t b[4];
-                    s_ldm4(b, &sk[jp * 16 + (lane >> 4) * 8 + (lane & 7)][kk * 16 + ((lane >> 3) & 1) * 8]);
-                    s_mma(s[2 * jp], qf[kk], b[0], b[1]);
-                    s_mma(s[2 * jp + 1], qf[kk], b[2], b[3]);
+                    ldm4(b, &sk[jp * 16 + (lane >> 4) * 8 + (lane & 7)][kk * 16 + ((lane >> 3) & 1) * 8]);
+                    mma_16816(s[2 * jp], qf[kk], b[0], b[1]);
+                    mma_16816(s[2 * jp + 1], qf[kk], b[2], b[3]);
                 }
 
             /* mask, row maxima (a row's 64 keys are spread over the 4 lanes of a quad) */
@@ -248,9 +215,9 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_prefill(float *out, const f
 #pragma unroll
                 for (int dp = 0; dp < NK; dp++) {
                     uint32_t b[4];
-                    s_ldm4_t(b, &sv[kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)][dp * 16 + (lane >> 4) * 8]);
-                    s_mma(acc[2 * dp], a, b[0], b[1]);
-                    s_mma(acc[2 * dp + 1], a, b[2], b[3]);
+                    ldm4_t(b, &sv[kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)][dp * 16 + (lane >> 4) * 8]);
+                    mma_16816(acc[2 * dp], a, b[0], b[1]);
+                    mma_16816(acc[2 * dp + 1], a, b[2], b[3]);
                 }
             }
         }

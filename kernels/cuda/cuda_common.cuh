@@ -114,6 +114,41 @@ __device__ __forceinline__ float warp_max(float v)
     return v;
 }
 
+/* The paged KV cache offset of (seq, pos, kv head): caches are [block][kv_head][bs][hd] and
+ * bt[seq][max_blocks] maps a sequence's blocks. */
+__device__ __forceinline__ size_t kv_off(const int32_t *bt, int max_blocks, int seq, int pos, int kvh, int n_kv,
+                                         int hd, int bs)
+{
+    const int blk = bt[(size_t)seq * max_blocks + pos / bs];
+    return (((size_t)blk * n_kv + kvh) * bs + pos % bs) * hd;
+}
+
+/* Tensor-core fragments (PTX ISA, "Matrix fragments for mma.m16n8k16"): c += a * b with a 16x16
+ * fp16 A (4 registers), a 16x8 fp16 B (2) and fp32 C (4); ldm4/ldm4_t load four 8x8 fp16
+ * matrices from shared memory (row addresses from lanes 0-7, 8-15, 16-23, 24-31), ldm4_t
+ * transposed. */
+__device__ __forceinline__ void mma_16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ldm4(uint32_t *r, const void *p)
+{
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void ldm4_t(uint32_t *r, const void *p)
+{
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
 /* Programmatic dependent launch (sm_90 and later). Every kernel of kernels/cuda starts with
  * pdl_enter(): it waits until the kernel before it in the stream has finished and its writes
  * are visible (griddepcontrol.wait), then lets the next kernel be launched at once
@@ -148,22 +183,40 @@ __device__ __forceinline__ void l2_prefetch(const void *p, size_t bytes)
  * compute capability 9.0 or later, unless STRATA_NO_PDL is set). */
 extern int cuda_pdl_on;
 
-/* kernel<<<grid, block, smem, st>>>(args...), with programmatic dependent launch when on. */
+/* kernel<<<grid, block, smem, st>>>(args...), with programmatic dependent launch when on and,
+ * with cluster_z > 1, thread-block clusters of (1, 1, cluster_z) (sm_90). */
 template <typename... KArgs, typename... Args>
-static inline cudaError_t launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
-                                   Args &&...args)
+static inline cudaError_t launch_kc(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                    int cluster_z, Args &&...args)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2];
+    int na = 0;
+    if (cuda_pdl_on) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_z > 1) {
+        at[na].id = cudaLaunchAttributeClusterDimension;
+        at[na].val.clusterDim.x = 1;
+        at[na].val.clusterDim.y = 1;
+        at[na++].val.clusterDim.z = cluster_z;
+    }
     cfg.attrs = at;
-    cfg.numAttrs = cuda_pdl_on ? 1 : 0;
+    cfg.numAttrs = na;
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
+}
+
+/* launch_kc without clusters. */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                   Args &&...args)
+{
+    return launch_kc(kernel, grid, block, smem, st, 1, static_cast<Args &&>(args)...);
 }
 
 /* Gate of one token, one warp: softmax over its E logits l (read through L2: they may come

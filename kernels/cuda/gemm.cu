@@ -42,14 +42,6 @@ template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.as
 __device__ __forceinline__ uint32_t h2u(__half2 h) { return *reinterpret_cast<uint32_t *>(&h); }
 __device__ __forceinline__ __half2 u2h(uint32_t u) { return *reinterpret_cast<__half2 *>(&u); }
 
-__device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /* Two fp16 weights of one row from a 16-bit word (columns c, c+1) of slice kk; INT4 words hold
  * bytes whose low nibbles are slice 2b and high nibbles slice 2b+1 of block b. */
 template <int FMT> __device__ __forceinline__ uint32_t gm_pair(uint32_t x, int kk, __half2 s)
@@ -227,18 +219,14 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : 4) k_gemm(gm_
                 uint32_t af[4][4];
 #pragma unroll
                 for (int i = 0; i < NM; i++) {
-                    const uint8_t *p = As + (i * 16 + (lane & 15)) * GM_ASTR + (kk * 16 + (lane >> 4) * 8) * 2;
-                    const unsigned addr = (unsigned)__cvta_generic_to_shared(p);
-                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                                 : "=r"(af[i][0]), "=r"(af[i][1]), "=r"(af[i][2]), "=r"(af[i][3])
-                                 : "r"(addr));
+                    ldm4(af[i], As + (i * 16 + (lane & 15)) * GM_ASTR + (kk * 16 + (lane >> 4) * 8) * 2);
                 }
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     uint32_t b0, b1;
                     gm_bfrag<FMT>(Bs + brow[j] * BSTR, kk, t, sc[j][kk >> 1], b0, b1);
 #pragma unroll
-                    for (int i = 0; i < NM; i++) mma16816(acc[i][j], af[i], b0, b1);
+                    for (int i = 0; i < NM; i++) mma_16816(acc[i][j], af[i], b0, b1);
                 }
             }
 #pragma unroll

@@ -80,13 +80,6 @@ extern "C" int cuda_gate_topk(cuda_ctx_t *c, const float *logits, int n, int n_e
 }
 
 /* ---- Paged KV ---- */
-__device__ __forceinline__ size_t kv_off(const int32_t *bt, int max_blocks, int seq, int pos, int kvh, int n_kv,
-                                         int hd, int bs)
-{
-    const int blk = bt[(size_t)seq * max_blocks + pos / bs];
-    return (((size_t)blk * n_kv + kvh) * bs + pos % bs) * hd;
-}
-
 /* RoPE on q and k, then k and v into the paged caches: one block per (token, head), heads
  * 0 .. n_heads-1 of q, then n_kv of k (whose block also writes k and v to the cache). */
 __global__ void k_rope_kv(float *q, float *k, const float *v, int n_heads, int n_kv, int hd, int rot_dim,
@@ -547,32 +540,6 @@ static int s_att_caps(const cuda_ctx_t *c)
 
 /* k_attention<NV, L> on grid, the grid's z (splits) one cluster, with programmatic dependent
  * launch when on (launch_k's attribute). */
-template <int NV, int L, typename... Args>
-static int s_att_launch(cudaStream_t st, dim3 grid, size_t smem, Args... args)
-{
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(ATT_THREADS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute at[2];
-    int na = 0;
-    if (cuda_pdl_on) {
-        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[na++].val.programmaticStreamSerializationAllowed = 1;
-    }
-    if (grid.z > 1) {
-        at[na].id = cudaLaunchAttributeClusterDimension;
-        at[na].val.clusterDim.x = 1;
-        at[na].val.clusterDim.y = 1;
-        at[na++].val.clusterDim.z = grid.z;
-    }
-    cfg.attrs = at;
-    cfg.numAttrs = na;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, k_attention<NV, L>, args...));
-    return 0;
-}
-
 extern "C" int cuda_attention(cuda_ctx_t *c, float *out, const float *q, const float *k_cache, const float *v_cache,
                               int n, const int32_t *seq, const int32_t *pos, const int32_t *bt, int max_blocks,
                               int n_heads, int n_kv_heads, int head_dim, int block_size, float scale, bool *q8_done)
@@ -615,19 +582,21 @@ extern "C" int cuda_attention(cuda_ctx_t *c, float *out, const float *q, const f
     const size_t smem = nstage * stage;
     int8_t *q8p = q8 ? c->q8 : NULL;
 #define ATT_LAUNCH(NV, L)                                                                                             \
-    s_att_launch<NV, L>(c->stream, grid, smem, out, q, k_cache, v_cache, seq, pos, bt, max_blocks, n_heads,          \
-                        n_kv_heads, head_dim, block_size, scale, hb, nstage, vec, q8p, c->q8d, c->q8s)
+    launch_kc(k_attention<NV, L>, grid, ATT_THREADS, smem, c->stream, (int)grid.z, out, q, k_cache, v_cache, seq, pos, \
+              bt, max_blocks, n_heads, n_kv_heads, head_dim, block_size, scale, hb, nstage, vec, q8p, c->q8d, c->q8s)
+    cudaError_t le;
     switch (nv * 100 + lanes) {
-    case 104: rc = ATT_LAUNCH(1, 4); break;
-    case 108: rc = ATT_LAUNCH(1, 8); break;
-    case 116: rc = ATT_LAUNCH(1, 16); break;
-    case 132: rc = ATT_LAUNCH(1, 32); break;
-    case 208: rc = ATT_LAUNCH(2, 8); break;
-    case 216: rc = ATT_LAUNCH(2, 16); break;
-    default: rc = ATT_LAUNCH(2, 32); break;
+    case 104: le = ATT_LAUNCH(1, 4); break;
+    case 108: le = ATT_LAUNCH(1, 8); break;
+    case 116: le = ATT_LAUNCH(1, 16); break;
+    case 132: le = ATT_LAUNCH(1, 32); break;
+    case 208: le = ATT_LAUNCH(2, 8); break;
+    case 216: le = ATT_LAUNCH(2, 16); break;
+    default: le = ATT_LAUNCH(2, 32); break;
     }
 #undef ATT_LAUNCH
-    return rc;
+    CUDA_CHECK(le);
+    return 0;
 }
 
 /* ---- Embedding, add, argmax ---- */
