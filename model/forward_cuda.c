@@ -106,7 +106,7 @@ struct gpu_model {
     /* expert cache */
     bool all_resident;
     int32_t n_slots, n_total;
-    size_t expert_bytes, off_g, off_gs, off_u, off_us, off_d, off_ds; /* an expert's host layout */
+    size_t expert_bytes, off[6]; /* an expert's host layout: gate, its scales, up, its scales, down, its scales */
     size_t copy_bytes;           /* what one copy into a slot moves: the expert's span, expert_bytes,
                                     or (split) a tail's rows and scales */
     size_t span_bytes;           /* span layout: an expert's span of the model's memory */
@@ -239,10 +239,9 @@ static size_t s_layout(const size_t n[6], size_t off[6])
 static void s_expert_layout(gpu_model_t *g, const ffn_t *e)
 {
     const uint8_t *p[6];
-    size_t n[6], off[6];
+    size_t n[6];
     s_pieces(e, p, n);
-    g->expert_bytes = g->copy_bytes = s_layout(n, off);
-    g->off_g = off[0], g->off_gs = off[1], g->off_u = off[2], g->off_us = off[3], g->off_d = off[4], g->off_ds = off[5];
+    g->expert_bytes = g->copy_bytes = s_layout(n, g->off);
 }
 
 /* The span layout: when every routed expert's pieces lie in one span of host memory, at the
@@ -282,8 +281,7 @@ static void s_span_layout(gpu_model_t *g)
     }
     if (first || span0 > g->expert_bytes + g->expert_bytes / 8) return;
     g->span_layout = true;
-    g->off_g = off0[0], g->off_gs = off0[1], g->off_u = off0[2], g->off_us = off0[3], g->off_d = off0[4];
-    g->off_ds = off0[5];
+    memcpy(g->off, off0, sizeof off0);
     g->copy_bytes = g->span_bytes = span0;
     g->expert_bytes = ALIGN256(span0);
 }
@@ -291,7 +289,7 @@ static void s_span_layout(gpu_model_t *g)
 /* The start of expert e's bytes as a slot holds them (the span layout's span). */
 static const uint8_t *s_span_start(const gpu_model_t *g, const ffn_t *e)
 {
-    return (const uint8_t *)e->gate.data - g->off_g;
+    return (const uint8_t *)e->gate.data - g->off[0];
 }
 
 /* Pack expert e into dst (host) in slot layout. */
@@ -304,9 +302,14 @@ static void s_expert_pack(const gpu_model_t *g, uint8_t *dst, const ffn_t *e)
     const uint8_t *p[6];
     size_t n[6];
     s_pieces(e, p, n);
-    const size_t off[6] = {g->off_g, g->off_gs, g->off_u, g->off_us, g->off_d, g->off_ds};
     for (int i = 0; i < 6; i++)
-        if (n[i]) memcpy(dst + off[i], p[i], n[i]);
+        if (n[i]) memcpy(dst + g->off[i], p[i], n[i]);
+}
+
+/* Split experts: where the head of expert (layer l, expert e) lives on the device. */
+static uint8_t *s_head(const gpu_model_t *g, int l, int e)
+{
+    return g->heads_dev + ((size_t)g->xc.moe_ord[l] * g->m->cfg.n_experts + e) * g->head_bytes;
 }
 
 /* Device qmats of the expert (layer l, expert e) if it (split: its tail) sat in slot s. */
@@ -315,11 +318,11 @@ static cuda_expert_t s_expert_at(const gpu_model_t *g, int l, int e, int s)
     const ffn_t *src = &g->m->layers[l].experts[e];
     uint8_t *b = g->slots_dev + (size_t)s * g->slot_bytes;
     cuda_expert_t x = {src->gate, src->up, src->down, {0}, 0};
-    size_t off[6] = {g->off_g, g->off_gs, g->off_u, g->off_us, g->off_d, g->off_ds};
+    const size_t *off = g->off;
     if (g->split) {
         uint8_t *t = b;
-        b = g->heads_dev + ((size_t)g->xc.moe_ord[l] * g->m->cfg.n_experts + e) * g->head_bytes;
-        memcpy(off, g->hoff, sizeof off);
+        b = s_head(g, l, e);
+        off = g->hoff;
         x.split = g->split;
         x.down_tail = src->down;
         x.down_tail.data = t - (size_t)g->split * g->d_row;
@@ -346,10 +349,10 @@ static int s_slot_fill(gpu_model_t *g, int s, int l, int e, int stream)
     uint8_t *dst = g->slots_dev + (size_t)s * g->slot_bytes;
     const uint8_t *h = s_host_expert(g, l, e);
     if (!g->split) return cuda_h2d_async(g->cx, stream, dst, h, g->copy_bytes);
-    int rc = cuda_h2d_async(g->cx, stream, dst, h + g->off_d + (size_t)g->split * g->d_row, g->tail_data);
+    int rc = cuda_h2d_async(g->cx, stream, dst, h + g->off[4] + (size_t)g->split * g->d_row, g->tail_data);
     size_t ts = g->copy_bytes - g->tail_data;
     if (!rc && ts)
-        rc = cuda_h2d_async(g->cx, stream, dst + ALIGN256(g->tail_data), h + g->off_ds + (size_t)g->split * g->ds_row, ts);
+        rc = cuda_h2d_async(g->cx, stream, dst + ALIGN256(g->tail_data), h + g->off[5] + (size_t)g->split * g->ds_row, ts);
     return rc;
 }
 
@@ -710,16 +713,15 @@ static int s_lock_spans(gpu_model_t *g)
 /* Upload the head of expert (l, e) (split) from its host layout at h. */
 static int s_head_upload(gpu_model_t *g, int l, int e, const uint8_t *h)
 {
-    uint8_t *b = g->heads_dev + ((size_t)g->xc.moe_ord[l] * g->m->cfg.n_experts + e) * g->head_bytes;
+    uint8_t *b = s_head(g, l, e);
     const uint8_t *p[6];
     size_t n[6];
     s_pieces(&g->m->layers[l].experts[e], p, n);
     n[4] = (size_t)g->split * g->d_row;
     n[5] = (size_t)g->split * g->ds_row;
-    const size_t src[6] = {g->off_g, g->off_gs, g->off_u, g->off_us, g->off_d, g->off_ds};
     int rc = 0;
     for (int i = 0; i < 6 && !rc; i++)
-        if (n[i]) rc = cuda_h2d(g->cx, b + g->hoff[i], h + src[i], n[i]);
+        if (n[i]) rc = cuda_h2d(g->cx, b + g->hoff[i], h + g->off[i], n[i]);
     return rc;
 }
 
@@ -1107,8 +1109,6 @@ static int s_cache_step(gpu_model_t *g, int k, int n)
     return D > 0 ? s_issue(g, l) : 0;
 }
 
-/* One step: logits (host, S_LOGITS) or ids (host, the other modes; samp: each logit row's
- * parameters with S_SAMPLE). */
 /* Split experts: the first MoE layers whose tails the cache keeps (xcache_t.n_pin; nothing
  * prefetches them in time) for a step of n tokens: as many as leave room for the current
  * layer's experts and the prefetch window's, the expected distinct experts a layer routes n
@@ -1125,6 +1125,8 @@ static int s_pin_layers(const gpu_model_t *g, int n)
     return pin > 1 ? pin : 1;
 }
 
+/* One step: logits (host, S_LOGITS) or ids (host, the other modes; samp: each logit row's
+ * parameters with S_SAMPLE). */
 static int s_step(gpu_model_t *g, const batch_t *b, s_mode_t mode, float *logits, int32_t *ids,
                   const gpu_sample_t *samp)
 {
