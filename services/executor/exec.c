@@ -356,6 +356,12 @@ int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_
         .n_logits = n_logits,
         .logit_rows = e->rows,
     };
+    /* the sampled rows' uniforms, in plan order (the RNG cache is not thread-safe), for
+     * cpu_sample or for the GPU's sampler, which makes cpu_sample's decisions with them */
+    for (int32_t r = 0; r < n_logits; r++) {
+        const msg_step_seq_t *q = &st->seqs[e->seq_of[r]];
+        e->u[r] = s_draw(e, q->req, q->samp.seed, q->n_sampled);
+    }
     double t0 = strata_now(), c0 = exec_thread_cpu_us();
     bool have_ids = false;
     if (e->bk == BK_CPU) {
@@ -366,12 +372,10 @@ int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_
             rc = gpu_forward_greedy(e->gpu, &b, e->ids);
             have_ids = true;
         } else if (n_logits) {
-            /* sampled on the GPU: only the ids come back (cpu_sample's decisions, drawn with
-             * the same uniforms in plan order) */
+            /* sampled on the GPU: only the ids come back */
             for (int32_t r = 0; r < n_logits; r++) {
-                const msg_step_seq_t *q = &st->seqs[e->seq_of[r]];
-                e->samp[r] = (gpu_sample_t){q->samp.temperature, q->samp.top_k, q->samp.top_p,
-                                            s_draw(e, q->req, q->samp.seed, q->n_sampled)};
+                const msg_sampling_t *sp = &st->seqs[e->seq_of[r]].samp;
+                e->samp[r] = (gpu_sample_t){sp->temperature, sp->top_k, sp->top_p, e->u[r]};
             }
             rc = gpu_forward_sample(e->gpu, &b, e->samp, e->ids);
             have_ids = rc == 0;
@@ -393,13 +397,8 @@ int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_
         tokens[i] = r < 0 ? -1 : have_ids ? e->ids[r] : 0;
     }
     if (!have_ids && n_logits > 0) {
-        /* the draws in plan order (the RNG cache is not thread-safe), then the rows on the
-         * pool: each is independent, and at batch 16 with a 150k vocabulary they are ~20 ms on
-         * one core */
-        for (int32_t r = 0; r < n_logits; r++) {
-            const msg_step_seq_t *q = &st->seqs[e->seq_of[r]];
-            e->u[r] = s_draw(e, q->req, q->samp.seed, q->n_sampled);
-        }
+        /* the rows on the pool: each is independent, and at batch 16 with a 150k vocabulary
+         * they are ~20 ms on one core */
         s_sample_job_t job = {e, st, tokens};
         tpool_run(e->pool, n_logits, 1, s_sample_rows, &job);
     }
