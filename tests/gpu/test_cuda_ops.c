@@ -150,12 +150,12 @@ static void test_matmul(bool q8)
 }
 
 /* E random experts of format f (hidden H, inter I, int4 groups of 32) and their table. */
-static void s_experts(tmat_t *g, tmat_t *u, tmat_t *d, cuda_expert_t *ex, int E, wfmt_t f, int H, int I)
+static void s_experts(tmat_t *g, tmat_t *u, tmat_t *d, cuda_expert_t *ex, int E, wfmt_t f, int H, int I, int group)
 {
     for (int e = 0; e < E; e++) {
-        s_mat(&g[e], f, I, H, 32);
-        s_mat(&u[e], f, I, H, 32);
-        s_mat(&d[e], f, H, I, 32);
+        s_mat(&g[e], f, I, H, group);
+        s_mat(&u[e], f, I, H, group);
+        s_mat(&d[e], f, H, I, group);
         ex[e] = (cuda_expert_t){g[e].dev, u[e].dev, d[e].dev};
     }
 }
@@ -200,7 +200,7 @@ static void test_moe(void)
                 tmat_t g[8], u[8], d[8];
                 cuda_expert_t ex[8];
                 void *tails[8] = {0};
-                s_experts(g, u, d, ex, E, (wfmt_t)f, H, I);
+                s_experts(g, u, d, ex, E, (wfmt_t)f, H, I, 32);
                 for (int e = 0; split && e < E; e++) s_split_down(&ex[e], &d[e], split, &tails[e]);
                 if (missing) ex[3].gate.data = NULL; /* expert 3 not resident: skipped */
                 float *x = malloc((size_t)n * H * 4), *base = malloc((size_t)n * H * 4), *ref = malloc((size_t)n * H * 4);
@@ -240,6 +240,64 @@ static void test_moe(void)
                 cuda_free(dx), cuda_free(dout), cuda_free(didx), cuda_free(dw), cuda_free(dex), cuda_free(dscr);
                 for (int e2 = 0; e2 < E; e2++) s_mat_free(&g[e2]), s_mat_free(&u[e2]), s_mat_free(&d[e2]), cuda_free(tails[e2]);
             }
+}
+
+/* One token on INT4 experts of Mixtral's hidden width (4096 columns: gate/up take whole-warp
+ * rows, down 8-lane rows): groups of 32 and of 64, split experts (down rows 512.. elsewhere,
+ * poisoned in place), the second chosen expert missing, and the token row read from the
+ * context's workspace (CUDA_MOE_X_Q8). */
+static void test_moe_wide(void)
+{
+    const int E = 4, K = 2, H = 4096, I = 1024;
+    for (int c = 0; c < 16; c++) {
+        const int group = c & 1 ? 64 : 32, missing = (c >> 1) & 1, split = c & 4 ? 512 : 0, ws = (c >> 3) & 1;
+        tmat_t g[4], u[4], d[4];
+        cuda_expert_t ex[4];
+        void *tails[4] = {0};
+        s_experts(g, u, d, ex, E, WF_INT4, H, I, group);
+        for (int e = 0; split && e < E; e++) s_split_down(&ex[e], &d[e], split, &tails[e]);
+        float *x = malloc(H * 4), *nw = malloc(H * 4), *base = malloc(H * 4), *ref = malloc(H * 4), logits[4], wt[2];
+        float *scratch = malloc(2 * (size_t)I * 4);
+        int32_t idx[2];
+        s_fill(x, H, 1.f);
+        s_fill(nw, H, 1.f);
+        s_fill(base, H, 1.f);
+        s_fill(logits, E, 3.f);
+        cpu_gate_topk(logits, E, K, true, idx, wt);
+        if (missing) ex[idx[1]].gate.data = NULL;
+        float *dx = s_up(x, H * 4), *dnw = s_up(nw, H * 4), *dout = s_up(base, H * 4), *xn = s_poisoned(H);
+        if (ws) { /* the experts read the workspace's int8 row of the normed x */
+            bool done = false;
+            cuda_rmsnorm_q8(ctx, xn, dx, dnw, 1, H, 1e-6f, &done);
+            T_CHECK(done, "rmsnorm_q8 before the wide experts did not quantize");
+            float *h = s_down(xn, H);
+            memcpy(x, h, H * 4);
+            free(h);
+        }
+        memcpy(ref, base, H * 4);
+        for (int k = 0; k < K; k++)
+            if (!(missing && k == 1))
+                cpu_ffn_swiglu(NULL, ref, x, 1, &g[idx[k]].host, &u[idx[k]].host, &d[idx[k]].host, scratch, wt + k,
+                               true);
+        int32_t *didx = s_up(idx, sizeof idx);
+        float *dw = s_up(wt, sizeof wt), *zero = s_zeroed(H);
+        cuda_expert_t *dex = s_up(ex, sizeof ex);
+        void *dscr = NULL;
+        size_t sb = cuda_moe_scratch_bytes(1, K, H, I, E);
+        cuda_malloc(&dscr, sb);
+        cuda_memset(ctx, dscr, 0xff, sb);
+        T_CHECK(cuda_moe_ffn(ctx, dout, ws ? zero : dx, 1, H, I, WF_INT4, dex, E, didx, dw, K, dscr,
+                             ws ? CUDA_MOE_X_Q8 : 0, NULL) == 0,
+                "wide moe launch");
+        float *out = s_down(dout, H);
+        double e = t_relerr(out, ref, H);
+        T_CHECK(e < 2e-2, "wide moe group=%d missing=%d split=%d workspace=%d rel err %.3g", group, missing, split,
+                ws, e);
+        free(out), free(x), free(nw), free(base), free(ref), free(scratch);
+        cuda_free(dx), cuda_free(dnw), cuda_free(dout), cuda_free(xn), cuda_free(didx), cuda_free(dw), cuda_free(zero);
+        cuda_free(dex), cuda_free(dscr);
+        for (int e2 = 0; e2 < E; e2++) s_mat_free(&g[e2]), s_mat_free(&u[e2]), s_mat_free(&d[e2]), cuda_free(tails[e2]);
+    }
 }
 
 static void test_rmsnorm_rope(void)
@@ -602,7 +660,7 @@ static void test_q8_producers(void)
             const int n = ns[ni], E = 8, K = 2, H = 128, I = 96;
             tmat_t g[8], u[8], d[8];
             cuda_expert_t ex[8];
-            s_experts(g, u, d, ex, E, (wfmt_t)f, H, I);
+            s_experts(g, u, d, ex, E, (wfmt_t)f, H, I, 32);
             float *x = malloc((size_t)n * H * 4), *w = malloc(H * 4), *wt = malloc((size_t)n * K * 4), logits[8];
             int32_t *idx = malloc((size_t)n * K * 4);
             s_fill(x, (size_t)n * H, 1.f);
@@ -760,7 +818,7 @@ static void test_router_fused(void)
                     /* the experts on the routed scratch and on a fresh one */
                     tmat_t g[128], u[128], d[128];
                     cuda_expert_t *ex = malloc(sizeof(cuda_expert_t) * E);
-                    s_experts(g, u, d, ex, E, WF_INT4, H, I);
+                    s_experts(g, u, d, ex, E, WF_INT4, H, I, 32);
                     cuda_expert_t *dex = s_up(ex, sizeof(cuda_expert_t) * E);
                     void *scr2 = NULL;
                     cuda_malloc(&scr2, cuda_moe_scratch_bytes(n, K, H, I, E));
@@ -867,6 +925,7 @@ int main(void)
     if (cuda_ctx_reserve_q8(ctx, 256, 4096)) return 1;
     test_matmul(true);
     test_moe();
+    test_moe_wide();
     test_rmsnorm_rope();
     test_gate();
     test_attention();
