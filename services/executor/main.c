@@ -47,9 +47,9 @@ static void s_usage(FILE *f)
             "model: [executor] backend = cpu (thread pool) or cuda (one GPU under gpu_mem, prefetching the\n"
             "experts that the next prefetch_depth MoE layers' gates predict; expert_cache = split keeps\n"
             "every expert resident but its down projection's last rows, whole caches whole experts).\n"
-            "The weights are\n"
-            "mapped read-only from the prefetchers' shm arenas, so a restart reads no model file from disk;\n"
-            "KV cache: [scheduler] kv_blocks x block_size. Binds a ROUTER at [executor] endpoint.\n\n"
+            "The weights are mapped read-only from the prefetchers' shm arenas, so a restart reads no\n"
+            "model file from disk; KV cache: [scheduler] kv_blocks x block_size. Binds a ROUTER at\n"
+            "[executor] endpoint.\n\n"
             "  --config FILE   the group config (INI, common/config.h)\n"
             "  --help          this text\n\n"
             "Exit codes: 0 clean stop (SIGTERM/SIGINT), 1 runtime failure, 2 bad config, model or backend.\n");
