@@ -153,10 +153,11 @@ __device__ __forceinline__ void ldm4_t(uint32_t *r, const void *p)
  * pdl_enter(): it waits until the kernel before it in the stream has finished and its writes
  * are visible (griddepcontrol.wait), then lets the next kernel be launched at once
  * (launch_dependents), so that kernel's launch and block scheduling overlap this one's work
- * instead of following its last block. Without the launch attribute (older GPUs, or
- * STRATA_NO_PDL=1) both instructions are no-ops and launches are ordered as usual. Work that
- * reads nothing an earlier kernel writes may come before it: k_gemv_q8 asks L2 for its weights
- * there, so they arrive while the kernel before finishes. */
+ * instead of following its last block. Without the launch attribute (older GPUs,
+ * STRATA_NO_PDL=1, or a launch_kx with pdl false) the wait is a no-op and the kernel starts
+ * after the one before it has finished. Work that reads nothing an earlier kernel writes may
+ * come before it: k_gemv_q8 asks L2 for its weights there, so they arrive while the kernel
+ * before finishes. */
 __device__ __forceinline__ void pdl_enter()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -183,11 +184,12 @@ __device__ __forceinline__ void l2_prefetch(const void *p, size_t bytes)
  * compute capability 9.0 or later, unless STRATA_NO_PDL is set). */
 extern int cuda_pdl_on;
 
-/* kernel<<<grid, block, smem, st>>>(args...), with programmatic dependent launch when on and,
+/* kernel<<<grid, block, smem, st>>>(args...), with programmatic dependent launch when on and pdl
+ * (else the kernel starts after the one before it has finished, as without the attribute) and,
  * with cluster_z > 1, thread-block clusters of (1, 1, cluster_z) (sm_90). */
 template <typename... KArgs, typename... Args>
-static inline cudaError_t launch_kc(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
-                                    int cluster_z, Args &&...args)
+static inline cudaError_t launch_kx(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                    int cluster_z, bool pdl, Args &&...args)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
@@ -196,7 +198,7 @@ static inline cudaError_t launch_kc(void (*kernel)(KArgs...), dim3 grid, dim3 bl
     cfg.stream = st;
     cudaLaunchAttribute at[2];
     int na = 0;
-    if (cuda_pdl_on) {
+    if (cuda_pdl_on && pdl) {
         at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[na++].val.programmaticStreamSerializationAllowed = 1;
     }
@@ -209,6 +211,14 @@ static inline cudaError_t launch_kc(void (*kernel)(KArgs...), dim3 grid, dim3 bl
     cfg.attrs = at;
     cfg.numAttrs = na;
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
+}
+
+/* launch_kx with programmatic dependent launch. */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t launch_kc(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                    int cluster_z, Args &&...args)
+{
+    return launch_kx(kernel, grid, block, smem, st, cluster_z, true, static_cast<Args &&>(args)...);
 }
 
 /* launch_kc without clusters. */

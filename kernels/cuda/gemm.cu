@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : 4) k_gemm(gm_
     int group = a.w[0].group;
     if (a.tiles) {
         int e, cnt;
-        if (!moe_tile(a.tiles, a.n_tiles, a.offsets, a.experts, e, m0, cnt)) return;
+        if (!moe_tile(a.tiles, a.n_tiles, a.offsets, a.experts, blockIdx.y, e, m0, cnt)) return;
         const cuda_expert_t *ex = a.experts + e;
         if (SWIGLU) {
             d0 = (const uint8_t *)ex->gate.data, s0 = ex->gate.scales, group = ex->gate.group;

@@ -17,13 +17,13 @@
 /* cuda_moe_ffn takes it from this many tokens. */
 #define GEMM_MOE_MIN_TOKENS 32
 
-/* The grouped tile of this block (blockIdx.y < *n_tiles): expert e and its rows p0 .. p0 + cnt - 1
- * (cnt <= GEMM_BM); false when the block has no tile or the expert is not resident. */
+/* Grouped tile ti (< *n_tiles): expert e and its rows p0 .. p0 + cnt - 1 (cnt <= GEMM_BM); false
+ * when there is no such tile or the expert is not resident. */
 __device__ __forceinline__ bool moe_tile(const int2 *tiles, const int32_t *n_tiles, const int32_t *offsets,
-                                         const cuda_expert_t *experts, int &e, int &p0, int &cnt)
+                                         const cuda_expert_t *experts, int ti, int &e, int &p0, int &cnt)
 {
-    if ((int)blockIdx.y >= *n_tiles) return false;
-    const int2 tl = tiles[blockIdx.y];
+    if (ti >= *n_tiles) return false;
+    const int2 tl = tiles[ti];
     e = tl.x;
     p0 = tl.y;
     cnt = min(GEMM_BM, offsets[e + 1] - p0);

@@ -337,94 +337,149 @@ __global__ void k_moe_gather(float *xs, const float *x, const int32_t *perm, int
     for (int d = threadIdx.x; d < hidden; d += blockDim.x) xs[(size_t)p * hidden + d] = src[d];
 }
 
-/* Integer path, one block row of tiles per (expert, rows) tile: each group of LPR lanes takes 2
- * rows of gate and the same 2 of up (q8_dot_rows with 4 rows) for the tile's tokens. GATHER:
- * q/qd/qs hold token rows and pair p reads row perm[p] / top_k; else pair rows. */
-/* One token on whole-warp rows: 3 blocks an SM (at most 80 registers; 86 left 2). Measured on
- * the H200, batch-1 decode: Mixtral-8x7B 277 -> 293 tok/s; on 8-lane rows Qwen3-30B-A3B lost
- * (390 -> 374), so those keep the registers. */
-#define GATE_UP_MIN_BLOCKS(NT, LPR) ((NT) == 1 && (LPR) == 32 ? 3 : 1)
+/* The integer path's expert GEMVs split a tile's rows into units of a warp's rows. Two ways to
+ * give units to warps:
+ *   tiles: grid (blocks, max_tiles); block y takes tile y and its warps stride over the tile's
+ *     units;
+ *   flat (one token on whole-warp rows): one wave of blocks; warp w of W takes the contiguous
+ *     units [w U / W, (w + 1) U / W) of all U = n_tiles * units-a-tile, so every warp reads about
+ *     as many bytes and the wave ends together, at 2 blocks an SM and the block loop unrolled
+ *     twice. Measured on the H200 (the two experts of one Mixtral-8x7B token, int4 g32, each
+ *     kernel alone): gate/up 51.6 -> 35.7 us, down 20.6 -> 17.6 us. On 8-lane rows (Qwen3-
+ *     30B-A3B) flat gained less than 0.3 us and tiles stay.
+ * One token on whole-warp rows in tiles: 3 blocks an SM (at most 80 registers), which gained
+ * 277 -> 293 tok/s on Mixtral-8x7B before flat. */
+template <int NT, int LPR> __host__ __device__ constexpr bool moe_flat() { return NT == 1 && LPR == 32; }
+#define MOE_Q8_MIN_BLOCKS(NT, LPR) (moe_flat<NT, LPR>() ? 2 : (NT) == 1 && (LPR) == 32 ? 3 : 1)
+#define MOE_Q8_UNROLL(NT, LPR) (moe_flat<NT, LPR>() ? 2 : q8_unroll<NT, LPR>())
+
+/* This warp's units: u, u + step, .. below u1; tile (FLAT) u / upt, else blockIdx.y. */
+template <bool FLAT> __device__ __forceinline__ void moe_units(const int32_t *n_tiles, int upt, int &u, int &u1, int &step)
+{
+    const int wpb = blockDim.x >> 5, w = blockIdx.x * wpb + (threadIdx.x >> 5);
+    if constexpr (FLAT) {
+        const long long W = (long long)gridDim.x * wpb, U = (long long)*n_tiles * upt;
+        u = (int)(w * U / W);
+        u1 = (int)((w + 1) * U / W);
+        step = 1;
+    } else {
+        u = w;
+        u1 = upt;
+        step = gridDim.x * wpb;
+    }
+}
+
+/* Integer path: each group of LPR lanes takes 2 rows of gate and the same 2 of up (q8_dot_rows
+ * with 4 rows) for the tile's tokens. GATHER: q/qd/qs hold token rows and pair p reads row
+ * perm[p] / top_k (each warp keeps its tile's rows in shared memory); else pair rows. */
 template <int FMT, int NT, int LPR, bool GATHER>
-__global__ void __launch_bounds__(256, GATE_UP_MIN_BLOCKS(NT, LPR))
+__global__ void __launch_bounds__(256, MOE_Q8_MIN_BLOCKS(NT, LPR))
     k_moe_gate_up_q8(float *hs, const int8_t *q, const float *qd, const int32_t *qs, const cuda_expert_t *experts,
                      const int2 *tiles, const int32_t *n_tiles, const int32_t *offsets, int hidden, int inter,
                      const int32_t *perm, int top_k)
 {
     pdl_enter();
     constexpr int RPW = 32 / LPR * 2;
-    int e, p0, cnt;
-    if (!moe_tile(tiles, n_tiles, offsets, experts, e, p0, cnt)) return;
-    const int lane = threadIdx.x & 31, nb = hidden / 32;
-    const qmat_t gw = experts[e].gate, uw = experts[e].up;
-    __shared__ int xr[GATHER ? GEMM_BM : 1]; /* the tile's pairs' token rows (in shared memory:
-                                                 an array in registers spilled at 16 tokens) */
-    if constexpr (GATHER) {
-        for (int i = threadIdx.x; i < cnt; i += blockDim.x) xr[i] = perm[p0 + i] / top_k;
-        __syncthreads();
-    }
-    const int bpg = FMT == WF_INT4 ? gw.group / 32 : 1;
-    /* a grid of a few blocks per SM strides over the rows: the tile lookup above is paid once */
-    for (int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); warp * RPW < inter;
-         warp += gridDim.x * (blockDim.x >> 5)) {
-    const int r0 = warp * RPW + lane / LPR * 2;
-    const uint8_t *rp[4];
-    const void *sp[4];
-    q8_row_ptrs<FMT>(gw, r0, rp[0], sp[0]);
-    q8_row_ptrs<FMT>(gw, r0 + 1, rp[1], sp[1]);
-    q8_row_ptrs<FMT>(uw, r0, rp[2], sp[2]);
-    q8_row_ptrs<FMT>(uw, r0 + 1, rp[3], sp[3]);
-    for (int t0 = 0; t0 < cnt; t0 += NT) {
-        const int m = cnt - t0 < NT ? cnt - t0 : NT;
-        const size_t p = (size_t)(p0 + t0);
-        float acc[4][NT];
-        if constexpr (GATHER) {
-            q8_dot_rows<FMT, NT, 4, LPR, true>(rp, sp, bpg, q, qd, qs, m, hidden, acc, xr + t0);
-        } else {
-            q8_dot_rows<FMT, NT, 4, LPR>(rp, sp, bpg, q + p * hidden, qd + p * nb, qs + p * nb, m, hidden, acc);
-        }
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                const float gs = group_sum<LPR>(acc[j][t]), us = group_sum<LPR>(acc[2 + j][t]);
-                if (lane % LPR == 0 && t < m && r0 + j < inter) hs[(p + t) * inter + r0 + j] = gs / (1.f + expf(-gs)) * us;
+    constexpr bool FLAT = moe_flat<NT, LPR>();
+    const int lane = threadIdx.x & 31, nb = hidden / 32, upt = (inter + RPW - 1) / RPW;
+    constexpr bool XR = GATHER && NT > 1; /* a warp's tile's token rows in shared memory */
+    __shared__ int xr[XR ? 8 : 1][XR ? GEMM_BM : 1];
+    int *wxr = xr[XR ? threadIdx.x >> 5 : 0];
+    int u, u1, step, cur = -1, e = 0, p0 = 0, cnt = 0;
+    bool ok = false;
+    moe_units<FLAT>(n_tiles, upt, u, u1, step);
+    for (; u < u1; u += step) {
+        const int ti = FLAT ? u / upt : blockIdx.y, r0 = (FLAT ? u % upt : u) * RPW + lane / LPR * 2;
+        if (ti != cur) {
+            cur = ti;
+            ok = moe_tile(tiles, n_tiles, offsets, experts, ti, e, p0, cnt);
+            if (XR && ok) {
+                __syncwarp();
+                for (int i = lane; i < cnt; i += 32) wxr[i] = perm[p0 + i] / top_k;
+                __syncwarp();
             }
-    }
+        }
+        if (!ok) {
+            if (FLAT) continue;
+            return;
+        }
+        const qmat_t &gw = experts[e].gate, &uw = experts[e].up;
+        const int bpg = FMT == WF_INT4 ? gw.group / 32 : 1;
+        const uint8_t *rp[4];
+        const void *sp[4];
+        q8_row_ptrs<FMT>(gw, r0, rp[0], sp[0]);
+        q8_row_ptrs<FMT>(gw, r0 + 1, rp[1], sp[1]);
+        q8_row_ptrs<FMT>(uw, r0, rp[2], sp[2]);
+        q8_row_ptrs<FMT>(uw, r0 + 1, rp[3], sp[3]);
+        for (int t0 = 0; t0 < cnt; t0 += NT) {
+            const int m = cnt - t0 < NT ? cnt - t0 : NT;
+            const size_t p = (size_t)(p0 + t0);
+            float acc[4][NT];
+            if constexpr (XR) {
+                q8_dot_rows<FMT, NT, 4, LPR, true, MOE_Q8_UNROLL(NT, LPR)>(rp, sp, bpg, q, qd, qs, m, hidden, acc,
+                                                                           wxr + t0);
+            } else { /* one token: its row's address once, and no shared memory (the rows in shared
+                      * memory cost 36.7 -> 41.2 us at Mixtral's shape) */
+                const size_t x = GATHER ? (size_t)(perm[p] / top_k) : p;
+                q8_dot_rows<FMT, NT, 4, LPR, false, MOE_Q8_UNROLL(NT, LPR)>(rp, sp, bpg, q + x * hidden, qd + x * nb,
+                                                                            qs + x * nb, m, hidden, acc);
+            }
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    const float gs = group_sum<LPR>(acc[j][t]), us = group_sum<LPR>(acc[2 + j][t]);
+                    if (lane % LPR == 0 && t < m && r0 + j < inter)
+                        hs[(p + t) * inter + r0 + j] = gs / (1.f + expf(-gs)) * us;
+                }
+        }
     }
 }
 
+/* Each group of LPR lanes takes 4 consecutive rows of down (a split expert's rows from its head
+ * or its tail). */
 template <int FMT, int NT, int LPR>
-__global__ void k_moe_down_q8(float *os, const int8_t *q, const float *qd, const int32_t *qs,
-                              const cuda_expert_t *experts, const int2 *tiles, const int32_t *n_tiles,
-                              const int32_t *offsets, int hidden, int inter)
+__global__ void __launch_bounds__(256, MOE_Q8_MIN_BLOCKS(NT, LPR))
+    k_moe_down_q8(float *os, const int8_t *q, const float *qd, const int32_t *qs, const cuda_expert_t *experts,
+                  const int2 *tiles, const int32_t *n_tiles, const int32_t *offsets, int hidden, int inter)
 {
     pdl_enter();
     constexpr int RPW = 32 / LPR * 4;
-    int e, p0, cnt;
-    if (!moe_tile(tiles, n_tiles, offsets, experts, e, p0, cnt)) return;
-    const int lane = threadIdx.x & 31, nb = inter / 32;
-    const cuda_expert_t &ex = experts[e];
-    const int bpg = FMT == WF_INT4 ? ex.down.group / 32 : 1;
-    for (int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); warp * RPW < hidden;
-         warp += gridDim.x * (blockDim.x >> 5)) {
-    const int r0 = warp * RPW + lane / LPR * 4;
-    const uint8_t *rp[4];
-    const void *sp[4];
+    constexpr bool FLAT = moe_flat<NT, LPR>();
+    const int lane = threadIdx.x & 31, nb = inter / 32, upt = (hidden + RPW - 1) / RPW;
+    int u, u1, step, cur = -1, e = 0, p0 = 0, cnt = 0;
+    bool ok = false;
+    moe_units<FLAT>(n_tiles, upt, u, u1, step);
+    for (; u < u1; u += step) {
+        const int ti = FLAT ? u / upt : blockIdx.y, r0 = (FLAT ? u % upt : u) * RPW + lane / LPR * 4;
+        if (ti != cur) {
+            cur = ti;
+            ok = moe_tile(tiles, n_tiles, offsets, experts, ti, e, p0, cnt);
+        }
+        if (!ok) {
+            if (FLAT) continue;
+            return;
+        }
+        const cuda_expert_t &ex = experts[e];
+        const int bpg = FMT == WF_INT4 ? ex.down.group / 32 : 1;
+        const uint8_t *rp[4];
+        const void *sp[4];
 #pragma unroll
-    for (int i = 0; i < 4; i++) q8_row_ptrs<FMT>(moe_down_rows(ex, r0 + i), r0 + i, rp[i], sp[i]);
-    for (int t0 = 0; t0 < cnt; t0 += NT) {
-        const int m = cnt - t0 < NT ? cnt - t0 : NT;
-        const size_t p = (size_t)(p0 + t0);
-        float acc[4][NT];
-        q8_dot_rows<FMT, NT, 4, LPR>(rp, sp, bpg, q + p * inter, qd + p * nb, qs + p * nb, m, inter, acc);
+        for (int i = 0; i < 4; i++) q8_row_ptrs<FMT>(moe_down_rows(ex, r0 + i), r0 + i, rp[i], sp[i]);
+        for (int t0 = 0; t0 < cnt; t0 += NT) {
+            const int m = cnt - t0 < NT ? cnt - t0 : NT;
+            const size_t p = (size_t)(p0 + t0);
+            float acc[4][NT];
+            q8_dot_rows<FMT, NT, 4, LPR, false, MOE_Q8_UNROLL(NT, LPR)>(rp, sp, bpg, q + p * inter, qd + p * nb,
+                                                                        qs + p * nb, m, inter, acc);
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+            for (int i = 0; i < 4; i++)
 #pragma unroll
-            for (int t = 0; t < NT; t++) {
-                const float v = group_sum<LPR>(acc[i][t]);
-                if (lane % LPR == 0 && t < m && r0 + i < hidden) os[(p + t) * hidden + r0 + i] = v;
-            }
-    }
+                for (int t = 0; t < NT; t++) {
+                    const float v = group_sum<LPR>(acc[i][t]);
+                    if (lane % LPR == 0 && t < m && r0 + i < hidden) os[(p + t) * hidden + r0 + i] = v;
+                }
+        }
     }
 }
 
@@ -448,27 +503,47 @@ typedef struct {
     int top_k;
 } moe_xq_t;
 
+/* The grid of an expert GEMV of rows rows, rpw a warp: flat, one wave of blocks (per_sm an SM,
+ * fewer when that leaves a warp without a unit); tiles, s_row_blocks for each tile. */
+static dim3 s_moe_grid(bool flat, int per_sm, int rows, int rpw, int sms, int max_tiles)
+{
+    if (!flat) return dim3(s_row_blocks(rows, 8 * rpw, sms, max_tiles), max_tiles);
+    const long long need = ((long long)max_tiles * cdiv(rows, rpw) + 7) / 8, wave = (long long)per_sm * sms;
+    return dim3((unsigned)(need < wave ? need : wave));
+}
+
+/* Blocks of kernel k resident an SM at 256 threads (1 when the runtime cannot tell). */
+template <typename K> static int s_per_sm(K k)
+{
+    int n = 0;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, 256, 0) == cudaSuccess && n > 0 ? n : 1;
+}
+
 template <int FMT, int NT, int LPR>
 static void s_gate_up_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const moe_xq_t *xq,
                          const cuda_expert_t *experts, int hidden, int inter, int max_tiles)
 {
-    const int rows_per_block = 8 * (32 / LPR) * 2;
-    const dim3 grid(s_row_blocks(inter, rows_per_block, sms, max_tiles), max_tiles);
-    if (xq->gather)
-        launch_k(k_moe_gate_up_q8<FMT, NT, LPR, true>, grid, 256, 0, st, s->hs, xq->q, xq->qd, xq->qs, experts,
-                 s->tiles, s->n_tiles, s->offsets, hidden, inter, s->perm, xq->top_k);
-    else
-        launch_k(k_moe_gate_up_q8<FMT, NT, LPR, false>, grid, 256, 0, st, s->hs, xq->q, xq->qd, xq->qs, experts,
-                 s->tiles, s->n_tiles, s->offsets, hidden, inter, s->perm, xq->top_k);
+    static int per_sm[2];
+    const int g = xq->gather;
+    auto k = g ? k_moe_gate_up_q8<FMT, NT, LPR, true> : k_moe_gate_up_q8<FMT, NT, LPR, false>;
+    if (!per_sm[g]) per_sm[g] = s_per_sm(k);
+    const dim3 grid = s_moe_grid(moe_flat<NT, LPR>(), per_sm[g], inter, 32 / LPR * 2, sms, max_tiles);
+    /* without programmatic dependent launch: its blocks are placed once the router has finished.
+     * Measured on the H200 (batch-1 decode): Mixtral-8x7B 295.7 -> 328.3 tok/s, the kernel 47.4 ->
+     * 36.9 us in the graph; Qwen3-30B-A3B 424.5 -> 430.1; Mixtral batch 16 391.6 -> 411.1. The same
+     * for the down, attention, combine, router, GEMV or RoPE launches gained nothing or lost. */
+    launch_kx(k, grid, 256, 0, st, 1, false, s->hs, xq->q, xq->qd, xq->qs, experts, s->tiles, s->n_tiles, s->offsets,
+              hidden, inter, s->perm, xq->top_k);
 }
 
 template <int FMT, int NT, int LPR>
 static void s_down_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const cuda_expert_t *experts, int hidden,
                       int inter, int max_tiles)
 {
-    const int rows_per_block = 8 * (32 / LPR) * 4;
-    launch_k(k_moe_down_q8<FMT, NT, LPR>, dim3(s_row_blocks(hidden, rows_per_block, sms, max_tiles), max_tiles), 256,
-             0, st, s->os, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
+    static int per_sm;
+    if (!per_sm) per_sm = s_per_sm(k_moe_down_q8<FMT, NT, LPR>);
+    launch_k(k_moe_down_q8<FMT, NT, LPR>, s_moe_grid(moe_flat<NT, LPR>(), per_sm, hidden, 32 / LPR * 4, sms, max_tiles),
+             256, 0, st, s->os, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
 }
 
 template <int FMT, int NT>
@@ -507,7 +582,7 @@ __global__ void k_moe_gate_up(float *hs, const float *xs, const cuda_expert_t *e
     pdl_enter();
     int e, off, cnt;
     const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if (r >= inter || !moe_tile(tiles, n_tiles, offsets, experts, e, off, cnt)) return;
+    if (r >= inter || !moe_tile(tiles, n_tiles, offsets, experts, blockIdx.y, e, off, cnt)) return;
     const cuda_expert_t ex = experts[e];
     for (int t0 = 0; t0 < cnt; t0 += NT) {
         const int m = cnt - t0 < NT ? cnt - t0 : NT;
@@ -532,7 +607,7 @@ __global__ void k_moe_down(float *os, const float *hs, const cuda_expert_t *expe
     pdl_enter();
     int e, off, cnt;
     const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if (r >= hidden || !moe_tile(tiles, n_tiles, offsets, experts, e, off, cnt)) return;
+    if (r >= hidden || !moe_tile(tiles, n_tiles, offsets, experts, blockIdx.y, e, off, cnt)) return;
     const cuda_expert_t ex = experts[e];
     for (int t0 = 0; t0 < cnt; t0 += NT) {
         const int m = cnt - t0 < NT ? cnt - t0 : NT;

@@ -145,10 +145,11 @@ template <int LPR> __device__ __forceinline__ float group_sum(float v)
  * against 376 tok/s, batch 16 641 against 755, so the bar stays at 128. */
 static inline bool q8_wide_rows(int cols) { return cols / 32 >= 128; }
 
-/* Unrolling of the block loop: one token on whole-warp rows has registers to spare for more
- * weight loads in flight. Measured on the H200 (batch-1 decode, int4 g32, unrolling 2 / 4 / 8):
- * Mixtral-8x7B 262 / 279 / 256 tok/s, Qwen3-30B-A3B 390 / 391 / 397 (8 on the rows of 4096
- * columns, 4 on the experts' down rows: Mixtral 264). */
+/* Unrolling of the block loop (q8_dot_rows' default): one token on whole-warp rows has registers
+ * to spare for more weight loads in flight. Measured on the H200 (batch-1 decode, int4 g32,
+ * unrolling 2 / 4 / 8): Mixtral-8x7B 262 / 279 / 256 tok/s, Qwen3-30B-A3B 390 / 391 / 397 (8 on
+ * the rows of 4096 columns, 4 on the experts' down rows: Mixtral 264). The experts' flat
+ * kernels (moe.cu) unroll 2 at 2 blocks an SM. */
 template <int NT, int LPR> __host__ __device__ constexpr int q8_unroll() { return NT == 1 && LPR == 32 ? 4 : 2; }
 
 /* Per-lane partial dot products of RR weight rows of an INT4 or INT8 matrix with NT
@@ -160,8 +161,8 @@ template <int NT, int LPR> __host__ __device__ constexpr int q8_unroll() { retur
  * INT4 block = 16 bytes: byte j holds columns j (low nibble) and 16+j (high), so the low
  * nibbles of word i pair with activation word i and the high nibbles with word 4+i. The +8
  * offset is removed with the block sum of q: sum_j (n_j - 8) a_j = dot(n, a) - 8 * sum(a).
- * ROWS: activation row t is row xr[t] of xq/xd/xs (a gather), else row t. */
-template <int FMT, int NT, int RR, int LPR, bool ROWS = false>
+ * ROWS: activation row t is row xr[t] of xq/xd/xs (a gather), else row t. UNR: the unrolling. */
+template <int FMT, int NT, int RR, int LPR, bool ROWS = false, int UNR = q8_unroll<NT, LPR>()>
 __device__ __forceinline__ void q8_dot_rows(const uint8_t *const *rp, const void *const *sp, int bpg, const int8_t *xq,
                                             const float *xd, const int32_t *xs, int n, int cols, float (*acc)[NT],
                                             const int *xr = nullptr)
@@ -171,7 +172,7 @@ __device__ __forceinline__ void q8_dot_rows(const uint8_t *const *rp, const void
     for (int i = 0; i < RR; i++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[i][t] = 0.f;
-#pragma unroll q8_unroll<NT, LPR>()
+#pragma unroll UNR
     for (int b = sl; b < nb; b += LPR) {
         if constexpr (FMT == WF_INT4) {
             uint4 v[RR];
