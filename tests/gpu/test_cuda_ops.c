@@ -242,15 +242,18 @@ static void test_moe(void)
             }
 }
 
-/* One token on INT4 experts of Mixtral's hidden width (4096 columns: gate/up take whole-warp
- * rows, down 8-lane rows): groups of 32 and of 64, split experts (down rows 512.. elsewhere,
- * poisoned in place), the second chosen expert missing, and the token row read from the
- * context's workspace (CUDA_MOE_X_Q8). */
+/* One token on INT4 experts with rows of 4096 columns, which take whole-warp rows and the flat
+ * grid (moe.cu): gate/up at hidden 4096 (down on 8-lane rows in tiles), or down at inter 4096
+ * (gate/up in tiles). Groups of 32 and of 64, split experts (down rows 512.. elsewhere, poisoned
+ * in place), the second chosen expert missing, and the token row read from the context's
+ * workspace (CUDA_MOE_X_Q8). */
 static void test_moe_wide(void)
 {
-    const int E = 4, K = 2, H = 4096, I = 1024;
-    for (int c = 0; c < 16; c++) {
-        const int group = c & 1 ? 64 : 32, missing = (c >> 1) & 1, split = c & 4 ? 512 : 0, ws = (c >> 3) & 1;
+    const int E = 4, K = 2;
+    /* 8 cases: both shapes with and without a missing expert and the workspace's row */
+    for (int c = 0; c < 8; c++) {
+        const int H = c & 1 ? 1024 : 4096, I = c & 1 ? 4096 : 1024, group = c & 2 ? 64 : 32, split = c & 4 ? 512 : 0;
+        const int missing = (c ^ c >> 1 ^ c >> 2) & 1, ws = (c >> 1 ^ c >> 2) & 1;
         tmat_t g[4], u[4], d[4];
         cuda_expert_t ex[4];
         void *tails[4] = {0};
@@ -291,8 +294,8 @@ static void test_moe_wide(void)
                 "wide moe launch");
         float *out = s_down(dout, H);
         double e = t_relerr(out, ref, H);
-        T_CHECK(e < 2e-2, "wide moe group=%d missing=%d split=%d workspace=%d rel err %.3g", group, missing, split,
-                ws, e);
+        T_CHECK(e < 2e-2, "wide moe H=%d I=%d group=%d missing=%d split=%d workspace=%d rel err %.3g", H, I, group,
+                missing, split, ws, e);
         free(out), free(x), free(nw), free(base), free(ref), free(scratch);
         cuda_free(dx), cuda_free(dnw), cuda_free(dout), cuda_free(xn), cuda_free(didx), cuda_free(dw), cuda_free(zero);
         cuda_free(dex), cuda_free(dscr);
