@@ -32,6 +32,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -919,18 +920,19 @@ int gpu_model_create(gpu_model_t **out, const model_t *m, const gpu_opts_t *o, s
     if (g->split && o->prefetch_depth < 0 && g->depth > GPU_DEPTH_SPLIT) g->depth = GPU_DEPTH_SPLIT;
 
     g->st.budget_used = g->used;
+    char slots[192];
     if (g->split)
-        log_info("gpu: resident %.1f MB, KV %.1f MB, workspace %.1f MB, every expert's head (all but down rows %d..) "
-                 "%.2f MB x %d, %d tail slots x %.2f MB (%.2f experts' worth of %d), budget %.1f of %s MB",
-                 g->st.resident_bytes / 1e6, g->st.kv_bytes / 1e6, g->st.workspace_bytes / 1e6, g->split,
-                 g->head_bytes / 1e6, g->n_total, g->n_slots, g->slot_bytes / 1e6, g->st.experts_on_gpu, g->n_total,
-                 g->used / 1e6,
-                 g->budget ? "--gpu-mem" : "unbounded");
+        snprintf(slots, sizeof slots,
+                 "every expert's head (all but down rows %d..) %.2f MB x %d, %d tail slots x %.2f MB (%.2f experts' "
+                 "worth of %d)",
+                 g->split, g->head_bytes / 1e6, g->n_total, g->n_slots, g->slot_bytes / 1e6, g->st.experts_on_gpu,
+                 g->n_total);
     else
-        log_info("gpu: resident %.1f MB, KV %.1f MB, workspace %.1f MB, %d expert slots x %.2f MB (%s), budget %.1f of "
-                 "%s MB", g->st.resident_bytes / 1e6, g->st.kv_bytes / 1e6, g->st.workspace_bytes / 1e6, g->n_slots,
-                 g->expert_bytes / 1e6, g->all_resident ? "all resident" : "cached", g->used / 1e6,
-                 g->budget ? "--gpu-mem" : "unbounded");
+        snprintf(slots, sizeof slots, "%d expert slots x %.2f MB (%s)", g->n_slots, g->expert_bytes / 1e6,
+                 g->all_resident ? "all resident" : "cached");
+    log_info("gpu: resident %.1f MB, KV %.1f MB, workspace %.1f MB, %s, budget %.1f of %s MB", g->st.resident_bytes / 1e6,
+             g->st.kv_bytes / 1e6, g->st.workspace_bytes / 1e6, slots, g->used / 1e6,
+             g->budget ? "--gpu-mem" : "unbounded");
     *out = g;
     return 0;
 fail:

@@ -353,21 +353,45 @@ template <int NT, int LPR> __host__ __device__ constexpr bool moe_flat() { retur
 #define MOE_Q8_MIN_BLOCKS(NT, LPR) (moe_flat<NT, LPR>() ? 2 : (NT) == 1 && (LPR) == 32 ? 3 : 1)
 #define MOE_Q8_UNROLL(NT, LPR) (moe_flat<NT, LPR>() ? 2 : q8_unroll<NT, LPR>())
 
-/* This warp's units: u, u + step, .. below u1; tile (FLAT) u / upt, else blockIdx.y. */
-template <bool FLAT> __device__ __forceinline__ void moe_units(const int32_t *n_tiles, int upt, int &u, int &u1, int &step)
-{
-    const int wpb = blockDim.x >> 5, w = blockIdx.x * wpb + (threadIdx.x >> 5);
-    if constexpr (FLAT) {
-        const long long W = (long long)gridDim.x * wpb, U = (long long)*n_tiles * upt;
-        u = (int)(w * U / W);
-        u1 = (int)((w + 1) * U / W);
-        step = 1;
-    } else {
-        u = w;
-        u1 = upt;
-        step = gridDim.x * wpb;
+/* A warp's walk over its units: u, u + step, .. below u1 (flat: its contiguous share of the
+ * n_tiles * upt units; tiles: a grid stride over tile blockIdx.y's upt units), and the tile of
+ * the unit it is at (flat: u / upt, else blockIdx.y), looked up when it changes. */
+template <bool FLAT> struct moe_walk {
+    int u, u1, step, upt, cur, e, p0, cnt;
+    bool ok;
+    __device__ __forceinline__ moe_walk(const int32_t *n_tiles, int units)
+        : upt(units), cur(-1), e(0), p0(0), cnt(0), ok(false)
+    {
+        const int wpb = blockDim.x >> 5, w = blockIdx.x * wpb + (threadIdx.x >> 5);
+        if constexpr (FLAT) {
+            const long long W = (long long)gridDim.x * wpb, U = (long long)*n_tiles * upt;
+            u = (int)(w * U / W);
+            u1 = (int)((w + 1) * U / W);
+            step = 1;
+        } else {
+            u = w;
+            u1 = upt;
+            step = gridDim.x * wpb;
+        }
     }
-}
+    __device__ __forceinline__ bool more() const { return u < u1; }
+    __device__ __forceinline__ void next() { u += step; }
+    /* The unit's place in its tile: its rows start at row_unit() * (rows a warp). */
+    __device__ __forceinline__ int row_unit() const { return FLAT ? u % upt : u; }
+    /* Looks the unit's tile up when it is not the last one's (fresh: it was); true when the tile
+     * exists and its expert is resident (e, p0, cnt). */
+    __device__ __forceinline__ bool tile(const int2 *tiles, const int32_t *n_tiles, const int32_t *offsets,
+                                         const cuda_expert_t *experts, bool &fresh)
+    {
+        const int ti = FLAT ? u / upt : blockIdx.y;
+        fresh = ti != cur;
+        if (fresh) {
+            cur = ti;
+            ok = moe_tile(tiles, n_tiles, offsets, experts, ti, e, p0, cnt);
+        }
+        return ok;
+    }
+};
 
 /* Integer path: each group of LPR lanes takes 2 rows of gate and the same 2 of up (q8_dot_rows
  * with 4 rows) for the tile's tokens. GATHER: q/qd/qs hold token rows and pair p reads row
@@ -385,23 +409,17 @@ __global__ void __launch_bounds__(256, MOE_Q8_MIN_BLOCKS(NT, LPR))
     constexpr bool XR = GATHER && NT > 1; /* a warp's tile's token rows in shared memory */
     __shared__ int xr[XR ? 8 : 1][XR ? GEMM_BM : 1];
     int *wxr = xr[XR ? threadIdx.x >> 5 : 0];
-    int u, u1, step, cur = -1, e = 0, p0 = 0, cnt = 0;
-    bool ok = false;
-    moe_units<FLAT>(n_tiles, upt, u, u1, step);
-    for (; u < u1; u += step) {
-        const int ti = FLAT ? u / upt : blockIdx.y, r0 = (FLAT ? u % upt : u) * RPW + lane / LPR * 2;
-        if (ti != cur) {
-            cur = ti;
-            ok = moe_tile(tiles, n_tiles, offsets, experts, ti, e, p0, cnt);
-            if (XR && ok) {
-                __syncwarp();
-                for (int i = lane; i < cnt; i += 32) wxr[i] = perm[p0 + i] / top_k;
-                __syncwarp();
-            }
-        }
-        if (!ok) {
+    for (moe_walk<FLAT> w(n_tiles, upt); w.more(); w.next()) {
+        bool fresh;
+        if (!w.tile(tiles, n_tiles, offsets, experts, fresh)) {
             if (FLAT) continue;
             return;
+        }
+        const int e = w.e, p0 = w.p0, cnt = w.cnt, r0 = w.row_unit() * RPW + lane / LPR * 2;
+        if (XR && fresh) {
+            __syncwarp();
+            for (int i = lane; i < cnt; i += 32) wxr[i] = perm[p0 + i] / top_k;
+            __syncwarp();
         }
         const qmat_t &gw = experts[e].gate, &uw = experts[e].up;
         const int bpg = FMT == WF_INT4 ? gw.group / 32 : 1;
@@ -447,19 +465,13 @@ __global__ void __launch_bounds__(256, MOE_Q8_MIN_BLOCKS(NT, LPR))
     constexpr int RPW = 32 / LPR * 4;
     constexpr bool FLAT = moe_flat<NT, LPR>();
     const int lane = threadIdx.x & 31, nb = inter / 32, upt = (hidden + RPW - 1) / RPW;
-    int u, u1, step, cur = -1, e = 0, p0 = 0, cnt = 0;
-    bool ok = false;
-    moe_units<FLAT>(n_tiles, upt, u, u1, step);
-    for (; u < u1; u += step) {
-        const int ti = FLAT ? u / upt : blockIdx.y, r0 = (FLAT ? u % upt : u) * RPW + lane / LPR * 4;
-        if (ti != cur) {
-            cur = ti;
-            ok = moe_tile(tiles, n_tiles, offsets, experts, ti, e, p0, cnt);
-        }
-        if (!ok) {
+    for (moe_walk<FLAT> w(n_tiles, upt); w.more(); w.next()) {
+        bool fresh;
+        if (!w.tile(tiles, n_tiles, offsets, experts, fresh)) {
             if (FLAT) continue;
             return;
         }
+        const int e = w.e, p0 = w.p0, cnt = w.cnt, r0 = w.row_unit() * RPW + lane / LPR * 4;
         const cuda_expert_t &ex = experts[e];
         const int bpg = FMT == WF_INT4 ? ex.down.group / 32 : 1;
         const uint8_t *rp[4];

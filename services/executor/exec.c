@@ -141,15 +141,13 @@ int exec_create(exec_t **out, const model_t *m, const exec_opts_t *o, strata_err
     e->seq_of = malloc(MSG_MAX_STEP_SEQS * sizeof *e->seq_of);
     e->u = malloc(MSG_MAX_STEP_SEQS * sizeof *e->u);
     e->rng = calloc(RNG_CACHE, sizeof *e->rng);
+    bool samp_ok = true;
 #ifdef STRATA_HAVE_CUDA
     e->samp = malloc(MSG_MAX_STEP_SEQS * sizeof *e->samp);
-    if (!e->samp) {
-        rc = STRATA_ENOMEM;
-        goto fail;
-    }
+    samp_ok = e->samp != NULL;
 #endif
     if (!e->tok || !e->pos || !e->seq || !e->tables || !e->rows || !e->row_of || !e->ids || !e->seq_of || !e->u ||
-        !e->rng) {
+        !e->rng || !samp_ok) {
         rc = STRATA_ENOMEM;
         goto fail;
     }

@@ -384,15 +384,16 @@ static void test_tight_cache(uint64_t *rng, bool packed)
             gpu_get_stats(probe, &st);
             int64_t per = st.slot_bytes_total / st.slots;
             gpu_model_free(probe);
-            o.prefetch_depth = (pass - 1) % 3 == 0 ? 0 : (pass - 1) % 3 == 1 ? 1 : 3;
+            static const int depth[3] = {0, 1, 3}; /* passes 1-3 and 4-6 */
+            o.prefetch_depth = depth[(pass - 1) % 3];
             o.split_experts = split;
             /* the prediction: every MoE layer's router in f32 and a norm vector (gpu.h) */
             int64_t pred = o.prefetch_depth ? (int64_t)(((size_t)c.n_layers * c.n_experts * c.hidden * 4 + 255) & ~(size_t)255) +
                                                   (int64_t)(((size_t)c.hidden * 4 + 255) & ~(size_t)255)
                                             : 0;
-            o.gpu_mem = st.budget_used - st.slot_bytes_total + per * c.n_experts + pred;
-            if (split) /* the slot margin (64 MiB) and every expert but one */
-                o.gpu_mem = st.budget_used - st.slot_bytes_total + (64 << 20) + per * (st.slots - 1) + pred;
+            /* whole: n_experts slots; split: the slot margin (64 MiB) and every expert but one */
+            const int64_t slots = split ? (64 << 20) + per * (st.slots - 1) : per * c.n_experts;
+            o.gpu_mem = st.budget_used - st.slot_bytes_total + slots + pred;
         }
         T_CHECK(gpu_model_create(&g, &m, &o, &eb) == 0, "create pass %d: %s", pass, eb.msg);
         if (!g) continue;
