@@ -346,11 +346,9 @@ __global__ void k_moe_gather(float *xs, const float *x, const int32_t *perm, int
  *     as many bytes and the wave ends together, at 2 blocks an SM and the block loop unrolled
  *     twice. Measured on the H200 (the two experts of one Mixtral-8x7B token, int4 g32, each
  *     kernel alone): gate/up 51.6 -> 35.7 us, down 20.6 -> 17.6 us. On 8-lane rows (Qwen3-
- *     30B-A3B) flat gained less than 0.3 us and tiles stay.
- * One token on whole-warp rows in tiles: 3 blocks an SM (at most 80 registers), which gained
- * 277 -> 293 tok/s on Mixtral-8x7B before flat. */
+ *     30B-A3B) flat gained less than 0.3 us and tiles stay. */
 template <int NT, int LPR> __host__ __device__ constexpr bool moe_flat() { return NT == 1 && LPR == 32; }
-#define MOE_Q8_MIN_BLOCKS(NT, LPR) (moe_flat<NT, LPR>() ? 2 : (NT) == 1 && (LPR) == 32 ? 3 : 1)
+#define MOE_Q8_MIN_BLOCKS(NT, LPR) (moe_flat<NT, LPR>() ? 2 : 1)
 #define MOE_Q8_UNROLL(NT, LPR) (moe_flat<NT, LPR>() ? 2 : q8_unroll<NT, LPR>())
 
 /* A warp's walk over its units: u, u + step, .. below u1 (flat: its contiguous share of the
@@ -395,7 +393,8 @@ template <bool FLAT> struct moe_walk {
 
 /* Integer path: each group of LPR lanes takes 2 rows of gate and the same 2 of up (q8_dot_rows
  * with 4 rows) for the tile's tokens. GATHER: q/qd/qs hold token rows and pair p reads row
- * perm[p] / top_k (each warp keeps its tile's rows in shared memory); else pair rows. */
+ * perm[p] / top_k (for more than one token, each warp keeps its tile's rows in shared memory);
+ * else pair rows. */
 template <int FMT, int NT, int LPR, bool GATHER>
 __global__ void __launch_bounds__(256, MOE_Q8_MIN_BLOCKS(NT, LPR))
     k_moe_gate_up_q8(float *hs, const int8_t *q, const float *qd, const int32_t *qs, const cuda_expert_t *experts,
