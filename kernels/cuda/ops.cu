@@ -538,8 +538,8 @@ static int s_att_caps(const cuda_ctx_t *c)
     return rc;
 }
 
-/* k_attention<NV, L> on grid, the grid's z (splits) one cluster, with programmatic dependent
- * launch when on (launch_k's attribute). */
+/* Launches k_attention<NV, L> for the shape through launch_kc: the grid's z (the splits of a
+ * row's context) is one thread-block cluster. */
 extern "C" int cuda_attention(cuda_ctx_t *c, float *out, const float *q, const float *k_cache, const float *v_cache,
                               int n, const int32_t *seq, const int32_t *pos, const int32_t *bt, int max_blocks,
                               int n_heads, int n_kv_heads, int head_dim, int block_size, float scale, bool *q8_done)
