@@ -231,33 +231,44 @@ static inline cudaError_t launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 blo
 
 /* Gate of one token, one warp: softmax over its E logits l (read through L2: they may come
  * from other blocks of the same grid), then iterative top-k (ties to the lower index), with
- * the selected probabilities renormalised to sum 1 when renorm. p: E floats of shared memory
- * for this warp. */
+ * the selected probabilities renormalised to sum 1 when renorm. Lane j holds e = j, j + 32, ..
+ * (EPL of them) in registers. Returns in lane k < top_k the k-th expert chosen (-1 in the
+ * other lanes), which also writes idx[k] and weight[k]. */
 #define GATE_MAX_E 1024
-__device__ __forceinline__ void gate_topk_warp(const float *l, int E, int top_k, bool renorm, int32_t *idx,
-                                               float *weight, float *p)
+template <int EPL>
+__device__ __forceinline__ int gate_topk_regs(const float *l, int E, int top_k, bool renorm, int32_t *idx,
+                                              float *weight)
 {
     const int lane = threadIdx.x & 31;
+    float p[EPL];
     float m = -FLT_MAX;
-    for (int e = lane; e < E; e += 32) m = fmaxf(m, __ldcg(l + e));
+#pragma unroll
+    for (int j = 0; j < EPL; j++) {
+        const int e = lane + 32 * j;
+        p[j] = e < E ? __ldcg(l + e) : -FLT_MAX;
+        m = fmaxf(m, p[j]);
+    }
     m = warp_max(m);
     float s = 0.f;
-    for (int e = lane; e < E; e += 32) {
-        p[e] = expf(__ldcg(l + e) - m);
-        s += p[e];
-    }
+#pragma unroll
+    for (int j = 0; j < EPL; j++)
+        if (lane + 32 * j < E) {
+            p[j] = expf(p[j] - m);
+            s += p[j];
+        }
     s = warp_sum(s);
-    __syncwarp();
-    for (int e = lane; e < E; e += 32) p[e] /= s;
-    __syncwarp();
-    float sel_sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < EPL; j++) p[j] = lane + 32 * j < E ? p[j] / s : -2.f; /* -2: never chosen */
+    float sel_sum = 0.f, pv = 0.f;
+    int pick = -1;
     for (int k = 0; k < top_k; k++) {
         float bv = -1.f;
         int bi = E;
-        for (int e = lane; e < E; e += 32)
-            if (p[e] > bv) {
-                bv = p[e];
-                bi = e;
+#pragma unroll
+        for (int j = 0; j < EPL; j++)
+            if (p[j] > bv) {
+                bv = p[j];
+                bi = lane + 32 * j;
             }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
@@ -268,15 +279,26 @@ __device__ __forceinline__ void gate_topk_warp(const float *l, int E, int top_k,
                 bi = oi;
             }
         }
-        if (lane == 0) {
-            idx[k] = bi;
-            weight[k] = bv;
-            p[bi] = -2.f;
+#pragma unroll
+        for (int j = 0; j < EPL; j++)
+            if (lane + 32 * j == bi) p[j] = -2.f;
+        if (lane == k) {
+            pick = bi;
+            pv = bv;
         }
         sel_sum += bv;
-        __syncwarp();
     }
-    if (renorm && lane < top_k) weight[lane] /= sel_sum;
+    if (lane < top_k) {
+        idx[lane] = pick;
+        weight[lane] = renorm ? pv / sel_sum : pv;
+    }
+    return pick;
+}
+__device__ __forceinline__ int gate_topk_warp(const float *l, int E, int top_k, bool renorm, int32_t *idx,
+                                              float *weight)
+{
+    if (E <= 128) return gate_topk_regs<4>(l, E, top_k, renorm, idx, weight);
+    return gate_topk_regs<GATE_MAX_E / 32>(l, E, top_k, renorm, idx, weight);
 }
 
 /* Sum of v over the block (every thread calls it; blockDim.x a multiple of 32). */
@@ -307,7 +329,8 @@ static inline bool rms_q8_ok(const cuda_ctx_t *c, int n, int dim)
 }
 static inline int rms_threads(int dim)
 {
-    /* enough threads that a row is one float4 each (up to 4096 columns), then up to 4 each */
+    /* enough threads that a row is one float4 each (up to 4096 columns), then up to 4 each:
+     * measured, 4 float4s a thread at 4096 made the combine's norm 5.9 -> 7.3 us (Mixtral-8x7B) */
     int threads = dim / 4 < 1024 ? (dim / 4 + 31) / 32 * 32 : 1024;
     return threads < 32 ? 32 : threads;
 }
@@ -316,9 +339,21 @@ __device__ __forceinline__ bool rms_row_vec(int dim)
     return dim % 4 == 0 && dim / 4 <= RMS_PER_THREAD * (int)blockDim.x;
 }
 
-/* The second half of RMSNorm for row blockIdx.x held in v (ss: this thread's sum of squares):
- * yr = v * rsqrt(mean + eps) * w, and with q8 the row's int8 blocks (dim % 32 == 0). */
-__device__ __forceinline__ void rms_row_f4(const float4 *v, float ss, int dim, float eps, const float *w, float *yr,
+/* The norm's weights in rms_row_f4's layout (float4s threadIdx.x + k blockDim.x of w); no kernel
+ * writes them, so a kernel loads them before its PDL wait. */
+__device__ __forceinline__ void rms_w_f4(const float *w, int dim, float4 *g)
+{
+#pragma unroll
+    for (int k = 0; k < RMS_PER_THREAD; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        g[k] = i < dim / 4 ? __ldg((const float4 *)w + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
+/* The second half of RMSNorm for row blockIdx.x held in v (ss: this thread's sum of squares;
+ * g: the weights from rms_w_f4): yr = v * rsqrt(mean + eps) * g, and with q8 the row's int8
+ * blocks (dim % 32 == 0). */
+__device__ __forceinline__ void rms_row_f4(const float4 *v, float ss, int dim, float eps, const float4 *g, float *yr,
                                            int8_t *q8, float *q8d, int32_t *q8s)
 {
     const float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
@@ -329,8 +364,7 @@ __device__ __forceinline__ void rms_row_f4(const float4 *v, float ss, int dim, f
         const int i = threadIdx.x + k * blockDim.x;
         float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
         if (i < n4) {
-            const float4 g = ((const float4 *)w)[i];
-            o = make_float4(v[k].x * inv * g.x, v[k].y * inv * g.y, v[k].z * inv * g.z, v[k].w * inv * g.w);
+            o = make_float4(v[k].x * inv * g[k].x, v[k].y * inv * g[k].y, v[k].z * inv * g[k].z, v[k].w * inv * g[k].w);
             ((float4 *)yr)[i] = o;
         }
         /* 8 lanes a 32-column block (n4 % 8 == 0, so a group is all in or all out) */

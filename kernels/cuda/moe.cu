@@ -1,17 +1,19 @@
 /* moe.cu - the grouped expert FFN: tokens regrouped by expert, then one pass over each active
  * expert's weights for all of its tokens (fused dequantization and SwiGLU), then a weighted,
  * deterministic combine in top-k order. */
+#include <cuda/atomic>
+
 #include "kernels/cuda/gemm.cuh"
 
 #define MOE_MAX_EXPERTS 1024
 
 static size_t s_al(size_t b) { return (b + 255) & ~(size_t)255; }
 
-/* Scratch layout, in order: counts[E], offsets[E+1], perm[P], inv[P], xs[P][hidden],
+/* Scratch layout, in order: offsets[E+1], perm[P], inv[P], xs[P][hidden],
  * hs[P][inter], os[P][hidden] (P = n * top_k), the integer path's q/qd/qs, the GEMM path's
  * x16/h16/tiles/n_tiles, each 256-byte aligned. */
 typedef struct {
-    int32_t *counts, *offsets, *perm, *inv;
+    int32_t *offsets, *perm, *inv;
     float *xs, *hs, *os;
     int8_t *q;     /* [P][wide] int8 activations (xs, then hs) for the integer path */
     float *qd;     /* [P][wide/32] block scales */
@@ -31,7 +33,6 @@ static size_t s_layout(moe_scratch_t *m, void *base, int n, int top_k, int hidde
         if (m) m->field = (type *)(b + off);                       \
         off += s_al(sizeof(type) * (size_t)(count));               \
     } while (0)
-    TAKE(counts, int32_t, E);
     TAKE(offsets, int32_t, E + 1);
     TAKE(perm, int32_t, P);
     TAKE(inv, int32_t, P);
@@ -90,12 +91,14 @@ __device__ __forceinline__ int block_excl_scan(int v, int *wt, int *total)
 #define ROUTE_STABLE_MAX 1024
 
 /* The routing, by one block: count the pairs per expert (shared atomics), prefix sums of the
- * counts and of the GEMM tiles (GEMM_BM rows each, in expert order), then each pair's place.
- * Shared memory: cnt, cur [E], sidx [min(P, ROUTE_STABLE_MAX)], wt [32]. */
-__device__ __forceinline__ void moe_route_block(const int32_t *idx, int P, int E, int32_t *counts, int32_t *offsets,
-                                                int32_t *perm, int32_t *inv, int2 *tiles, int32_t *n_tiles, int *cnt,
-                                                int *cur, int *sidx, int *wt)
+ * counts and of the GEMM tiles (GEMM_BM rows each, in expert order), then each pair's place:
+ * offsets [E + 1] (expert e's pairs start at offsets[e]), perm (place -> pair), inv (pair ->
+ * place), the tiles and their number. */
+__global__ void k_moe_route(const int32_t *idx, int P, int E, int32_t *offsets, int32_t *perm, int32_t *inv,
+                            int2 *tiles, int32_t *n_tiles)
 {
+    pdl_enter();
+    __shared__ int cnt[MOE_MAX_EXPERTS], cur[MOE_MAX_EXPERTS], sidx[ROUTE_STABLE_MAX], wt[32];
     const int tid = threadIdx.x, bd = blockDim.x;
     const bool stable = P <= ROUTE_STABLE_MAX;
     for (int e = tid; e < E; e += bd) cnt[e] = 0;
@@ -117,7 +120,6 @@ __device__ __forceinline__ void moe_route_block(const int32_t *idx, int P, int E
     int to = block_excl_scan(t, wt, &ttot);
     for (int k = 0; k < K && e0 + k < E; k++) {
         const int e = e0 + k, ce = cnt[e];
-        counts[e] = ce;
         offsets[e] = co;
         cur[e] = co;
         for (int r = 0; r < ce; r += GEMM_BM) tiles[to++] = make_int2(e, co + r);
@@ -143,21 +145,12 @@ __device__ __forceinline__ void moe_route_block(const int32_t *idx, int P, int E
     }
 }
 
-__global__ void k_moe_route(const int32_t *idx, int P, int E, int32_t *counts, int32_t *offsets, int32_t *perm,
-                            int32_t *inv, int2 *tiles, int32_t *n_tiles)
-{
-    pdl_enter();
-    __shared__ int cnt[MOE_MAX_EXPERTS], cur[MOE_MAX_EXPERTS], sidx[ROUTE_STABLE_MAX], wt[32];
-    moe_route_block(idx, P, E, counts, offsets, perm, inv, tiles, n_tiles, cnt, cur, sidx, wt);
-}
-
 /* ---- The gate: the router matmul and the top-k in one launch ---- */
 
-/* Optional parts of the router's launch. Norm (w != NULL): the router reads rmsnorm(x) * w;
- * every block computes the rows' norms, and 32-column block j of the normed rows (y, and with
- * q8 its int8 block) is written by block j % gridDim.x. Route (counts != NULL): the last block
- * also routes the pairs (moe_route_block) for cuda_moe_ffn. Both at one token only: the kernel
- * for more tokens compiles without them. */
+/* Optional parts of the one-token router's launch. Norm (w != NULL): the router reads
+ * rmsnorm(x) * w; every block computes the row's norm, and 32-column block j of the normed row
+ * (y, and with q8 its int8 block) is written by block j % gridDim.x. Route (counts != NULL):
+ * the last block also routes the pairs for cuda_moe_ffn (route_warp). */
 typedef struct {
     const float *w;
     float eps, *y;
@@ -166,7 +159,7 @@ typedef struct {
     int32_t *q8s;
 } rt_norm_t;
 typedef struct {
-    int32_t *counts, *offsets, *perm, *inv;
+    int32_t *offsets, *perm, *inv;
     int2 *tiles;
     int32_t *n_tiles;
 } rt_route_t;
@@ -180,6 +173,8 @@ template <int FMT> __device__ __forceinline__ float4 w_f4(const qmat_t &w, int r
     return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
                        __uint_as_float(u.y & 0xffff0000u));
 }
+
+__device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
 /* Sums over a block of 8 warps of each thread's v[t] (t < NT): thread t < n gets token t's.
  * part: shared memory (every thread must call it; it waits for earlier readers of part). */
@@ -198,91 +193,160 @@ template <int NT> __device__ __forceinline__ float sums8(const float *v, float (
     return s;
 }
 
-/* Block r: logits row r (y[t][r]) for the n <= NT tokens; then the last block to finish (the
- * done counter, reset for the next launch) runs the top-k of every group of E logits
- * (n * w.rows / E groups), a warp a group, and routes. */
-template <int FMT, int NT>
-__global__ void __launch_bounds__(256) k_router_topk(float *y, const float *x, int n, qmat_t w, int E, int top_k,
-                                                     bool renorm, int32_t *idx, float *weight, unsigned *done,
-                                                     rt_norm_t nm, rt_route_t rt)
+/* After a block has written its logits: true in the last block of the grid to get here (the
+ * done counter, reset for the next launch). Called by one thread, which must have written the
+ * logits (or be ordered after the threads that did): its add releases them, and in the last
+ * block it acquires every other block's. */
+__device__ __forceinline__ bool router_last(unsigned *done)
 {
-    pdl_enter();
-    const int r = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, n4 = w.cols / 4, nb = w.cols / 32;
-    const float4 *x4 = (const float4 *)x;
-    __shared__ float part[8][NT], inv[NT];
-    const bool norm = NT == 1 && nm.w; /* the host norms in the launch at one token only */
-    if (norm) { /* the row's sum of squares */
-        float ss[NT];
-#pragma unroll
-        for (int t = 0; t < NT; t++) ss[t] = 0.f;
-        for (int i = tid; i < n4; i += blockDim.x)
-#pragma unroll
-            for (int t = 0; t < NT; t++)
-                if (t < n) {
-                    const float4 v = x4[(size_t)t * n4 + i];
-                    ss[t] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-                }
-        const float v = sums8<NT>(ss, part, n);
-        if (tid < n) inv[tid] = rsqrtf(v / (float)w.cols + nm.eps);
-        __syncthreads();
+    cuda::atomic_ref<unsigned, cuda::thread_scope_device> d(*done);
+    const bool last = d.fetch_add(1u, cuda::memory_order_acq_rel) == gridDim.x - 1;
+    if (last) d.store(0u, cuda::memory_order_relaxed);
+    return last;
+}
+
+/* The routing of one token's P <= 32 pairs by one warp (lane p < P holds pair p's expert e),
+ * as k_moe_route places them: pairs in expert order (ties in pair order), a tile (expert, first
+ * row) for each expert chosen (P <= GEMM_BM rows), and the offsets that are read: the end of
+ * each chosen expert's pairs (offsets[e + 1]) and their total (offsets[E]). */
+__device__ __forceinline__ void route_warp(int e, int P, int E, const rt_route_t &rt)
+{
+    const int lane = threadIdx.x & 31;
+    const bool ok = lane < P && e >= 0 && e < E;
+    const unsigned valid = __ballot_sync(0xffffffffu, ok), below = (1u << lane) - 1;
+    const unsigned same = __match_any_sync(0xffffffffu, ok ? e : E + lane); /* invalid lanes alone */
+    const bool first = ok && !(same & below);
+    const unsigned firsts = __ballot_sync(0xffffffffu, first);
+    int off = 0, tile = 0; /* pairs, and experts, before this lane's expert */
+    for (int q = 0; q < P; q++) {
+        const int eq = __shfl_sync(0xffffffffu, e, q);
+        off += (valid >> q & 1) && eq < e;
+        tile += (firsts >> q & 1) && eq < e;
     }
+    if (ok) {
+        const int pos = off + __popc(same & below);
+        rt.perm[pos] = lane;
+        rt.inv[lane] = pos;
+    }
+    if (first) {
+        rt.tiles[tile] = make_int2(e, off);
+        rt.offsets[e + 1] = off + __popc(same);
+    }
+    if (lane == 0) {
+        rt.offsets[E] = __popc(valid);
+        *rt.n_tiles = __popc(firsts);
+    }
+}
+
+/* Block r: logits row r (y[t][r]) for the n <= 16 tokens; then the last block to finish runs the
+ * top-k of every group of E logits (n * w.rows / E groups), a warp a group. */
+template <int FMT>
+__global__ void __launch_bounds__(256) k_router_topk(float *y, const float *x, int n, qmat_t w, int E, int top_k,
+                                                     bool renorm, int32_t *idx, float *weight, unsigned *done)
+{
+    constexpr int NT = 16;
+    pdl_enter();
+    const int r = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, n4 = w.cols / 4;
+    const float4 *x4 = (const float4 *)x;
+    __shared__ float part[8][NT];
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.f;
-    for (int i0 = 0; i0 < n4; i0 += blockDim.x) { /* uniform bounds: q8_quant_f4 takes whole warps */
-        const int i = i0 + tid, b = i / 8;
-        const bool in = i < n4, mine = in && b % gridDim.x == r;
-        const float4 wv = in ? w_f4<FMT>(w, r, i) : make_float4(0.f, 0.f, 0.f, 0.f);
-        const float4 g = norm && in ? ((const float4 *)nm.w)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int i = tid; i < n4; i += blockDim.x) {
+        const float4 wv = w_f4<FMT>(w, r, i);
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (t >= n) break;
-            float4 v = in ? x4[(size_t)t * n4 + i] : make_float4(0.f, 0.f, 0.f, 0.f);
-            if (norm) {
-                const float s = inv[t];
-                v = make_float4(v.x * s * g.x, v.y * s * g.y, v.z * s * g.z, v.w * s * g.w);
-                if (mine) ((float4 *)nm.y)[(size_t)t * n4 + i] = v;
-                if (nm.q8) {
-                    const size_t o = (size_t)t * nb + b;
-                    q8_quant_f4(v, mine ? nm.q8 + o * 32 : NULL, nm.q8d + o, nm.q8s + o);
-                }
-            }
-            acc[t] += wv.x * v.x + wv.y * v.y + wv.z * v.z + wv.w * v.w;
-        }
+        for (int t = 0; t < NT; t++)
+            if (t < n) acc[t] += dot4(wv, x4[(size_t)t * n4 + i]);
     }
     const float v = sums8<NT>(acc, part, n);
     if (tid < n) y[(size_t)tid * w.rows + r] = v;
     __shared__ bool last;
     __threadfence();
     __syncthreads();
-    if (tid == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
+    if (tid == 0) last = router_last(done);
     __syncthreads();
     if (!last) return;
-    __threadfence();
-    __shared__ float p[8][GATE_MAX_E];
     const int groups = n * w.rows / E;
     for (int gi = warp; gi < groups; gi += 8)
-        gate_topk_warp(y + (size_t)gi * E, E, top_k, renorm, idx + (size_t)gi * top_k, weight + (size_t)gi * top_k,
-                       p[warp]);
-    if (tid == 0) *done = 0;
-    if (NT > 1 || !rt.counts) return; /* the host routes in the launch at one token only */
-    __syncthreads(); /* idx is written; p is free */
-    __shared__ int wt[32];
-    int *sh = (int *)&p[0][0]; /* cnt [E], cur [E], sidx [P]: 3 * 1024 ints of p's 8192 */
-    moe_route_block(idx, n * top_k, E, rt.counts, rt.offsets, rt.perm, rt.inv, rt.tiles, rt.n_tiles, sh,
-                    sh + MOE_MAX_EXPERTS, sh + 2 * MOE_MAX_EXPERTS, wt);
+        gate_topk_warp(y + (size_t)gi * E, E, top_k, renorm, idx + (size_t)gi * top_k, weight + (size_t)gi * top_k);
+}
+
+/* One token, w.cols <= 4 * 256 * PT: block r computes logit r with its weight row (and the norm's
+ * weights) loaded before the PDL wait, since no kernel writes them, and the token's row loaded
+ * once into registers, normed there (nm) and dotted. The last block's first warp then runs the
+ * top-k of every group of E logits and, with rt (one group), routes the pairs. */
+template <int FMT, int PT>
+__global__ void __launch_bounds__(256) k_router_topk1(float *y, const float *x, qmat_t w, int E, int top_k,
+                                                      bool renorm, int32_t *idx, float *weight, unsigned *done,
+                                                      rt_norm_t nm, rt_route_t rt)
+{
+    const int r = blockIdx.x, tid = threadIdx.x, n4 = w.cols / 4;
+    const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 wv[PT], g[PT], v[PT];
+#pragma unroll
+    for (int k = 0; k < PT; k++) {
+        const int i = tid + k * 256;
+        wv[k] = i < n4 ? w_f4<FMT>(w, r, i) : z;
+        g[k] = nm.w && i < n4 ? __ldg((const float4 *)nm.w + i) : z;
+    }
+    pdl_enter();
+    __shared__ float part[8][1];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < PT; k++) {
+        const int i = tid + k * 256;
+        v[k] = i < n4 ? ((const float4 *)x)[i] : z;
+        ss += dot4(v[k], v[k]);
+    }
+    if (nm.w) { /* uniform bounds: q8_quant_f4 takes whole warps */
+        const float tot = sums8<1>(&ss, part, 1);
+        __shared__ float inv;
+        if (tid == 0) inv = rsqrtf(tot / (float)w.cols + nm.eps);
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < PT; k++) {
+            const int i = tid + k * 256, b = i / 8;
+            if (k * 256 >= n4) break; /* the same for the whole block */
+            const float f = inv;
+            v[k] = make_float4(v[k].x * f * g[k].x, v[k].y * f * g[k].y, v[k].z * f * g[k].z, v[k].w * f * g[k].w);
+            const bool mine = i < n4 && b % gridDim.x == r;
+            if (mine) ((float4 *)nm.y)[i] = v[k];
+            if (nm.q8) q8_quant_f4(v[k], mine ? nm.q8 + (size_t)b * 32 : NULL, nm.q8d + b, nm.q8s + b);
+        }
+    }
+    float acc = 0.f;
+#pragma unroll
+    for (int k = 0; k < PT; k++) acc += dot4(wv[k], v[k]);
+    const float s = sums8<1>(&acc, part, 1);
+    if (tid >= 32) return;
+    bool last = false;
+    if (tid == 0) {
+        y[r] = s;
+        last = router_last(done);
+    }
+    if (!__shfl_sync(0xffffffffu, last, 0)) return;
+    __syncwarp(); /* orders lane 0's acquire before the other lanes' reads */
+    const int groups = w.rows / E;
+    int pick = -1;
+    for (int gi = 0; gi < groups; gi++)
+        pick = gate_topk_warp(y + (size_t)gi * E, E, top_k, renorm, idx + (size_t)gi * top_k,
+                              weight + (size_t)gi * top_k);
+    if (rt.offsets) route_warp(pick, top_k, E, rt);
 }
 
 template <int FMT>
 static void s_router_topk(cuda_ctx_t *c, float *logits, const float *x, int n, const qmat_t *w, int E, int top_k,
                           bool renorm, int32_t *idx, float *weight, const rt_norm_t &nm, const rt_route_t &rt)
 {
-    if (n == 1)
-        launch_k(k_router_topk<FMT, 1>, w->rows, 256, 0, c->stream, logits, x, n, *w, E, top_k, renorm, idx, weight,
+    if (n > 1)
+        launch_k(k_router_topk<FMT>, w->rows, 256, 0, c->stream, logits, x, n, *w, E, top_k, renorm, idx, weight,
+                 c->rt_done);
+    else if (w->cols <= 4 * 256 * 4)
+        launch_k(k_router_topk1<FMT, 4>, w->rows, 256, 0, c->stream, logits, x, *w, E, top_k, renorm, idx, weight,
                  c->rt_done, nm, rt);
     else
-        launch_k(k_router_topk<FMT, 16>, w->rows, 256, 0, c->stream, logits, x, n, *w, E, top_k, renorm, idx,
-                 weight, c->rt_done, nm, rt);
+        launch_k(k_router_topk1<FMT, 8>, w->rows, 256, 0, c->stream, logits, x, *w, E, top_k, renorm, idx, weight,
+                 c->rt_done, nm, rt);
 }
 
 extern "C" int cuda_router_topk(cuda_ctx_t *c, float *logits, const float *x, int n, const qmat_t *w, int n_experts,
@@ -291,9 +355,11 @@ extern "C" int cuda_router_topk(cuda_ctx_t *c, float *logits, const float *x, in
 {
     if (route && route->routed) *route->routed = false;
     if (n <= 0 || w->rows <= 0) return 0;
-    const bool fused = c->rt_done && n <= 16 && w->rows < 1024 && n_experts > 0 && w->rows % n_experts == 0 &&
-                       (w->fmt == WF_F32 || w->fmt == WF_BF16) && w->cols % 4 == 0 && (uintptr_t)w->data % 16 == 0 &&
-                       n_experts <= GATE_MAX_E && top_k > 0 && top_k <= 32 && top_k <= n_experts;
+    /* one token: the row in registers, at most 8 float4s a thread */
+    const bool fused = c->rt_done && n <= 16 && (n > 1 || w->cols <= 4 * 256 * 8) && w->rows < 1024 &&
+                       n_experts > 0 && w->rows % n_experts == 0 && (w->fmt == WF_F32 || w->fmt == WF_BF16) &&
+                       w->cols % 4 == 0 && (uintptr_t)w->data % 16 == 0 && n_experts <= GATE_MAX_E && top_k > 0 &&
+                       top_k <= 32 && top_k <= n_experts;
     /* the norm and the routing go in the one launch at one token (measured at 16, Qwen3-30B-A3B
      * decode: 760 -> 708 tok/s with every block norming the 16 rows) */
     if (pre && (!fused || n > 1)) {
@@ -317,7 +383,7 @@ extern "C" int cuda_router_topk(cuda_ctx_t *c, float *logits, const float *x, in
         moe_scratch_t s;
         int wide = w->cols > route->inter ? w->cols : route->inter;
         s_layout(&s, route->scratch, n, top_k, wide, wide, n_experts);
-        rt = {s.counts, s.offsets, s.perm, s.inv, s.tiles, s.n_tiles};
+        rt = {s.offsets, s.perm, s.inv, s.tiles, s.n_tiles};
         if (route->routed) *route->routed = true;
     }
     if (w->fmt == WF_F32)
@@ -460,10 +526,10 @@ __global__ void __launch_bounds__(256, MOE_Q8_MIN_BLOCKS(NT, LPR))
     k_moe_down_q8(float *os, const int8_t *q, const float *qd, const int32_t *qs, const cuda_expert_t *experts,
                   const int2 *tiles, const int32_t *n_tiles, const int32_t *offsets, int hidden, int inter)
 {
-    pdl_enter();
     constexpr int RPW = 32 / LPR * 4;
     constexpr bool FLAT = moe_flat<NT, LPR>();
     const int lane = threadIdx.x & 31, nb = inter / 32, upt = (hidden + RPW - 1) / RPW;
+    bool waited = false;
     for (moe_walk<FLAT> w(n_tiles, upt); w.more(); w.next()) {
         bool fresh;
         if (!w.tile(tiles, n_tiles, offsets, experts, fresh)) {
@@ -477,6 +543,11 @@ __global__ void __launch_bounds__(256, MOE_Q8_MIN_BLOCKS(NT, LPR))
         const void *sp[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) q8_row_ptrs<FMT>(moe_down_rows(ex, r0 + i), r0 + i, rp[i], sp[i]);
+        /* the routing and the weights above were there before gate/up began; q is gate/up's */
+        if (!waited) {
+            pdl_enter();
+            waited = true;
+        }
         for (int t0 = 0; t0 < cnt; t0 += NT) {
             const int m = cnt - t0 < NT ? cnt - t0 : NT;
             const size_t p = (size_t)(p0 + t0);
@@ -652,13 +723,27 @@ __global__ void k_moe_combine(float *out, const float *os, const int32_t *inv, c
 
 /* k_moe_combine for token blockIdx.x held in registers (rms_row_f4's layout), then the next
  * layer's RMSNorm of it into xn (and its int8 rows with q8): one block a token, the float4s of
- * a column summed in the same order as k_moe_combine, so out is bit for bit the same. */
-__global__ void k_moe_combine_norm(float *out, const float *os, const int32_t *inv, const int32_t *idx,
+ * a column summed in the same order as k_moe_combine, so out is bit for bit the same. The
+ * pairs (written by the router, which finished before the expert kernels began) and the norm's
+ * weights are read before the PDL wait; only out and the expert rows after it. */
+#define COMBINE_MAX_K 32
+__global__ void __launch_bounds__(1024) k_moe_combine_norm(float *out, const float *os, const int32_t *inv, const int32_t *idx,
                                    const float *weight, const cuda_expert_t *experts, int top_k, int hidden,
                                    const float *norm_w, float eps, float *xn, int8_t *q8, float *q8d, int32_t *q8s)
 {
-    pdl_enter();
     const int t = blockIdx.x, n4 = hidden / 4;
+    __shared__ float s_w[COMBINE_MAX_K];
+    __shared__ int s_row[COMBINE_MAX_K];
+    if ((int)threadIdx.x < top_k) { /* pair k's weight and row of os, or weight 0 when not resident */
+        const int p = t * top_k + threadIdx.x;
+        const bool in = experts[idx[p]].gate.data != NULL;
+        s_w[threadIdx.x] = in ? weight[p] : 0.f;
+        s_row[threadIdx.x] = in ? inv[p] : -1;
+    }
+    float4 g[RMS_PER_THREAD];
+    rms_w_f4(norm_w, hidden, g);
+    __syncthreads();
+    pdl_enter();
     float4 *o4 = (float4 *)(out + (size_t)t * hidden);
     float4 v[RMS_PER_THREAD];
     float ss = 0.f;
@@ -669,10 +754,9 @@ __global__ void k_moe_combine_norm(float *out, const float *os, const int32_t *i
         if (i < n4) {
             a = o4[i];
             for (int j = 0; j < top_k; j++) {
-                const int p = t * top_k + j;
-                if (!experts[idx[p]].gate.data) continue;
-                const float w = weight[p];
-                const float4 e = ((const float4 *)(os + (size_t)inv[p] * hidden))[i];
+                if (s_row[j] < 0) continue;
+                const float w = s_w[j];
+                const float4 e = ((const float4 *)(os + (size_t)s_row[j] * hidden))[i];
                 a.x += w * e.x, a.y += w * e.y, a.z += w * e.z, a.w += w * e.w;
             }
             o4[i] = a;
@@ -680,7 +764,7 @@ __global__ void k_moe_combine_norm(float *out, const float *os, const int32_t *i
         v[k] = a;
         ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
     }
-    rms_row_f4(v, ss, hidden, eps, norm_w, xn + (size_t)t * hidden, q8, q8d, q8s);
+    rms_row_f4(v, ss, hidden, eps, g, xn + (size_t)t * hidden, q8, q8d, q8s);
 }
 
 /* The weighted sum onto out, and with nn the next layer's norm of the result. */
@@ -688,7 +772,7 @@ static int s_combine(cudaStream_t st, cuda_ctx_t *c, float *out, const moe_scrat
                      const float *weight, const cuda_expert_t *experts, int n, int top_k, int hidden,
                      const cuda_next_norm_t *nn)
 {
-    if (nn && hidden % 4 == 0 && hidden / 4 <= RMS_PER_THREAD * 1024) {
+    if (nn && hidden % 4 == 0 && hidden / 4 <= RMS_PER_THREAD * 1024 && top_k <= COMBINE_MAX_K) {
         const bool q8 = nn->q8_done && rms_q8_ok(c, n, hidden);
         if (nn->q8_done) *nn->q8_done = q8;
         launch_k(k_moe_combine_norm, n, rms_threads(hidden), 0, st, out, s->os, s->inv, idx, weight, experts, top_k,
@@ -748,7 +832,7 @@ extern "C" int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, in
     cudaStream_t st = c->stream;
     if (!(flags & CUDA_MOE_ROUTED)) {
         const int route_threads = min(512, max(64, (max(n_experts, P) + 31) / 32 * 32));
-        launch_k(k_moe_route, 1, route_threads, 0, st, idx, P, n_experts, s.counts, s.offsets, s.perm, s.inv,
+        launch_k(k_moe_route, 1, route_threads, 0, st, idx, P, n_experts, s.offsets, s.perm, s.inv,
                  s.tiles, s.n_tiles);
         CUDA_LAUNCH_CHECK();
     }

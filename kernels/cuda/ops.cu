@@ -7,14 +7,15 @@
 
 /* ---- RMSNorm: one block per row; each thread keeps its (at most RMS_PER_THREAD) float4s in
  * registers between the sum of squares and the scaling, so x is read once (rms_row_f4) ---- */
-__global__ void k_rmsnorm(float *y, const float *x, const float *w, int dim, float eps, int8_t *q8, float *q8d,
+__global__ void __launch_bounds__(1024) k_rmsnorm(float *y, const float *x, const float *w, int dim, float eps, int8_t *q8, float *q8d,
                           int32_t *q8s)
 {
-    pdl_enter();
     const float *xr = x + (size_t)blockIdx.x * dim;
     float *yr = y + (size_t)blockIdx.x * dim;
     if (rms_row_vec(dim)) {
-        float4 v[RMS_PER_THREAD];
+        float4 v[RMS_PER_THREAD], g[RMS_PER_THREAD];
+        rms_w_f4(w, dim, g);
+        pdl_enter();
         float ss = 0.f;
 #pragma unroll
         for (int k = 0; k < RMS_PER_THREAD; k++) {
@@ -22,9 +23,10 @@ __global__ void k_rmsnorm(float *y, const float *x, const float *w, int dim, flo
             v[k] = i < dim / 4 ? ((const float4 *)xr)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
             ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
         }
-        rms_row_f4(v, ss, dim, eps, w, yr, q8, q8d, q8s);
+        rms_row_f4(v, ss, dim, eps, g, yr, q8, q8d, q8s);
         return;
     }
+    pdl_enter();
     float ss = 0.f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
     const float inv = rsqrtf(block_sum(ss) / (float)dim + eps);
@@ -61,9 +63,8 @@ extern "C" int cuda_rmsnorm_q8(cuda_ctx_t *c, float *y, const float *x, const fl
 __global__ void k_gate_topk(const float *logits, int n, int E, int top_k, bool renorm, int32_t *idx, float *weight)
 {
     pdl_enter();
-    __shared__ float p[GATE_MAX_E];
     const int t = blockIdx.x;
-    gate_topk_warp(logits + (size_t)t * E, E, top_k, renorm, idx + (size_t)t * top_k, weight + (size_t)t * top_k, p);
+    gate_topk_warp(logits + (size_t)t * E, E, top_k, renorm, idx + (size_t)t * top_k, weight + (size_t)t * top_k);
 }
 
 extern "C" int cuda_gate_topk(cuda_ctx_t *c, const float *logits, int n, int n_experts, int top_k, bool renorm,
@@ -81,46 +82,70 @@ extern "C" int cuda_gate_topk(cuda_ctx_t *c, const float *logits, int n, int n_e
 
 /* ---- Paged KV ---- */
 /* RoPE on q and k, then k and v into the paged caches: one block per (token, head), heads
- * 0 .. n_heads-1 of q, then n_kv of k (whose block also writes k and v to the cache). */
+ * 0 .. n_heads-1 of q, then n_kv of k (whose block also writes k and v to the cache). What no
+ * kernel writes (positions, block tables, frequencies, norm weights) is read, and the angles
+ * computed, before the PDL wait. */
+#define ROPE_THREADS 64
 __global__ void k_rope_kv(float *q, float *k, const float *v, int n_heads, int n_kv, int hd, int rot_dim,
                           const int32_t *pos, const float *inv_freq, float attn_factor, const float *q_norm,
                           const float *k_norm, float eps, float *kc, float *vc, const int32_t *seq, const int32_t *bt,
                           int max_blocks, int bs)
 {
-    pdl_enter();
-    const int t = blockIdx.x, h = blockIdx.y;
+    const int t = blockIdx.x, h = blockIdx.y, half = rot_dim / 2;
     const bool is_k = h >= n_heads;
     const int kvh = h - n_heads;
-    float *x = is_k ? k + ((size_t)t * n_kv + kvh) * hd : q + ((size_t)t * n_heads + h) * hd;
     const float *nw = is_k ? k_norm : q_norm;
+    const float pt = (float)pos[t];
+    float sn[2], cs[2], g[4]; /* the angles of i = tid, tid + 64; norm weights of d = tid + 64 j */
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int i = threadIdx.x + j * ROPE_THREADS;
+        sincosf(i < half ? pt * inv_freq[i] : 0.f, &sn[j], &cs[j]);
+        sn[j] *= attn_factor;
+        cs[j] *= attn_factor;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int d = threadIdx.x + j * ROPE_THREADS;
+        g[j] = nw && d < hd ? nw[d] : 0.f;
+    }
+    const size_t dst = is_k ? kv_off(bt, max_blocks, seq[t], pos[t], kvh, n_kv, hd, bs) : 0;
+    pdl_enter();
+    float *x = is_k ? k + ((size_t)t * n_kv + kvh) * hd : q + ((size_t)t * n_heads + h) * hd;
     if (nw) { /* per-head RMSNorm first (Qwen3's q_norm / k_norm) */
-        __shared__ float red[32];
-        float ss = 0.f;
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) ss += x[d] * x[d];
+        __shared__ float red[ROPE_THREADS / 32];
+        float xv[4], ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int d = threadIdx.x + j * ROPE_THREADS;
+            xv[j] = d < hd ? x[d] : 0.f;
+            ss += xv[j] * xv[j];
+        }
         ss = warp_sum(ss);
         if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
         __syncthreads();
         float tot = 0.f;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++) tot += red[w];
+        for (int w = 0; w < ROPE_THREADS / 32; w++) tot += red[w];
         const float inv = rsqrtf(tot / (float)hd + eps);
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) x[d] = x[d] * inv * nw[d];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int d = threadIdx.x + j * ROPE_THREADS;
+            if (d < hd) x[d] = xv[j] * inv * g[j];
+        }
         __syncthreads();
     }
-    const int half = rot_dim / 2;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float s, co;
-        sincosf((float)pos[t] * inv_freq[i], &s, &co);
-        co *= attn_factor;
-        s *= attn_factor;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int i = threadIdx.x + j * ROPE_THREADS;
+        if (i >= half) break;
         const float x1 = x[i], x2 = x[i + half];
-        x[i] = x1 * co - x2 * s;
-        x[i + half] = x2 * co + x1 * s;
+        x[i] = x1 * cs[j] - x2 * sn[j];
+        x[i + half] = x2 * cs[j] + x1 * sn[j];
     }
     if (!is_k) return;
     __syncthreads();
-    const size_t dst = kv_off(bt, max_blocks, seq[t], pos[t], kvh, n_kv, hd, bs);
     const float *vr = v + ((size_t)t * n_kv + kvh) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    for (int d = threadIdx.x; d < hd; d += ROPE_THREADS) {
         kc[dst + d] = x[d];
         vc[dst + d] = vr[d];
     }
@@ -132,7 +157,11 @@ extern "C" int cuda_rope_kv(cuda_ctx_t *c, float *q, float *k, const float *v, i
                             const int32_t *seq, const int32_t *bt, int max_blocks, int block_size)
 {
     if (n <= 0) return 0;
-    launch_k(k_rope_kv, dim3(n, n_heads + n_kv_heads), 64, 0, c->stream, q, k, v, n_heads, n_kv_heads, head_dim, rot_dim,
+    if (head_dim > 4 * ROPE_THREADS || rot_dim > head_dim) {
+        log_error("cuda_rope_kv: head_dim %d (at most %d) or rot_dim %d", head_dim, 4 * ROPE_THREADS, rot_dim);
+        return STRATA_EINVAL_INPUT;
+    }
+    launch_k(k_rope_kv, dim3(n, n_heads + n_kv_heads), ROPE_THREADS, 0, c->stream, q, k, v, n_heads, n_kv_heads, head_dim, rot_dim,
                                                                     pos, inv_freq, attn_factor, q_norm, k_norm, eps,
                                                                     k_cache, v_cache, seq, bt, max_blocks, block_size);
     CUDA_LAUNCH_CHECK();
@@ -250,7 +279,6 @@ __global__ void __launch_bounds__(ATT_THREADS, 2)
     __shared__ float s_wm[ATT_WARPS][HPW], s_wl[ATT_WARPS][HPW]; /* the warps' m, l (log2 units) */
     __shared__ float s_bm[ATT_MAX_HB], s_bl[ATT_MAX_HB];        /* the block's m, l per head */
     __shared__ float4 s_bo[ATT_MAX_HB * 32];                    /* the block's unnormalized out [hb][hd4] */
-    pdl_enter();
     const int t = blockIdx.x, z = blockIdx.z, splits = gridDim.z;
     const int G = n_heads / n_kv, nhc = gridDim.y / n_kv, kvh = blockIdx.y / nhc;
     const int h0 = kvh * G + (int)(blockIdx.y % nhc) * hb, nh = min(hb, (kvh + 1) * G - h0);
@@ -260,6 +288,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 2)
     const int span = (n_ctx + splits - 1) / splits, p0 = z * span, len = max(0, min(n_ctx - p0, span));
     const int nch = (len + CH - 1) / CH;
     const size_t stage4 = (size_t)2 * CH * hd4; /* float4s a stage */
+    pdl_enter(); /* the positions above are the host's; q and the newest K/V row the kernel before's */
 
     /* stage c's rows (positions p0 + c CH ..) into buffer c % nstage, one group per thread */
     auto issue = [&](int c) {

@@ -770,78 +770,83 @@ static void test_router_topk(void)
  * give routing themselves. */
 static void test_router_fused(void)
 {
-    static const int Es[] = {8, 128}, ns[] = {1, 5, 16};
+    /* hidden 256, and a row of more than one float4 a thread: 6144 (8 a thread at one token), 2048 (2) */
+    static const int Es[] = {8, 128}, ns[] = {1, 5, 16}, Hs[] = {256, 6144, 256, 2048};
     for (int ei = 0; ei < 2; ei++)
-        for (int ni = 0; ni < 3; ni++)
-            for (int D = 1; D <= 2; D++) { /* D 2: stacked routers, the norm only */
-                const int E = Es[ei], n = ns[ni], H = 256, I = 96, K = E == 8 ? 2 : 8, rows = E * D;
-                const size_t G = (size_t)n * D;
-                float *w = malloc((size_t)rows * H * 4), *x = malloc((size_t)n * H * 4), *nw = malloc(H * 4);
-                s_fill(w, (size_t)rows * H, 1.f);
-                s_fill(x, (size_t)n * H, 3.f);
-                s_fill(nw, H, 1.f);
-                qmat_t wm = {WF_F32, rows, H, 0, s_up(w, (size_t)rows * H * 4), NULL};
-                float *dx = s_up(x, (size_t)n * H * 4), *dnw = s_up(nw, H * 4);
-                float *y1 = s_poisoned((size_t)n * H), *y2 = s_poisoned((size_t)n * H);
-                float *l1 = s_poisoned(G * E), *l2 = s_poisoned(G * E), *w1 = s_poisoned(G * K), *w2 = s_poisoned(G * K);
-                int32_t *i1 = (int32_t *)s_poisoned(G * K), *i2 = (int32_t *)s_poisoned(G * K);
-                void *scr = NULL;
-                cuda_malloc(&scr, cuda_moe_scratch_bytes(n, K, H, I, E));
-                cuda_memset(ctx, scr, 0xff, cuda_moe_scratch_bytes(n, K, H, I, E));
-                bool q8 = false, routed = false;
-                cuda_next_norm_t pre = {dnw, y2, 1e-6f, D == 1 ? &q8 : NULL};
-                cuda_route_into_t rt = {scr, I, &routed};
-                T_CHECK(cuda_router_topk(ctx, l2, dx, n, &wm, E, K, true, i2, w2, &pre, D == 1 ? &rt : NULL) == 0,
-                        "fused router launch");
-                /* the routing goes in the launch at one token; more take the steps */
-                T_CHECK(D > 1 || (q8 && routed == (n == 1)), "fused router E=%d n=%d: q8 %d routed %d", E, n, q8,
-                        routed);
-                /* the int8 rows, read by an integer matmul before anything else overwrites them */
-                tmat_t pm;
-                s_mat(&pm, WF_INT4, 64, H, 32);
-                const qmat_t *pw = &pm.dev;
-                const float *nob = NULL;
-                float *m1 = s_poisoned((size_t)n * 64), *m2 = s_poisoned((size_t)n * 64), *zero = s_zeroed((size_t)n * H);
-                if (D == 1) cuda_matmul_ex(ctx, 1, &m2, zero, n, &pw, &nob, false, true);
-                cuda_matmul_ex(ctx, 1, &m1, y2, n, &pw, &nob, false, false);
-                cuda_rmsnorm(ctx, y1, dx, dnw, n, H, 1e-6f);
-                cuda_matmul(ctx, l1, y1, n, &wm, NULL);
-                cuda_gate_topk(ctx, l1, (int)G, E, K, true, i1, w1);
-                float *hy1 = s_down(y1, (size_t)n * H), *hy2 = s_down(y2, (size_t)n * H);
-                float *hl1 = s_down(l1, G * E), *hl2 = s_down(l2, G * E);
-                int32_t *hi1 = (int32_t *)s_down((float *)i1, G * K), *hi2 = (int32_t *)s_down((float *)i2, G * K);
-                T_CHECK(t_relerr(hy2, hy1, (size_t)n * H) < 1e-6, "fused router E=%d n=%d D=%d: normed rows differ", E,
-                        n, D);
-                T_CHECK(t_relerr(hl2, hl1, G * E) < 1e-5, "fused router E=%d n=%d D=%d: logits differ", E, n, D);
-                T_CHECK(!memcmp(hi1, hi2, G * K * 4), "fused router E=%d n=%d D=%d: top-k differs", E, n, D);
-                if (D == 1) {
-                    float *k1 = s_down(m1, (size_t)n * 64), *k2 = s_down(m2, (size_t)n * 64);
-                    T_CHECK(!memcmp(k1, k2, (size_t)n * 64 * 4), "fused router E=%d n=%d: int8 rows differ", E, n);
-                    free(k1), free(k2);
-                    /* the experts on the routed scratch and on a fresh one */
-                    tmat_t g[128], u[128], d[128];
-                    cuda_expert_t *ex = malloc(sizeof(cuda_expert_t) * E);
-                    s_experts(g, u, d, ex, E, WF_INT4, H, I, 32);
-                    cuda_expert_t *dex = s_up(ex, sizeof(cuda_expert_t) * E);
-                    void *scr2 = NULL;
-                    cuda_malloc(&scr2, cuda_moe_scratch_bytes(n, K, H, I, E));
-                    float *o1 = s_up(x, (size_t)n * H * 4), *o2 = s_up(x, (size_t)n * H * 4);
-                    cuda_moe_ffn(ctx, o2, y2, n, H, I, WF_INT4, dex, E, i2, w2, K, scr, routed ? CUDA_MOE_ROUTED : 0,
-                                 NULL);
-                    cuda_moe_ffn(ctx, o1, y2, n, H, I, WF_INT4, dex, E, i2, w2, K, scr2, 0, NULL);
-                    float *r1 = s_down(o1, (size_t)n * H), *r2 = s_down(o2, (size_t)n * H);
-                    T_CHECK(!memcmp(r1, r2, (size_t)n * H * 4), "fused router E=%d n=%d: experts on its routing differ",
-                            E, n);
-                    free(r1), free(r2), free(ex);
-                    cuda_free(o1), cuda_free(o2), cuda_free(dex), cuda_free(scr2);
-                    for (int e = 0; e < E; e++) s_mat_free(&g[e]), s_mat_free(&u[e]), s_mat_free(&d[e]);
+        for (int hi = 0; hi < 2; hi++)
+            for (int ni = 0; ni < 3; ni++)
+                for (int D = 1; D <= 2; D++) { /* D 2: stacked routers, the norm only */
+                    const int E = Es[ei], n = ns[ni], H = Hs[2 * ei + hi], I = 96, K = E == 8 ? 2 : 8, rows = E * D;
+                    const size_t G = (size_t)n * D;
+                    float *w = malloc((size_t)rows * H * 4), *x = malloc((size_t)n * H * 4), *nw = malloc(H * 4);
+                    s_fill(w, (size_t)rows * H, 1.f);
+                    s_fill(x, (size_t)n * H, 3.f);
+                    s_fill(nw, H, 1.f);
+                    qmat_t wm = {WF_F32, rows, H, 0, s_up(w, (size_t)rows * H * 4), NULL};
+                    float *dx = s_up(x, (size_t)n * H * 4), *dnw = s_up(nw, H * 4);
+                    float *y1 = s_poisoned((size_t)n * H), *y2 = s_poisoned((size_t)n * H);
+                    float *l1 = s_poisoned(G * E), *l2 = s_poisoned(G * E), *w1 = s_poisoned(G * K), *w2 = s_poisoned(G * K);
+                    int32_t *i1 = (int32_t *)s_poisoned(G * K), *i2 = (int32_t *)s_poisoned(G * K);
+                    void *scr = NULL;
+                    cuda_malloc(&scr, cuda_moe_scratch_bytes(n, K, H, I, E));
+                    cuda_memset(ctx, scr, 0xff, cuda_moe_scratch_bytes(n, K, H, I, E));
+                    bool q8 = false, routed = false;
+                    cuda_next_norm_t pre = {dnw, y2, 1e-6f, D == 1 ? &q8 : NULL};
+                    cuda_route_into_t rt = {scr, I, &routed};
+                    T_CHECK(cuda_router_topk(ctx, l2, dx, n, &wm, E, K, true, i2, w2, &pre, D == 1 ? &rt : NULL) == 0,
+                            "fused router launch");
+                    /* the routing goes in the launch at one token; more take the steps */
+                    T_CHECK(D > 1 || (q8 && routed == (n == 1)), "fused router E=%d n=%d: q8 %d routed %d", E, n, q8,
+                            routed);
+                    /* the int8 rows, read by an integer matmul before anything else overwrites them */
+                    tmat_t pm;
+                    s_mat(&pm, WF_INT4, 64, H, 32);
+                    const qmat_t *pw = &pm.dev;
+                    const float *nob = NULL;
+                    float *m1 = s_poisoned((size_t)n * 64), *m2 = s_poisoned((size_t)n * 64), *zero = s_zeroed((size_t)n * H);
+                    if (D == 1) cuda_matmul_ex(ctx, 1, &m2, zero, n, &pw, &nob, false, true);
+                    cuda_matmul_ex(ctx, 1, &m1, y2, n, &pw, &nob, false, false);
+                    cuda_rmsnorm(ctx, y1, dx, dnw, n, H, 1e-6f);
+                    cuda_matmul(ctx, l1, y1, n, &wm, NULL);
+                    cuda_gate_topk(ctx, l1, (int)G, E, K, true, i1, w1);
+                    float *hy1 = s_down(y1, (size_t)n * H), *hy2 = s_down(y2, (size_t)n * H);
+                    float *hl1 = s_down(l1, G * E), *hl2 = s_down(l2, G * E);
+                    int32_t *hi1 = (int32_t *)s_down((float *)i1, G * K), *hi2 = (int32_t *)s_down((float *)i2, G * K);
+                    T_CHECK(t_relerr(hy2, hy1, (size_t)n * H) < 1e-6, "fused router E=%d n=%d D=%d H=%d: normed rows differ",
+                            E, n, D, H);
+                    T_CHECK(t_relerr(hl2, hl1, G * E) < 1e-5, "fused router E=%d n=%d D=%d: logits differ", E, n, D);
+                    T_CHECK(!memcmp(hi1, hi2, G * K * 4), "fused router E=%d n=%d D=%d: top-k differs", E, n, D);
+                    if (D == 1) {
+                        float *k1 = s_down(m1, (size_t)n * 64), *k2 = s_down(m2, (size_t)n * 64);
+                        T_CHECK(!memcmp(k1, k2, (size_t)n * 64 * 4), "fused router E=%d n=%d H=%d: int8 rows differ", E,
+                                n, H);
+                        free(k1), free(k2);
+                    }
+                    if (D == 1 && H == 256) {
+                        /* the experts on the routed scratch and on a fresh one */
+                        tmat_t g[128], u[128], d[128];
+                        cuda_expert_t *ex = malloc(sizeof(cuda_expert_t) * E);
+                        s_experts(g, u, d, ex, E, WF_INT4, H, I, 32);
+                        cuda_expert_t *dex = s_up(ex, sizeof(cuda_expert_t) * E);
+                        void *scr2 = NULL;
+                        cuda_malloc(&scr2, cuda_moe_scratch_bytes(n, K, H, I, E));
+                        float *o1 = s_up(x, (size_t)n * H * 4), *o2 = s_up(x, (size_t)n * H * 4);
+                        cuda_moe_ffn(ctx, o2, y2, n, H, I, WF_INT4, dex, E, i2, w2, K, scr, routed ? CUDA_MOE_ROUTED : 0,
+                                     NULL);
+                        cuda_moe_ffn(ctx, o1, y2, n, H, I, WF_INT4, dex, E, i2, w2, K, scr2, 0, NULL);
+                        float *r1 = s_down(o1, (size_t)n * H), *r2 = s_down(o2, (size_t)n * H);
+                        T_CHECK(!memcmp(r1, r2, (size_t)n * H * 4), "fused router E=%d n=%d: experts on its routing differ",
+                                E, n);
+                        free(r1), free(r2), free(ex);
+                        cuda_free(o1), cuda_free(o2), cuda_free(dex), cuda_free(scr2);
+                        for (int e = 0; e < E; e++) s_mat_free(&g[e]), s_mat_free(&u[e]), s_mat_free(&d[e]);
+                    }
+                    free(hy1), free(hy2), free(hl1), free(hl2), free(hi1), free(hi2), free(w), free(x), free(nw);
+                    s_mat_free(&pm);
+                    cuda_free((void *)wm.data), cuda_free(dx), cuda_free(dnw), cuda_free(y1), cuda_free(y2);
+                    cuda_free(l1), cuda_free(l2), cuda_free(w1), cuda_free(w2), cuda_free(i1), cuda_free(i2);
+                    cuda_free(m1), cuda_free(m2), cuda_free(zero), cuda_free(scr);
                 }
-                free(hy1), free(hy2), free(hl1), free(hl2), free(hi1), free(hi2), free(w), free(x), free(nw);
-                s_mat_free(&pm);
-                cuda_free((void *)wm.data), cuda_free(dx), cuda_free(dnw), cuda_free(y1), cuda_free(y2);
-                cuda_free(l1), cuda_free(l2), cuda_free(w1), cuda_free(w2), cuda_free(i1), cuda_free(i2);
-                cuda_free(m1), cuda_free(m2), cuda_free(zero), cuda_free(scr);
-            }
 }
 
 /* cuda_h2d_small: a kernel reads pinned host memory; bad alignment is refused */
