@@ -130,18 +130,32 @@ __global__ void k_moe_route(const int32_t *idx, int P, int E, int32_t *offsets, 
         *n_tiles = ttot;
     }
     __syncthreads();
-    for (int p = tid; p < P; p += bd) {
-        const int e = stable ? sidx[p] : idx[p];
-        if (e < 0 || e >= E) continue;
-        int pos;
-        if (stable) {
-            pos = cur[e];
-            for (int q = 0; q < p; q++) pos += sidx[q] == e;
-        } else {
-            pos = atomicAdd(&cur[e], 1);
+    if (!stable) {
+        for (int p = tid; p < P; p += bd) {
+            const int e = idx[p];
+            if (e < 0 || e >= E) continue;
+            const int pos = atomicAdd(&cur[e], 1);
+            perm[pos] = p;
+            inv[p] = pos;
         }
-        perm[pos] = p;
-        inv[p] = pos;
+        return;
+    }
+    /* in pair order: the first warp takes 32 pairs at a time; a pair's place is its expert's
+     * next place plus its rank among the chunk's pairs of that expert */
+    if (tid >= 32) return;
+    const unsigned below = (1u << tid) - 1;
+    for (int c = 0; c < P; c += 32) {
+        const int p = c + tid, e = p < P ? sidx[p] : -1;
+        const bool ok = e >= 0 && e < E;
+        const unsigned same = __match_any_sync(0xffffffffu, ok ? e : -1 - tid); /* invalid lanes alone */
+        if (ok) {
+            const int pos = cur[e] + __popc(same & below);
+            perm[pos] = p;
+            inv[p] = pos;
+        }
+        __syncwarp();
+        if (ok && !(same & below)) cur[e] += __popc(same);
+        __syncwarp();
     }
 }
 
@@ -608,7 +622,7 @@ static void s_gate_up_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const
     static int per_sm[2];
     const int g = xq->gather;
     auto k = g ? k_moe_gate_up_q8<FMT, NT, LPR, true> : k_moe_gate_up_q8<FMT, NT, LPR, false>;
-    if (!per_sm[g]) per_sm[g] = s_per_sm(k);
+    if (moe_flat<NT, LPR>() && !per_sm[g]) per_sm[g] = s_per_sm(k); /* only the flat grid sizes by it */
     const dim3 grid = s_moe_grid(moe_flat<NT, LPR>(), per_sm[g], inter, 32 / LPR * 2, sms, max_tiles);
     /* without programmatic dependent launch: its blocks are placed once the router has finished.
      * Measured on the H200 (batch-1 decode): Mixtral-8x7B 295.7 -> 328.3 tok/s, the kernel 47.4 ->
@@ -623,7 +637,7 @@ static void s_down_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const cu
                       int inter, int max_tiles)
 {
     static int per_sm;
-    if (!per_sm) per_sm = s_per_sm(k_moe_down_q8<FMT, NT, LPR>);
+    if (moe_flat<NT, LPR>() && !per_sm) per_sm = s_per_sm(k_moe_down_q8<FMT, NT, LPR>);
     launch_k(k_moe_down_q8<FMT, NT, LPR>, s_moe_grid(moe_flat<NT, LPR>(), per_sm, hidden, 32 / LPR * 4, sms, max_tiles),
              256, 0, st, s->os, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
 }

@@ -355,10 +355,11 @@ int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_
         .logit_rows = e->rows,
     };
     /* the sampled rows' uniforms, in plan order (the RNG cache is not thread-safe), for
-     * cpu_sample or for the GPU's sampler, which makes cpu_sample's decisions with them */
+     * cpu_sample or for the GPU's sampler, which makes cpu_sample's decisions with them; none
+     * when every row is greedy (a draw is indexed by position, so a later one is the same) */
     for (int32_t r = 0; r < n_logits; r++) {
         const msg_step_seq_t *q = &st->seqs[e->seq_of[r]];
-        e->u[r] = s_draw(e, q->req, q->samp.seed, q->n_sampled);
+        e->u[r] = all_greedy ? 0.0 : s_draw(e, q->req, q->samp.seed, q->n_sampled);
     }
     double t0 = strata_now(), c0 = exec_thread_cpu_us();
     bool have_ids = false;
