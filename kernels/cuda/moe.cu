@@ -163,7 +163,7 @@ __global__ void k_moe_route(const int32_t *idx, int P, int E, int32_t *offsets, 
 
 /* Optional parts of the one-token router's launch. Norm (w != NULL): the router reads
  * rmsnorm(x) * w; every block computes the row's norm, and 32-column block j of the normed row
- * (y, and with q8 its int8 block) is written by block j % gridDim.x. Route (counts != NULL):
+ * (y, and with q8 its int8 block) is written by block j % gridDim.x. Route (offsets != NULL):
  * the last block also routes the pairs for cuda_moe_ffn (route_warp). */
 typedef struct {
     const float *w;
