@@ -46,7 +46,7 @@ typedef struct {
     int64_t gpu_mem;
     uint64_t seed;
     int batches[MAX_BATCHES], n_batches;
-    bool no_graphs, no_probe, whole_experts;
+    bool no_graphs, no_probe, whole_experts, no_blas;
     double probe_mib;
 } s_opts_t;
 
@@ -78,6 +78,8 @@ static void s_help(FILE *f)
             "  --prefetch-depth D MoE layers ahead to predict and prefetch (default: the GPU model's, 2 with split\n"
             "                     experts, 16 with whole ones; 0 = off)\n"
             "  --no-graphs        no CUDA graphs\n"
+            "  --no-blas          no cuBLAS for prefill-sized matmuls (default: with every expert resident,\n"
+            "                     when the budget has room for a dequantized matrix)\n"
             "  --whole-experts    a budget's slots hold whole experts (default: when not every expert fits,\n"
             "                     every expert stays resident but the last rows of its down projection)\n"
             "  --device N         CUDA device (default 0)\n"
@@ -454,6 +456,8 @@ int main(int argc, char **argv)
             o.no_graphs = true;
         } else if (!strcmp(a, "--whole-experts")) {
             o.whole_experts = true;
+        } else if (!strcmp(a, "--no-blas")) {
+            o.no_blas = true;
         } else if (!strcmp(a, "--no-probe")) {
             o.no_probe = true;
         } else {
@@ -653,6 +657,7 @@ int main(int argc, char **argv)
         if (o.prefetch_depth >= 0) go.prefetch_depth = o.prefetch_depth;
         go.use_graphs = !o.no_graphs;
         go.split_experts = !o.whole_experts;
+        go.blas = !o.no_blas;
         vram_ctx = s_smi_mib(); /* the CUDA context (and what the probes left) before the model */
         int e = gpu_model_create(&be.g, &m, &go, &eb);
         if (e < 0) {

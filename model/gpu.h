@@ -32,6 +32,8 @@ typedef struct {
     bool use_graphs;         /* capture decode steps as CUDA graphs when every expert is resident */
     bool split_experts;      /* when whole experts do not all fit: keep every expert resident but
                               * the last rows of its down projection, and cache those (default) */
+    bool blas;               /* with every expert resident and room in the budget, cuBLAS for the
+                              * dense matmuls of prefill-sized steps (cuda_ctx_enable_blas; default) */
 } gpu_opts_t;
 
 typedef struct {

@@ -1,6 +1,8 @@
-/* ctx.cu - CUDA context (device, compute and copy streams, activation workspace) and memory helpers. */
+/* ctx.cu - CUDA context (device, compute and copy streams, activation workspace, cuBLAS) and memory helpers. */
 #include <stdlib.h>
 #include <string.h>
+
+#include <cublas_v2.h>
 
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -29,6 +31,7 @@ extern "C" int cuda_ctx_create(cuda_ctx_t **out, int device)
     cuda_pdl_on = major >= 9 && !(no_pdl && *no_pdl && strcmp(no_pdl, "0") != 0);
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy_stream2, cudaStreamNonBlocking));
     *out = c;
     return 0;
 }
@@ -68,12 +71,47 @@ extern "C" int cuda_ctx_reserve_q8(cuda_ctx_t *c, int max_rows, int max_cols)
     return 0;
 }
 
+/* cuBLAS's workspace: what it asks for on sm_90 to pick its fastest kernels */
+#define BLAS_WS_BYTES ((size_t)32 << 20)
+
+extern "C" int cuda_ctx_enable_blas(cuda_ctx_t *c, size_t weight_elems)
+{
+    if (c->blas) return 0;
+    if (!c->x16) {
+        log_error("cuda_ctx_enable_blas: reserve the activation workspace first");
+        return STRATA_EINVAL_INPUT;
+    }
+    cublasHandle_t h = NULL;
+    void *ws = NULL, *w16 = NULL;
+    cublasStatus_t s = cublasCreate(&h);
+    cudaError_t e = cudaSuccess;
+    if (s == CUBLAS_STATUS_SUCCESS && (e = cudaMalloc(&ws, BLAS_WS_BYTES)) == cudaSuccess &&
+        (e = cudaMalloc(&w16, weight_elems * sizeof(__half))) == cudaSuccess &&
+        (s = cublasSetStream(h, c->stream)) == CUBLAS_STATUS_SUCCESS)
+        s = cublasSetWorkspace(h, ws, BLAS_WS_BYTES);
+    if (s != CUBLAS_STATUS_SUCCESS || e != cudaSuccess) {
+        log_error("cuBLAS setup failed: %s", e != cudaSuccess ? cudaGetErrorString(e) : cublasGetStatusString(s));
+        if (h) cublasDestroy(h);
+        cudaFree(ws), cudaFree(w16);
+        (void)cudaGetLastError();
+        return STRATA_ECUDA;
+    }
+    c->blas = h, c->blas_ws = ws, c->w16 = (__half *)w16, c->w16_elems = weight_elems;
+    return 0;
+}
+
+extern "C" uint64_t cuda_blas_gemms(const cuda_ctx_t *c) { return c->blas_gemms; }
+
 extern "C" void cuda_ctx_destroy(cuda_ctx_t *c)
 {
     if (!c) return;
+    if (c->blas) cublasDestroy((cublasHandle_t)c->blas);
+    if (c->blas_ws) cudaFree(c->blas_ws);
+    if (c->w16) cudaFree(c->w16);
     if (c->q8) cudaFree(c->q8);
     if (c->stream) cudaStreamDestroy(c->stream);
     if (c->copy_stream) cudaStreamDestroy(c->copy_stream);
+    if (c->copy_stream2) cudaStreamDestroy(c->copy_stream2);
     free(c);
 }
 
@@ -155,7 +193,10 @@ extern "C" void cuda_host_unregister(void *p)
     if (p) cudaHostUnregister(p);
 }
 
-static cudaStream_t s_stream(cuda_ctx_t *c, int which) { return which == CUDA_STREAM_COPY ? c->copy_stream : c->stream; }
+static cudaStream_t s_stream(cuda_ctx_t *c, int which)
+{
+    return which == CUDA_STREAM_COPY ? c->copy_stream : which == CUDA_STREAM_COPY2 ? c->copy_stream2 : c->stream;
+}
 
 extern "C" int cuda_event_create(cuda_event_t **ev)
 {

@@ -17,6 +17,7 @@ struct cuda_ctx {
     int sms;                  /* streaming multiprocessors */
     cudaStream_t stream;      /* CUDA_STREAM_COMPUTE */
     cudaStream_t copy_stream; /* CUDA_STREAM_COPY */
+    cudaStream_t copy_stream2; /* CUDA_STREAM_COPY2 */
     /* activation workspace (cuda_ctx_reserve_q8): q8[rows][cols] int8,
      * q8d[rows][cols/32] fp32 block scales, q8s[rows][cols/32] int32 block sums of q */
     int8_t *q8;
@@ -30,6 +31,13 @@ struct cuda_ctx {
     unsigned *am_done;
     int am_rows;
     unsigned *rt_done; /* cuda_router_topk's counter (zero between launches) */
+    /* cuda_ctx_enable_blas: the cuBLAS handle (NULL: none), its workspace, and the fp16 weight
+     * scratch of w16_elems halves */
+    void *blas;
+    void *blas_ws;
+    __half *w16;
+    size_t w16_elems;
+    uint64_t blas_gemms;
 };
 
 /* Most blocks cuda_argmax splits one row over. */

@@ -49,9 +49,10 @@ void cuda_host_free(void *p);
 int cuda_host_register(void *p, size_t bytes);
 void cuda_host_unregister(void *p);
 
-/* The context has two streams: CUDA_STREAM_COMPUTE (every op) and CUDA_STREAM_COPY (expert
- * prefetch). Events order them: record on one, make the other wait. */
-enum { CUDA_STREAM_COMPUTE = 0, CUDA_STREAM_COPY = 1 };
+/* The context has three streams: CUDA_STREAM_COMPUTE (every op), and CUDA_STREAM_COPY and
+ * CUDA_STREAM_COPY2 (expert prefetch: copies alternate between the two, so that one starts
+ * while the other moves). Events order them: record on one, make another wait. */
+enum { CUDA_STREAM_COMPUTE = 0, CUDA_STREAM_COPY = 1, CUDA_STREAM_COPY2 = 2 };
 typedef struct cuda_event cuda_event_t;
 int cuda_event_create(cuda_event_t **ev);
 void cuda_event_destroy(cuda_event_t *ev);
@@ -81,13 +82,26 @@ void cuda_graph_destroy(cuda_graph_t *g);
  *     to int8 in blocks of 32 with an fp32 scale (as llama.cpp's Q8_1) and dotted with __dp4a,
  *     about 5x less ALU work than dequantizing to fp32 (cols % 32 == 0);
  *   - from 17 rows, INT4, INT8, FP8 and BF16 weights take the tensor-core GEMM: activations in
- *     fp16, weights dequantized to fp16 in registers, fp32 accumulation (cols % 64 == 0);
+ *     fp16, weights dequantized to fp16 in registers, fp32 accumulation (cols % 64 == 0), or
+ *     cuBLAS from CUDA_BLAS_MIN_ROWS rows with cuda_ctx_enable_blas;
  *   - cuda_argmax splits each of up to max_rows rows over many blocks (1 KiB a row);
  *   - cuda_router_topk runs as one launch.
  * Without it, every format takes the fp32 path. Not during capture. */
 int cuda_ctx_reserve_q8(cuda_ctx_t *c, int max_rows, int max_cols);
 /* Bytes cuda_ctx_reserve_q8 allocates. */
 size_t cuda_q8_bytes(int rows, int cols);
+/* cuBLAS for large matmuls (after cuda_ctx_reserve_q8): from CUDA_BLAS_MIN_ROWS rows, a matrix
+ * of at most weight_elems elements in INT4, INT8, FP8 or BF16 (as the tensor-core GEMM takes
+ * them) is dequantized to fp16 in a scratch of weight_elems halves and multiplied by cuBLAS
+ * (fp16 in, fp32 accumulation and out): the dequantization pass costs what one read and one
+ * write of the fp16 matrix cost, and cuBLAS's GEMM (wgmma on sm_90) runs several times faster
+ * than the fused one at prefill sizes. INT8/FP8 row scales are folded into the fp16 weights.
+ * Allocates the scratch and a cuBLAS workspace and loads cuBLAS: compare cuda_mem_info before
+ * and after for what it took. Not during capture. */
+#define CUDA_BLAS_MIN_ROWS 128
+int cuda_ctx_enable_blas(cuda_ctx_t *c, size_t weight_elems);
+/* cuBLAS GEMMs enqueued on the context so far. */
+uint64_t cuda_blas_gemms(const cuda_ctx_t *c);
 
 /* y[n][w->rows] = x[n][w->cols] @ W^T (+ bias). Any n; fused dequantization for every format. */
 int cuda_matmul(cuda_ctx_t *c, float *y, const float *x, int n, const qmat_t *w, const float *bias);
@@ -165,7 +179,10 @@ int cuda_gate_topk(cuda_ctx_t *c, const float *logits, int n, int n_experts, int
  * pre (may be NULL): the router reads pre's RMSNorm of x, and pre->y gets it (with q8_done, its
  * int8 rows as cuda_rmsnorm_q8 writes them); at one token in the launch (every block norms it).
  * route (may be NULL): at one token in the launch, one router (rows == n_experts) also routes
- * the pairs into route->scratch for cuda_moe_ffn (CUDA_MOE_ROUTED); *route->routed: it did. */
+ * the pairs into route->scratch for cuda_moe_ffn (CUDA_MOE_ROUTED); *route->routed: it did.
+ * idx_host (may be NULL): pinned host memory (cuda_host_alloc) that also gets idx, in stream
+ * order: written by the launch itself over PCIe where it is one launch (no copy node after it
+ * for the host to wait on), else copied after it. */
 typedef struct {
     void *scratch; /* cuda_moe_ffn's, for n tokens, top_k, w->cols hidden and inter below */
     int inter;
@@ -173,14 +190,15 @@ typedef struct {
 } cuda_route_into_t;
 int cuda_router_topk(cuda_ctx_t *c, float *logits, const float *x, int n, const qmat_t *w, int n_experts, int top_k,
                      bool renorm, int32_t *idx, float *weight, const cuda_next_norm_t *pre,
-                     const cuda_route_into_t *route);
-/* In place on q[n][n_heads][head_dim] and k[n][n_kv_heads][head_dim]: a per-head RMSNorm with
+                     const cuda_route_into_t *route, int32_t *idx_host);
+/* On q[n][n_heads][head_dim] (in place) and k[n][n_kv_heads][head_dim]: a per-head RMSNorm with
  * weights q_norm / k_norm [head_dim] (each may be NULL: none), then RoPE (HF rotate_half form, the
  * first rot_dim dims; none when rot_dim == 0) at positions pos[n] with inv_freq[rot_dim/2]
- * (device); then the rotated k and v[n][n_kv_heads][head_dim] written into the paged caches
- * ([block][kv_head][block_size][head_dim]) at (seq[t], pos[t]) through block tables
- * bt[seq][max_blocks]. One launch for what a layer does between the projections and attention. */
-int cuda_rope_kv(cuda_ctx_t *c, float *q, float *k, const float *v, int n, int n_heads, int n_kv_heads, int head_dim,
+ * (device); the rotated k (k itself is left as it was) and v[n][n_kv_heads][head_dim] go into
+ * the paged caches ([block][kv_head][block_size][head_dim]) at (seq[t], pos[t]) through block
+ * tables bt[seq][max_blocks]. One launch for what a layer does between the projections and
+ * attention. */
+int cuda_rope_kv(cuda_ctx_t *c, float *q, const float *k, const float *v, int n, int n_heads, int n_kv_heads, int head_dim,
                  int rot_dim, const int32_t *pos, const float *inv_freq, float attn_factor, const float *q_norm,
                  const float *k_norm, float eps, float *k_cache, float *v_cache, const int32_t *seq,
                  const int32_t *bt, int max_blocks, int block_size);

@@ -17,10 +17,14 @@
 
 #include "kernels/cuda/gemm.cuh"
 
-#define GM_BN 128          /* weight rows per block tile (SWIGLU: 64 gate + 64 up) */
+#define GM_BN 128          /* weight rows per block tile (SWIGLU: 64 gate + 64 up), a warp per 32 */
 #define GM_BK 64           /* k per pipeline stage */
 #define GM_STAGES 3
-#define GM_THREADS 128
+/* blocks an SM (but BF16's, whose stages are larger). Measured at Mixtral-8x7B's 512-token MoE
+ * (cuda_ops): 1992 us at 4; 2024 at 3 (4 stages: 2045); 2237 at 2; 256-row tiles of 8 warps
+ * at 2, 3 or 4 stages: 2243 */
+#define GM_MINB 4
+#define GM_THREADS GM_BN
 #define GM_ASTR 144        /* bytes per X row in shared memory: 64 halves + 16 bytes of padding */
 #define GM_MAX 3           /* matrices sharing x in one plain launch (q, k, v) */
 
@@ -99,7 +103,7 @@ typedef struct {
 /* 4 blocks per SM where shared memory allows it (not BF16's larger stages): 5% faster int4
  * MoE prefill than 1, in A/B runs, despite a few spilled registers. */
 template <int FMT, bool SWIGLU>
-__global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : 4) k_gemm(gm_args_t a)
+__global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : GM_MINB) k_gemm(gm_args_t a)
 {
     pdl_enter();
     extern __shared__ __align__(16) uint8_t sm[];
@@ -143,7 +147,7 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : 4) k_gemm(gm_
     auto load = [&](int st, int kt) {
         uint8_t *As = sm + st * STAGE, *Bs = As + GEMM_BM * GM_ASTR;
 #pragma unroll
-        for (int i = 0; i < 4; i++) { /* X: 64 rows x 8 chunks */
+        for (int i = 0; i < GEMM_BM * 8 / GM_THREADS; i++) { /* X: 64 rows x 8 chunks */
             const int c = tid + i * GM_THREADS, r = c >> 3, ch = c & 7, row = m0 + r;
             const bool ok = row < mend;
             cp16(As + r * GM_ASTR + ch * 16, a.x + (size_t)(ok ? row : m0) * K + kt * GM_BK + ch * 8, ok);
@@ -313,6 +317,67 @@ template <bool SWIGLU> static int s_dispatch(cudaStream_t st, wfmt_t fmt, dim3 g
     }
 }
 
+/* Eight columns of w a thread, so that a warp's stores are 512 contiguous bytes (INT4: the
+ * low or high nibbles of 8 bytes of a 32-column block; INT8/FP8: 8 bytes; BF16: 16), written
+ * after the PDL wait: the GEMM before this launch may still read dst. */
+template <int FMT> __global__ void k_dequant(__half *dst, qmat_t w, size_t chunks)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t per_row = (size_t)w.cols / 8;
+    const bool in = i < chunks;
+    const size_t r = in ? i / per_row : 0, c0 = in ? (i % per_row) * 8 : 0;
+    uint4 u = make_uint4(0, 0, 0, 0);
+    float s = 1.f;
+    if (in) {
+        const uint8_t *row = (const uint8_t *)w.data + r * q_row_bytes(FMT, w.cols);
+        if constexpr (FMT == WF_INT4) { /* byte j of a block: column j low, column 16 + j high */
+            const uint2 v = __ldg((const uint2 *)(row + (c0 / 32) * 16 + (c0 & 8)));
+            u.x = v.x, u.y = v.y;
+            s = __half2float(((const __half *)w.scales)[r * (w.cols / w.group) + c0 / w.group]);
+        } else if constexpr (FMT == WF_BF16) {
+            u = __ldg((const uint4 *)(row + c0 * 2));
+        } else {
+            const uint2 v = __ldg((const uint2 *)(row + c0));
+            u.x = v.x, u.y = v.y;
+            s = ((const float *)w.scales)[r];
+        }
+    }
+    pdl_enter();
+    if (!in) return;
+    const uint8_t *b = (const uint8_t *)&u;
+    const bool high = (c0 & 16) != 0;
+    __align__(16) __half o[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        float v;
+        if constexpr (FMT == WF_INT4)
+            v = (float)((high ? b[j] >> 4 : b[j] & 15) - 8) * s;
+        else if constexpr (FMT == WF_INT8)
+            v = (float)(int8_t)b[j] * s;
+        else if constexpr (FMT == WF_FP8)
+            v = __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b[j], __NV_E4M3))) * s;
+        else
+            v = __uint_as_float((uint32_t)((const uint16_t *)b)[j] << 16);
+        o[j] = __float2half_rn(v);
+    }
+    *(uint4 *)(dst + r * w.cols + c0) = *(const uint4 *)o;
+}
+
+int gemm_dequant(cudaStream_t st, __half *dst, const qmat_t *w)
+{
+    const size_t chunks = (size_t)w->rows * (w->cols / 8);
+    const unsigned blocks = (unsigned)((chunks + 255) / 256);
+    switch (w->fmt) {
+    case WF_INT4: launch_k(k_dequant<WF_INT4>, blocks, 256, 0, st, dst, *w, chunks); break;
+    case WF_INT8: launch_k(k_dequant<WF_INT8>, blocks, 256, 0, st, dst, *w, chunks); break;
+    case WF_FP8: launch_k(k_dequant<WF_FP8>, blocks, 256, 0, st, dst, *w, chunks); break;
+    case WF_BF16: launch_k(k_dequant<WF_BF16>, blocks, 256, 0, st, dst, *w, chunks); break;
+    default: log_error("gemm_dequant: format %d", (int)w->fmt); return STRATA_EINVAL_INPUT;
+    }
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
 __global__ void k_to_half(__half *dst, const float *src, const int32_t *rows, int div, int cols)
 {
     pdl_enter();
@@ -331,7 +396,7 @@ int gemm_to_half(cudaStream_t st, __half *dst, const float *src, const int32_t *
     return 0;
 }
 
-int gemm_plain(cudaStream_t st, int count, float *const *ys, const __half *x, int M, const qmat_t *const *ws,
+int gemm_plain(cudaStream_t st, int sms, int count, float *const *ys, const __half *x, int M, const qmat_t *const *ws,
                const float *const *biases, bool accum)
 {
     gm_args_t a = {};
@@ -346,13 +411,11 @@ int gemm_plain(cudaStream_t st, int count, float *const *ys, const __half *x, in
      * each weight is dequantized twice as often, but no SM idles. Measured, Mixtral-8x7B's
      * 512-token prefill: o 154 -> 137 us a layer (256 -> 512 blocks); q/k/v 145 -> 226 (384 ->
      * 768 blocks, two waves) */
-    static int sms;
-    if (!sms && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) sms = 1;
-    const int per_sm = ws[0]->fmt == WF_BF16 ? 1 : 4;
+    const int per_sm = ws[0]->fmt == WF_BF16 ? 1 : GM_MINB;
     a.bm = 2 * a.nblk[a.count] * cdiv(M, GEMM_BM) <= per_sm * sms ? GEMM_BM / 2 : GEMM_BM;
     int rc = s_dispatch<false>(st, ws[0]->fmt, dim3(a.nblk[a.count], cdiv(M, a.bm)), a);
     if (rc || a.count == count) return rc;
-    return gemm_plain(st, count - a.count, ys + a.count, x, M, ws + a.count, biases ? biases + a.count : NULL, accum);
+    return gemm_plain(st, sms, count - a.count, ys + a.count, x, M, ws + a.count, biases ? biases + a.count : NULL, accum);
 }
 
 int gemm_moe(cudaStream_t st, bool swiglu, const __half *x, float *y, __half *h, int hidden, int inter, wfmt_t fmt,

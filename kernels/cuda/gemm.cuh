@@ -45,13 +45,24 @@ static inline bool gemm_ok(const qmat_t *w)
     return w->cols % 64 == 0 && (uintptr_t)w->data % 16 == 0;
 }
 
+/* dst[r][c] = fp16(w[r][c]) for the whole matrix, which gemm_ok takes (INT8/FP8 row scales
+ * folded in; INT4 exactly as the GEMM's registers hold it). dst: w->rows x w->cols halves. */
+int gemm_dequant(cudaStream_t st, __half *dst, const qmat_t *w);
+
+/* y[m][:] (=, or += with accum) x16[m][:] . w^T for m < M by cuBLAS (cuda_ctx_enable_blas),
+ * w (rows x cols, as gemm_ok takes it, at most the scratch's elements) dequantized into the
+ * context's scratch first: row-major y = x w^T is column-major y^T = w x^T, w's rows the
+ * transposed operand's columns. y rows are w->rows apart, x16 rows w->cols. */
+int gemm_blas(cuda_ctx_t *c, const qmat_t *w, const __half *x16, int M, float *y, bool accum);
+
 /* dst[r][:] = fp16(src[rows ? rows[r] / div : r][:]) for r < n, rows of cols floats. */
 int gemm_to_half(cudaStream_t st, __half *dst, const float *src, const int32_t *rows, int div, int n, int cols);
 
 /* ys[i][m][n] = x[m] . ws[i][n] (+ biases[i][n]) for m < M and i < count, or += with accum;
  * rows of ws[i]->rows floats. x: [M][cols] fp16, the matrices' common column count. Up to 3
- * matrices of one format run in one launch (q, k and v: one grid, not three small ones). */
-int gemm_plain(cudaStream_t st, int count, float *const *ys, const __half *x, int M, const qmat_t *const *ws,
+ * matrices of one format run in one launch (q, k and v: one grid, not three small ones). sms:
+ * the device's multiprocessors (the tile height depends on how many blocks fill it). */
+int gemm_plain(cudaStream_t st, int sms, int count, float *const *ys, const __half *x, int M, const qmat_t *const *ws,
                const float *const *biases, bool accum);
 
 /* Grouped over experts: tile i < *n_tiles is tiles[i] = (expert e, first row p0) and covers

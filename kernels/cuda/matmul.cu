@@ -1,7 +1,10 @@
 /* matmul.cu - y = x @ W^T with fused dequantization. Up to GEMM_MIN_ROWS tokens: one warp per
  * output row, tokens NT at a time, so each weight row is read once per NT tokens: decode
  * (n <= 16) reads every weight exactly once, which is what bounds it. More tokens take the
- * tensor-core GEMM (gemm.cuh) when the workspace and the format allow. */
+ * tensor-core GEMM (gemm.cuh) when the workspace and the format allow, and from
+ * CUDA_BLAS_MIN_ROWS cuBLAS on the matrix dequantized to fp16 (cuda_ctx_enable_blas). */
+#include <cublas_v2.h>
+
 #include "kernels/cuda/gemm.cuh"
 
 /* Token chunk blockIdx.y: rows NT * blockIdx.y .. of x and y, and how many of them are left. */
@@ -228,6 +231,48 @@ static int s_matmul_one(cuda_ctx_t *c, float *y, const float *x, int n, const qm
     }
 }
 
+/* y[m][:] += bias for m < M: rows of N */
+__global__ void k_add_bias(float *y, const float *bias, int N, size_t total)
+{
+    pdl_enter();
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
+        y[i] += bias[i % N];
+}
+
+int gemm_blas(cuda_ctx_t *c, const qmat_t *w, const __half *x16, int M, float *y, bool accum)
+{
+    const float one = 1.f, beta = accum ? 1.f : 0.f;
+    int rc = gemm_dequant(c->stream, c->w16, w);
+    if (rc) return rc;
+    cublasStatus_t s = cublasGemmEx((cublasHandle_t)c->blas, CUBLAS_OP_T, CUBLAS_OP_N, w->rows, M, w->cols, &one, c->w16,
+                                    CUDA_R_16F, w->cols, x16, CUDA_R_16F, w->cols, &beta, y, CUDA_R_32F, w->rows,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        log_error("cublasGemmEx %dx%dx%d: %s", M, w->rows, w->cols, cublasGetStatusString(s));
+        return STRATA_ECUDA;
+    }
+    c->blas_gemms++;
+    return 0;
+}
+
+/* cuda_ctx_enable_blas's path: each matrix through gemm_blas, then its bias. */
+static int s_blas(cuda_ctx_t *c, int count, float *const *ys, const __half *x16, int M, const qmat_t *const *ws,
+                  const float *const *biases, bool accum)
+{
+    for (int i = 0; i < count; i++) {
+        const qmat_t *w = ws[i];
+        int rc = gemm_blas(c, w, x16, M, ys[i], accum);
+        if (rc) return rc;
+        if (biases && biases[i]) {
+            const size_t total = (size_t)M * w->rows;
+            launch_k(k_add_bias, (unsigned)(total / 1024 + 1 < 4096 ? total / 1024 + 1 : 4096), 256, 0, c->stream,
+                     ys[i], biases[i], w->rows, total);
+            CUDA_LAUNCH_CHECK();
+        }
+    }
+    return 0;
+}
+
 /* ys[i] (=, or += with accum) x @ ws[i]^T (+ biases[i]) for i < count <= MM_MAX, all with
  * ws[i]->cols columns. The input is converted (GEMM) or quantized (integer path) once; on the
  * integer path, matrices of one format run in one launch. */
@@ -241,18 +286,21 @@ static int s_matmul(cuda_ctx_t *c, int count, float *const *ys, const float *x, 
     }
     const int cols = ws[0]->cols;
     bool gemm = n > GEMM_MIN_ROWS && c->x16 && (size_t)n * cols <= c->q8_elems, q8 = true;
+    bool blas = gemm && c->blas && n >= CUDA_BLAS_MIN_ROWS;
     for (int i = 0; i < count; i++) {
         if (ws[i]->cols != cols) {
             log_error("cuda_matmul_multi: matrices of %d and %d columns share one input", cols, ws[i]->cols);
             return STRATA_EINVAL_INPUT;
         }
         gemm = gemm && gemm_ok(ws[i]);
+        blas = blas && (size_t)ws[i]->rows * cols <= c->w16_elems;
         q8 = q8 && s_q8_ok(c, ws[i], n) && ws[i]->fmt == ws[0]->fmt;
     }
     int rc = 0;
     if (gemm) {
         if ((rc = gemm_to_half(c->stream, c->x16, x, NULL, 1, n, cols))) return rc;
-        return gemm_plain(c->stream, count, ys, c->x16, n, ws, biases, accum);
+        if (blas) return s_blas(c, count, ys, c->x16, n, ws, biases, accum);
+        return gemm_plain(c->stream, c->sms, count, ys, c->x16, n, ws, biases, accum);
     }
     if (q8) {
         mm_set_t set = {};

@@ -81,13 +81,13 @@ extern "C" int cuda_gate_topk(cuda_ctx_t *c, const float *logits, int n, int n_e
 }
 
 /* ---- Paged KV ---- */
-/* RoPE on q and k, then k and v into the paged caches: a warp per (token, head), blockDim.x / 32
+/* RoPE on q and k, then k (rotated) and v into the paged caches: a warp per (token, head), blockDim.x / 32
  * heads a block, heads 0 .. n_heads-1 of q, then n_kv of k (whose warp also writes k and v to
  * the cache). What no kernel writes (positions, block tables, frequencies, norm weights) is
  * read, and the angles computed, before the PDL wait. */
 #define ROPE_MAX_HD 256
 __global__ void __launch_bounds__(8 * 32)
-    k_rope_kv(float *q, float *k, const float *v, int n_heads, int n_kv, int hd, int rot_dim, const int32_t *pos,
+    k_rope_kv(float *q, const float *k, const float *v, int n_heads, int n_kv, int hd, int rot_dim, const int32_t *pos,
               const float *inv_freq, float attn_factor, const float *q_norm, const float *k_norm, float eps, float *kc,
               float *vc, const int32_t *seq, const int32_t *bt, int max_blocks, int bs)
 {
@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(8 * 32)
      * that may alias it waits for the store: 2.6 against 1.7 us a layer at Mixtral's decode) */
     __shared__ float sh[8][ROPE_MAX_HD];
     float *row = sh[threadIdx.x >> 5];
-    float *x = is_k ? k + ((size_t)t * n_kv + kvh) * hd : q + ((size_t)t * n_heads + h) * hd;
+    const float *x = is_k ? k + ((size_t)t * n_kv + kvh) * hd : q + ((size_t)t * n_heads + h) * hd;
     const float *vr = v + ((size_t)t * n_kv + kvh) * hd;
     float xv[ND], vv[ND];
 #pragma unroll
@@ -165,15 +165,16 @@ __global__ void __launch_bounds__(8 * 32)
         const int d = lane + 32 * j;
         if (d >= hd) break;
         const float o = row[d];
-        x[d] = o;
-        if (is_k) {
+        if (is_k) { /* k only into the cache: nothing reads its rotated row elsewhere */
             kc[dst + d] = o;
             vc[dst + d] = vv[j];
+        } else {
+            q[((size_t)t * n_heads + h) * hd + d] = o;
         }
     }
 }
 
-extern "C" int cuda_rope_kv(cuda_ctx_t *c, float *q, float *k, const float *v, int n, int n_heads, int n_kv_heads,
+extern "C" int cuda_rope_kv(cuda_ctx_t *c, float *q, const float *k, const float *v, int n, int n_heads, int n_kv_heads,
                             int head_dim, int rot_dim, const int32_t *pos, const float *inv_freq, float attn_factor,
                             const float *q_norm, const float *k_norm, float eps, float *k_cache, float *v_cache,
                             const int32_t *seq, const int32_t *bt, int max_blocks, int block_size)

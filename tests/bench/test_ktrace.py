@@ -73,6 +73,21 @@ check(tl[2].split()[:3] == ["3.00", "14.00", "8.00"], "timeline row under PDL: "
 rc, out, _ = run(lines, "--end", "k_b", "--steps", "1")
 check(rc == 0 and "steps 1: 20.0 us a step" in out, "--end k_b: " + out)
 
+# --link: two steps (20 us each) with host-to-device copies (kind 1; a kind-2 copy is not counted):
+# step 1 (0..20 us after the first marker): 2 MB at 4..8 and 1 MB at 7..10 (overlapping copies
+# count once), busy 6, idle 14 (4 before, 10 after); step 2 (20..40): none, idle 20
+lk = [k(0, 0, "_Z8k_argmaxv"), k(19, 20, "_Z8k_argmaxv"), k(39, 40, "_Z8k_argmaxv"),
+      "M 4000 8000 9 2097152 1", "M 7000 10000 9 1048576 1", "M 5000 6000 9 999 2"]
+rc, out, err = run(lk, "--link", "--steps", "2")
+ll = out.splitlines()
+check(rc == 0 and len(ll) == 3, "--link: three lines: %s %s" % (out, err))
+check(ll and ll[0] == "steps 2: 20.0 us a step; host-to-device 1.57 MB in 1.0 copies a step", "--link bytes: " + out)
+check(len(ll) > 1 and ll[1] == "link busy 3.0 us a step (15.0%), idle 17.0 us", "--link busy and idle: " + out)
+check(len(ll) > 2 and ll[2] == "copies of 1 MB or more: 2, GB/s p10 349.5 p50 524.3 p90 524.3; in 1 steps the first "
+      "starts 4.0 us into the step, the last ends 10.0 us before its end", "--link rates and ends: " + out)
+rc, _, err = run(lines[1:], "--link")
+check(rc != 0 and "STRATA_KTRACE_MEMCPY" in err, "--link without copies is refused: " + err)
+
 rc, _, err = run(lines[:3], "--steps", "1")
 check(rc != 0 and "no whole step" in err, "one marker is refused: " + err)
 rc, _, err = run(["K 1 2 3"])
