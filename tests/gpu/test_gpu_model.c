@@ -268,6 +268,52 @@ static void test_synth_formats(uint64_t *rng)
         }
 }
 
+/* A 160-token prompt in one step against the CPU forward pass: the step's rows embedded on host
+ * threads (64 rows or more), its dense matmuls by cuBLAS (from 128 rows, with every expert
+ * resident), its experts on the tensor-core GEMM. */
+static void test_long_prefill(uint64_t *rng)
+{
+    static const wfmt_t fmts[] = {WF_BF16, WF_INT4};
+    static const arch_t archs[] = {ARCH_MIXTRAL, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, ARCH_OLMOE};
+    enum { N = 160, V = 300 };
+    for (int a = 0; a < 4; a++)
+        for (int f = 0; f < 2; f++) {
+            model_config_t c;
+            synth_config(&c, archs[a], V, 256, 2, 4, 2, 64, 8, 2, 128);
+            model_t m;
+            T_CHECK(synth_model(&m, &c, fmts[f], 32, t_rng_next(rng)) == 0, "synth");
+            int32_t toks[N];
+            for (int i = 0; i < N; i++) toks[i] = (int32_t)(t_rng_next(rng) % V);
+            float *ref = malloc(sizeof(float) * N * V), *got = malloc(sizeof(float) * N * V);
+            s_cpu_logits(&m, toks, N, ref);
+            gpu_model_t *g = s_gpu(&m, 16, N);
+            if (g) {
+                gseq_t s;
+                gs_init(&s, g, N);
+                T_CHECK(gs_feed(&s, toks, N, got) == 0, "long prefill");
+                double e = t_relerr(got, ref, (size_t)N * V);
+                int agree = 0;
+                for (int t = 0; t < N; t++) {
+                    int ag = 0, ar = 0;
+                    for (int v = 1; v < V; v++) {
+                        if (got[t * V + v] > got[t * V + ag]) ag = v;
+                        if (ref[t * V + v] > ref[t * V + ar]) ar = v;
+                    }
+                    agree += ag == ar;
+                }
+                /* fp16 GEMMs, as test_synth_formats: loose, and the same top-1 almost everywhere */
+                T_CHECK(e < 3e-2 && agree >= N * 95 / 100, "long prefill arch %d %s: rel err %.3g, top-1 %d/%d", a,
+                        wfmt_name(fmts[f]), e, agree, N);
+                fprintf(stderr, "long prefill arch %d %-5s: GPU vs CPU rel err %.2e, top-1 %d/%d\n", a,
+                        wfmt_name(fmts[f]), e, agree, N);
+                gs_free(&s);
+                gpu_model_free(g);
+            }
+            free(ref), free(got);
+            model_free(&m);
+        }
+}
+
 /* gpu_forward_sample draws what cpu_sample draws from the same logits: an 8-token step run
  * for its logits, then again (the same tokens and positions) sampled on the GPU with other
  * parameters in every row; the CPU samples the logits with the same uniforms. Only a draw
@@ -453,6 +499,7 @@ int main(int argc, char **argv)
     }
     test_fixtures(argc > 1 ? argv[1] : "tests/fixtures");
     test_synth_formats(&rng);
+    test_long_prefill(&rng);
     test_sample(&rng);
     test_tight_cache(&rng, false);
     test_tight_cache(&rng, true);
