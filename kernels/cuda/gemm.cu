@@ -333,7 +333,7 @@ template <int FMT> __global__ void k_dequant(__half *dst, qmat_t w, size_t chunk
         if constexpr (FMT == WF_INT4) { /* byte j of a block: column j low, column 16 + j high */
             const uint2 v = __ldg((const uint2 *)(row + (c0 / 32) * 16 + (c0 & 8)));
             u.x = v.x, u.y = v.y;
-            s = __half2float(((const __half *)w.scales)[r * (w.cols / w.group) + c0 / w.group]);
+            s = d_f16(((const uint16_t *)w.scales)[r * (w.cols / w.group) + c0 / w.group]);
         } else if constexpr (FMT == WF_BF16) {
             u = __ldg((const uint4 *)(row + c0 * 2));
         } else {
@@ -355,9 +355,9 @@ template <int FMT> __global__ void k_dequant(__half *dst, qmat_t w, size_t chunk
         else if constexpr (FMT == WF_INT8)
             v = (float)(int8_t)b[j] * s;
         else if constexpr (FMT == WF_FP8)
-            v = __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b[j], __NV_E4M3))) * s;
+            v = d_fp8(b[j]) * s;
         else
-            v = __uint_as_float((uint32_t)((const uint16_t *)b)[j] << 16);
+            v = d_bf16(((const uint16_t *)b)[j]);
         o[j] = __float2half_rn(v);
     }
     *(uint4 *)(dst + r * w.cols + c0) = *(const uint4 *)o;

@@ -49,12 +49,6 @@ static inline bool gemm_ok(const qmat_t *w)
  * folded in; INT4 exactly as the GEMM's registers hold it). dst: w->rows x w->cols halves. */
 int gemm_dequant(cudaStream_t st, __half *dst, const qmat_t *w);
 
-/* y[m][:] (=, or += with accum) x16[m][:] . w^T for m < M by cuBLAS (cuda_ctx_enable_blas),
- * w (rows x cols, as gemm_ok takes it, at most the scratch's elements) dequantized into the
- * context's scratch first: row-major y = x w^T is column-major y^T = w x^T, w's rows the
- * transposed operand's columns. y rows are w->rows apart, x16 rows w->cols. */
-int gemm_blas(cuda_ctx_t *c, const qmat_t *w, const __half *x16, int M, float *y, bool accum);
-
 /* dst[r][:] = fp16(src[rows ? rows[r] / div : r][:]) for r < n, rows of cols floats. */
 int gemm_to_half(cudaStream_t st, __half *dst, const float *src, const int32_t *rows, int div, int n, int cols);
 

@@ -239,30 +239,25 @@ __global__ void k_add_bias(float *y, const float *bias, int N, size_t total)
         y[i] += bias[i % N];
 }
 
-int gemm_blas(cuda_ctx_t *c, const qmat_t *w, const __half *x16, int M, float *y, bool accum)
-{
-    const float one = 1.f, beta = accum ? 1.f : 0.f;
-    int rc = gemm_dequant(c->stream, c->w16, w);
-    if (rc) return rc;
-    cublasStatus_t s = cublasGemmEx((cublasHandle_t)c->blas, CUBLAS_OP_T, CUBLAS_OP_N, w->rows, M, w->cols, &one, c->w16,
-                                    CUDA_R_16F, w->cols, x16, CUDA_R_16F, w->cols, &beta, y, CUDA_R_32F, w->rows,
-                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (s != CUBLAS_STATUS_SUCCESS) {
-        log_error("cublasGemmEx %dx%dx%d: %s", M, w->rows, w->cols, cublasGetStatusString(s));
-        return STRATA_ECUDA;
-    }
-    c->blas_gemms++;
-    return 0;
-}
-
-/* cuda_ctx_enable_blas's path: each matrix through gemm_blas, then its bias. */
+/* cuda_ctx_enable_blas's path: each matrix dequantized into the context's scratch, then
+ * multiplied by cuBLAS (row-major y = x w^T is column-major y^T = w x^T: w's rows are the
+ * transposed operand's columns), then its bias. */
 static int s_blas(cuda_ctx_t *c, int count, float *const *ys, const __half *x16, int M, const qmat_t *const *ws,
                   const float *const *biases, bool accum)
 {
+    const float one = 1.f, beta = accum ? 1.f : 0.f;
     for (int i = 0; i < count; i++) {
         const qmat_t *w = ws[i];
-        int rc = gemm_blas(c, w, x16, M, ys[i], accum);
+        int rc = gemm_dequant(c->stream, c->w16, w);
         if (rc) return rc;
+        cublasStatus_t s = cublasGemmEx((cublasHandle_t)c->blas, CUBLAS_OP_T, CUBLAS_OP_N, w->rows, M, w->cols, &one,
+                                        c->w16, CUDA_R_16F, w->cols, x16, CUDA_R_16F, w->cols, &beta, ys[i], CUDA_R_32F,
+                                        w->rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            log_error("cublasGemmEx %dx%dx%d: %s", M, w->rows, w->cols, cublasGetStatusString(s));
+            return STRATA_ECUDA;
+        }
+        c->blas_gemms++;
         if (biases && biases[i]) {
             const size_t total = (size_t)M * w->rows;
             launch_k(k_add_bias, (unsigned)(total / 1024 + 1 < 4096 ? total / 1024 + 1 : 4096), 256, 0, c->stream,

@@ -252,6 +252,21 @@ __device__ __forceinline__ void route_warp(int e, int P, int E, const rt_route_t
     }
 }
 
+/* The last block's tail of both router kernels: the top-k of each of the groups of E logits in
+ * y, a warp a group (8 warps), each group's picks also stored in idx_host when given, and with
+ * rt.offsets (one group) its pairs routed by the warp that picked them. */
+__device__ __forceinline__ void router_groups(const float *y, int groups, int E, int top_k, bool renorm, int32_t *idx,
+                                              float *weight, int32_t *idx_host, const rt_route_t &rt)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int gi = warp; gi < groups; gi += 8) {
+        const int pick = gate_topk_warp(y + (size_t)gi * E, E, top_k, renorm, idx + (size_t)gi * top_k,
+                                        weight + (size_t)gi * top_k);
+        if (idx_host && lane < top_k) idx_host[(size_t)gi * top_k + lane] = pick;
+        if (rt.offsets) route_warp(pick, top_k, E, rt);
+    }
+}
+
 /* Block r: logits row r (y[t][r]) for the n <= 16 tokens; then the last block to finish runs the
  * top-k of every group of E logits (n * w.rows / E groups), a warp a group. */
 template <int FMT>
@@ -261,7 +276,7 @@ __global__ void __launch_bounds__(256) k_router_topk(float *y, const float *x, i
 {
     constexpr int NT = 16;
     pdl_enter();
-    const int r = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, n4 = w.cols / 4;
+    const int r = blockIdx.x, tid = threadIdx.x, n4 = w.cols / 4;
     const float4 *x4 = (const float4 *)x;
     __shared__ float part[8][NT];
     float acc[NT];
@@ -280,13 +295,7 @@ __global__ void __launch_bounds__(256) k_router_topk(float *y, const float *x, i
     __syncthreads();
     if (tid == 0) last = router_last(done);
     __syncthreads();
-    if (!last) return;
-    const int groups = n * w.rows / E, lane = tid & 31;
-    for (int gi = warp; gi < groups; gi += 8) {
-        const int pick = gate_topk_warp(y + (size_t)gi * E, E, top_k, renorm, idx + (size_t)gi * top_k,
-                                        weight + (size_t)gi * top_k);
-        if (idx_host && lane < top_k) idx_host[(size_t)gi * top_k + lane] = pick;
-    }
+    if (last) router_groups(y, n * w.rows / E, E, top_k, renorm, idx, weight, idx_host, rt_route_t{});
 }
 
 /* One token, w.cols <= 4 * 256 * PT: block r computes logit r with its weight row (and the norm's
@@ -342,16 +351,8 @@ __global__ void __launch_bounds__(256) k_router_topk1(float *y, const float *x, 
         last = router_last(done);
     }
     __syncthreads(); /* orders thread 0's acquire before the other threads' reads */
-    if (!last) return;
-    /* a warp a group (a stacked prediction has one per layer ahead), and the routing of the one
-     * group (rt) by the warp that ran its top-k */
-    const int groups = w.rows / E, warp = tid >> 5;
-    for (int gi = warp; gi < groups; gi += 8) {
-        const int pick = gate_topk_warp(y + (size_t)gi * E, E, top_k, renorm, idx + (size_t)gi * top_k,
-                                        weight + (size_t)gi * top_k);
-        if (idx_host && (tid & 31) < top_k) idx_host[(size_t)gi * top_k + (tid & 31)] = pick;
-        if (rt.offsets) route_warp(pick, top_k, E, rt);
-    }
+    if (last) /* a stacked prediction has a group a layer ahead */
+        router_groups(y, w.rows / E, E, top_k, renorm, idx, weight, idx_host, rt);
 }
 
 template <int FMT>
