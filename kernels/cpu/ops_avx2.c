@@ -314,78 +314,20 @@ ALWAYS void s_fused(const mm_job_t *j, wfmt_t fmt, int32_t r0, int32_t r1)
     }
 }
 
-#define S_FUSED_FMT(FMT, name) \
-    static void name(const mm_job_t *j, int32_t r0, int32_t r1) { s_fused(j, FMT, r0, r1); }
-S_FUSED_FMT(WF_F32, s_fused_f32)
-S_FUSED_FMT(WF_BF16, s_fused_bf16)
-S_FUSED_FMT(WF_INT8, s_fused_int8)
-S_FUSED_FMT(WF_FP8, s_fused_fp8)
-S_FUSED_FMT(WF_INT4, s_fused_int4)
-
-void cpu_avx2_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1)
+ALWAYS float s_vdot(const float *a, const float *b, int n)
 {
-    if (j->xq) {
-        q8x_int4_rows(j, r0, r1);
-        return;
-    }
-    switch (j->w->fmt) {
-    case WF_F32: s_fused_f32(j, r0, r1); break;
-    case WF_BF16: s_fused_bf16(j, r0, r1); break;
-    case WF_INT8: s_fused_int8(j, r0, r1); break;
-    case WF_FP8: s_fused_fp8(j, r0, r1); break;
-    case WF_INT4: s_fused_int4(j, r0, r1); break;
-    default: STRATA_ASSERT(!"format");
-    }
+    __m256 s = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s);
+    return s_hsum(s);
 }
 
-/* Attention of one query over paged KV (contract in ops.h). The heads that share a KV head
- * (GQA) go together, so each K and V row is read once for all of them: scores for the
- * group live in the per-thread buffer ([group][n_ctx]; `scratch` is not needed), then a
- * max-subtracted exp per head, then one pass over V adding every head's weighted row. */
-void cpu_avx2_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                        const int32_t *block_table, int n_ctx, int n_heads, int n_kv_heads, int head_dim,
-                        int block_size, float scale, float *scratch)
+ALWAYS void s_vaxpy(float a, const float *x, float *y, int n)
 {
-    STRATA_ASSERT(n_ctx >= 1 && n_kv_heads >= 1 && n_heads % n_kv_heads == 0);
-    const int group = n_heads / n_kv_heads, hv = head_dim / 8 * 8;
-    float *sc = cpu_row_buf((size_t)group * n_ctx);
-    for (int kvh = 0; kvh < n_kv_heads; kvh++) {
-        const float *qg = q + (int64_t)kvh * group * head_dim;
-        float *og = out + (int64_t)kvh * group * head_dim;
-        for (int p = 0; p < n_ctx; p++) {
-            const int64_t blk = block_table[p / block_size];
-            const float *k = k_cache + ((blk * n_kv_heads + kvh) * block_size + p % block_size) * head_dim;
-            for (int g = 0; g < group; g++) {
-                const float *qh = qg + (int64_t)g * head_dim;
-                __m256 a = _mm256_setzero_ps();
-                for (int i = 0; i < hv; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), _mm256_loadu_ps(k + i), a);
-                float d = s_hsum(a);
-                for (int i = hv; i < head_dim; i++) d += qh[i] * k[i];
-                sc[(int64_t)g * n_ctx + p] = d * scale;
-            }
-        }
-        for (int g = 0; g < group; g++) {
-            float *s = sc + (int64_t)g * n_ctx, mx = -INFINITY;
-            for (int p = 0; p < n_ctx; p++) mx = s[p] > mx ? s[p] : mx;
-            double sum = 0;
-            for (int p = 0; p < n_ctx; p++) {
-                s[p] = expf(s[p] - mx);
-                sum += s[p];
-            }
-            const float inv = (float)(1.0 / sum);
-            for (int p = 0; p < n_ctx; p++) s[p] *= inv;
-        }
-        for (int i = 0; i < group * head_dim; i++) og[i] = 0;
-        for (int p = 0; p < n_ctx; p++) {
-            const int64_t blk = block_table[p / block_size];
-            const float *v = v_cache + ((blk * n_kv_heads + kvh) * block_size + p % block_size) * head_dim;
-            for (int g = 0; g < group; g++) {
-                float *oh = og + (int64_t)g * head_dim;
-                const float a = sc[(int64_t)g * n_ctx + p];
-                const __m256 av = _mm256_set1_ps(a);
-                for (int i = 0; i < hv; i += 8) _mm256_storeu_ps(oh + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(v + i), _mm256_loadu_ps(oh + i)));
-                for (int i = hv; i < head_dim; i++) oh[i] += a * v[i];
-            }
-        }
-    }
+    const __m256 av = _mm256_set1_ps(a);
+    for (int i = 0; i < n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
 }
+
+#define X86_VW 8
+#define X86_MM_ROWS cpu_avx2_mm_rows
+#define X86_ATTN cpu_avx2_attention
+#include "kernels/cpu/ops_x86_tail.h"
