@@ -163,6 +163,18 @@ fail:
     return rc;
 }
 
+int strata_grow(void *pp, size_t *cap, size_t n, size_t elem, size_t first)
+{
+    if (n < *cap) return 0;
+    const size_t c = *cap ? *cap * 2 : first;
+    void *old, *v;
+    memcpy(&old, pp, sizeof old);
+    if (c <= n || c > SIZE_MAX / elem || !(v = realloc(old, c * elem))) return STRATA_ENOMEM;
+    memcpy(pp, &v, sizeof v);
+    *cap = c;
+    return 0;
+}
+
 double strata_now(void)
 {
     struct timespec ts;

@@ -99,6 +99,11 @@ int strata_parse_bytes(const char *s, int64_t *out);
  * regular file, larger than max), STRATA_EIO (read failed), -ENOMEM. */
 int strata_read_file(const char *path, uint64_t max, char **out, size_t *len, strata_errbuf_t *eb);
 
+/* Room for element n of the growable array *pp (a T ** passed as void *) of capacity *cap
+ * elements of elem bytes: when n reaches *cap the array is reallocated to twice *cap (first
+ * when *cap is 0). 0, or STRATA_ENOMEM with *pp and *cap unchanged. */
+int strata_grow(void *pp, size_t *cap, size_t n, size_t elem, size_t first);
+
 /* Monotonic clock in seconds / nanoseconds. */
 double strata_now(void);
 uint64_t strata_now_ns(void);

@@ -85,39 +85,14 @@ void tk_ws_free(tk_ws_t *ws)
 
 static int s_sp_add(tk_splits_t *l, size_t off, size_t len, int32_t id)
 {
-    if (l->n == l->cap) {
-        size_t c = l->cap ? l->cap * 2 : 64;
-        tk_split_t *v = realloc(l->v, c * sizeof *v);
-        if (!v) return STRATA_ENOMEM;
-        l->v = v;
-        l->cap = c;
-    }
+    if (strata_grow(&l->v, &l->cap, l->n, sizeof *l->v, 64)) return STRATA_ENOMEM;
     l->v[l->n++] = (tk_split_t){(uint32_t)off, (uint32_t)len, id};
-    return 0;
-}
-
-static int s_mt_push(tk_matches_t *mt, size_t s, size_t e, bool m)
-{
-    if (mt->n == mt->cap) {
-        size_t c = mt->cap ? mt->cap * 2 : 64;
-        tk_match_t *v = realloc(mt->v, c * sizeof *v);
-        if (!v) return STRATA_ENOMEM;
-        mt->v = v;
-        mt->cap = c;
-    }
-    mt->v[mt->n++] = (tk_match_t){(uint32_t)s, (uint32_t)e, m};
     return 0;
 }
 
 static int s_push_id(tk_ws_t *ws, int32_t id)
 {
-    if (ws->nids == ws->ids_cap) {
-        size_t c = ws->ids_cap ? ws->ids_cap * 2 : 256;
-        int32_t *v = realloc(ws->ids, c * sizeof *v);
-        if (!v) return STRATA_ENOMEM;
-        ws->ids = v;
-        ws->ids_cap = c;
-    }
+    if (strata_grow(&ws->ids, &ws->ids_cap, ws->nids, sizeof *ws->ids, 256)) return STRATA_ENOMEM;
     ws->ids[ws->nids++] = id;
     return 0;
 }
@@ -362,13 +337,13 @@ static int s_split_by(tk_ws_t *ws, tk_splits_t *out, size_t base, const tk_match
         return 0;
     case SPLIT_REMOVED:
         for (size_t i = 0; i < mt->n; i++)
-            if (s_mt_push(acc, mt->v[i].s, mt->v[i].e, !mt->v[i].m)) return STRATA_ENOMEM;
+            if (tk_mt_push(acc, mt->v[i].s, mt->v[i].e, !mt->v[i].m)) return STRATA_ENOMEM;
         break;
     case SPLIT_CONTIGUOUS:
         for (size_t i = 0; i < mt->n; i++) {
             tk_match_t m = mt->v[i];
             if (m.m == prev && acc->n) acc->v[acc->n - 1].e = m.e;
-            else if (s_mt_push(acc, m.s, m.e, true)) return STRATA_ENOMEM;
+            else if (tk_mt_push(acc, m.s, m.e, true)) return STRATA_ENOMEM;
             prev = m.m;
         }
         break;
@@ -376,7 +351,7 @@ static int s_split_by(tk_ws_t *ws, tk_splits_t *out, size_t base, const tk_match
         for (size_t i = 0; i < mt->n; i++) {
             tk_match_t m = mt->v[i];
             if (m.m && !prev && acc->n) acc->v[acc->n - 1].e = m.e;
-            else if (s_mt_push(acc, m.s, m.e, true)) return STRATA_ENOMEM;
+            else if (tk_mt_push(acc, m.s, m.e, true)) return STRATA_ENOMEM;
             prev = m.m;
         }
         break;
@@ -384,7 +359,7 @@ static int s_split_by(tk_ws_t *ws, tk_splits_t *out, size_t base, const tk_match
         for (size_t i = mt->n; i-- > 0;) {
             tk_match_t m = mt->v[i];
             if (m.m && !prev && acc->n) acc->v[acc->n - 1].s = m.s;
-            else if (s_mt_push(acc, m.s, m.e, true)) return STRATA_ENOMEM;
+            else if (tk_mt_push(acc, m.s, m.e, true)) return STRATA_ENOMEM;
             prev = m.m;
         }
         for (size_t i = 0, j = acc->n ? acc->n - 1 : 0; i < j; i++, j--) {
@@ -427,7 +402,7 @@ static int s_char_matches(const char *s, size_t n, s_pred_fn pred, uint32_t arg,
                           tk_matches_t *mt)
 {
     mt->n = 0;
-    if (!n) return s_mt_push(mt, 0, 0, false);
+    if (!n) return tk_mt_push(mt, 0, 0, false);
     const unsigned char *u = (const unsigned char *)s;
     size_t last = 0;
     for (size_t i = 0; i < n;) {
@@ -438,13 +413,13 @@ static int s_char_matches(const char *s, size_t n, s_pred_fn pred, uint32_t arg,
         int l = 1;
         uint32_t cp = u[i] < 0x80 ? u[i] : tk_utf8_dec(u + i, n - i, &l);
         if (tab && cp < 0x80 ? tab[cp] : pred(cp, arg)) {
-            if (last < i && s_mt_push(mt, last, i, false)) return STRATA_ENOMEM;
-            if (s_mt_push(mt, i, i + (size_t)l, true)) return STRATA_ENOMEM;
+            if (last < i && tk_mt_push(mt, (uint32_t)last, (uint32_t)i, false)) return STRATA_ENOMEM;
+            if (tk_mt_push(mt, (uint32_t)i, (uint32_t)(i + (size_t)l), true)) return STRATA_ENOMEM;
             last = i + (size_t)l;
         }
         i += (size_t)l;
     }
-    if (n > last && s_mt_push(mt, last, n, false)) return STRATA_ENOMEM;
+    if (n > last && tk_mt_push(mt, (uint32_t)last, (uint32_t)n, false)) return STRATA_ENOMEM;
     return 0;
 }
 
@@ -751,13 +726,7 @@ static void s_cache_put(tk_ws_t *ws, uint64_t h, const char *p, size_t n, const 
 
 static int s_sym_add(tk_ws_t *ws, size_t *nsym, int32_t id, uint32_t len)
 {
-    if (*nsym == ws->nsym_cap) {
-        size_t c = ws->nsym_cap ? ws->nsym_cap * 2 : 256;
-        struct tk_sym *v = realloc(ws->sym, c * sizeof *v);
-        if (!v) return STRATA_ENOMEM;
-        ws->sym = v;
-        ws->nsym_cap = c;
-    }
+    if (strata_grow(&ws->sym, &ws->nsym_cap, *nsym, sizeof *ws->sym, 256)) return STRATA_ENOMEM;
     size_t i = (*nsym)++;
     ws->sym[i] = (struct tk_sym){id, (int32_t)i - 1, (int32_t)i + 1, len};
     return 0;
@@ -770,13 +739,7 @@ static inline bool s_heap_less(const struct tk_heap *a, const struct tk_heap *b)
 
 static int s_heap_push(tk_ws_t *ws, size_t *hn, uint32_t rank, uint32_t pos, int32_t new_id)
 {
-    if (*hn == ws->heap_cap) {
-        size_t c = ws->heap_cap ? ws->heap_cap * 2 : 256;
-        struct tk_heap *v = realloc(ws->heap, c * sizeof *v);
-        if (!v) return STRATA_ENOMEM;
-        ws->heap = v;
-        ws->heap_cap = c;
-    }
+    if (strata_grow(&ws->heap, &ws->heap_cap, *hn, sizeof *ws->heap, 256)) return STRATA_ENOMEM;
     struct tk_heap *h = ws->heap, x = {rank, pos, new_id};
     size_t i = (*hn)++;
     while (i > 0) {

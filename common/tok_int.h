@@ -132,6 +132,15 @@ typedef struct {
     size_t n, cap;
 } tk_matches_t;
 
+/* Append the match [s, e) (m: matched, else the text between matches). 0 or STRATA_ENOMEM. */
+static inline int tk_mt_push(tk_matches_t *mt, uint32_t s, uint32_t e, bool m)
+{
+    if (__builtin_expect(mt->n == mt->cap, 0) && strata_grow(&mt->v, &mt->cap, mt->n, sizeof *mt->v, 64))
+        return STRATA_ENOMEM;
+    mt->v[mt->n++] = (tk_match_t){s, e, m};
+    return 0;
+}
+
 /* Compile an Oniguruma regex (literal: the pattern is a plain string). On error fills msg. */
 int tk_re_compile(tk_re_t *re, const char *pat, size_t n, bool literal, char *msg, size_t msgcap);
 /* The GPT-2 pattern (ByteLevel's use_regex). */

@@ -256,19 +256,6 @@ void tk_re_free(tk_re_t *re)
     memset(re, 0, sizeof *re);
 }
 
-static inline int s_push(tk_matches_t *mt, uint32_t s, uint32_t e, bool m)
-{
-    if (__builtin_expect(mt->n == mt->cap, 0)) {
-        size_t c = mt->cap ? mt->cap * 2 : 64;
-        tk_match_t *v = realloc(mt->v, c * sizeof *v);
-        if (!v) return STRATA_ENOMEM;
-        mt->v = v;
-        mt->cap = c;
-    }
-    mt->v[mt->n++] = (tk_match_t){s, e, m};
-    return 0;
-}
-
 /* ---------------------------------------------------------------- hand-written matchers
  * Classes as the translated regex sees them: L = \p{L}, N = \p{N}, S = \s (U+0009-000D,
  * U+0085, Z*). Every char is L, N, S or "other", and each pattern matches at every position,
@@ -432,7 +419,7 @@ static int s_fast_matches(int kind, const char *subj, size_t n, tk_matches_t *mt
     while (i < n) {
         size_t e = kind == RE_GPT2 ? s_gpt2_at(p, n, i) : s_cl100k_at(p, n, i, kind == RE_CL100K_N1 ? 1 : 3);
         if (e <= i) e = i + (size_t)tk_utf8_len(p[i]); /* cannot happen: every char matches */
-        if (s_push(mt, (uint32_t)i, (uint32_t)e, true)) return STRATA_ENOMEM;
+        if (tk_mt_push(mt, (uint32_t)i, (uint32_t)e, true)) return STRATA_ENOMEM;
         i = e;
     }
     return 0;
@@ -441,7 +428,7 @@ static int s_fast_matches(int kind, const char *subj, size_t n, tk_matches_t *mt
 int tk_re_find_matches(tk_ws_t *ws, const tk_re_t *re, const char *subj, size_t n, tk_matches_t *mt)
 {
     mt->n = 0;
-    if (n == 0) return s_push(mt, 0, 0, false);
+    if (n == 0) return tk_mt_push(mt, 0, 0, false);
     if (re->fast) return s_fast_matches(re->fast, subj, n, mt);
     if (re->lit) { /* leftmost non-overlapping occurrences of a non-empty literal */
         size_t prev = 0, i = 0;
@@ -450,11 +437,11 @@ int tk_re_find_matches(tk_ws_t *ws, const tk_re_t *re, const char *subj, size_t 
                                            : memmem(subj + i, n - i, re->lit, re->lit_n);
             if (!f) break;
             size_t s = (size_t)(f - subj);
-            if (prev != s && s_push(mt, (uint32_t)prev, (uint32_t)s, false)) return STRATA_ENOMEM;
-            if (s_push(mt, (uint32_t)s, (uint32_t)(s + re->lit_n), true)) return STRATA_ENOMEM;
+            if (prev != s && tk_mt_push(mt, (uint32_t)prev, (uint32_t)s, false)) return STRATA_ENOMEM;
+            if (tk_mt_push(mt, (uint32_t)s, (uint32_t)(s + re->lit_n), true)) return STRATA_ENOMEM;
             i = prev = s + re->lit_n;
         }
-        if (prev != n && s_push(mt, (uint32_t)prev, (uint32_t)n, false)) return STRATA_ENOMEM;
+        if (prev != n && tk_mt_push(mt, (uint32_t)prev, (uint32_t)n, false)) return STRATA_ENOMEM;
         return 0;
     }
     size_t prev = 0, last_end = 0, lme = 0;
@@ -477,10 +464,10 @@ int tk_re_find_matches(tk_ws_t *ws, const tk_re_t *re, const char *subj, size_t 
         last_end = e;
         lme = e;
         have_lme = true;
-        if (prev != s && s_push(mt, (uint32_t)prev, (uint32_t)s, false)) return STRATA_ENOMEM;
-        if (s_push(mt, (uint32_t)s, (uint32_t)e, true)) return STRATA_ENOMEM;
+        if (prev != s && tk_mt_push(mt, (uint32_t)prev, (uint32_t)s, false)) return STRATA_ENOMEM;
+        if (tk_mt_push(mt, (uint32_t)s, (uint32_t)e, true)) return STRATA_ENOMEM;
         prev = e;
     }
-    if (prev != n && s_push(mt, (uint32_t)prev, (uint32_t)n, false)) return STRATA_ENOMEM;
+    if (prev != n && tk_mt_push(mt, (uint32_t)prev, (uint32_t)n, false)) return STRATA_ENOMEM;
     return 0;
 }

@@ -59,15 +59,9 @@ static int s_parse_ids(const char *line, size_t n, size_t lineno, int32_t **ids,
             }
             i++;
         }
-        if (*nids == *cap) {
-            size_t c2 = *cap ? *cap * 2 : 64;
-            int32_t *v2 = realloc(*ids, c2 * sizeof *v2);
-            if (!v2) {
-                cli_error(C, "out of memory");
-                return 1;
-            }
-            *ids = v2;
-            *cap = c2;
+        if (strata_grow(ids, cap, *nids, sizeof **ids, 64)) {
+            cli_error(C, "out of memory");
+            return 1;
         }
         (*ids)[(*nids)++] = (int32_t)v;
     }

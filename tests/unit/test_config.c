@@ -266,9 +266,33 @@ static void test_parse_bytes(void)
     }
 }
 
+/* strata_grow: doubling from `first`, contents kept, nothing reallocated while there is room,
+ * and a capacity that would not double is refused with the array unchanged. */
+static void test_grow(void)
+{
+    int32_t *v = NULL;
+    size_t cap = 0, grows = 0;
+    for (size_t n = 0; n < 1000; n++) {
+        size_t before = cap;
+        T_CHECK(strata_grow(&v, &cap, n, sizeof *v, 4) == 0 && cap > n, "grow to %zu: cap %zu", n, cap);
+        grows += cap != before;
+        v[n] = (int32_t)n * 3;
+    }
+    T_CHECK(cap == 1024 && grows == 9, "cap %zu after %zu grows (want 1024, 9)", cap, grows);
+    bool same = true;
+    for (size_t n = 0; n < 1000; n++) same &= v[n] == (int32_t)n * 3;
+    T_CHECK(same, "contents lost across growth");
+    int32_t *keep = v;
+    size_t huge = SIZE_MAX / 2 + 1;
+    T_CHECK(strata_grow(&v, &huge, huge, sizeof *v, 4) == STRATA_ENOMEM && v == keep && huge == SIZE_MAX / 2 + 1,
+            "overflowing capacity not refused");
+    free(v);
+}
+
 int main(void)
 {
     uint64_t rng = t_seed();
+    test_grow();
     test_parse_bytes();
     test_defaults();
     test_full();
