@@ -85,14 +85,15 @@ void tk_ws_free(tk_ws_t *ws)
 
 static int s_sp_add(tk_splits_t *l, size_t off, size_t len, int32_t id)
 {
-    if (strata_grow(&l->v, &l->cap, l->n, sizeof *l->v, 64)) return STRATA_ENOMEM;
+    if (l->n == l->cap && strata_grow(&l->v, &l->cap, l->n, sizeof *l->v, 64)) return STRATA_ENOMEM;
     l->v[l->n++] = (tk_split_t){(uint32_t)off, (uint32_t)len, id};
     return 0;
 }
 
 static int s_push_id(tk_ws_t *ws, int32_t id)
 {
-    if (strata_grow(&ws->ids, &ws->ids_cap, ws->nids, sizeof *ws->ids, 256)) return STRATA_ENOMEM;
+    if (ws->nids == ws->ids_cap && strata_grow(&ws->ids, &ws->ids_cap, ws->nids, sizeof *ws->ids, 256))
+        return STRATA_ENOMEM;
     ws->ids[ws->nids++] = id;
     return 0;
 }
@@ -726,7 +727,8 @@ static void s_cache_put(tk_ws_t *ws, uint64_t h, const char *p, size_t n, const 
 
 static int s_sym_add(tk_ws_t *ws, size_t *nsym, int32_t id, uint32_t len)
 {
-    if (strata_grow(&ws->sym, &ws->nsym_cap, *nsym, sizeof *ws->sym, 256)) return STRATA_ENOMEM;
+    if (*nsym == ws->nsym_cap && strata_grow(&ws->sym, &ws->nsym_cap, *nsym, sizeof *ws->sym, 256))
+        return STRATA_ENOMEM;
     size_t i = (*nsym)++;
     ws->sym[i] = (struct tk_sym){id, (int32_t)i - 1, (int32_t)i + 1, len};
     return 0;
@@ -739,7 +741,7 @@ static inline bool s_heap_less(const struct tk_heap *a, const struct tk_heap *b)
 
 static int s_heap_push(tk_ws_t *ws, size_t *hn, uint32_t rank, uint32_t pos, int32_t new_id)
 {
-    if (strata_grow(&ws->heap, &ws->heap_cap, *hn, sizeof *ws->heap, 256)) return STRATA_ENOMEM;
+    if (*hn == ws->heap_cap && strata_grow(&ws->heap, &ws->heap_cap, *hn, sizeof *ws->heap, 256)) return STRATA_ENOMEM;
     struct tk_heap *h = ws->heap, x = {rank, pos, new_id};
     size_t i = (*hn)++;
     while (i > 0) {
