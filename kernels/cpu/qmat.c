@@ -149,14 +149,11 @@ void qmat_dequant_row(const qmat_t *w, int32_t r, float *out)
     case WF_F32:
         memcpy(out, (const float *)w->data + r * cols, (size_t)cols * 4);
         break;
-    case WF_BF16: { /* the bits shifted in place, restrict: vectorized (4.5x the per-call loop:
-                       an LM-sized embedding's 512 rows 4.5 -> 1.0 ms) */
+    case WF_BF16: { /* vectorized; restrict spares the aliasing check (512 warm rows of 4096
+                       at -O3: 0.25 ms, 0.27 without it) */
         const uint16_t *restrict p = (const uint16_t *)w->data + r * cols;
         float *restrict o = out;
-        for (int64_t c = 0; c < cols; c++) {
-            const uint32_t u = (uint32_t)p[c] << 16;
-            memcpy(&o[c], &u, 4);
-        }
+        for (int64_t c = 0; c < cols; c++) o[c] = bf16_to_f32(p[c]);
         break;
     }
     case WF_INT8: {
