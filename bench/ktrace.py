@@ -77,20 +77,25 @@ def steps_of(kernels, end, n):
     return [(a, b) for a, b in zip(marks[:-1], marks[1:])]
 
 
+def walk(kernels, a, b):
+    """The kernels of step (a, b) with what each adds to it: (kernel, share ns, gap ns before it)."""
+    prev = kernels[a][1]
+    for k in kernels[a + 1: b + 1]:
+        yield k, max(0, k[1] - max(prev, k[0])), max(0, k[0] - prev)
+        prev = max(prev, k[1])
+
+
 def summarize(kernels, ranges):
     """Per (name, grid, block): [launches, share ns]; and the total step and gap ns."""
     acc = collections.defaultdict(lambda: [0, 0])
     total = gap = 0
     for a, b in ranges:
-        prev = kernels[a][1]
-        total += kernels[b][1] - prev
-        for k in kernels[a + 1: b + 1]:
-            gap += max(0, k[0] - prev)
-            share = max(0, k[1] - max(prev, k[0]))
+        total += kernels[b][1] - kernels[a][1]
+        for k, share, g in walk(kernels, a, b):
+            gap += g
             key = (k[4], k[2], k[3])
             acc[key][0] += 1
             acc[key][1] += share
-            prev = max(prev, k[1])
     return acc, total, gap
 
 
@@ -159,13 +164,11 @@ def main():
     names = demangle(k[4] for k in kernels)
     if o.timeline:
         a, b = ranges[-1]
-        t0 = prev = kernels[a][1]
+        t0 = kernels[a][1]
         print("%9s %9s %8s  %s" % ("start us", "end us", "share", "kernel (grid, block)"))
-        for k in kernels[a + 1: min(b + 1, a + 1 + o.timeline)]:
-            share = max(0, k[1] - max(prev, k[0]))
+        for k, share, _ in walk(kernels, a, min(b, a + o.timeline)):
             print("%9.2f %9.2f %8.2f  %s (%s, %d)" % ((k[0] - t0) / 1e3, (k[1] - t0) / 1e3, share / 1e3,
                                                       short(names[k[4]]), k[2], k[3]))
-            prev = max(prev, k[1])
         return
     acc, total, gap = summarize(kernels, ranges)
     n = len(ranges)
