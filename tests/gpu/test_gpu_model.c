@@ -87,6 +87,21 @@ static double s_row_err_max(const float *a, const float *b, int n, int V)
     return w;
 }
 
+/* Rows t < n of V logits in a and b whose top-1 (the lowest id among equal maxima) agree. */
+static int s_top1_agree(const float *a, const float *b, int n, int V)
+{
+    int agree = 0;
+    for (int t = 0; t < n; t++) {
+        int ia = 0, ib = 0;
+        for (int v = 1; v < V; v++) {
+            if (a[(size_t)t * V + v] > a[(size_t)t * V + ia]) ia = v;
+            if (b[(size_t)t * V + v] > b[(size_t)t * V + ib]) ib = v;
+        }
+        agree += ia == ib;
+    }
+    return agree;
+}
+
 /* dir/name + leaf into out; false if it does not fit */
 static bool s_join(char *out, size_t cap, const char *dir, const char *name, const char *leaf)
 {
@@ -248,15 +263,7 @@ static void test_synth_formats(uint64_t *rng)
                 bool intpath = fmts[f] != WF_F32;
                 double bound = intpath ? 3e-2 : 1e-4;
                 double e = t_relerr(got, ref, 20 * 300);
-                int agree = 0;
-                for (int t = 0; t < 20; t++) {
-                    int ag = 0, ar = 0;
-                    for (int v = 1; v < 300; v++) {
-                        if (got[t * 300 + v] > got[t * 300 + ag]) ag = v;
-                        if (ref[t * 300 + v] > ref[t * 300 + ar]) ar = v;
-                    }
-                    agree += ag == ar;
-                }
+                const int agree = s_top1_agree(got, ref, 20, 300);
                 T_CHECK(e < bound, "synth arch %d %s: GPU vs CPU rel err %.3g", a, wfmt_name(fmts[f]), e);
                 T_CHECK(agree >= (intpath ? 18 : 20), "synth arch %d %s: top-1 agrees on %d/20", a, wfmt_name(fmts[f]), agree);
                 fprintf(stderr, "synth arch %d %-5s GPU vs CPU rel err %.2e, top-1 %d/20\n", a, wfmt_name(fmts[f]), e, agree);
@@ -292,15 +299,7 @@ static void test_long_prefill(uint64_t *rng)
                 gs_init(&s, g, N);
                 T_CHECK(gs_feed(&s, toks, N, got) == 0, "long prefill");
                 double e = t_relerr(got, ref, (size_t)N * V);
-                int agree = 0;
-                for (int t = 0; t < N; t++) {
-                    int ag = 0, ar = 0;
-                    for (int v = 1; v < V; v++) {
-                        if (got[t * V + v] > got[t * V + ag]) ag = v;
-                        if (ref[t * V + v] > ref[t * V + ar]) ar = v;
-                    }
-                    agree += ag == ar;
-                }
+                const int agree = s_top1_agree(got, ref, N, V);
                 /* fp16 GEMMs, as test_synth_formats: loose, and the same top-1 almost everywhere */
                 T_CHECK(e < 3e-2 && agree >= N * 95 / 100, "long prefill arch %d %s: rel err %.3g, top-1 %d/%d", a,
                         wfmt_name(fmts[f]), e, agree, N);
