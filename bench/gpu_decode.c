@@ -161,7 +161,7 @@ static int s_step(s_be_t *be, const batch_t *b, int32_t *ids)
 #define S_MAX_LAYERS 256
 
 typedef struct {
-    uint64_t expert_uses, hits, misses, prefetches, prefetch_used, bytes_h2d;
+    uint64_t expert_uses, hits, misses, host_reads, prefetches, prefetch_used, bytes_h2d;
     uint64_t layer[S_MAX_LAYERS][4]; /* per layer: uses, hits, prefetches, prefetch_used */
     int32_t n_layers;
     int32_t slots, split_rows; /* the cache's slots (whole experts or tails); split rows or 0 */
@@ -178,6 +178,7 @@ static void s_stats(s_be_t *be, s_cache_t *c, bool reset)
         gpu_stats_t st;
         gpu_get_stats(be->g, &st);
         c->expert_uses = st.expert_uses, c->hits = st.hits, c->misses = st.misses, c->prefetches = st.prefetches;
+        c->host_reads = st.host_reads;
         c->prefetch_used = st.prefetch_used, c->bytes_h2d = st.bytes_h2d, c->slots = st.slots;
         c->split_rows = st.split_rows, c->experts_on_gpu = st.experts_on_gpu;
         c->resident_bytes = st.resident_bytes, c->kv_bytes = st.kv_bytes, c->workspace_bytes = st.workspace_bytes;
@@ -742,6 +743,7 @@ int main(int argc, char **argv)
         json_object_set_new(row, "prefetch_accuracy", c->valid && c->prefetches ? json_real(pacc) : json_null());
         json_object_set_new(row, "prefetches", json_integer((json_int_t)c->prefetches));
         json_object_set_new(row, "misses", json_integer((json_int_t)c->misses));
+        json_object_set_new(row, "misses_host_read", json_integer((json_int_t)c->host_reads));
         json_object_set_new(row, "pcie_gb_s", c->valid ? json_real(pcie) : json_null());
         json_object_set_new(row, "layers", pre ? json_null() : s_layers_json(c));
         json_object_set_new(row, "slots", json_real(c->valid ? c->experts_on_gpu : (double)rm.n_experts_total));

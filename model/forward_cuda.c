@@ -6,7 +6,11 @@
  * slot of its own. When it does not, by default every expert stays resident but the last rows
  * of its down projection, its tail, and slots cache the tails (split experts, s_split_plan:
  * a layer needs a few MB, which the prediction of the next layer hides behind compute, where a
- * whole expert it needed could not be hidden); else (gpu_opts_t.split_experts off, or no
+ * whole expert it needed could not be hidden). The tails are staged once in pinned host memory
+ * in slot layout, rows then scales (host_tails), so a copy is one DMA; and a step of up to
+ * GPU_HOST_READ_ROWS tokens reads a tail that is neither resident nor in flight straight from
+ * there, over PCIe, in the expert kernel (a host-read miss), instead of queueing a DMA behind
+ * the prefetches on the copy engine. Else (gpu_opts_t.split_experts off, or no
  * split fits) slots cache whole experts. When every expert is one span of the model's memory
  * with the same layout (a packed model, the weight arena: s_span_layout), a whole-expert slot
  * holds that span as it is, and copies read the model's memory, page-locked (s_lock_spans);
@@ -24,7 +28,7 @@
  * between two copy streams, nearest layer first and at most max_inflight at a time. The
  * compute stream waits on a copy's event only when a layer actually uses that expert; a routed
  * expert that is neither resident nor in flight loads on demand on the compute stream, ordered
- * before the expert kernel.
+ * before the expert kernel (or, a split tail in a small step, is read from host memory).
  *
  * Eviction safety: at the routing sync of layer L every kernel up to layer L's gate has
  * completed, so any slot that layer L does not use and that is not in flight can be
@@ -66,6 +70,10 @@
 /* a step of this many rows or more embeds them in GPU_EMBED_THREADS host threads */
 #define GPU_EMBED_POOL_ROWS 64
 #define GPU_EMBED_THREADS 4
+/* Split experts: a step of up to this many tokens reads a missed tail from pinned host memory in
+ * the expert kernels (the integer path, which reads a row once for all of a tile's tokens);
+ * larger steps copy it (the GEMM would read it once per token tile, over PCIe). */
+#define GPU_HOST_READ_ROWS 16
 
 typedef struct {
     float *attn_norm, *ffn_norm, *bq, *bk, *bv, *bo, *q_norm, *k_norm;
@@ -125,6 +133,8 @@ struct gpu_model {
     size_t d_row, ds_row;        /* bytes of one down row, of its scales */
     size_t head_bytes, hoff[6];  /* a head: gate, its scales, up, its scales, down rows < split, theirs */
     size_t tail_data;            /* a tail's down rows; their scales follow at ALIGN256(tail_data) */
+    uint8_t *host_tails;         /* pinned [n_moe][n_experts][slot_bytes]: every tail in slot layout,
+                                    what tail copies and host-read misses read */
     uint8_t *heads_dev;          /* [n_moe][n_experts][head_bytes] */
     bool span_layout;            /* a slot holds the expert's span of the model's memory as is */
     void **locked;               /* [n_locked] page-locked ranges of the model's memory */
@@ -322,11 +332,18 @@ static uint8_t *s_head(const gpu_model_t *g, int l, int e)
     return g->heads_dev + ((size_t)g->xc.moe_ord[l] * g->m->cfg.n_experts + e) * g->head_bytes;
 }
 
-/* Device qmats of the expert (layer l, expert e) if it (split: its tail) sat in slot s. */
+/* Split experts: where the tail of expert (layer l, expert e) is staged in pinned host memory. */
+static uint8_t *s_host_tail(const gpu_model_t *g, int l, int e)
+{
+    return g->host_tails + ((size_t)g->xc.moe_ord[l] * g->m->cfg.n_experts + e) * g->slot_bytes;
+}
+
+/* Device qmats of the expert (layer l, expert e) if it (split: its tail) sat in slot s; with
+ * split experts, s < 0 reads the tail from its staged host copy over PCIe. */
 static cuda_expert_t s_expert_at(const gpu_model_t *g, int l, int e, int s)
 {
     const ffn_t *src = &g->m->layers[l].experts[e];
-    uint8_t *b = g->slots_dev + (size_t)s * g->slot_bytes;
+    uint8_t *b = s < 0 ? s_host_tail(g, l, e) : g->slots_dev + (size_t)s * g->slot_bytes;
     cuda_expert_t x = {src->gate, src->up, src->down, {0}, 0};
     const size_t *off = g->off;
     if (g->split) {
@@ -357,13 +374,9 @@ static const uint8_t *s_host_expert(const gpu_model_t *g, int l, int e)
 static int s_slot_fill(gpu_model_t *g, int s, int l, int e, int stream)
 {
     uint8_t *dst = g->slots_dev + (size_t)s * g->slot_bytes;
-    const uint8_t *h = s_host_expert(g, l, e);
-    if (!g->split) return cuda_h2d_async(g->cx, stream, dst, h, g->copy_bytes);
-    int rc = cuda_h2d_async(g->cx, stream, dst, h + g->off[4] + (size_t)g->split * g->d_row, g->tail_data);
-    size_t ts = g->copy_bytes - g->tail_data;
-    if (!rc && ts)
-        rc = cuda_h2d_async(g->cx, stream, dst + ALIGN256(g->tail_data), h + g->off[5] + (size_t)g->split * g->ds_row, ts);
-    return rc;
+    if (!g->split) return cuda_h2d_async(g->cx, stream, dst, s_host_expert(g, l, e), g->copy_bytes);
+    /* the staged tail: its rows, the padding to 256 bytes, their scales */
+    return cuda_h2d_async(g->cx, stream, dst, s_host_tail(g, l, e), ALIGN256(g->tail_data) + g->copy_bytes - g->tail_data);
 }
 
 /* s_slot_fill, counted in the statistics. */
@@ -416,6 +429,9 @@ static int s_ensure(gpu_model_t *g, int l, int n)
     int rc;
     for (int i = 0; i < n * c->top_k; i++) STRATA_ASSERT(g->h_idx[i] >= 0 && g->h_idx[i] < E);
     xcache_route(xc, l, g->h_idx, n * c->top_k);
+    /* a kept layer's miss takes a slot (a DMA): the window never prefetches the kept layers, so
+     * a tail host-read there would be host-read at every step */
+    const bool host_read = g->split && n <= GPU_HOST_READ_ROWS && xc->moe_ord[l] >= xc->n_pin;
     for (int e = 0; e < E; e++) {
         if (!xc->need[e]) continue;
         g->st.expert_uses++;
@@ -434,6 +450,13 @@ static int s_ensure(gpu_model_t *g, int l, int n)
             }
             g->st.hits++;
             g->lst[l].hits++;
+        } else if (host_read) {
+            /* the kernels read the staged tail over PCIe (below): no slot, and no DMA queued
+             * behind the prefetches */
+            g->st.bytes_h2d += g->copy_bytes;
+            g->st.misses++;
+            g->st.host_reads++;
+            g->lst[l].misses++;
         } else {
             s = xcache_victim(xc, l, xc->moe_ord[l], true, -1.0f);
             if (s < 0) s = xcache_victim(xc, l, xc->moe_ord[l], false, -1.0f);
@@ -447,11 +470,14 @@ static int s_ensure(gpu_model_t *g, int l, int n)
         }
     }
     /* Slots still loading for this layer that nobody routed to stay in flight; the compute
-     * stream never reads them, and they become READY when next used. */
+     * stream never reads them, and they become READY when next used. A routed expert with no
+     * slot is a host-read miss. */
     for (int e = 0; e < E; e++) {
         int s = xc->slot_of[(size_t)l * E + e];
         if (s >= 0 && xc->slot[s].state != XC_LOADING)
             L->table_host[e] = s_expert_at(g, l, e, s);
+        else if (s < 0 && xc->need[e])
+            L->table_host[e] = s_expert_at(g, l, e, -1);
         else
             memset(&L->table_host[e], 0, sizeof L->table_host[e]);
     }
@@ -480,6 +506,7 @@ void gpu_model_free(gpu_model_t *g)
     xcache_free(&g->xc);
     free(g->lst);
     cuda_host_free(g->host_experts);
+    cuda_host_free(g->host_tails);
     for (int i = 0; i < g->n_locked; i++) cuda_host_unregister(g->locked[i]);
     free(g->locked);
     cuda_host_free(g->h_x);
@@ -724,18 +751,21 @@ static int s_lock_spans(gpu_model_t *g)
     return rc;
 }
 
-/* Upload the head of expert (l, e) (split) from its host layout at h. */
-static int s_head_upload(gpu_model_t *g, int l, int e, const uint8_t *h)
+/* Split experts: upload the head of expert (l, e) from the model's memory and stage its tail
+ * (down rows split.. and their scales) in host_tails. */
+static int s_split_upload(gpu_model_t *g, int l, int e)
 {
-    uint8_t *b = s_head(g, l, e);
+    uint8_t *b = s_head(g, l, e), *t = s_host_tail(g, l, e);
     const uint8_t *p[6];
     size_t n[6];
     s_pieces(&g->m->layers[l].experts[e], p, n);
+    memcpy(t, p[4] + (size_t)g->split * g->d_row, g->tail_data);
+    if (p[5]) memcpy(t + ALIGN256(g->tail_data), p[5] + (size_t)g->split * g->ds_row, g->copy_bytes - g->tail_data);
     n[4] = (size_t)g->split * g->d_row;
     n[5] = (size_t)g->split * g->ds_row;
     int rc = 0;
     for (int i = 0; i < 6 && !rc; i++)
-        if (n[i]) rc = cuda_h2d(g->cx, b + g->hoff[i], h + g->off[i], n[i]);
+        if (n[i]) rc = cuda_h2d(g->cx, b + g->hoff[i], p[i], n[i]);
     return rc;
 }
 
@@ -830,7 +860,13 @@ static int s_create_experts(gpu_model_t *g, strata_errbuf_t *eb)
     for (int s = 0; s < g->n_slots; s++)
         if ((rc = cuda_event_create(&g->ev[s]))) return strata_seterr(eb, rc, "gpu: event creation failed");
     uint8_t *stage = NULL;
-    if (!g->all_resident && g->span_layout) {
+    if (g->split) {
+        size_t total = (size_t)g->n_total * g->slot_bytes;
+        if ((rc = cuda_host_alloc((void **)&g->host_tails, total)))
+            return strata_seterr(eb, rc, "gpu: pinned host copy of the expert tails (%zu bytes) failed", total);
+        g->st.host_locked_bytes = (int64_t)total;
+        log_info("gpu: staging %.2f GB of expert tails in pinned host memory", total / 1e9);
+    } else if (!g->all_resident && g->span_layout) {
         double t0 = strata_now();
         g->st.from_model = s_lock_spans(g) == 0;
         if (g->st.from_model)
@@ -839,7 +875,7 @@ static int s_create_experts(gpu_model_t *g, strata_errbuf_t *eb)
         else
             log_warn("gpu: page-locking the model's expert memory failed; staging a pinned copy instead");
     }
-    if (!g->all_resident && !g->st.from_model) {
+    if (!g->all_resident && !g->split && !g->st.from_model) {
         size_t total = (size_t)c->n_layers * c->n_experts * g->expert_bytes;
         if ((rc = cuda_host_alloc((void **)&g->host_experts, total)))
             return strata_seterr(eb, rc, "gpu: pinned host copy of the experts (%zu bytes) failed", total);
@@ -848,15 +884,17 @@ static int s_create_experts(gpu_model_t *g, strata_errbuf_t *eb)
     } else if (g->all_resident && (rc = cuda_host_alloc((void **)&stage, g->expert_bytes))) {
         return strata_seterr(eb, rc, "gpu: pinned staging failed");
     }
-    /* fill: pinned copies of every expert (none when copies read the model's memory); the
-     * first n_slots go to the GPU in layer order */
+    /* fill: pinned copies of every expert (none when copies read the model's memory; split:
+     * every head to the GPU and every tail staged); the first n_slots go to the GPU in layer
+     * order */
     int s = 0;
     for (int l = 0; l < c->n_layers; l++) {
         if (!c->layer_sparse[l]) continue;
         for (int e = 0; e < c->n_experts; e++) {
-            const uint8_t *h = g->all_resident ? stage : s_host_expert(g, l, e);
-            if (!g->st.from_model) s_expert_pack(g, (uint8_t *)h, &m->layers[l].experts[e]);
-            if (g->split && (rc = s_head_upload(g, l, e, h))) break;
+            const uint8_t *h = g->split ? NULL : g->all_resident ? stage : s_host_expert(g, l, e);
+            if (g->split) rc = s_split_upload(g, l, e);
+            else if (!g->st.from_model) s_expert_pack(g, (uint8_t *)h, &m->layers[l].experts[e]);
+            if (rc) break;
             if (s < g->n_slots) {
                 xcache_assign(&g->xc, s, l, e);
                 g->xc.slot[s].state = XC_READY;

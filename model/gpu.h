@@ -41,6 +41,7 @@ typedef struct {
     uint64_t expert_uses;      /* (layer, expert) activations served */
     uint64_t hits;             /* ... found resident, or arrived by prefetch before needed */
     uint64_t misses;           /* ... loaded on demand */
+    uint64_t host_reads;       /* ... of which read from host memory by the kernels (split tails) */
     uint64_t prefetches;       /* experts copied ahead of need */
     uint64_t prefetch_used;    /* ... that the next layers did use */
     uint64_t bytes_h2d;        /* expert bytes copied host -> GPU */

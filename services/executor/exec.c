@@ -423,6 +423,7 @@ void exec_get_stats(const exec_t *e, exec_stats_t *st)
         st->has_cache = true;
         st->hits = g.hits;
         st->misses = g.misses;
+        st->host_reads = g.host_reads;
         st->prefetches = g.prefetches;
         st->prefetch_used = g.prefetch_used;
         st->bytes_h2d = g.bytes_h2d;

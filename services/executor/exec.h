@@ -43,7 +43,7 @@ typedef struct {
     double forward_us, sample_us;   /* totals, wall time */
     double compute_cpu_us;          /* CPU time of the calling thread in forward + sampling */
     bool has_cache;                 /* the fields below are meaningful */
-    uint64_t hits, misses, prefetches, prefetch_used, bytes_h2d;
+    uint64_t hits, misses, host_reads, prefetches, prefetch_used, bytes_h2d;
     int32_t slots, n_experts_total;
     double experts_on_gpu;          /* gpu_stats_t's: the roofline's slots */
 } exec_stats_t;
