@@ -4,7 +4,8 @@
  *
  *   CUDA_INJECTION64_PATH=/path/libstrata_ktrace.so STRATA_KTRACE_OUT=trace.txt PROGRAM ...
  *
- * and read trace.txt with bench/ktrace.py. Each kernel is one line
+ * and read trace.txt with bench/ktrace.py ("%p" in the path becomes the process id: a process
+ * group started with the variables set writes a file per process). Each kernel is one line
  *   K start_ns end_ns stream grid_x grid_y grid_z block_x name(mangled)
  * and, with STRATA_KTRACE_MEMCPY=1, each copy one line
  *   M start_ns end_ns stream bytes copy_kind
@@ -13,6 +14,8 @@
 #include <cupti.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #define KT_BUF_BYTES (8u << 20)
 
@@ -59,6 +62,12 @@ int InitializeInjection(void)
 {
     const char *path = getenv("STRATA_KTRACE_OUT");
     if (!path || !*path) path = "ktrace.txt";
+    /* "%p" in the path becomes the process id: a process group traced through one variable
+     * writes a file per process */
+    char buf[4096];
+    const char *pp = strstr(path, "%p");
+    if (pp && snprintf(buf, sizeof buf, "%.*s%d%s", (int)(pp - path), path, (int)getpid(), pp + 2) < (int)sizeof buf)
+        path = buf;
     if (!(s_out = fopen(path, "w"))) {
         fprintf(stderr, "ktrace: cannot write %s\n", path);
         return 0;
