@@ -22,8 +22,7 @@
  * layer k's gate, and with the gates of the next prefetch_depth MoE layers applied to the
  * same hidden state (one GEMV over those layers' routers stacked, their ffn_norm folded in, on
  * the hidden state normalized once), both written to pinned host memory by the router's launch
- * itself. With split experts the window starts past the layers whose tails are kept
- * (s_window_lo). Between segments the host waits for the segment (s_cache_step), makes the
+ * itself. The window skips the layers whose experts are pinned (s_window_lo). Between segments the host waits for the segment (s_cache_step), makes the
  * routed experts resident and starts copies of predicted experts that are not, alternating
  * between two copy streams, nearest layer first and at most max_inflight at a time. The
  * compute stream waits on a copy's event only when a layer actually uses that expert; a routed
@@ -115,6 +114,7 @@ struct gpu_model {
     /* host staging */
     float *h_x;                  /* [max_tokens][hidden] embedded rows */
     int32_t *h_bt;               /* [max_tokens][kv_blocks] flattened block tables */
+    int32_t *h_meta;             /* [3][max_tokens] positions, sequences, logit rows (d_pos, d_seq, d_rows) */
     int32_t *h_idx, *h_pidx;     /* routing of this layer / prediction of the next */
     cuda_sample_param_t *h_samp; /* [max_tokens] staging of d_samp */
     tpool_t *embed_pool;         /* s_embed's threads, created by the first large step */
@@ -144,7 +144,8 @@ struct gpu_model {
     cuda_event_t **ev;           /* [n_slots] copy-stream event of the last prefetch into each slot */
     uint8_t *host_experts;       /* pinned [n_layers*n_experts][expert_bytes], NULL if all resident
                                     or st.from_model (copies read the model's memory) */
-    int32_t depth;               /* prefetch window in MoE layers (0: no prediction) */
+    int32_t depth;               /* prefetch window in MoE layers not pinned (0: no prediction) */
+    int32_t pred_cap;            /* MoE layers a prediction's workspace holds, pinned ones included */
     int32_t max_inflight;        /* prefetch copies on the copy streams at once */
     uint32_t n_copies;           /* prefetch copies issued: even ones on CUDA_STREAM_COPY, odd on COPY2 */
     float *pred_router;          /* [n_moe][n_experts][hidden] f32 routers x ffn_norm, or NULL */
@@ -156,6 +157,9 @@ struct gpu_model {
     int32_t graph_nlog[GPU_MAX_GRAPHS];
     int8_t graph_mode[GPU_MAX_GRAPHS]; /* s_mode_t its last segment was captured for */
     gpu_stats_t st;
+    /* the step gpu_step_ahead started (ahead_n rows; 0: none) */
+    int32_t ahead_n, ahead_nlog;
+    int32_t ahead_tok[GPU_MAX_GRAPHS], ahead_pos[GPU_MAX_GRAPHS], ahead_seq[GPU_MAX_GRAPHS], ahead_rows[GPU_MAX_GRAPHS];
 };
 
 void gpu_opts_default(gpu_opts_t *o)
@@ -429,9 +433,9 @@ static int s_ensure(gpu_model_t *g, int l, int n)
     int rc;
     for (int i = 0; i < n * c->top_k; i++) STRATA_ASSERT(g->h_idx[i] >= 0 && g->h_idx[i] < E);
     xcache_route(xc, l, g->h_idx, n * c->top_k);
-    /* a kept layer's miss takes a slot (a DMA): the window never prefetches the kept layers, so
-     * a tail host-read there would be host-read at every step */
-    const bool host_read = g->split && n <= GPU_HOST_READ_ROWS && xc->moe_ord[l] >= xc->n_pin;
+    /* a pinned layer's miss takes a slot (a DMA): the window never prefetches the pinned
+     * layers, so a tail host-read there would be host-read at every step */
+    const bool host_read = g->split && n <= GPU_HOST_READ_ROWS && !xc->pinned[xc->moe_ord[l]];
     for (int e = 0; e < E; e++) {
         if (!xc->need[e]) continue;
         g->st.expert_uses++;
@@ -511,6 +515,7 @@ void gpu_model_free(gpu_model_t *g)
     free(g->locked);
     cuda_host_free(g->h_x);
     cuda_host_free(g->h_bt);
+    cuda_host_free(g->h_meta);
     cuda_host_free(g->h_idx);
     cuda_host_free(g->h_pidx);
     cuda_host_free(g->h_samp);
@@ -570,6 +575,7 @@ static int s_create_workspace(gpu_model_t *g, strata_errbuf_t *eb)
     size_t qd = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->n_kv_heads * c->head_dim;
     size_t ne = c->n_experts > 0 ? (size_t)c->n_experts : 1, tk = c->top_k > 0 ? (size_t)c->top_k : 1;
     size_t D = g->depth > 0 ? (size_t)g->depth : 1; /* predictions: D layers per token */
+    g->pred_cap = (int32_t)D;
     size_t mi = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const layer_t *S = &g->m->layers[l];
@@ -597,9 +603,9 @@ static int s_create_workspace(gpu_model_t *g, strata_errbuf_t *eb)
     WS(sg, T * 4);
     WS(ffn_scr, 3 * T * (mi ? mi : 1) * 4);
     WS(logits, T * (size_t)c->vocab * 4);
-    WS(d_pos, T * 4);
-    WS(d_seq, T * 4);
-    WS(d_rows, T * 4);
+    /* positions, sequences and logit rows: one buffer, so one copy stages them (h_meta) */
+    WS(d_pos, 3 * T * 4);
+    if (!rc) g->d_seq = g->d_pos + T, g->d_rows = g->d_pos + 2 * T;
     WS(d_ids, T * 4);
     WS(d_samp, T * sizeof(cuda_sample_param_t));
     WS(d_bt, T * (size_t)g->o.kv_blocks * 4);
@@ -619,6 +625,7 @@ static int s_create_workspace(gpu_model_t *g, strata_errbuf_t *eb)
     g->st.workspace_bytes = g->used - before;
     if (rc) return rc;
     if (cuda_host_alloc((void **)&g->h_x, T * H * 4) || cuda_host_alloc((void **)&g->h_bt, T * (size_t)g->o.kv_blocks * 4) ||
+        cuda_host_alloc((void **)&g->h_meta, 3 * T * 4) ||
         cuda_host_alloc((void **)&g->h_idx, T * tk * 4) || cuda_host_alloc((void **)&g->h_pidx, T * D * tk * 4) ||
         cuda_host_alloc((void **)&g->h_samp, T * sizeof(cuda_sample_param_t)))
         return strata_seterr(eb, STRATA_ENOMEM, "gpu: pinned host staging failed");
@@ -1000,9 +1007,12 @@ int gpu_model_create(gpu_model_t **out, const model_t *m, const gpu_opts_t *o, s
         goto fail;
     }
     g->st.n_experts_total = g->n_total;
-    /* split: two layers' tails at batch 1, so the link never drains while the host waits for a
-     * layer's routing (Mixtral 24 GiB, depth 2: 2 in flight 162.2 tok/s, 4 164.7, 6 163.0) */
-    g->max_inflight = g->split ? 2 * c->top_k : GPU_MAX_INFLIGHT;
+    /* split: one layer's tails at batch 1 (one on the link, one queued behind it on the other
+     * copy stream), so a layer two ahead is copied on the prediction of the layer before it
+     * when the link is the bottleneck. strata bench 24 GiB batch 1, session 15, alternating
+     * runs: 197.4 and 198.9 tok/s against 194.2 and 191.7 with two layers' tails (4); session
+     * 8, before the tails were one DMA each: 2 162.2, 4 164.7, 6 163.0 */
+    g->max_inflight = g->split ? c->top_k : GPU_MAX_INFLIGHT;
     if (g->split && o->prefetch_depth < 0 && g->depth > GPU_DEPTH_SPLIT) g->depth = GPU_DEPTH_SPLIT;
 
     g->st.budget_used = g->used;
@@ -1069,22 +1079,26 @@ static int s_attention(gpu_model_t *g, int l, int n)
     return cuda_matmul_ex(cx, 1, &g->x, g->att, n, &wo, &bo, true, aq);
 }
 
-/* The first MoE ordinal of MoE layer l's prediction window: the next MoE layer, or with split
- * experts the first whose tails are not kept (xcache_t.n_pin): no copy is needed for the kept
- * ones, so from the step's first gate on the window looks past them. */
+/* The first MoE ordinal of MoE layer l's prediction window: the next MoE layer whose experts
+ * are not pinned (xcache_pin): no copy is needed for the pinned ones, so the window looks past
+ * them. */
 static int s_window_lo(const gpu_model_t *g, int l)
 {
-    const int lo = g->xc.moe_ord[l] + 1;
-    return g->split && lo < g->xc.n_pin ? g->xc.n_pin : lo;
+    int lo = g->xc.moe_ord[l] + 1;
+    while (lo < g->xc.n_moe && g->xc.pinned[lo]) lo++;
+    return lo;
 }
 
-/* Prediction window of MoE layer l: D MoE layers from s_window_lo on (0 without a cache or
- * prediction). */
+/* Prediction window of MoE layer l: from s_window_lo on, the MoE layers up to the depth-th one
+ * that is not pinned (the pinned ones among them cost a row of the prediction each, nothing
+ * else), at most pred_cap (0 without a cache or prediction). */
 static int s_window(const gpu_model_t *g, int l)
 {
     if (g->all_resident || !g->pred_router) return 0;
-    int D = g->xc.n_moe - s_window_lo(g, l);
-    return D < g->depth ? D : g->depth;
+    const int lo = s_window_lo(g, l);
+    int D = 0;
+    for (int left = g->depth; left > 0 && lo + D < g->xc.n_moe && D < g->pred_cap; D++) left -= !g->xc.pinned[lo + D];
+    return D;
 }
 
 /* First half of the FFN of layer l: the norm, and for a MoE layer its gate; with a cache, also
@@ -1208,12 +1222,17 @@ static int s_cache_step(gpu_model_t *g, int k, int n)
     return D > 0 ? s_issue(g, l) : 0;
 }
 
-/* Split experts: the first MoE layers whose tails the cache keeps (xcache_t.n_pin; nothing
- * prefetches them in time) for a step of n tokens: as many as leave room for the current
- * layer's experts and the prefetch window's, the expected distinct experts a layer routes n
- * tokens to, and at least one. Mixtral 24 GiB, 29 tail slots, batch 1: 1 layer 166.6 tok/s, 2
- * (this rule) 172.3, 3 173.6; at batch 16 a rule for batch 1 (5 of 53 slots' layers kept in
- * the group) left too few for the window: hit rate 0.22, 214.6 tok/s against 352.7. */
+/* Split experts: how many MoE layers' tails the cache pins (xcache_pin: the first, whose
+ * experts nothing predicts in time, then spread over the step) for a step of n tokens: as many
+ * as leave room for the current layer's experts and the prefetch window's, the expected
+ * distinct experts a layer routes n tokens to, and at least one. Mixtral 24 GiB, 29 tail slots,
+ * batch 1, the first layers pinned: 1 layer 166.6 tok/s, 2 (this rule) 172.3, 3 173.6; at
+ * batch 16 a rule for batch 1 (5 of 53 slots' layers kept in the group) left too few for the
+ * window: hit rate 0.22, 214.6 tok/s against 352.7. Spread instead of the first ones (session
+ * 15): gpu_decode 24G batch 1 at 256 tokens a step (74 slots, 8 pinned) 224.7 and 222.9 tok/s
+ * against 210.9 and 208.5, strata bench (53 slots, 5 pinned; alternating runs in one call)
+ * 189.2 and 187.0 against 186.0 and 184.2: the first layers pinned left the link idle while
+ * they computed. */
 static int s_pin_layers(const gpu_model_t *g, int n)
 {
     const double E = g->m->cfg.n_experts, k = g->m->cfg.top_k;
@@ -1248,20 +1267,25 @@ static void s_embed(gpu_model_t *g, const int32_t *tokens, int n)
     tpool_run(n >= GPU_EMBED_POOL_ROWS ? g->embed_pool : NULL, n, 32, s_embed_rows, &j);
 }
 
-/* One step: logits (host, S_LOGITS) or ids (host, the other modes; samp: each logit row's
- * parameters with S_SAMPLE). */
-static int s_step(gpu_model_t *g, const batch_t *b, s_mode_t mode, float *logits, int32_t *ids,
-                  const gpu_sample_t *samp)
+/* KV blocks sequence s of b uses: up to its last row's position. */
+static int s_blocks_needed(const gpu_model_t *g, const batch_t *b, int s)
 {
-    const model_t *m = g->m;
-    const model_config_t *c = &m->cfg;
+    int need = 0;
+    for (int t = 0; t < b->n_tokens; t++)
+        if (b->seq[t] == s && b->pos[t] / g->o.block_size + 1 > need) need = b->pos[t] / g->o.block_size + 1;
+    return need;
+}
+
+/* A step's inputs checked and staged on the device: embedded rows, positions, sequences,
+ * logit rows, block tables; the pins for its size. */
+static int s_stage(gpu_model_t *g, const batch_t *b)
+{
+    const model_config_t *c = &g->m->cfg;
     int n = b->n_tokens, rc;
-    if (n == 0) return 0;
     if (n < 0 || n > g->o.max_tokens || b->n_logits < 0 || b->n_logits > n) {
         log_error("gpu: batch of %d tokens (%d logits) exceeds max_tokens %d", n, b->n_logits, g->o.max_tokens);
         return STRATA_EINVAL_INPUT;
     }
-    /* validate and stage: embedded rows, positions, block tables */
     int n_seqs = 0, runs = 0;
     for (int t = 0; t < n; t++) {
         int32_t tok = b->tokens[t], pos = b->pos[t], s = b->seq[t];
@@ -1273,14 +1297,13 @@ static int s_step(gpu_model_t *g, const batch_t *b, s_mode_t mode, float *logits
         if (s + 1 > n_seqs) n_seqs = s + 1;
         runs += t == 0 || s != b->seq[t - 1];
     }
-    s_embed(g, b->tokens, n);
-    /* the tensor-core kernel makes a pass per sequence in each 64-row tile: worth it when the
-     * step is long runs of one sequence's rows (prefill), not many single decode rows */
-    g->att_tc = n >= 64 && runs * 16 <= n;
+    for (int i = 0; i < b->n_logits; i++)
+        if (b->logit_rows[i] < 0 || b->logit_rows[i] >= n) {
+            log_error("gpu: logit row %d outside the batch of %d", b->logit_rows[i], n);
+            return STRATA_EINVAL_INPUT;
+        }
     for (int s = 0; s < n_seqs; s++) {
-        int need = 0;
-        for (int t = 0; t < n; t++)
-            if (b->seq[t] == s && b->pos[t] / g->o.block_size + 1 > need) need = b->pos[t] / g->o.block_size + 1;
+        int need = s_blocks_needed(g, b, s);
         for (int j = 0; j < need; j++) {
             int32_t blk = b->block_tables[s][j];
             if (blk < 0 || blk >= g->o.kv_blocks) {
@@ -1290,47 +1313,111 @@ static int s_step(gpu_model_t *g, const batch_t *b, s_mode_t mode, float *logits
             g->h_bt[(size_t)s * g->o.kv_blocks + j] = blk;
         }
     }
+    s_embed(g, b->tokens, n);
+    /* the tensor-core kernel makes a pass per sequence in each 64-row tile: worth it when the
+     * step is long runs of one sequence's rows (prefill), not many single decode rows */
+    g->att_tc = n >= 64 && runs * 16 <= n;
+    cuda_ctx_t *cx = g->cx;
+    if ((rc = cuda_h2d_async(cx, CUDA_STREAM_COMPUTE, g->x, g->h_x, (size_t)n * c->hidden * 4))) return rc;
+    /* one DMA from pinned memory where three copies from the caller's memory each staged */
+    const size_t T = (size_t)g->o.max_tokens;
+    memcpy(g->h_meta, b->pos, (size_t)n * 4);
+    memcpy(g->h_meta + T, b->seq, (size_t)n * 4);
+    memcpy(g->h_meta + 2 * T, b->logit_rows, (size_t)b->n_logits * 4);
+    if ((rc = cuda_h2d_async(cx, CUDA_STREAM_COMPUTE, g->d_pos, g->h_meta, (2 * T + (size_t)b->n_logits) * 4))) return rc;
+    if ((rc = cuda_h2d_async(cx, CUDA_STREAM_COMPUTE, g->d_bt, g->h_bt, (size_t)n_seqs * g->o.kv_blocks * 4))) return rc;
+    if (g->split) xcache_pin(&g->xc, s_pin_layers(g, n));
+    g->pre_attn = g->pre_attn_q8 = false; /* a step that failed half-way may have left them set */
+    return 0;
+}
+
+/* Segment k of a step of n tokens: its decode graph (captured on first use, the last segment
+ * again when the mode or logit count changes), or its kernels when the step is not
+ * decode-shaped. */
+static int s_launch(gpu_model_t *g, int k, const batch_t *b, s_mode_t mode)
+{
+    const int n = b->n_tokens, n_seg = g->n_seg;
+    if (!(g->o.use_graphs && n < GPU_MAX_GRAPHS && b->n_logits == n)) return s_segment(g, k, n, b->n_logits, mode);
+    cuda_graph_t **gr = &g->graphs[(size_t)n * n_seg + k];
+    bool last = k == n_seg - 1;
+    int rc;
+    if (!*gr || (last && (g->graph_mode[n] != (int8_t)mode || g->graph_nlog[n] != b->n_logits))) {
+        if ((rc = cuda_graph_begin(g->cx))) return rc;
+        rc = s_segment(g, k, n, b->n_logits, mode);
+        int rc2 = cuda_graph_end(g->cx, gr);
+        if (rc || rc2) return rc ? rc : rc2;
+        if (last) g->graph_mode[n] = (int8_t)mode, g->graph_nlog[n] = b->n_logits;
+    }
+    return cuda_graph_launch(g->cx, *gr);
+}
+
+/* Whether b is the step gpu_step_ahead started: the same rows (tokens, positions, sequences),
+ * logit rows and the blocks they use. */
+static bool s_ahead_is(const gpu_model_t *g, const batch_t *b)
+{
+    const int n = b->n_tokens;
+    if (g->ahead_n != n || n <= 0 || b->n_logits != g->ahead_nlog) return false;
+    for (int t = 0; t < n; t++)
+        if (b->tokens[t] != g->ahead_tok[t] || b->pos[t] != g->ahead_pos[t] || b->seq[t] != g->ahead_seq[t]) return false;
     for (int i = 0; i < b->n_logits; i++)
-        if (b->logit_rows[i] < 0 || b->logit_rows[i] >= n) {
-            log_error("gpu: logit row %d outside the batch of %d", b->logit_rows[i], n);
-            return STRATA_EINVAL_INPUT;
-        }
+        if (b->logit_rows[i] != g->ahead_rows[i]) return false;
+    for (int t = 0; t < n; t++) {
+        const int s = b->seq[t];
+        if (!b->block_tables[s]) return false;
+        for (int j = 0, need = s_blocks_needed(g, b, s); j < need; j++)
+            if (b->block_tables[s][j] != g->h_bt[(size_t)s * g->o.kv_blocks + j]) return false;
+    }
+    return true;
+}
+
+int gpu_step_ahead(gpu_model_t *g, const batch_t *b)
+{
+    g->ahead_n = 0;
+    const int n = b->n_tokens;
+    /* only a cache's first segment has anything to overlap: the prefetches of the layers
+     * after the first gate */
+    if (g->all_resident || n <= 0 || n >= GPU_MAX_GRAPHS || b->n_logits != n) return 0;
+    int rc;
+    if ((rc = s_stage(g, b)) || (rc = s_launch(g, 0, b, S_LOGITS)) || (rc = s_cache_step(g, 0, n))) return rc;
+    memcpy(g->ahead_tok, b->tokens, (size_t)n * sizeof *b->tokens);
+    memcpy(g->ahead_pos, b->pos, (size_t)n * sizeof *b->pos);
+    memcpy(g->ahead_seq, b->seq, (size_t)n * sizeof *b->seq);
+    memcpy(g->ahead_rows, b->logit_rows, (size_t)n * sizeof *b->logit_rows);
+    g->ahead_nlog = b->n_logits;
+    g->ahead_n = n;
+    return 0;
+}
+
+/* One step: logits (host, S_LOGITS) or ids (host, the other modes; samp: each logit row's
+ * parameters with S_SAMPLE). A step that gpu_step_ahead started goes on from its second
+ * segment. */
+static int s_step(gpu_model_t *g, const batch_t *b, s_mode_t mode, float *logits, int32_t *ids,
+                  const gpu_sample_t *samp)
+{
+    const model_config_t *c = &g->m->cfg;
+    const int n = b->n_tokens;
+    const bool ahead = s_ahead_is(g, b);
+    g->ahead_n = 0;
+    if (n == 0) return 0;
+    int rc, k = 0;
+    if (ahead) {
+        k = 1;
+        g->st.steps_ahead++;
+    } else if ((rc = s_stage(g, b))) {
+        return rc;
+    }
     cuda_ctx_t *cx = g->cx;
     if (mode == S_SAMPLE) {
         for (int i = 0; i < b->n_logits; i++)
             g->h_samp[i] = (cuda_sample_param_t){samp[i].temperature, samp[i].top_k, samp[i].top_p, 0.f, samp[i].u};
         if ((rc = cuda_h2d_small(cx, g->d_samp, g->h_samp, (size_t)b->n_logits * sizeof *g->h_samp))) return rc;
     }
-    if ((rc = cuda_h2d_async(cx, CUDA_STREAM_COMPUTE, g->x, g->h_x, (size_t)n * c->hidden * 4))) return rc;
-    if ((rc = cuda_h2d(cx, g->d_pos, b->pos, (size_t)n * 4))) return rc;
-    if ((rc = cuda_h2d(cx, g->d_seq, b->seq, (size_t)n * 4))) return rc;
-    if ((rc = cuda_h2d(cx, g->d_rows, b->logit_rows, (size_t)b->n_logits * 4))) return rc;
-    if ((rc = cuda_h2d_async(cx, CUDA_STREAM_COMPUTE, g->d_bt, g->h_bt, (size_t)n_seqs * g->o.kv_blocks * 4))) return rc;
-
     g->st.steps++;
-    if (g->split) g->xc.n_pin = s_pin_layers(g, n);
-    g->pre_attn = g->pre_attn_q8 = false; /* a step that failed half-way may have left them set */
-
     /* Decode-shaped steps replay a CUDA graph per size and segment (one segment when every
      * expert is resident; with a cache, the host decides residency between segments). */
-    bool graph = g->o.use_graphs && n < GPU_MAX_GRAPHS && b->n_logits == n;
-    const int n_seg = g->n_seg;
-    for (int k = 0; k < n_seg; k++) {
-        if (graph) {
-            cuda_graph_t **gr = &g->graphs[(size_t)n * n_seg + k];
-            bool last = k == n_seg - 1;
-            if (!*gr || (last && (g->graph_mode[n] != (int8_t)mode || g->graph_nlog[n] != b->n_logits))) {
-                if ((rc = cuda_graph_begin(cx))) return rc;
-                rc = s_segment(g, k, n, b->n_logits, mode);
-                int rc2 = cuda_graph_end(cx, gr);
-                if (rc || rc2) return rc ? rc : rc2;
-                if (last) g->graph_mode[n] = (int8_t)mode, g->graph_nlog[n] = b->n_logits;
-            }
-            if ((rc = cuda_graph_launch(cx, *gr))) return rc;
-        } else if ((rc = s_segment(g, k, n, b->n_logits, mode))) {
-            return rc;
-        }
-        if (k < n_seg - 1 && (rc = s_cache_step(g, k, n))) return rc;
+    for (; k < g->n_seg; k++) {
+        if ((rc = s_launch(g, k, b, mode))) return rc;
+        if (k < g->n_seg - 1 && (rc = s_cache_step(g, k, n))) return rc;
     }
     if (mode != S_LOGITS) return cuda_d2h(cx, ids, g->d_ids, (size_t)b->n_logits * 4);
     return cuda_d2h(cx, logits, g->logits, (size_t)b->n_logits * c->vocab * 4);

@@ -38,6 +38,7 @@ typedef struct {
 
 typedef struct {
     uint64_t steps;
+    uint64_t steps_ahead;      /* ... that gpu_step_ahead had started */
     uint64_t expert_uses;      /* (layer, expert) activations served */
     uint64_t hits;             /* ... found resident, or arrived by prefetch before needed */
     uint64_t misses;           /* ... loaded on demand */
@@ -87,6 +88,15 @@ typedef struct {
  * boundary); only the ids come back. samp, ids: host [n_logits]. STRATA_EUNSUPPORTED for a
  * vocabulary above 2^21. */
 int gpu_forward_sample(gpu_model_t *g, const batch_t *b, const gpu_sample_t *samp, int32_t *ids);
+/* Start the step the caller expects next, before it is asked for: with an expert cache, the
+ * first segment (the layers up to the first MoE gate, whose K/V rows it writes) and the
+ * prefetches that gate predicts, so the copies run while the caller waits for its next plan.
+ * The next gpu_forward* of the same rows (tokens, positions, sequences, logit rows, and the
+ * blocks they use) goes on from there; any other step discards it and runs whole (the K/V rows
+ * written for the guess are rewritten when those positions are computed). A guess that is not
+ * decode-shaped (more than 32 rows, or not a logit row each) or a model without a cache starts
+ * nothing. Returns 0, or <0 for a batch a step would refuse. */
+int gpu_step_ahead(gpu_model_t *g, const batch_t *b);
 void gpu_get_stats(const gpu_model_t *g, gpu_stats_t *st);
 /* Copies up to max layers' cache statistics into out (may be NULL); returns the layer count. */
 int gpu_get_layer_stats(const gpu_model_t *g, gpu_layer_stats_t *out, int max);

@@ -10,7 +10,6 @@ int xcache_init(xcache_t *c, int32_t n_layers, const bool *sparse, int32_t n_exp
     memset(c, 0, sizeof *c);
     c->n_layers = n_layers;
     c->n_experts = n_experts;
-    c->n_pin = 1;
     size_t le = (size_t)n_layers * (size_t)n_experts;
     c->moe_ord = malloc(sizeof *c->moe_ord * (size_t)n_layers);
     c->moe_layer = malloc(sizeof *c->moe_layer * (size_t)n_layers);
@@ -18,7 +17,10 @@ int xcache_init(xcache_t *c, int32_t n_layers, const bool *sparse, int32_t n_exp
     c->need = calloc((size_t)(n_experts > 0 ? n_experts : 1), 1);
     c->pneed = calloc(le ? le : 1, 1);
     c->pop = malloc(sizeof *c->pop * (le ? le : 1));
-    if (!c->moe_ord || !c->moe_layer || !c->slot_of || !c->need || !c->pneed || !c->pop || xcache_set_slots(c, n_slots)) {
+    c->pinned = calloc((size_t)(n_layers > 0 ? n_layers : 1), 1);
+    c->pin_order = malloc(sizeof *c->pin_order * (size_t)(n_layers > 0 ? n_layers : 1));
+    if (!c->moe_ord || !c->moe_layer || !c->slot_of || !c->need || !c->pneed || !c->pop || !c->pinned || !c->pin_order ||
+        xcache_set_slots(c, n_slots)) {
         xcache_free(c);
         return -ENOMEM;
     }
@@ -26,6 +28,20 @@ int xcache_init(xcache_t *c, int32_t n_layers, const bool *sparse, int32_t n_exp
         c->moe_ord[l] = sparse[l] ? c->n_moe : -1;
         if (sparse[l]) c->moe_layer[c->n_moe++] = l;
     }
+    /* pin order: 0, then the midpoint of the largest gap (the earliest of equal ones) between
+     * the ordinals taken so far and n_moe */
+    for (int32_t i = 0; i < c->n_moe; i++) {
+        int32_t best = 0, best_gap = 0, prev = 0;
+        for (int32_t o = 1; o <= c->n_moe; o++) {
+            bool taken = o == c->n_moe;
+            for (int32_t j = 0; j < i && !taken; j++) taken = c->pin_order[j] == o;
+            if (!taken) continue;
+            if (o - prev > best_gap) best_gap = o - prev, best = prev + (o - prev) / 2;
+            prev = o;
+        }
+        c->pin_order[i] = i == 0 ? 0 : best;
+    }
+    xcache_pin(c, 1);
     for (size_t i = 0; i < le; i++) {
         c->slot_of[i] = -1;
         c->pop[i] = n_experts > 0 ? (float)top_k / (float)n_experts / (1.0f - XCACHE_POP_DECAY) : 0.0f;
@@ -53,7 +69,18 @@ void xcache_free(xcache_t *c)
     free(c->need);
     free(c->pneed);
     free(c->pop);
+    free(c->pinned);
+    free(c->pin_order);
     memset(c, 0, sizeof *c);
+}
+
+void xcache_pin(xcache_t *c, int n)
+{
+    if (n > c->n_moe) n = c->n_moe;
+    if (n < 1) n = 1;
+    c->n_pin = n;
+    memset(c->pinned, 0, (size_t)c->n_moe);
+    for (int i = 0; i < n && i < c->n_moe; i++) c->pinned[c->pin_order[i]] = 1;
 }
 
 void xcache_assign(xcache_t *c, int s, int l, int e)
@@ -69,7 +96,7 @@ float xcache_next_use(const xcache_t *c, int l, int e, int cur)
 {
     const int nm = c->n_moe, o = c->moe_ord[l];
     const size_t i = (size_t)l * c->n_experts + e;
-    if (o < c->n_pin) return 0.0f; /* the first layers: kept over the rest (xcache.h) */
+    if (c->pinned[o]) return 0.0f; /* kept over the rest (xcache.h) */
     int d = ((o - cur) % nm + nm) % nm;
     if (d == 0) d = nm;
     if (o >= c->win_lo && o < c->win_lo + c->win_n && !c->pneed[i]) d += nm;

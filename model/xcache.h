@@ -9,11 +9,10 @@
  * layer and does not name it, and one cycle for each step that its popularity (uses per step,
  * decayed by XCACHE_POP_DECAY a step) expects it to be skipped. Under uniform routing this
  * evicts the layers just computed, where LRU or LFU would evict the ones needed next. The
- * experts of the first n_pin MoE layers (1 unless the owner says otherwise) come before every
- * other: no gate earlier in a step predicts the first, and the next follow it too soon for a
- * prefetch to land, so their misses would stall; a prefetch never evicts them, and a miss only
- * when nothing else is left. Never evictable: a slot the current layer routes to, or one whose
- * copy has not landed.
+ * experts of the pinned MoE layers (xcache_pin: the first always, no gate earlier in a step
+ * predicts it; the others spread over the step) come before every other; a prefetch never
+ * evicts them, and a miss only when nothing else is left. Never evictable: a slot the current
+ * layer routes to, or one whose copy has not landed.
  */
 #ifndef STRATA_XCACHE_H
 #define STRATA_XCACHE_H
@@ -34,7 +33,9 @@ typedef struct {
 
 typedef struct {
     int32_t n_layers, n_experts, n_moe, n_slots;
-    int32_t n_pin;           /* the first n_pin MoE layers' experts are kept over the rest */
+    int32_t n_pin;           /* MoE layers pinned (xcache_pin) */
+    uint8_t *pinned;         /* [n_moe] by ordinal: the layer's experts are kept over the rest */
+    int32_t *pin_order;      /* [n_moe] the ordinals in the order xcache_pin pins them */
     int32_t *moe_ord;        /* [n_layers] index among the MoE layers, -1 for a dense layer */
     int32_t *moe_layer;      /* [n_moe] layer index by ordinal */
     xc_slot_t *slot;         /* [n_slots] */
@@ -57,6 +58,11 @@ int xcache_init(xcache_t *c, int32_t n_layers, const bool *sparse, int32_t n_exp
 int xcache_set_slots(xcache_t *c, int32_t n_slots);
 void xcache_free(xcache_t *c);
 
+/* Pin the first n ordinals of pin_order (at least 1, at most n_moe): ordinal 0, then
+ * ordinals that halve the largest gap between those pinned so far and the end of the step
+ * (n_moe = 32: 0, 16, 8, 24, 4, 12, ...), so a smaller set is part of a larger one and the
+ * pinned layers sit where the link has later layers to copy while they compute. */
+void xcache_pin(xcache_t *c, int n);
 /* Slot s now holds expert e of layer l (its previous expert, if any, is no longer resident). */
 void xcache_assign(xcache_t *c, int s, int l, int e);
 /* Expected MoE-layer steps until expert e of layer l is used again, seen from MoE ordinal cur

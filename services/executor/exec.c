@@ -413,6 +413,37 @@ int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_
     return 0;
 }
 
+int exec_step_ahead(exec_t *e, const msg_step_t *st, const int32_t *tokens)
+{
+#ifdef STRATA_HAVE_CUDA
+    if (e->bk != BK_CUDA || st->n_seqs > e->o.max_tokens) return 0;
+    const int32_t bs = e->o.block_size;
+    for (int32_t i = 0; i < st->n_seqs; i++) {
+        const msg_step_seq_t *q = &st->seqs[i];
+        const int32_t pos = q->pos0 + q->n_tokens;
+        if (!q->sample || tokens[i] < 0 || pos / bs >= q->n_blocks || pos >= e->max_context) return 0;
+        e->tables[i] = q->blocks;
+        e->tok[i] = tokens[i];
+        e->pos[i] = pos;
+        e->seq[i] = i;
+        e->rows[i] = i;
+    }
+    batch_t b = {
+        .n_tokens = st->n_seqs,
+        .tokens = e->tok,
+        .pos = e->pos,
+        .seq = e->seq,
+        .block_tables = e->tables,
+        .n_logits = st->n_seqs,
+        .logit_rows = e->rows,
+    };
+    return gpu_step_ahead(e->gpu, &b);
+#else
+    (void)e, (void)st, (void)tokens;
+    return 0;
+#endif
+}
+
 void exec_get_stats(const exec_t *e, exec_stats_t *st)
 {
     *st = e->st;
@@ -424,6 +455,7 @@ void exec_get_stats(const exec_t *e, exec_stats_t *st)
         st->hits = g.hits;
         st->misses = g.misses;
         st->host_reads = g.host_reads;
+        st->steps_ahead = g.steps_ahead;
         st->prefetches = g.prefetches;
         st->prefetch_used = g.prefetch_used;
         st->bytes_h2d = g.bytes_h2d;

@@ -44,6 +44,7 @@ typedef struct {
     double compute_cpu_us;          /* CPU time of the calling thread in forward + sampling */
     bool has_cache;                 /* the fields below are meaningful */
     uint64_t hits, misses, host_reads, prefetches, prefetch_used, bytes_h2d;
+    uint64_t steps_ahead;      /* steps exec_step_ahead had started */
     int32_t slots, n_experts_total;
     double experts_on_gpu;          /* gpu_stats_t's: the roofline's slots */
 } exec_stats_t;
@@ -69,6 +70,13 @@ int32_t exec_max_context(const exec_t *e);
  * the sequence and field. A compute failure returns another <0 with MSG_E_INTERNAL. */
 int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_us, double *sample_us,
               msg_errcode_t *code, char *text, size_t tlen);
+
+/* After plan st ran and gave tokens: with the CUDA backend's expert cache, start the step that
+ * continues every sequence of st by its sampled token (gpu_step_ahead), so that its first
+ * prefetches run while the scheduler plans. Only when every sequence of st sampled and holds
+ * the block of its next position; the next exec_step uses it if its plan is that step, and
+ * runs whole otherwise. Nothing to do (0) elsewhere; <0 only from the GPU. */
+int exec_step_ahead(exec_t *e, const msg_step_t *st, const int32_t *tokens);
 
 void exec_get_stats(const exec_t *e, exec_stats_t *st);
 

@@ -124,8 +124,11 @@ static void s_on_step(svc_t *S, const void *route, size_t len, const msg_t *in)
     m.u.result.sample_us = smp;
     rc = zmsg_send(S->sock, route, len, &m, &S->buf, 0);
     if (rc < 0) log_warn("send result of step %llu: %s", (unsigned long long)in->id, strata_strerror(rc));
-    S->t_step = strata_now();
     free(reqs);
+    /* while the scheduler plans, the GPU starts the step that continues this one (its first
+     * layers and prefetches); a failure there is the next step's to report */
+    if ((rc = exec_step_ahead(S->ex, st, S->tokens)) < 0) log_warn("step ahead of %llu: %s", (unsigned long long)in->id, strata_strerror(rc));
+    S->t_step = strata_now();
 }
 
 static void s_on_stats(svc_t *S, const void *route, size_t len, const msg_t *in)
@@ -154,6 +157,7 @@ static void s_on_stats(svc_t *S, const void *route, size_t len, const msg_t *in)
         S_STAT("hits", st.hits);
         S_STAT("misses", st.misses);
         S_STAT("misses_host_read", st.host_reads);
+        S_STAT("steps_ahead", st.steps_ahead);
         S_STAT("prefetches", st.prefetches);
         S_STAT("prefetch_used", st.prefetch_used);
         S_STAT("bytes_h2d", st.bytes_h2d);

@@ -55,6 +55,15 @@ static int gs_feed(gseq_t *s, const int32_t *tok, int n, float *logits)
     return rc;
 }
 
+/* gpu_step_ahead of one token at the next position (what gs_feed(tok, 1) would run) */
+static int gs_ahead(gseq_t *s, int32_t tok)
+{
+    const int32_t *bts[1] = {s->bt};
+    s->pos[0] = s->n_past, s->seq[0] = 0, s->rows[0] = 0;
+    batch_t b = {1, &tok, s->pos, s->seq, bts, 1, s->rows};
+    return gpu_step_ahead(s->g, &b);
+}
+
 static float *s_read_f32(const char *path, size_t *n)
 {
     FILE *f = fopen(path, "rb");
@@ -395,7 +404,9 @@ static int s_packed_mixtral(model_t *m, uint64_t seed)
 /* The cache with room for one layer's experts equals every expert resident, without prefetch
  * and with it (passes 1-3, whole experts); so does the split cache (passes 4-6: every expert
  * resident but down rows 128.., whose tails fill about 26 of 32 slots) with one expert's worth fewer
- * bytes than all of them. packed: the model in the packed layout (copies straight from its
+ * bytes than all of them. Decode steps are started ahead (gpu_step_ahead) with the right token
+ * every third step and a wrong one (which must be discarded) the step after; the logits do not
+ * change, and the steps taken over are counted. packed: the model in the packed layout (copies straight from its
  * memory), else synth_model's separately allocated tensors (a pinned copy of every expert). */
 static void test_tight_cache(uint64_t *rng, bool packed)
 {
@@ -447,10 +458,17 @@ static void test_tight_cache(uint64_t *rng, bool packed)
         gseq_t s;
         gs_init(&s, g, 64);
         int rc = gs_feed(&s, toks, n0, pass ? got : ref);
-        for (int t = n0; t < n0 + steps && !rc; t++) rc = gs_feed(&s, toks + t, 1, (pass ? got : ref) + (size_t)t * V);
+        int right = 0;
+        for (int t = n0; t < n0 + steps && !rc; t++) {
+            if (t % 3 == 0) rc = gs_ahead(&s, toks[t]), right++;
+            if (t % 3 == 1 && !rc) rc = gs_ahead(&s, (toks[t] + 1) % V);
+            if (!rc) rc = gs_feed(&s, toks + t, 1, (pass ? got : ref) + (size_t)t * V);
+        }
         T_CHECK(rc == 0, "pass %d steps", pass);
         gpu_stats_t st;
         gpu_get_stats(g, &st);
+        T_CHECK(st.steps_ahead == (pass ? (uint64_t)right : 0), "pass %d: %llu steps taken over from gpu_step_ahead, want %d",
+                pass, (unsigned long long)st.steps_ahead, pass ? right : 0);
         if (pass) {
             double e = t_relerr(got, ref, (size_t)(n0 + steps) * V);
             T_CHECK(e < 1e-6, "tight cache (prefetch %d): rel err vs all resident %.3g", o.prefetch_depth, e);

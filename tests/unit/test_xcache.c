@@ -8,14 +8,18 @@
  *     predicted ones are kept (keep_pred) and `before` refuses victims needed sooner; the
  *     first MoE layer's experts (nothing predicts them) go last and never to a prefetch;
  *   - a loading slot is neither a victim nor landed until the callback says so, then READY;
+ *   - pins: ordinal 0, then the midpoints of the largest gaps (32 MoE layers: 0 16 8 24 4 12 20
+ *     28 ...), every ordinal once, a smaller set inside a larger one; a pinned mid-step layer's
+ *     experts rank with the first layer's;
  *   - popularity: an expert used every step outlives one never used in the same layer;
  *   - a simulation under uniform random routing with the next layers' routing known (perfect
  *     prediction): the experts copied per step stay within 10% of what a cache holding the same
  *     share of experts pays on average, uses x (1 - slots / experts), and below what evicting
  *     the least recently used expert pays (the rule LRU caches use, which under a cyclic layer
  *     order evicts exactly the experts needed next); and as the split-expert cache of tails
- *     runs (29 slots of 256, the next 2 layers known, the first 2 layers kept): within 5% of
- *     the same share-of-slots traffic, with no copy into the kept layers after the warm-up.
+ *     runs (29 slots of 256, the next 2 layers known, 2 layers pinned; 53 slots with 5): within
+ *     5% of the same share-of-slots traffic, with no copy into the pinned layers after the
+ *     warm-up.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,6 +128,37 @@ static void test_landed(void)
     xcache_free(&c);
 }
 
+static void test_pins(void)
+{
+    bool sparse[33];
+    for (int l = 0; l < 33; l++) sparse[l] = l != 5; /* one dense layer: 32 MoE layers */
+    xcache_t c;
+    T_CHECK(xcache_init(&c, 33, sparse, 8, 2, 0) == 0, "init");
+    const int want[8] = {0, 16, 8, 24, 4, 12, 20, 28};
+    for (int i = 0; i < 8; i++) T_CHECK(c.pin_order[i] == want[i], "pin %d: ordinal %d, want %d", i, c.pin_order[i], want[i]);
+    int seen[32] = {0};
+    for (int i = 0; i < 32; i++) seen[c.pin_order[i]]++;
+    for (int o = 0; o < 32; o++) T_CHECK(seen[o] == 1, "ordinal %d pinned %d times over the order", o, seen[o]);
+    T_CHECK(c.n_pin == 1 && c.pinned[0] && !c.pinned[16], "one pinned by default");
+    xcache_pin(&c, 5);
+    int n = 0;
+    for (int o = 0; o < 32; o++) n += c.pinned[o];
+    T_CHECK(n == 5 && c.pinned[0] && c.pinned[4] && c.pinned[8] && c.pinned[16] && c.pinned[24], "5 pinned: %d", n);
+    /* ordinal 16 is layer 17 (layer 5 is dense); seen from ordinal 10 it ranks with ordinal 0 */
+    T_CHECK(xcache_next_use(&c, 17, 3, 10) == 0.0f && xcache_next_use(&c, 0, 3, 10) == 0.0f &&
+                xcache_next_use(&c, 18, 3, 10) > 0.0f, "pinned ranks first");
+    xcache_pin(&c, 0);
+    T_CHECK(c.n_pin == 1 && c.pinned[0] && !c.pinned[4], "at least one pinned");
+    xcache_pin(&c, 99);
+    n = 0;
+    for (int o = 0; o < 32; o++) n += c.pinned[o];
+    T_CHECK(c.n_pin == 32 && n == 32, "at most every MoE layer: %d", n);
+    xcache_free(&c);
+    bool one = true;
+    T_CHECK(xcache_init(&c, 1, &one, 4, 1, 2) == 0 && c.pin_order[0] == 0 && c.pinned[0], "one MoE layer");
+    xcache_free(&c);
+}
+
 static void test_popularity(void)
 {
     xcache_t c;
@@ -154,8 +189,8 @@ static void s_route(uint64_t *rng, int E, int k, int32_t *out)
 }
 
 /* Experts copied per step over `steps` steps: L MoE layers of E experts, top-k, S slots, the
- * next D layers' routing known, the first `pin` layers kept (n_pin). lru: evict the least
- * recently used instead. *pinned_copies (may be NULL): copies into the kept layers after the
+ * next D layers' routing known, `pin` layers pinned (xcache_pin). lru: evict the least
+ * recently used instead. *pinned_copies (may be NULL): copies into the pinned layers after the
  * warm-up. */
 static double s_simulate(int L, int E, int k, int S, int D, int pin, int steps, bool lru, uint64_t seed,
                          long *pinned_copies)
@@ -164,7 +199,7 @@ static double s_simulate(int L, int E, int k, int S, int D, int pin, int steps, 
     for (int l = 0; l < L; l++) sparse[l] = true;
     xcache_t c;
     xcache_init(&c, L, sparse, E, k, S);
-    c.n_pin = pin;
+    xcache_pin(&c, pin);
     long pinned = 0;
     int32_t *route = malloc(sizeof(int32_t) * (size_t)L * k), *pidx = malloc(sizeof(int32_t) * (size_t)L * k);
     uint64_t *last = calloc((size_t)S, sizeof *last), clock = 0;
@@ -193,7 +228,7 @@ static double s_simulate(int L, int E, int k, int S, int D, int pin, int steps, 
                     xcache_assign(&c, s, l, e);
                     c.slot[s].state = XC_READY;
                     copies++;
-                    pinned += l < pin && step >= steps / 4;
+                    pinned += c.pinned[l] && step >= steps / 4;
                 }
                 last[s] = ++clock;
             }
@@ -236,16 +271,19 @@ static void test_simulation(void)
         T_CHECK(ours <= 1.10 * expect, "%d slots: %.2f copies a step, expected about %.2f", S, ours, expect);
         T_CHECK(ours < lru, "%d slots: %.2f copies a step, LRU %.2f", S, ours, lru);
     }
-    /* split experts' tails at 24 GiB (model/forward_cuda.c): 29 slots for 256 tails, the next 2
-     * layers known, the first 2 layers kept: the same share-of-slots traffic, and after the
-     * warm-up no copy into the kept layers */
-    long pinned = -1;
-    double ours = s_simulate(L, E, k, 29, 2, 2, steps, false, 11, &pinned);
-    double expect = (double)L * k * (1.0 - 29.0 / (L * E));
-    fprintf(stderr, "xcache sim: 29 tail slots, 2 layers kept: copies per step %.2f (expectation %.2f), %ld into the "
-            "kept layers\n", ours, expect, pinned);
-    T_CHECK(ours <= 1.05 * expect && pinned == 0, "tails: %.2f copies a step (about %.2f), %ld into the kept layers",
-            ours, expect, pinned);
+    /* split experts' tails at 24 GiB (model/forward_cuda.c): 29 slots for 256 tails with 2
+     * layers pinned (gpu_decode), 53 with 5 (strata bench), the next 2 layers known: the same
+     * share-of-slots traffic, and after the warm-up no copy into the pinned layers */
+    const int tail_slots[2] = {29, 53}, tail_pins[2] = {2, 5};
+    for (int i = 0; i < 2; i++) {
+        long pinned = -1;
+        double ours = s_simulate(L, E, k, tail_slots[i], 2, tail_pins[i], steps, false, 11, &pinned);
+        double expect = (double)L * k * (1.0 - (double)tail_slots[i] / (L * E));
+        fprintf(stderr, "xcache sim: %d tail slots, %d layers pinned: copies per step %.2f (expectation %.2f), %ld into "
+                "the pinned layers\n", tail_slots[i], tail_pins[i], ours, expect, pinned);
+        T_CHECK(ours <= 1.05 * expect && pinned == 0, "tails: %.2f copies a step (about %.2f), %ld into the pinned layers",
+                ours, expect, pinned);
+    }
 }
 
 int main(void)
@@ -253,6 +291,7 @@ int main(void)
     test_layout();
     test_victim_order();
     test_landed();
+    test_pins();
     test_popularity();
     test_simulation();
     return t_done("xcache");
