@@ -422,6 +422,8 @@ int exec_step_ahead(exec_t *e, const msg_step_t *st, const int32_t *tokens)
         const msg_step_seq_t *q = &st->seqs[i];
         const int32_t pos = q->pos0 + q->n_tokens;
         if (!q->sample || tokens[i] < 0 || pos / bs >= q->n_blocks || pos >= e->max_context) return 0;
+        /* a block past the plan's positions was not validated with it */
+        if (q->blocks[pos / bs] < 0 || q->blocks[pos / bs] >= e->o.kv_blocks) return 0;
         e->tables[i] = q->blocks;
         e->tok[i] = tokens[i];
         e->pos[i] = pos;
