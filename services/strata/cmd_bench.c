@@ -24,6 +24,7 @@
  *                           carrying k tokens counts k gaps of 1/k of its wait);
  *   hit_rate, pcie_gb_s     deltas of the group's `stats` (scheduler.executor.hits / misses /
  *                           bytes_h2d) between the two ends of the window;
+ *   prefetch_accuracy       the same window's prefetch_used / prefetches (null without prefetches);
  *   cpu_expert_share        scheduler.executor.cpu_expert_uses / all expert uses when the group
  *                           reports it, 1 for the CPU backend, else null;
  *   slots                   scheduler.executor.experts_on_gpu: the whole experts' worth of expert bytes
@@ -474,14 +475,14 @@ static int s_wait_ready(s_conn_t *cn, double wait_s)
 /* Stats snapshot: the counters bench reads, NAN when absent. */
 typedef struct {
     double t;
-    double hits, misses, bytes_h2d, cpu_expert, tokens, slots;
+    double hits, misses, bytes_h2d, cpu_expert, tokens, slots, prefetches, prefetch_used;
     double steps, rtt_us, fwd_us; /* the scheduler's timed steps, their round trips and forward time */
     bool ok;
 } s_snap_t;
 
 static void s_snap_from(const msg_stats_t *st, s_snap_t *s)
 {
-    s->hits = s->misses = s->bytes_h2d = s->cpu_expert = s->tokens = s->slots = NAN;
+    s->hits = s->misses = s->bytes_h2d = s->cpu_expert = s->tokens = s->slots = s->prefetches = s->prefetch_used = NAN;
     s->steps = s->rtt_us = s->fwd_us = NAN;
     for (int32_t i = 0; i < st->n; i++) {
         const char *n = st->items[i].name.s;
@@ -490,6 +491,8 @@ static void s_snap_from(const msg_stats_t *st, s_snap_t *s)
         if (!strcmp(n, "scheduler.executor.hits")) s->hits = v;
         else if (!strcmp(n, "scheduler.executor.misses")) s->misses = v;
         else if (!strcmp(n, "scheduler.executor.bytes_h2d")) s->bytes_h2d = v;
+        else if (!strcmp(n, "scheduler.executor.prefetches")) s->prefetches = v;
+        else if (!strcmp(n, "scheduler.executor.prefetch_used")) s->prefetch_used = v;
         else if (!strcmp(n, "scheduler.executor.cpu_expert_uses")) s->cpu_expert = v;
         else if (!strcmp(n, "scheduler.generated_tokens")) s->tokens = v;
         else if (!strcmp(n, "scheduler.executor.experts_on_gpu")) s->slots = v;
@@ -512,7 +515,7 @@ typedef struct {
     int errors, measured_done;
     double decode_tok_s, per_seq_tok_s, prefill_tok_s;
     double ttft_p50, ttft_p99, itl_p50, itl_p99;
-    double hit_rate, pcie_gb_s, cpu_share;
+    double hit_rate, pcie_gb_s, cpu_share, prefetch_acc;
     double slots;           /* the executor's experts_on_gpu (cuda), NAN when not reported */
     double step_fwd_us, step_rtt_us; /* per step in the window: the executor's forward pass, the
                                         scheduler's round trip to the executor */
@@ -740,7 +743,7 @@ static int s_level(s_conn_t *cn, const s_opts_t *o, s_level_t *L, uint64_t level
     L->itl_p50 = strata_percentile(itl, n_itl, 0.5);
     L->itl_p99 = strata_percentile(itl, n_itl, 0.99);
     L->mean_conc = t_prev > t_start ? conc_area / (t_prev - t_start) : NAN;
-    L->hit_rate = L->pcie_gb_s = L->cpu_share = L->slots = L->step_fwd_us = L->step_rtt_us = NAN;
+    L->hit_rate = L->pcie_gb_s = L->cpu_share = L->prefetch_acc = L->slots = L->step_fwd_us = L->step_rtt_us = NAN;
     if (snap1.ok && isfinite(snap1.slots) && snap1.slots > 0) L->slots = snap1.slots;
     if (snap0.ok && snap1.ok) {
         double h = snap1.hits - snap0.hits, m = snap1.misses - snap0.misses, c = snap1.cpu_expert - snap0.cpu_expert;
@@ -748,6 +751,8 @@ static int s_level(s_conn_t *cn, const s_opts_t *o, s_level_t *L, uint64_t level
         if (isfinite(snap1.bytes_h2d - snap0.bytes_h2d) && snap1.t > snap0.t)
             L->pcie_gb_s = (snap1.bytes_h2d - snap0.bytes_h2d) / (snap1.t - snap0.t) / 1e9;
         if (isfinite(c) && isfinite(h) && isfinite(m) && h + m + c > 0) L->cpu_share = c / (h + m + c);
+        double np = snap1.prefetches - snap0.prefetches, nu = snap1.prefetch_used - snap0.prefetch_used;
+        if (isfinite(np) && isfinite(nu) && np > 0) L->prefetch_acc = nu / np;
         double ns = snap1.steps - snap0.steps;
         if (isfinite(ns) && ns > 0) {
             L->step_fwd_us = (snap1.fwd_us - snap0.fwd_us) / ns;
@@ -1048,6 +1053,8 @@ int cmd_bench(int argc, char **argv)
             printf("       per step: the executor's forward %.2f ms, the scheduler's round trip %.2f ms (the control "
                    "plane and sampling %.0f us)\n",
                    L->step_fwd_us / 1e3, L->step_rtt_us / 1e3, L->step_rtt_us - L->step_fwd_us);
+        if (isfinite(L->prefetch_acc))
+            printf("       prefetch accuracy %.3f (experts copied ahead that their layer used)\n", L->prefetch_acc);
         if (L->errors || e < 0)
             fprintf(stderr, "bench: level %s: %d errors%s%s\n", lvl, L->errors, L->first_error[0] ? "; first: " : "",
                     L->first_error);
@@ -1076,6 +1083,7 @@ int cmd_bench(int argc, char **argv)
         json_object_set_new(row, "itl_p50_ms", s_num(L->itl_p50));
         json_object_set_new(row, "itl_p99_ms", s_num(L->itl_p99));
         json_object_set_new(row, "hit_rate", s_num(L->hit_rate));
+        json_object_set_new(row, "prefetch_accuracy", s_num(L->prefetch_acc));
         json_object_set_new(row, "slots", s_num(L->slots));
         json_object_set_new(row, "pcie_gb_s", s_num(L->pcie_gb_s));
         json_object_set_new(row, "step_forward_us", s_num(L->step_fwd_us));

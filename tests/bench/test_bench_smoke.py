@@ -25,7 +25,7 @@ import sys
 import tempfile
 
 REQUIRED = ["machine", "model_shape", "format", "gpu_mem", "batch", "decode_tok_s", "prefill_tok_s", "ttft_p50_ms",
-            "itl_p99_ms", "hit_rate", "pcie_gb_s", "bound_tok_s", "ratio"]
+            "itl_p99_ms", "hit_rate", "pcie_gb_s", "prefetch_accuracy", "bound_tok_s", "ratio"]
 
 failures = []
 
@@ -66,7 +66,8 @@ def check_rows(rows, n, load, batches=None):
                   "itl_p99_ms", "bound_tok_s", "ratio", "bound_rtx3090_tok_s", "bound_rtx4090_tok_s"]:
             check(positive(r.get(k)), "row %d: %s = %r is not a positive number" % (i, k, r.get(k)))
         # the CPU backend has no expert cache and no PCIe traffic; every expert runs on the CPU
-        check(r.get("hit_rate") is None and r.get("pcie_gb_s") is None, "row %d: cache figures on the CPU backend" % i)
+        check(r.get("hit_rate") is None and r.get("pcie_gb_s") is None and r.get("prefetch_accuracy") is None,
+              "row %d: cache figures on the CPU backend" % i)
         check("bound_pcie_only_tok_s" in r and r["bound_pcie_only_tok_s"] is None and r.get("ratio_pcie_only") is None,
               "row %d: a PCIe-only bound on the CPU backend: %r" % (i, r.get("bound_pcie_only_tok_s")))
         check(r.get("cpu_expert_share") == 1.0, "row %d: cpu_expert_share %r" % (i, r.get("cpu_expert_share")))
