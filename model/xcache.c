@@ -29,17 +29,16 @@ int xcache_init(xcache_t *c, int32_t n_layers, const bool *sparse, int32_t n_exp
         if (sparse[l]) c->moe_layer[c->n_moe++] = l;
     }
     /* pin order: 0, then the midpoint of the largest gap (the earliest of equal ones) between
-     * the ordinals taken so far and n_moe */
+     * the ordinals taken so far and n_moe; pinned marks them taken meanwhile */
     for (int32_t i = 0; i < c->n_moe; i++) {
         int32_t best = 0, best_gap = 0, prev = 0;
-        for (int32_t o = 1; o <= c->n_moe; o++) {
-            bool taken = o == c->n_moe;
-            for (int32_t j = 0; j < i && !taken; j++) taken = c->pin_order[j] == o;
-            if (!taken) continue;
+        for (int32_t o = 1; i > 0 && o <= c->n_moe; o++) {
+            if (o < c->n_moe && !c->pinned[o]) continue;
             if (o - prev > best_gap) best_gap = o - prev, best = prev + (o - prev) / 2;
             prev = o;
         }
-        c->pin_order[i] = i == 0 ? 0 : best;
+        c->pin_order[i] = best;
+        c->pinned[best] = 1;
     }
     xcache_pin(c, 1);
     for (size_t i = 0; i < le; i++) {
@@ -78,7 +77,6 @@ void xcache_pin(xcache_t *c, int n)
 {
     if (n > c->n_moe) n = c->n_moe;
     if (n < 1) n = 1;
-    c->n_pin = n;
     memset(c->pinned, 0, (size_t)c->n_moe);
     for (int i = 0; i < n && i < c->n_moe; i++) c->pinned[c->pin_order[i]] = 1;
 }

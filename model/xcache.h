@@ -33,7 +33,6 @@ typedef struct {
 
 typedef struct {
     int32_t n_layers, n_experts, n_moe, n_slots;
-    int32_t n_pin;           /* MoE layers pinned (xcache_pin) */
     uint8_t *pinned;         /* [n_moe] by ordinal: the layer's experts are kept over the rest */
     int32_t *pin_order;      /* [n_moe] the ordinals in the order xcache_pin pins them */
     int32_t *moe_ord;        /* [n_layers] index among the MoE layers, -1 for a dense layer */
