@@ -22,16 +22,22 @@
  * layer k's gate, and with the gates of the next prefetch_depth MoE layers applied to the
  * same hidden state (one GEMV over those layers' routers stacked, their ffn_norm folded in, on
  * the hidden state normalized once), both written to pinned host memory by the router's launch
- * itself. The window skips the layers whose experts are pinned (s_window_lo). Between segments the host waits for the segment (s_cache_step), makes the
- * routed experts resident and starts copies of predicted experts that are not, alternating
+ * itself, each followed by a flag word. The window skips the layers whose experts are pinned
+ * (s_window_lo). Between segments the host waits for the routing's flag (s_route: not for the
+ * stream, so the prediction still running does not delay it), makes the routed experts
+ * resident, puts the words of the layer's expert table that changed in a kernel's parameters
+ * and enqueues the next segment; then it waits for the prediction's flag (s_predict) and starts
+ * copies of predicted experts that are not resident, alternating
  * between two copy streams, nearest layer first and at most max_inflight at a time. The
  * compute stream waits on a copy's event only when a layer actually uses that expert; a routed
  * expert that is neither resident nor in flight loads on demand on the compute stream, ordered
  * before the expert kernel (or, a split tail in a small step, is read from host memory).
  *
- * Eviction safety: at the routing sync of layer L every kernel up to layer L's gate has
- * completed, so any slot that layer L does not use and that is not in flight can be
- * overwritten at once, by either stream. Which one is model/xcache.h's decision (the expert
+ * Eviction safety: when layer L's routing flag is set, every kernel up to layer L's gate has
+ * completed (each kernel waits for the one before it, pdl_enter), and until the host enqueues
+ * the segment after layer L + 1's routing the GPU reads no slot but those layer L routes to, so
+ * any slot that layer L does not use and that is not in flight can be overwritten at once, by
+ * either stream. Which one is model/xcache.h's decision (the expert
  * expected to be needed last, Belady's rule on average); a prefetch evicts only an expert
  * needed later than the one it brings.
  */
@@ -73,6 +79,9 @@
  * the expert kernels (the integer path, which reads a row once for all of a tile's tokens);
  * larger steps copy it (the GEMM would read it once per token tile, over PCIe). */
 #define GPU_HOST_READ_ROWS 16
+/* ring entries of the host's routing, prediction and mailbox buffers (by segment); a step keeps
+ * at most 3 segments' in use (s_run) */
+#define GPU_RING 4
 
 typedef struct {
     float *attn_norm, *ffn_norm, *bq, *bk, *bv, *bo, *q_norm, *k_norm;
@@ -115,7 +124,16 @@ struct gpu_model {
     float *h_x;                  /* [max_tokens][hidden] embedded rows */
     int32_t *h_bt;               /* [max_tokens][kv_blocks] flattened block tables */
     int32_t *h_meta;             /* [3][max_tokens] positions, sequences, logit rows (d_pos, d_seq, d_rows) */
-    int32_t *h_idx, *h_pidx;     /* routing of this layer / prediction of the next */
+    /* By segment k % GPU_RING, for the host to read without waiting for the stream (s_wait_rows):
+     * the routing of segment k's gate, -1s until it lands; the prediction of the next layers;
+     * and (prelaunched steps) the mailbox of the words of the gate's expert table that change
+     * (cuda_wait_patch). */
+    int32_t *h_idx, *h_pidx;     /* [GPU_RING][idx_n], [GPU_RING][pidx_n] */
+    uint64_t *h_box;             /* [GPU_RING][box_n] */
+    size_t idx_n, pidx_n, box_n;
+    uint64_t **patch_dst, *patch_val; /* [n_experts * words of an entry]: s_ensure's changed words */
+    bool step_pre;               /* the step in flight is prelaunched (s_prelaunch) */
+    int32_t n_launched, n_routed; /* its segments enqueued, and routed by the host (s_route) */
     cuda_sample_param_t *h_samp; /* [max_tokens] staging of d_samp */
     tpool_t *embed_pool;         /* s_embed's threads, created by the first large step */
 
@@ -423,16 +441,32 @@ static int s_issue(gpu_model_t *g, int cur)
     return 0;
 }
 
-/* Make every expert routed in layer l (h_idx[n][top_k]) resident and refresh the layer's table. */
-static int s_ensure(gpu_model_t *g, int l, int n)
+_Static_assert(sizeof(cuda_expert_t) % 8 == 0, "s_ensure patches the expert table in 64-bit words");
+
+/* Host wait for the copy into slot s (a prelaunched step, whose stream cannot wait on it). */
+static int s_wait_landed(gpu_model_t *g, int s)
+{
+    int d;
+    while ((d = cuda_event_done(g->ev[s])) == 0) {
+    }
+    return d < 0 ? d : 0;
+}
+
+/* Make every expert routed in layer l (idx[n][top_k], the host's copy of its routing) resident
+ * and refresh the layer's table. With box, the table's changed words go to the mailbox the
+ * segment's cuda_wait_patch polls, and a miss that takes a slot is copied on a copy stream;
+ * else they go on the stream, and the copy too. The stream waits for the copies the layer uses
+ * on their events, or with host_waits (a prelaunched step: the layer's kernels are enqueued
+ * already) the host does, before it fills the mailbox. */
+static int s_ensure(gpu_model_t *g, int l, int n, const int32_t *idx, uint64_t *box, bool host_waits)
 {
     const model_config_t *c = &g->m->cfg;
     const int E = c->n_experts;
     glayer_t *L = &g->L[l];
     xcache_t *xc = &g->xc;
     int rc;
-    for (int i = 0; i < n * c->top_k; i++) STRATA_ASSERT(g->h_idx[i] >= 0 && g->h_idx[i] < E);
-    xcache_route(xc, l, g->h_idx, n * c->top_k);
+    for (int i = 0; i < n * c->top_k; i++) STRATA_ASSERT(idx[i] >= 0 && idx[i] < E);
+    xcache_route(xc, l, idx, n * c->top_k);
     /* a pinned layer's miss takes a slot (a DMA): the window never prefetches the pinned
      * layers, so a tail host-read there would be host-read at every step */
     const bool host_read = g->split && n <= GPU_HOST_READ_ROWS && !xc->pinned[xc->moe_ord[l]];
@@ -444,7 +478,8 @@ static int s_ensure(gpu_model_t *g, int l, int n)
         if (s >= 0) {
             xc_slot_t *sl = &xc->slot[s];
             if (sl->state == XC_LOADING) {
-                if ((rc = cuda_stream_wait_event(g->cx, CUDA_STREAM_COMPUTE, g->ev[s]))) return rc;
+                if ((rc = host_waits ? s_wait_landed(g, s) : cuda_stream_wait_event(g->cx, CUDA_STREAM_COMPUTE, g->ev[s])))
+                    return rc;
                 sl->state = XC_READY;
             }
             if (sl->prefetched) {
@@ -466,34 +501,52 @@ static int s_ensure(gpu_model_t *g, int l, int n)
             if (s < 0) s = xcache_victim(xc, l, xc->moe_ord[l], false, -1.0f);
             STRATA_ASSERT(s >= 0); /* n_slots >= n_experts of one layer, checked at create */
             xcache_assign(xc, s, l, e);
-            if ((rc = s_copy_in(g, s, l, e, CUDA_STREAM_COMPUTE))) return rc;
+            const int stream = box ? CUDA_STREAM_COPY : CUDA_STREAM_COMPUTE;
+            if ((rc = s_copy_in(g, s, l, e, stream))) return rc;
+            if (box && (rc = cuda_event_record(g->cx, g->ev[s], stream))) return rc;
+            if (box && (rc = host_waits ? s_wait_landed(g, s) : cuda_stream_wait_event(g->cx, CUDA_STREAM_COMPUTE, g->ev[s])))
+                return rc;
             xc->slot[s].state = XC_READY;
             xc->slot[s].prefetched = false;
             g->st.misses++;
             g->lst[l].misses++;
         }
     }
-    /* Slots still loading for this layer that nobody routed to stay in flight; the compute
-     * stream never reads them, and they become READY when next used. A routed expert with no
-     * slot is a host-read miss. */
+    /* The routed experts' entries: their slots, or (a routed expert with no slot) the staged
+     * tail in host memory, a host-read miss. Nothing reads the other entries this step (slots
+     * still loading for this layer that nobody routed to stay in flight, and become READY when
+     * next used). Only the words that changed go up: as a kernel's parameters
+     * (cuda_patch_words), which reads nothing over the busy link, or, more than it takes, the
+     * whole table (cuda_h2d_small); or through the mailbox. */
+    int np = 0;
     for (int e = 0; e < E; e++) {
-        int s = xc->slot_of[(size_t)l * E + e];
-        if (s >= 0 && xc->slot[s].state != XC_LOADING)
-            L->table_host[e] = s_expert_at(g, l, e, s);
-        else if (s < 0 && xc->need[e])
-            L->table_host[e] = s_expert_at(g, l, e, -1);
-        else
-            memset(&L->table_host[e], 0, sizeof L->table_host[e]);
+        if (!xc->need[e]) continue;
+        const cuda_expert_t x = s_expert_at(g, l, e, xc->slot_of[(size_t)l * E + e]);
+        uint64_t w[sizeof x / 8], *old = (uint64_t *)&L->table_host[e];
+        memcpy(w, &x, sizeof w);
+        for (size_t i = 0; i < sizeof x / 8; i++) {
+            if (w[i] == old[i]) continue;
+            g->patch_dst[np] = (uint64_t *)&L->table_dev[e] + i;
+            g->patch_val[np++] = old[i] = w[i];
+        }
     }
+    if (box) {
+        for (int i = 0; i < np; i++) box[2 + 2 * i] = (uint64_t)(uintptr_t)g->patch_dst[i], box[3 + 2 * i] = g->patch_val[i];
+        __atomic_store_n(box, (uint64_t)np + 1, __ATOMIC_RELEASE);
+        return 0;
+    }
+    if (np <= CUDA_PATCH_MAX) return cuda_patch_words(g->cx, np, g->patch_dst, g->patch_val);
     return cuda_h2d_small(g->cx, L->table_dev, L->table_host, (size_t)E * sizeof(cuda_expert_t));
 }
 
 /* ---- creation ---- */
 
+static void s_release(gpu_model_t *g);
+
 void gpu_model_free(gpu_model_t *g)
 {
     if (!g) return;
-    if (g->cx) cuda_sync(g->cx);
+    if (g->cx) s_release(g), cuda_sync(g->cx);
     if (g->graphs)
         for (int i = 0; i < GPU_MAX_GRAPHS * g->n_seg; i++) cuda_graph_destroy(g->graphs[i]);
     free(g->graphs);
@@ -518,6 +571,9 @@ void gpu_model_free(gpu_model_t *g)
     cuda_host_free(g->h_meta);
     cuda_host_free(g->h_idx);
     cuda_host_free(g->h_pidx);
+    cuda_host_free(g->h_box);
+    free(g->patch_dst);
+    free(g->patch_val);
     cuda_host_free(g->h_samp);
     tpool_destroy(g->embed_pool);
     cuda_ctx_destroy(g->cx);
@@ -576,6 +632,8 @@ static int s_create_workspace(gpu_model_t *g, strata_errbuf_t *eb)
     size_t ne = c->n_experts > 0 ? (size_t)c->n_experts : 1, tk = c->top_k > 0 ? (size_t)c->top_k : 1;
     size_t D = g->depth > 0 ? (size_t)g->depth : 1; /* predictions: D layers per token */
     g->pred_cap = (int32_t)D;
+    /* a mailbox: its count, then (address, word) pairs for every word of every expert's entry */
+    const size_t box_n = 2 + 2 * ne * (sizeof(cuda_expert_t) / 8);
     size_t mi = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const layer_t *S = &g->m->layers[l];
@@ -626,9 +684,18 @@ static int s_create_workspace(gpu_model_t *g, strata_errbuf_t *eb)
     if (rc) return rc;
     if (cuda_host_alloc((void **)&g->h_x, T * H * 4) || cuda_host_alloc((void **)&g->h_bt, T * (size_t)g->o.kv_blocks * 4) ||
         cuda_host_alloc((void **)&g->h_meta, 3 * T * 4) ||
-        cuda_host_alloc((void **)&g->h_idx, T * tk * 4) || cuda_host_alloc((void **)&g->h_pidx, T * D * tk * 4) ||
+        cuda_host_alloc((void **)&g->h_idx, GPU_RING * T * tk * 4) ||
+        cuda_host_alloc((void **)&g->h_pidx, GPU_RING * T * D * tk * 4) ||
+        cuda_host_alloc((void **)&g->h_box, GPU_RING * box_n * 8) ||
         cuda_host_alloc((void **)&g->h_samp, T * sizeof(cuda_sample_param_t)))
         return strata_seterr(eb, STRATA_ENOMEM, "gpu: pinned host staging failed");
+    g->idx_n = T * tk;
+    g->pidx_n = T * D * tk;
+    g->box_n = box_n;
+    memset(g->h_box, 0, GPU_RING * box_n * 8);
+    g->patch_dst = malloc(sizeof *g->patch_dst * (box_n / 2));
+    g->patch_val = malloc(sizeof *g->patch_val * (box_n / 2));
+    if (!g->patch_dst || !g->patch_val) return strata_seterr(eb, STRATA_ENOMEM, "gpu: out of host memory");
     return 0;
 }
 
@@ -1118,9 +1185,10 @@ static int s_ffn_pre(gpu_model_t *g, int l, int n)
     cuda_next_norm_t pre = {L->ffn_norm, g->xn, c->rms_eps, &g->xn_q8};
     cuda_route_into_t route = {g->moe_scr, g->inter, &g->routed};
     /* with a cache, the host gets the routing (and below the prediction) from the launch
-     * itself, in h_idx (h_pidx) */
+     * itself, in h_idx (h_pidx), in the ring entry of the segment this gate ends */
+    const size_t ri = g->all_resident ? 0 : (size_t)(g->xc.moe_ord[l] % GPU_RING);
     if ((rc = cuda_router_topk(cx, g->rlog, g->x, n, &L->router, c->n_experts, c->top_k, renorm, g->tidx, g->tw, &pre,
-                               &route, g->all_resident ? NULL : g->h_idx)))
+                               &route, g->all_resident ? NULL : g->h_idx + ri * g->idx_n)))
         return rc;
     if (g->all_resident) return 0;
     int D = s_window(g, l);
@@ -1131,7 +1199,7 @@ static int s_ffn_pre(gpu_model_t *g, int l, int n)
                     .data = g->pred_router + (size_t)s_window_lo(g, l) * c->n_experts * c->hidden};
         cuda_next_norm_t unit = {g->ones, g->xl, c->rms_eps, NULL};
         if ((rc = cuda_router_topk(cx, g->prlog, g->x, n, &w, c->n_experts, c->top_k, false, g->ptidx, g->ptw, &unit,
-                                   NULL, g->h_pidx)))
+                                   NULL, g->h_pidx + ri * g->pidx_n)))
             return rc;
     }
     return 0;
@@ -1167,14 +1235,20 @@ static int s_ffn_post(gpu_model_t *g, int l, int n)
     return 0;
 }
 
+/* Whether the segments of a step of n tokens end waiting for their mailbox (cuda_wait_patch),
+ * and so can be prelaunched (s_run): split experts at host-read sizes, where every routed tail
+ * is resident, landing on a copy stream, or read from host memory, so no copy has to go on the
+ * compute stream between segments. */
+static bool s_mailbox(const gpu_model_t *g, int n) { return g->split && n <= GPU_HOST_READ_ROWS; }
+
 /* What a step leaves: the logits, the argmax of each logit row, or a token sampled from it. */
 typedef enum { S_LOGITS = 0, S_GREEDY = 1, S_SAMPLE = 2 } s_mode_t;
 
 /* Segment k of a step. Without a cache there is one segment: every layer, the final norm, the
  * LM head and the argmax or the sampling. With a cache, segment k (0 <= k <= n_moe) runs from
  * the experts of MoE layer k-1 (k > 0) to the gate of MoE layer k (k < n_moe) or the end;
- * between segments the host waits for the routing and makes the experts resident
- * (s_cache_step). */
+ * between segments the host waits for the routing and makes the experts resident (s_route),
+ * then starts the predicted copies (s_predict). */
 static int s_segment(gpu_model_t *g, int k, int n, int n_logits, s_mode_t mode)
 {
     const model_config_t *c = &g->m->cfg;
@@ -1194,7 +1268,10 @@ static int s_segment(gpu_model_t *g, int k, int n, int n_logits, s_mode_t mode)
     }
     if (end < c->n_layers) {
         if ((rc = s_attention(g, end, n))) return rc;
-        return s_ffn_pre(g, end, n);
+        if ((rc = s_ffn_pre(g, end, n))) return rc;
+        /* a prelaunched step's next segment is enqueued already: this one ends waiting for the
+         * host's words of the gate's expert table */
+        return s_mailbox(g, n) ? cuda_wait_patch(g->cx, g->h_box + (size_t)(k % GPU_RING) * g->box_n) : 0;
     }
     if ((rc = cuda_gather_rows(g->cx, g->xn, g->x, g->d_rows, n_logits, c->hidden))) return rc;
     if ((rc = cuda_rmsnorm(g->cx, g->xn, g->xn, g->final_norm, n_logits, c->hidden, c->rms_eps))) return rc;
@@ -1204,21 +1281,52 @@ static int s_segment(gpu_model_t *g, int k, int n, int n_logits, s_mode_t mode)
     return 0;
 }
 
-/* Between segments k and k+1: wait for MoE layer k's routing, make its experts resident, and
- * start the copies of the experts predicted for the next layers. While it waits, the host
- * keeps the copy stream fed from the previous layer's prediction: a copy that lands is
- * followed at once by the next, chosen with the freshest prediction there is. */
-static int s_cache_step(gpu_model_t *g, int k, int n)
+/* Wait until the host copies rows[0..cnt) of a router's picks have landed (each >= 0; the host
+ * fills them with -1 before the segment is enqueued, s_launch), and with refill >= 0 keep the
+ * copy streams fed from the prediction window meanwhile (s_issue, layer refill computing): a
+ * copy that lands is followed at once by the next. An error on the stream, a stream gone idle
+ * without them, or 10 s, end the wait with an error. */
+static int s_wait_rows(gpu_model_t *g, const int32_t *rows, size_t cnt, int refill)
 {
-    int l = g->xc.moe_layer[k], D = s_window(g, l), rc;
-    for (;;) {
-        int q = cuda_query(g->cx);
+    size_t got = 0;
+    const double t0 = strata_now();
+    for (int spin = 0;; spin++) {
+        while (got < cnt && __atomic_load_n(rows + got, __ATOMIC_ACQUIRE) >= 0) got++;
+        if (got == cnt) return 0;
+        int q = cuda_query(g->cx), rc;
         if (q < 0) return q;
-        if (q == 1) break;
-        if (k > 0 && g->xc.win_n > 0 && (rc = s_issue(g, g->xc.moe_layer[k - 1]))) return rc;
+        if ((q == 1 && __atomic_load_n(rows + got, __ATOMIC_ACQUIRE) < 0) || (spin % 1024 == 1023 && strata_now() - t0 > 10.0)) {
+            log_error("gpu: a router's picks never reached the host (%zu of %zu)", got, cnt);
+            return STRATA_ECUDA;
+        }
+        if (refill >= 0 && g->xc.win_n > 0 && (rc = s_issue(g, refill))) return rc;
     }
-    if ((rc = s_ensure(g, l, n))) return rc;
-    xcache_predicted(&g->xc, s_window_lo(g, l), D, g->h_pidx, n, g->m->cfg.top_k);
+}
+
+/* After segment k's gate (MoE layer k): wait for the routing, make its experts resident and
+ * refresh the layer's table (prelaunched: through segment k's mailbox), so that segment k + 1
+ * can run. While it waits, the host keeps the copy streams fed from the previous layer's
+ * prediction. */
+static int s_route(gpu_model_t *g, int k, int n)
+{
+    const size_t ri = (size_t)(k % GPU_RING);
+    const int32_t *idx = g->h_idx + ri * g->idx_n;
+    int rc = s_wait_rows(g, idx, (size_t)n * g->m->cfg.top_k, k > 0 ? g->xc.moe_layer[k - 1] : -1);
+    if (!rc)
+        rc = s_ensure(g, g->xc.moe_layer[k], n, idx, s_mailbox(g, n) ? g->h_box + ri * g->box_n : NULL, g->step_pre);
+    if (!rc) g->n_routed = k + 1;
+    return rc;
+}
+
+/* Then wait for segment k's prediction of the next layers (its last router) and start the
+ * copies of the predicted experts that are not resident. */
+static int s_predict(gpu_model_t *g, int k, int n)
+{
+    const int l = g->xc.moe_layer[k], D = s_window(g, l), top_k = g->m->cfg.top_k;
+    const int32_t *pidx = g->h_pidx + (size_t)(k % GPU_RING) * g->pidx_n;
+    int rc;
+    if (D > 0 && (rc = s_wait_rows(g, pidx, (size_t)n * D * top_k, -1))) return rc;
+    xcache_predicted(&g->xc, s_window_lo(g, l), D, pidx, n, top_k);
     return D > 0 ? s_issue(g, l) : 0;
 }
 
@@ -1333,10 +1441,17 @@ static int s_stage(gpu_model_t *g, const batch_t *b)
 
 /* Segment k of a step of n tokens: its decode graph (captured on first use, the last segment
  * again when the mode or logit count changes), or its kernels when the step is not
- * decode-shaped. */
+ * decode-shaped. Its ring entry is reset first: -1s for its routers' picks, an empty mailbox
+ * (the segment that used the entry last, k - GPU_RING, was routed and predicted for). */
 static int s_launch(gpu_model_t *g, int k, const batch_t *b, s_mode_t mode)
 {
     const int n = b->n_tokens, n_seg = g->n_seg;
+    if (k < n_seg - 1) {
+        const size_t ri = (size_t)(k % GPU_RING);
+        memset(g->h_idx + ri * g->idx_n, 0xff, (size_t)n * g->m->cfg.top_k * 4);
+        memset(g->h_pidx + ri * g->pidx_n, 0xff, (size_t)n * g->pred_cap * g->m->cfg.top_k * 4);
+        __atomic_store_n(g->h_box + ri * g->box_n, (uint64_t)0, __ATOMIC_RELEASE);
+    }
     if (!(g->o.use_graphs && n < GPU_MAX_GRAPHS && b->n_logits == n)) return s_segment(g, k, n, b->n_logits, mode);
     cuda_graph_t **gr = &g->graphs[(size_t)n * n_seg + k];
     bool last = k == n_seg - 1;
@@ -1370,15 +1485,90 @@ static bool s_ahead_is(const gpu_model_t *g, const batch_t *b)
     return true;
 }
 
+/* A prelaunched step's segments that were enqueued but not routed wait for their mailboxes:
+ * fill them empty so that they finish (an abandoned step ahead, or an error), with whatever the
+ * tables held; nothing uses what they compute. Then wait for them, since their routers still
+ * write the ring entries the next step resets. */
+static void s_release(gpu_model_t *g)
+{
+    if (!g->step_pre || g->n_routed >= g->n_launched || g->n_routed >= g->n_seg - 1) return;
+    for (int j = g->n_routed; j < g->n_launched && j < g->n_seg - 1; j++) {
+        uint64_t *box = g->h_box + (size_t)(j % GPU_RING) * g->box_n;
+        if (!__atomic_load_n(box, __ATOMIC_ACQUIRE)) __atomic_store_n(box, (uint64_t)1, __ATOMIC_RELEASE);
+    }
+    g->n_routed = g->n_launched;
+    cuda_sync(g->cx);
+}
+
+/* Segment k's turn (the ones before are routed): enqueue the segments it needs, at most up to
+ * cap, route it after its gate, predict after. A prelaunched step keeps one more segment
+ * enqueued than the one the host waits on, each held back by the mailbox at the end of the one
+ * before (cuda_wait_patch), so that it runs as soon as the host has placed the experts,
+ * without a launch in between; otherwise segment k + 1 is enqueued once layer k's experts are
+ * placed, and the copies layer k's prediction asks for start after. */
+static int s_advance(gpu_model_t *g, int k, const batch_t *b, s_mode_t mode, int cap)
+{
+    const int n = b->n_tokens, lead = g->step_pre ? 1 : 0;
+    int rc;
+    while (g->n_launched <= k + lead && g->n_launched <= cap)
+        if ((rc = s_launch(g, g->n_launched++, b, mode))) return rc;
+    if ((rc = s_route(g, k, n))) return rc;
+    while (g->n_launched <= k + 1 + lead && g->n_launched <= cap)
+        if ((rc = s_launch(g, g->n_launched++, b, mode))) return rc;
+    return s_predict(g, k, n);
+}
+
+/* Segments from k on. ahead: only segment k's turn, and no segment that depends on the step's
+ * mode (the last). */
+static int s_run(gpu_model_t *g, int k, const batch_t *b, s_mode_t mode, bool ahead)
+{
+    const int last = g->n_seg - 1;
+    int rc;
+    for (; k < last; k++) {
+        if ((rc = s_advance(g, k, b, mode, ahead ? last - 1 : last))) return rc;
+        if (ahead) return 0;
+    }
+    while (g->n_launched <= last)
+        if ((rc = s_launch(g, g->n_launched++, b, mode))) return rc;
+    return 0;
+}
+
+/* Whether a step is prelaunched (s_run): its segments end with a mailbox, and every graph it
+ * launches has been captured and launched before (mode < 0: a step ahead, which does not
+ * launch the last segment). Capturing one, or a kernel's first launch (CUDA loads modules
+ * lazily), can wait for the device, which a segment waiting for its mailbox never lets go
+ * idle, so those happen in a step that is not prelaunched. */
+static bool s_prelaunch(const gpu_model_t *g, const batch_t *b, int mode)
+{
+    const int n = b->n_tokens, n_seg = g->n_seg;
+    if (!s_mailbox(g, n) || !g->o.use_graphs || n >= GPU_MAX_GRAPHS || b->n_logits != n) return false;
+    for (int k = 0; k < n_seg; k++)
+        if (!g->graphs[(size_t)n * n_seg + k] && (k < n_seg - 1 || mode >= 0)) return false;
+    return mode < 0 || (g->graph_mode[n] == (int8_t)mode && g->graph_nlog[n] == b->n_logits);
+}
+
+/* A step's start: stage its inputs; nothing of it is enqueued yet. */
+static int s_begin(gpu_model_t *g, const batch_t *b, int mode)
+{
+    int rc = s_stage(g, b);
+    g->step_pre = !rc && s_prelaunch(g, b, mode);
+    g->n_launched = g->n_routed = 0;
+    return rc;
+}
+
 int gpu_step_ahead(gpu_model_t *g, const batch_t *b)
 {
+    s_release(g);
     g->ahead_n = 0;
     const int n = b->n_tokens;
     /* only a cache's first segment has anything to overlap: the prefetches of the layers
      * after the first gate */
     if (g->all_resident || n <= 0 || n >= GPU_MAX_GRAPHS || b->n_logits != n) return 0;
     int rc;
-    if ((rc = s_stage(g, b)) || (rc = s_launch(g, 0, b, S_LOGITS)) || (rc = s_cache_step(g, 0, n))) return rc;
+    if ((rc = s_begin(g, b, -1)) || (rc = s_run(g, 0, b, S_LOGITS, true))) {
+        s_release(g);
+        return rc;
+    }
     memcpy(g->ahead_tok, b->tokens, (size_t)n * sizeof *b->tokens);
     memcpy(g->ahead_pos, b->pos, (size_t)n * sizeof *b->pos);
     memcpy(g->ahead_seq, b->seq, (size_t)n * sizeof *b->seq);
@@ -1388,36 +1578,58 @@ int gpu_step_ahead(gpu_model_t *g, const batch_t *b)
     return 0;
 }
 
+int gpu_ahead_progress(gpu_model_t *g)
+{
+    const int k = g->n_routed, last = g->n_seg - 1, n = g->ahead_n;
+    if (n <= 0 || !g->step_pre || k >= last) return 0;
+    /* not waiting: the routing of segment k is there, or the copy streams are kept fed */
+    const int32_t *idx = g->h_idx + (size_t)(k % GPU_RING) * g->idx_n;
+    int rc = 0;
+    for (int i = 0; i < n * g->m->cfg.top_k; i++)
+        if (__atomic_load_n(idx + i, __ATOMIC_ACQUIRE) < 0) {
+            if (k > 0 && g->xc.win_n > 0) rc = s_issue(g, g->xc.moe_layer[k - 1]);
+            return rc;
+        }
+    const batch_t b = {.n_tokens = n, .n_logits = g->ahead_nlog};
+    if ((rc = s_advance(g, k, &b, S_LOGITS, last - 1))) {
+        g->ahead_n = 0;
+        s_release(g);
+        return rc;
+    }
+    return 1;
+}
+
 /* One step: logits (host, S_LOGITS) or ids (host, the other modes; samp: each logit row's
  * parameters with S_SAMPLE). A step that gpu_step_ahead started goes on from its second
- * segment. */
+ * segment; one it started for other rows is let finish, unused. Decode-shaped steps replay a
+ * CUDA graph per size and segment (one segment when every expert is resident; with a cache,
+ * the host decides residency between segments: s_run). */
 static int s_step(gpu_model_t *g, const batch_t *b, s_mode_t mode, float *logits, int32_t *ids,
                   const gpu_sample_t *samp)
 {
     const model_config_t *c = &g->m->cfg;
     const int n = b->n_tokens;
-    const bool ahead = s_ahead_is(g, b);
+    /* a prelaunched step ahead goes on only if its last segment's graph is there for the mode */
+    const bool ahead = s_ahead_is(g, b) && (!g->step_pre || s_prelaunch(g, b, mode));
     g->ahead_n = 0;
+    if (!ahead) s_release(g);
     if (n == 0) return 0;
-    int rc, k = 0;
-    if (ahead) {
-        k = 1;
-        g->st.steps_ahead++;
-    } else if ((rc = s_stage(g, b))) {
-        return rc;
-    }
+    int rc;
+    if (ahead) g->st.steps_ahead++;
+    else if ((rc = s_begin(g, b, mode))) return rc;
     cuda_ctx_t *cx = g->cx;
     if (mode == S_SAMPLE) {
         for (int i = 0; i < b->n_logits; i++)
             g->h_samp[i] = (cuda_sample_param_t){samp[i].temperature, samp[i].top_k, samp[i].top_p, 0.f, samp[i].u};
-        if ((rc = cuda_h2d_small(cx, g->d_samp, g->h_samp, (size_t)b->n_logits * sizeof *g->h_samp))) return rc;
+        if ((rc = cuda_h2d_small(cx, g->d_samp, g->h_samp, (size_t)b->n_logits * sizeof *g->h_samp))) {
+            s_release(g);
+            return rc;
+        }
     }
     g->st.steps++;
-    /* Decode-shaped steps replay a CUDA graph per size and segment (one segment when every
-     * expert is resident; with a cache, the host decides residency between segments). */
-    for (; k < g->n_seg; k++) {
-        if ((rc = s_launch(g, k, b, mode))) return rc;
-        if (k < g->n_seg - 1 && (rc = s_cache_step(g, k, n))) return rc;
+    if ((rc = s_run(g, ahead ? g->n_routed : 0, b, mode, false))) {
+        s_release(g);
+        return rc;
     }
     if (mode != S_LOGITS) return cuda_d2h(cx, ids, g->d_ids, (size_t)b->n_logits * 4);
     return cuda_d2h(cx, logits, g->logits, (size_t)b->n_logits * c->vocab * 4);

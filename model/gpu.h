@@ -90,13 +90,20 @@ typedef struct {
 int gpu_forward_sample(gpu_model_t *g, const batch_t *b, const gpu_sample_t *samp, int32_t *ids);
 /* Start the step the caller expects next, before it is asked for: with an expert cache, the
  * first segment (the layers up to the first MoE gate, whose K/V rows it writes) and the
- * prefetches that gate predicts, so the copies run while the caller waits for its next plan.
+ * prefetches that gate predicts, so the copies run while the caller waits for its next plan
+ * (a prelaunched step, split experts at up to 16 rows, also computes on to the second gate).
  * The next gpu_forward* of the same rows (tokens, positions, sequences, logit rows, and the
- * blocks they use) goes on from there; any other step discards it and runs whole (the K/V rows
- * written for the guess are rewritten when those positions are computed). A guess that is not
+ * blocks they use) goes on from there; any other step lets it finish unused, then runs whole
+ * (the K/V rows written for the guess are rewritten when those positions are computed). A guess that is not
  * decode-shaped (more than 32 rows, or not a logit row each) or a model without a cache starts
  * nothing. Returns 0, or <0 for a batch a step would refuse. */
 int gpu_step_ahead(gpu_model_t *g, const batch_t *b);
+/* While the caller waits for its next plan: carry the step gpu_step_ahead started one MoE
+ * layer further if its routing is there (up to the last gate: the rest needs the step's
+ * mode), else keep the prefetch copies going; never waits for the GPU. Returns 1 if it went a
+ * layer further, 0 if not (or nothing was started ahead), <0 on an error (the step ahead is
+ * then dropped). */
+int gpu_ahead_progress(gpu_model_t *g);
 void gpu_get_stats(const gpu_model_t *g, gpu_stats_t *st);
 /* Copies up to max layers' cache statistics into out (may be NULL); returns the layer count. */
 int gpu_get_layer_stats(const gpu_model_t *g, gpu_layer_stats_t *out, int max);

@@ -32,6 +32,14 @@ extern "C" int cuda_ctx_create(cuda_ctx_t **out, int device)
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy_stream2, cudaStreamNonBlocking));
+    /* the small copies a step enqueues while a kernel may be waiting for the host's mailbox
+     * (cuda_wait_patch) are loaded now: CUDA loads a kernel on its first launch, which can wait
+     * for the device */
+    int rc = cuda_ops_preload();
+    if (rc) {
+        cuda_ctx_destroy(c);
+        return rc;
+    }
     *out = c;
     return 0;
 }

@@ -192,6 +192,9 @@ __device__ __forceinline__ void l2_prefetch(const void *p, size_t bytes)
  * compute capability 9.0 or later, unless STRATA_NO_PDL is set). */
 extern int cuda_pdl_on;
 
+/* Loads the kernels of ops.cu that a step enqueues between segments (cuda_ctx_create). */
+extern "C" int cuda_ops_preload(void);
+
 /* kernel<<<grid, block, smem, st>>>(args...), with programmatic dependent launch when on and pdl
  * (else the kernel starts after the one before it has finished, as without the attribute) and,
  * with cluster_z > 1, thread-block clusters of (1, 1, cluster_z) (sm_90). */

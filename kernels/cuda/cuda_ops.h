@@ -66,6 +66,18 @@ int cuda_h2d_async(cuda_ctx_t *c, int stream, void *dst, const void *src, size_t
  * src (cuda_host_alloc: mapped) over PCIe, so it never queues behind the copy stream's DMAs on
  * the copy engine. bytes a multiple of 4, both 4-byte aligned. */
 int cuda_h2d_small(cuda_ctx_t *c, void *dst, const void *src, size_t bytes);
+/* Writes of n 64-bit words on the compute stream, dst[i] = val[i] (device addresses, 8-byte
+ * aligned), by a kernel that gets them as its parameters: nothing read over PCIe, where
+ * cuda_h2d_small's reads queue behind the copy engine's DMAs (a layer's expert table after its
+ * routing). n <= CUDA_PATCH_MAX, else STRATA_EINVAL_INPUT. */
+#define CUDA_PATCH_MAX 96
+int cuda_patch_words(cuda_ctx_t *c, int n, uint64_t *const *dst, const uint64_t *val);
+/* The same from a mailbox in pinned host memory (cuda_host_alloc), for a kernel enqueued before
+ * the host knows the words: it waits (polling over PCIe, no stream wait) until box[0] is set to
+ * n + 1, then writes the n words box[2 + 2i] (a device address) = box[3 + 2i], after the
+ * kernels before it have finished. The host fills the pairs, then stores box[0] with release
+ * order; it must store it, or the stream never goes on (after 10 s the kernel traps). */
+int cuda_wait_patch(cuda_ctx_t *c, const uint64_t *box);
 
 /* CUDA graphs of the compute stream: capture the ops enqueued between begin and end into *g
  * (replacing it), then replay with cuda_graph_launch. Kernel arguments are fixed at capture,
@@ -182,7 +194,9 @@ int cuda_gate_topk(cuda_ctx_t *c, const float *logits, int n, int n_experts, int
  * the pairs into route->scratch for cuda_moe_ffn (CUDA_MOE_ROUTED); *route->routed: it did.
  * idx_host (may be NULL): pinned host memory (cuda_host_alloc) that also gets idx, in stream
  * order: written by the launch itself over PCIe where it is one launch (no copy node after it
- * for the host to wait on), else copied after it. */
+ * for the host to wait on), else copied after it. Each index is one aligned 4-byte store, so a
+ * host that filled idx_host with -1 before can wait for the routing alone, not for the stream,
+ * until every entry is >= 0 (the launch starts once every kernel before it has finished). */
 typedef struct {
     void *scratch; /* cuda_moe_ffn's, for n tokens, top_k, w->cols hidden and inter below */
     int inter;

@@ -446,6 +446,16 @@ int exec_step_ahead(exec_t *e, const msg_step_t *st, const int32_t *tokens)
 #endif
 }
 
+int exec_ahead_progress(exec_t *e)
+{
+#ifdef STRATA_HAVE_CUDA
+    if (e->bk == BK_CUDA && e->gpu) return gpu_ahead_progress(e->gpu);
+#else
+    (void)e;
+#endif
+    return 0;
+}
+
 void exec_get_stats(const exec_t *e, exec_stats_t *st)
 {
     *st = e->st;

@@ -77,6 +77,9 @@ int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_
  * the block of its next position; the next exec_step uses it if its plan is that step, and
  * runs whole otherwise. Nothing to do (0) elsewhere; <0 only from the GPU. */
 int exec_step_ahead(exec_t *e, const msg_step_t *st, const int32_t *tokens);
+/* While no plan has come: carry the step started ahead a layer further (gpu_ahead_progress).
+ * 1 if it did, 0 if there was nothing to do, <0 on an error (the step ahead is dropped). */
+int exec_ahead_progress(exec_t *e);
 
 void exec_get_stats(const exec_t *e, exec_stats_t *st);
 

@@ -300,6 +300,9 @@ int main(int argc, char **argv)
             }
             if (k == 0) break;
         }
+        /* no plan yet: the GPU step started ahead goes on meanwhile */
+        if (spin && !*stop && (n = exec_ahead_progress(S.ex)) < 0)
+            log_warn("step ahead: %s", strata_strerror(n));
         double now = strata_now();
         if (!S.heard && now - S.t_hello >= HELLO_EVERY_S) {
             /* tell a running scheduler that this is a new executor; fails until it is connected */

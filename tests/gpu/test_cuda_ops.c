@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/strata.h"
 #include "kernels/cpu/ops.h"
@@ -728,7 +729,7 @@ static void test_q8_producers(void)
 /* The router and the gate in one launch (cuda_router_topk) against the two launches: the same
  * top-k, logits and weights to rounding (the dot products are summed in another order);
  * stacked routers (several groups of n_experts a token); twice in a row, so the last-block
- * counter must have reset. */
+ * counter must have reset. The host indices arrive without a wait for the stream. */
 static void test_router_topk(void)
 {
     static const int Es[] = {8, 128}, Ds[] = {1, 3}, ns[] = {1, 5, 16, 20}; /* 20: matmul, gate, copy */
@@ -756,6 +757,14 @@ static void test_router_topk(void)
                         memset(host, 0xff, G * K * 4);
                         T_CHECK(cuda_router_topk(ctx, l2, dx, n, &wm, E, K, renorm, i2, w2, NULL, NULL, host) == 0,
                                 "router_topk launch");
+                        /* every entry arrives without a wait on the stream (the host's -1s replaced) */
+                        double t0 = strata_now();
+                        size_t got = 0;
+                        while (got < G * K && strata_now() - t0 < 5.0)
+                            if (__atomic_load_n(host + got, __ATOMIC_ACQUIRE) >= 0) got++;
+                        T_CHECK(got == G * K && !memcmp(host, hi1, G * K * 4),
+                                "router_topk E=%d D=%d n=%d run %d: %zu of %zu host indices arrived, %s", E, D, n, rep,
+                                got, G * K, memcmp(host, hi1, G * K * 4) ? "differing" : "equal");
                         int32_t *hi2 = (int32_t *)s_down((float *)i2, G * K);
                         T_CHECK(!memcmp(host, hi1, G * K * 4), "router_topk E=%d D=%d n=%d run %d: host indices differ",
                                 E, D, n, rep);
@@ -877,6 +886,48 @@ static void test_h2d_small(void)
     cuda_host_free(h);
 }
 
+/* cuda_patch_words: each word where it was told, nothing around it; too many words, or a
+ * misaligned one, refused */
+static void test_patch_words(void)
+{
+    const int n = CUDA_PATCH_MAX;
+    uint64_t *d = (uint64_t *)s_poisoned(2 * (size_t)(2 * n + 2)), *dst[CUDA_PATCH_MAX + 1], val[CUDA_PATCH_MAX + 1];
+    for (int i = 0; i <= n; i++) dst[i] = d + 1 + 2 * i, val[i] = t_rng_next(&rng);
+    T_CHECK(cuda_patch_words(ctx, n, dst, val) == 0, "patch_words");
+    uint64_t *out = (uint64_t *)s_down((float *)d, 2 * (size_t)(2 * n + 2));
+    int bad = 0;
+    for (int i = 0; i < 2 * n + 2; i++) /* words 1, 3, ..., 2n - 1 written; the others keep the poison */
+        bad += i % 2 && i < 2 * n ? out[i] != val[i / 2] : out[i] != UINT64_MAX;
+    T_CHECK(!bad, "patch_words: %d words wrong", bad);
+    T_CHECK(cuda_patch_words(ctx, n + 1, dst, val) == STRATA_EINVAL_INPUT, "patch_words took %d words", n + 1);
+    uint64_t *mis = (uint64_t *)((uint8_t *)d + 4);
+    T_CHECK(cuda_patch_words(ctx, 1, &mis, val) == STRATA_EINVAL_INPUT, "patch_words took a misaligned word");
+    free(out);
+    cuda_free(d);
+}
+
+/* cuda_wait_patch: the stream waits for the host's mailbox, then the words land */
+static void test_wait_patch(void)
+{
+    enum { N = 40 };
+    uint64_t *box = NULL;
+    T_CHECK(cuda_host_alloc((void **)&box, (2 + 2 * N) * 8) == 0, "pinned alloc");
+    memset(box, 0, (2 + 2 * N) * 8);
+    uint64_t *d = (uint64_t *)s_poisoned(2 * (2 * N));
+    T_CHECK(cuda_wait_patch(ctx, box) == 0, "wait_patch");
+    usleep(20000);
+    T_CHECK(cuda_query(ctx) == 0, "the stream went on before the mailbox was filled");
+    for (int i = 0; i < N; i++) box[2 + 2 * i] = (uint64_t)(uintptr_t)(d + 2 * i), box[3 + 2 * i] = t_rng_next(&rng);
+    __atomic_store_n(box, (uint64_t)N + 1, __ATOMIC_RELEASE);
+    uint64_t *out = (uint64_t *)s_down((float *)d, 2 * (2 * N));
+    int bad = 0;
+    for (int i = 0; i < 2 * N; i++) bad += i % 2 ? out[i] != UINT64_MAX : out[i] != box[3 + i];
+    T_CHECK(!bad, "wait_patch: %d words wrong", bad);
+    free(out);
+    cuda_free(d);
+    cuda_host_free(box);
+}
+
 static void test_embed_argmax_add(void)
 {
     for (int f = WF_F32; f <= WF_BF16; f++) {
@@ -961,6 +1012,8 @@ int main(void)
     test_router_fused();
     test_embed_argmax_add();
     test_h2d_small();
+    test_patch_words();
+    test_wait_patch();
     cuda_ctx_destroy(ctx);
     return t_done("test_cuda_ops");
 }
