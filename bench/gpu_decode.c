@@ -769,9 +769,14 @@ int main(int argc, char **argv)
     if (cuda) {
         /* the budget check of the issue: what nvidia-smi sees against --gpu-mem plus the context */
         double vram = s_smi_mib();
-        printf("\nVRAM (nvidia-smi, this process): %.0f MiB = CUDA context %.0f MiB + %.0f MiB; --gpu-mem %.0f MiB, "
-               "charged to it %.0f MiB\n",
-               vram, vram_ctx, vram - vram_ctx, o.gpu_mem / 1048576.0, c0.budget_used / 1048576.0);
+        if (vram_ctx >= 0)
+            printf("\nVRAM (nvidia-smi, this process): %.0f MiB = CUDA context %.0f MiB + %.0f MiB; --gpu-mem %.0f MiB, "
+                   "charged to it %.0f MiB\n",
+                   vram, vram_ctx, vram - vram_ctx, o.gpu_mem / 1048576.0, c0.budget_used / 1048576.0);
+        else /* no context before the model (--no-probe): the rest of what nvidia-smi sees is it */
+            printf("\nVRAM (nvidia-smi, this process): %.0f MiB; --gpu-mem %.0f MiB, charged to it %.0f MiB, the rest "
+                   "(the CUDA context) %.0f MiB\n",
+                   vram, o.gpu_mem / 1048576.0, c0.budget_used / 1048576.0, vram - c0.budget_used / 1048576.0);
         for (size_t i = 0; i < json_array_size(rows); i++) {
             json_t *r = json_array_get(rows, i);
             json_object_set_new(r, "vram_smi_mib", vram >= 0 ? json_real(vram) : json_null());

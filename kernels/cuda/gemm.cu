@@ -98,11 +98,12 @@ typedef struct {
     const cuda_expert_t *experts;  /* grouped: the expert table */
     const int2 *tiles;
     const int32_t *n_tiles, *offsets;
+    size_t zstride;                /* grouped, k split over blockIdx.z: floats between parts' y */
 } gm_args_t;
 
 /* 4 blocks per SM where shared memory allows it (not BF16's larger stages): 5% faster int4
  * MoE prefill than 1, in A/B runs, despite a few spilled registers. */
-template <int FMT, bool SWIGLU>
+template <int FMT, bool SWIGLU, bool KSPLIT = false>
 __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : GM_MINB) k_gemm(gm_args_t a)
 {
     pdl_enter();
@@ -139,7 +140,10 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : GM_MINB) k_ge
             N = w.rows;
         }
     }
-    const int K = a.K, KT = K / GM_BK;
+    /* k stages kt0 .. kt0 + KT - 1: all of them, or (KSPLIT, its own instance, so the others'
+     * registers are as they were) blockIdx.z's part of gridDim.z */
+    const int K = a.K, KT = K / GM_BK / (KSPLIT ? (int)gridDim.z : 1), kt0 = KSPLIT ? (int)blockIdx.z * KT : 0;
+    if (KSPLIT) y += (size_t)blockIdx.z * a.zstride;
     const int nbase = bx * (SWIGLU ? GM_BN / 2 : GM_BN);
     const size_t wrow = q_row_bytes(FMT, K);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -150,7 +154,7 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : GM_MINB) k_ge
         for (int i = 0; i < GEMM_BM * 8 / GM_THREADS; i++) { /* X: 64 rows x 8 chunks */
             const int c = tid + i * GM_THREADS, r = c >> 3, ch = c & 7, row = m0 + r;
             const bool ok = row < mend;
-            cp16(As + r * GM_ASTR + ch * 16, a.x + (size_t)(ok ? row : m0) * K + kt * GM_BK + ch * 8, ok);
+            cp16(As + r * GM_ASTR + ch * 16, a.x + (size_t)(ok ? row : m0) * K + (kt0 + kt) * GM_BK + ch * 8, ok);
         }
 #pragma unroll
         for (int i = 0; i < CPR; i++) { /* W: 128 rows x CPR chunks */
@@ -158,7 +162,7 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : GM_MINB) k_ge
             const uint8_t *d = SWIGLU && r >= GM_BN / 2 ? d1 : d0;
             const int wr = nbase + (SWIGLU ? (r & (GM_BN / 2 - 1)) : r);
             const bool ok = wr < N;
-            cp16(Bs + r * BSTR + ch * 16, d + (size_t)(ok ? wr : 0) * wrow + (size_t)kt * RB + ch * 16, ok);
+            cp16(Bs + r * BSTR + ch * 16, d + (size_t)(ok ? wr : 0) * wrow + (size_t)(kt0 + kt) * RB + ch * 16, ok);
         }
     };
 
@@ -197,7 +201,7 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : GM_MINB) k_ge
                 if constexpr (FMT == WF_INT4) {
                     const uint16_t *sp = (const uint16_t *)(SWIGLU && j >= 2 ? s1 : s0);
                     const int gr = grow[j] < N ? grow[j] : 0;
-                    const uint16_t v = __ldg(sp + (size_t)gr * (K / group) + (kt * GM_BK + b * 32) / group);
+                    const uint16_t v = __ldg(sp + (size_t)gr * (K / group) + ((kt0 + kt) * GM_BK + b * 32) / group);
                     out[j][b] = __half2half2(__ushort_as_half(v));
                 } else {
                     out[j][b] = __float2half2_rn(1.f);
@@ -293,26 +297,26 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : GM_MINB) k_ge
         }
 }
 
-template <int FMT, bool SWIGLU> static int s_launch(cudaStream_t st, dim3 grid, const gm_args_t &a)
+template <int FMT, bool SWIGLU, bool KSPLIT = false> static int s_launch(cudaStream_t st, dim3 grid, const gm_args_t &a)
 {
     constexpr int smem = GM_STAGES * gm_stage_bytes<FMT>();
     static bool attr_set; /* per instantiation; one device per process */
     if (!attr_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(k_gemm<FMT, SWIGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(k_gemm<FMT, SWIGLU, KSPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         attr_set = true;
     }
-    launch_k(k_gemm<FMT, SWIGLU>, grid, GM_THREADS, smem, st, a);
+    launch_k(k_gemm<FMT, SWIGLU, KSPLIT>, grid, GM_THREADS, smem, st, a);
     CUDA_LAUNCH_CHECK();
     return 0;
 }
 
-template <bool SWIGLU> static int s_dispatch(cudaStream_t st, wfmt_t fmt, dim3 grid, const gm_args_t &a)
+template <bool SWIGLU, bool KSPLIT = false> static int s_dispatch(cudaStream_t st, wfmt_t fmt, dim3 grid, const gm_args_t &a)
 {
     switch (fmt) {
-    case WF_INT4: return s_launch<WF_INT4, SWIGLU>(st, grid, a);
-    case WF_INT8: return s_launch<WF_INT8, SWIGLU>(st, grid, a);
-    case WF_FP8: return s_launch<WF_FP8, SWIGLU>(st, grid, a);
-    case WF_BF16: return s_launch<WF_BF16, SWIGLU>(st, grid, a);
+    case WF_INT4: return s_launch<WF_INT4, SWIGLU, KSPLIT>(st, grid, a);
+    case WF_INT8: return s_launch<WF_INT8, SWIGLU, KSPLIT>(st, grid, a);
+    case WF_FP8: return s_launch<WF_FP8, SWIGLU, KSPLIT>(st, grid, a);
+    case WF_BF16: return s_launch<WF_BF16, SWIGLU, KSPLIT>(st, grid, a);
     default: log_error("gemm: format %d has no GEMM path", (int)fmt); return STRATA_EINVAL_INPUT;
     }
 }
@@ -428,4 +432,43 @@ int gemm_moe(cudaStream_t st, bool swiglu, const __half *x, float *y, __half *h,
     a.K = swiglu ? hidden : inter;
     dim3 grid(cdiv(a.N, swiglu ? GM_BN / 2 : GM_BN), max_tiles);
     return swiglu ? s_dispatch<true>(st, fmt, grid, a) : s_dispatch<false>(st, fmt, grid, a);
+}
+
+/* y[i] = the sum of the S parts' part[s * n + i], in s order; float4s. */
+__global__ void k_sum_parts(float4 *y, const float4 *part, int S, size_t n4)
+{
+    pdl_enter();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    float4 v = part[i];
+    for (int s = 1; s < S; s++) {
+        const float4 u = part[(size_t)s * n4 + i];
+        v.x += u.x, v.y += u.y, v.z += u.z, v.w += u.w;
+    }
+    y[i] = v;
+}
+
+int gemm_moe_down(cudaStream_t st, int sms, const __half *x, float *y, int hidden, int inter, wfmt_t fmt,
+                  const cuda_expert_t *experts, const int2 *tiles, const int32_t *n_tiles, const int32_t *offsets,
+                  int max_tiles, int P, float *part, size_t part_floats)
+{
+    /* Mixtral-8x7B's 128-token MoE: 12 tiles x 32 column blocks, 384 blocks of 224 k stages,
+     * fewer than the 528 an H200 holds at once; 4 parts: the 24 GiB bench's time to first token
+     * (its 128-token prefill, compute-bound) went from about 41 to 35.6 ms. The k-split kernel is
+     * its own instance: the change in the others' registers cost the 512-token prefill 1.6% */
+    const int blocks = cdiv(hidden, GM_BN) * max_tiles, KT = inter / GM_BK;
+    int S = 1;
+    if (blocks < sms * GM_MINB && hidden % 4 == 0)
+        for (int c = 4; c >= 2 && S == 1; c /= 2)
+            if (KT % c == 0 && (size_t)c * P * hidden <= part_floats) S = c;
+    if (S == 1) return gemm_moe(st, false, x, y, NULL, hidden, inter, fmt, experts, tiles, n_tiles, offsets, max_tiles);
+    gm_args_t a = {};
+    a.x = x, a.y[0] = part, a.experts = experts, a.tiles = tiles, a.n_tiles = n_tiles, a.offsets = offsets;
+    a.N = hidden, a.K = inter, a.zstride = (size_t)P * hidden;
+    int rc = s_dispatch<false, true>(st, fmt, dim3(cdiv(hidden, GM_BN), max_tiles, S), a);
+    if (rc) return rc;
+    const size_t n4 = (size_t)P * hidden / 4;
+    launch_k(k_sum_parts, cdiv((long)n4, 256), 256, 0, st, (float4 *)y, (const float4 *)part, S, n4);
+    CUDA_LAUNCH_CHECK();
+    return 0;
 }

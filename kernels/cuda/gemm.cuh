@@ -67,3 +67,9 @@ int gemm_plain(cudaStream_t st, int sms, int count, float *const *ys, const __ha
 int gemm_moe(cudaStream_t st, bool swiglu, const __half *x, float *y, __half *h, int hidden, int inter, wfmt_t fmt,
              const cuda_expert_t *experts, const int2 *tiles, const int32_t *n_tiles, const int32_t *offsets,
              int max_tiles);
+/* The down projection (gemm_moe without swiglu, P rows) with k split in parts when its tiles
+ * fill less than a wave of the sms multiprocessors: each part's sums go to part (room for
+ * part_floats floats), then y is their sum, in part order (deterministic). */
+int gemm_moe_down(cudaStream_t st, int sms, const __half *x, float *y, int hidden, int inter, wfmt_t fmt,
+                  const cuda_expert_t *experts, const int2 *tiles, const int32_t *n_tiles, const int32_t *offsets,
+                  int max_tiles, int P, float *part, size_t part_floats);

@@ -870,8 +870,9 @@ extern "C" int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, in
         if ((rc = gemm_moe(st, true, s.x16, NULL, s.h16, hidden, inter, fmt, experts_dev, s.tiles, s.n_tiles,
                            s.offsets, max_tiles)))
             return rc;
-        if ((rc = gemm_moe(st, false, s.h16, s.os, NULL, hidden, inter, fmt, experts_dev, s.tiles, s.n_tiles,
-                           s.offsets, max_tiles)))
+        /* the integer path's xs and hs (2 x P x wide floats, contiguous) hold the k parts */
+        if ((rc = gemm_moe_down(st, c->sms, s.h16, s.os, hidden, inter, fmt, experts_dev, s.tiles, s.n_tiles,
+                                s.offsets, max_tiles, P, s.xs, (size_t)(s.os - s.xs))))
             return rc;
         return s_combine(st, c, out, &s, idx, weight, experts_dev, n, top_k, hidden, nn);
     }

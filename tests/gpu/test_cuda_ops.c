@@ -187,7 +187,8 @@ static void s_split_down(cuda_expert_t *ex, const tmat_t *dm, int split, void **
 static void test_moe(void)
 { /* Below 32 tokens INT4/INT8 take the integer (q8) path (hidden and inter are multiples of
    * 32); from 32 tokens every format but F32 takes the fp16 GEMM when both are multiples of
-   * 64 (inter 192), and the per-token kernels otherwise (inter 96). c & 4: every expert split
+   * 64 (inter 192 or 256, whose down GEMM splits k in parts), and the per-token kernels
+   * otherwise (inter 96). c & 4: every expert split
    * (down rows 128.. elsewhere, poisoned in place), hidden 384. */
     static const int ns[] = {1, 2, 5, 16, 40, 100, 300}; /* 300: full GEMM tiles and partial ones */
     static const int inters[] = {96, 192};
@@ -195,7 +196,9 @@ static void test_moe(void)
     for (int f = 0; f < WF_COUNT; f++)
         for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
             for (int c = 0; c < 8; c++) {
-                int n = ns[ni], missing = c & 1, I = inters[(c >> 1) & 1], split = c & 4 ? 128 : 0;
+                /* inter 256 (4 k stages of 64) at every other n: the down GEMM splits k in parts */
+                int n = ns[ni], missing = c & 1, I = (c >> 1) & 1 && ni % 2 == 0 ? 256 : inters[(c >> 1) & 1],
+                    split = c & 4 ? 128 : 0;
                 const int H = split ? 384 : 128;
                 bool gemm = n >= 32 && f != WF_F32 && I % 64 == 0;
                 tmat_t g[8], u[8], d[8];
