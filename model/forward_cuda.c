@@ -22,20 +22,22 @@
  * layer k's gate, and with the gates of the next prefetch_depth MoE layers applied to the
  * same hidden state (one GEMV over those layers' routers stacked, their ffn_norm folded in, on
  * the hidden state normalized once), both written to pinned host memory by the router's launch
- * itself, each followed by a flag word. The window skips the layers whose experts are pinned
- * (s_window_lo). Between segments the host waits for the routing's flag (s_route: not for the
- * stream, so the prediction still running does not delay it), makes the routed experts
- * resident, puts the words of the layer's expert table that changed in a kernel's parameters
- * and enqueues the next segment; then it waits for the prediction's flag (s_predict) and starts
- * copies of predicted experts that are not resident, alternating
+ * itself. The window skips the layers whose experts are pinned (s_window_lo). Between
+ * segments the host waits for the routing's picks to land (s_route: not for the stream, so the
+ * prediction still running does not delay it), makes the routed experts resident, sends the
+ * words of the layer's expert table that changed and enqueues the next segment (or, a
+ * prelaunched step, whose next segment is enqueued already, fills its mailbox: s_run); then it
+ * waits for the prediction's picks (s_predict) and starts copies of predicted experts that are
+ * not resident, alternating
  * between two copy streams, nearest layer first and at most max_inflight at a time. The
  * compute stream waits on a copy's event only when a layer actually uses that expert; a routed
  * expert that is neither resident nor in flight loads on demand on the compute stream, ordered
  * before the expert kernel (or, a split tail in a small step, is read from host memory).
  *
- * Eviction safety: when layer L's routing flag is set, every kernel up to layer L's gate has
+ * Eviction safety: when layer L's routing has landed, every kernel up to layer L's gate has
  * completed (each kernel waits for the one before it, pdl_enter), and until the host enqueues
- * the segment after layer L + 1's routing the GPU reads no slot but those layer L routes to, so
+ * (or lets go, through its mailbox) the segment after layer L + 1's routing the GPU reads no
+ * slot but those layer L routes to, so
  * any slot that layer L does not use and that is not in flight can be overwritten at once, by
  * either stream. Which one is model/xcache.h's decision (the expert
  * expected to be needed last, Belady's rule on average); a prefetch evicts only an expert
@@ -454,8 +456,9 @@ static int s_wait_landed(gpu_model_t *g, int s)
 
 /* Make every expert routed in layer l (idx[n][top_k], the host's copy of its routing) resident
  * and refresh the layer's table. With box, the table's changed words go to the mailbox the
- * segment's cuda_wait_patch polls, and a miss that takes a slot is copied on a copy stream;
- * else they go on the stream, and the copy too. The stream waits for the copies the layer uses
+ * segment's cuda_wait_patch polls, and a miss that takes a slot is copied on a copy stream
+ * (needed only with host_waits); else they go on the stream, and the copy too. The stream
+ * waits for the copies the layer uses
  * on their events, or with host_waits (a prelaunched step: the layer's kernels are enqueued
  * already) the host does, before it fills the mailbox. */
 static int s_ensure(gpu_model_t *g, int l, int n, const int32_t *idx, uint64_t *box, bool host_waits)
