@@ -34,6 +34,17 @@
  * expert that is neither resident nor in flight loads on demand on the compute stream, ordered
  * before the expert kernel (or, a split tail in a small step, is read from host memory).
  *
+ * In a step whose segments end waiting for a mailbox (split experts, up to GPU_HOST_READ_ROWS
+ * tokens: s_mailbox), a MoE layer's experts run in two parts around the wait (s_early): the heads (gate, up and down's resident rows) right after the gate, while the host
+ * places the tails, and only the tails' rows of down and the combine after it.
+ *
+ * A sampled or greedy step that knows the step expected next (gpu_set_next: the executor's
+ * guess, one more row of each sequence taking its pick) starts it behind itself on the stream
+ * before the host has the picks (s_picks): its positions and block tables go up as a kernel's
+ * parameters, its rows are looked up on the GPU in the embedding page-locked in host memory,
+ * and its first segments are enqueued; the picks come back on a copy stream. The next plan, if
+ * it is the guess, goes on from there (a chained step); else it is let go like any step ahead.
+ *
  * Eviction safety: when layer L's routing has landed, every kernel up to layer L's gate has
  * completed (each kernel waits for the one before it, pdl_enter), and until the host enqueues
  * (or lets go, through its mailbox) the segment after layer L + 1's routing the GPU reads no
@@ -84,6 +95,8 @@
 /* ring entries of the host's routing, prediction and mailbox buffers (by segment); a step keeps
  * at most 3 segments' in use (s_run) */
 #define GPU_RING 4
+/* segments a prelaunched step keeps enqueued beyond the one the host routes (s_advance) */
+#define GPU_LEAD 1
 
 typedef struct {
     float *attn_norm, *ffn_norm, *bq, *bk, *bv, *bo, *q_norm, *k_norm;
@@ -124,8 +137,10 @@ struct gpu_model {
     void *moe_scr;
     /* host staging */
     float *h_x;                  /* [max_tokens][hidden] embedded rows */
-    int32_t *h_bt;               /* [max_tokens][kv_blocks] flattened block tables */
-    int32_t *h_meta;             /* [3][max_tokens] positions, sequences, logit rows (d_pos, d_seq, d_rows) */
+    int32_t *h_bt;               /* [max_tokens][kv_blocks] flattened block tables (h_meta + 3 T) */
+    int32_t *h_meta;             /* [3][max_tokens] positions, sequences, logit rows (d_pos, d_seq, d_rows),
+                                    then h_bt (d_bt) */
+    int32_t *h_ids;              /* [max_tokens] a chained step's picks (s_chain) */
     /* By segment k % GPU_RING, for the host to read without waiting for the stream (s_wait_rows):
      * the routing of segment k's gate, -1s until it lands; the prediction of the next layers;
      * and (prelaunched steps) the mailbox of the words of the gate's expert table that change
@@ -179,7 +194,16 @@ struct gpu_model {
     gpu_stats_t st;
     /* the step gpu_step_ahead started (ahead_n rows; 0: none) */
     int32_t ahead_n, ahead_nlog;
-    int32_t ahead_tok[GPU_MAX_GRAPHS], ahead_pos[GPU_MAX_GRAPHS], ahead_seq[GPU_MAX_GRAPHS], ahead_rows[GPU_MAX_GRAPHS];
+    int32_t ahead_tok[GPU_MAX_GRAPHS]; /* its tokens; its positions, sequences and logit rows are
+                                          in h_meta, its block tables in h_bt, as s_stage left them */
+    const batch_t *next;         /* gpu_set_next's guess, for the next step's s_picks */
+    cuda_event_t *ev_picked;     /* a chained step's picks are made, */
+    cuda_event_t *ev_ids;        /* and landed in h_ids */
+    int32_t *dev_meta;           /* what d_pos.. holds: the h_meta that s_put_meta sent last */
+    qmat_t embed_dev;            /* the embedding where the GPU reads it in host memory (s_map_embed);
+                                    data NULL: no chained steps */
+    void *embed_lock;            /* its page-locked range of the model's memory, or */
+    void *embed_copy;            /* its pinned copy */
 };
 
 void gpu_opts_default(gpu_opts_t *o)
@@ -415,13 +439,15 @@ static int s_landed(void *ctx, int s) { return cuda_event_done(((gpu_model_t *)c
 /* Start copies of predicted experts that are not resident (the window of xc), on the copy
  * stream, nearest layer first, until max_inflight copies are in flight, while layer cur
  * (its routed experts flagged in xc.need) computes. A copy evicts only an expert needed later
- * than the one it brings. */
-static int s_issue(gpu_model_t *g, int cur)
+ * than the one it brings. past_cur: cur is being placed (s_ensure), so the window's layers up
+ * to cur are left alone (a routed expert it has found without a slot stays so). */
+static int s_issue(gpu_model_t *g, int cur, bool past_cur)
 {
     xcache_t *xc = &g->xc;
     const int E = xc->n_experts, cur_ord = xc->moe_ord[cur];
     int rc, inflight = xcache_inflight(xc);
-    for (int d = 0; d < xc->win_n && inflight < g->max_inflight; d++) {
+    for (int d = past_cur && xc->win_lo <= cur_ord ? cur_ord + 1 - xc->win_lo : 0; d < xc->win_n && inflight < g->max_inflight;
+         d++) {
         int l = g->xc.moe_layer[xc->win_lo + d];
         for (int e = 0; e < E && inflight < g->max_inflight; e++) {
             if (!xc->pneed[(size_t)l * E + e] || xc->slot_of[(size_t)l * E + e] >= 0) continue;
@@ -445,22 +471,24 @@ static int s_issue(gpu_model_t *g, int cur)
 
 _Static_assert(sizeof(cuda_expert_t) % 8 == 0, "s_ensure patches the expert table in 64-bit words");
 
-/* Host wait for the copy into slot s (a prelaunched step, whose stream cannot wait on it). */
-static int s_wait_landed(gpu_model_t *g, int s)
+/* Host wait for the copy into slot s (a prelaunched step, whose stream cannot wait on it),
+ * keeping the copy streams fed meanwhile from the window's layers after l, which is being
+ * placed (s_issue): a prefetch that lands while the host waits for the other is followed at
+ * once by the next (the link idled until the layer's table went up, 34 us at a time, in the
+ * 24 GiB trace of session 16). */
+static int s_wait_landed(gpu_model_t *g, int s, int l)
 {
     int d;
-    while ((d = cuda_event_done(g->ev[s])) == 0) {
-    }
+    while ((d = cuda_event_done(g->ev[s])) == 0)
+        if (g->xc.win_n > 0 && (d = s_issue(g, l, true))) return d;
     return d < 0 ? d : 0;
 }
 
 /* Make every expert routed in layer l (idx[n][top_k], the host's copy of its routing) resident
  * and refresh the layer's table. With box, the table's changed words go to the mailbox the
- * segment's cuda_wait_patch polls, and a miss that takes a slot is copied on a copy stream
- * (needed only with host_waits); else they go on the stream, and the copy too. The stream
- * waits for the copies the layer uses
- * on their events, or with host_waits (a prelaunched step: the layer's kernels are enqueued
- * already) the host does, before it fills the mailbox. */
+ * segment's cuda_wait_patch polls, else on the stream. The stream waits for the copies the
+ * layer uses on their events, or with host_waits (a prelaunched step: the layer's kernels are
+ * enqueued already) the host does, before it fills the mailbox. */
 static int s_ensure(gpu_model_t *g, int l, int n, const int32_t *idx, uint64_t *box, bool host_waits)
 {
     const model_config_t *c = &g->m->cfg;
@@ -481,7 +509,7 @@ static int s_ensure(gpu_model_t *g, int l, int n, const int32_t *idx, uint64_t *
         if (s >= 0) {
             xc_slot_t *sl = &xc->slot[s];
             if (sl->state == XC_LOADING) {
-                if ((rc = host_waits ? s_wait_landed(g, s) : cuda_stream_wait_event(g->cx, CUDA_STREAM_COMPUTE, g->ev[s])))
+                if ((rc = host_waits ? s_wait_landed(g, s, l) : cuda_stream_wait_event(g->cx, CUDA_STREAM_COMPUTE, g->ev[s])))
                     return rc;
                 sl->state = XC_READY;
             }
@@ -504,10 +532,10 @@ static int s_ensure(gpu_model_t *g, int l, int n, const int32_t *idx, uint64_t *
             if (s < 0) s = xcache_victim(xc, l, xc->moe_ord[l], false, -1.0f);
             STRATA_ASSERT(s >= 0); /* n_slots >= n_experts of one layer, checked at create */
             xcache_assign(xc, s, l, e);
-            const int stream = box ? CUDA_STREAM_COPY : CUDA_STREAM_COMPUTE;
-            if ((rc = s_copy_in(g, s, l, e, stream))) return rc;
-            if (box && (rc = cuda_event_record(g->cx, g->ev[s], stream))) return rc;
-            if (box && (rc = host_waits ? s_wait_landed(g, s) : cuda_stream_wait_event(g->cx, CUDA_STREAM_COMPUTE, g->ev[s])))
+            /* the host waits on a copy stream's event: the compute stream holds the layer's
+             * kernels already */
+            if ((rc = s_copy_in(g, s, l, e, host_waits ? CUDA_STREAM_COPY : CUDA_STREAM_COMPUTE))) return rc;
+            if (host_waits && ((rc = cuda_event_record(g->cx, g->ev[s], CUDA_STREAM_COPY)) || (rc = s_wait_landed(g, s, l))))
                 return rc;
             xc->slot[s].state = XC_READY;
             xc->slot[s].prefetched = false;
@@ -570,7 +598,12 @@ void gpu_model_free(gpu_model_t *g)
     for (int i = 0; i < g->n_locked; i++) cuda_host_unregister(g->locked[i]);
     free(g->locked);
     cuda_host_free(g->h_x);
-    cuda_host_free(g->h_bt);
+    cuda_host_free(g->h_ids);
+    cuda_event_destroy(g->ev_ids);
+    cuda_event_destroy(g->ev_picked);
+    free(g->dev_meta);
+    cuda_host_unregister(g->embed_lock);
+    cuda_host_free(g->embed_copy);
     cuda_host_free(g->h_meta);
     cuda_host_free(g->h_idx);
     cuda_host_free(g->h_pidx);
@@ -664,12 +697,12 @@ static int s_create_workspace(gpu_model_t *g, strata_errbuf_t *eb)
     WS(sg, T * 4);
     WS(ffn_scr, 3 * T * (mi ? mi : 1) * 4);
     WS(logits, T * (size_t)c->vocab * 4);
-    /* positions, sequences and logit rows: one buffer, so one copy stages them (h_meta) */
-    WS(d_pos, 3 * T * 4);
-    if (!rc) g->d_seq = g->d_pos + T, g->d_rows = g->d_pos + 2 * T;
+    /* positions, sequences, logit rows and block tables: one buffer, so one copy stages them
+     * (h_meta) */
+    WS(d_pos, ((3 + (size_t)g->o.kv_blocks) * T + 2) * 4); /* + 2: s_put_meta's last 64-bit word */
+    if (!rc) g->d_seq = g->d_pos + T, g->d_rows = g->d_pos + 2 * T, g->d_bt = g->d_pos + 3 * T;
     WS(d_ids, T * 4);
     WS(d_samp, T * sizeof(cuda_sample_param_t));
-    WS(d_bt, T * (size_t)g->o.kv_blocks * 4);
     if (c->n_experts > 0) WS(moe_scr, cuda_moe_scratch_bytes((int)T, c->top_k, c->hidden, g->inter, c->n_experts));
 #undef WS
     {
@@ -685,13 +718,20 @@ static int s_create_workspace(gpu_model_t *g, strata_errbuf_t *eb)
     }
     g->st.workspace_bytes = g->used - before;
     if (rc) return rc;
-    if (cuda_host_alloc((void **)&g->h_x, T * H * 4) || cuda_host_alloc((void **)&g->h_bt, T * (size_t)g->o.kv_blocks * 4) ||
-        cuda_host_alloc((void **)&g->h_meta, 3 * T * 4) ||
+    if (cuda_host_alloc((void **)&g->h_x, T * H * 4) || cuda_host_alloc((void **)&g->h_meta, ((3 + (size_t)g->o.kv_blocks) * T + 2) * 4) ||
+        cuda_host_alloc((void **)&g->h_ids, T * 4) ||
         cuda_host_alloc((void **)&g->h_idx, GPU_RING * T * tk * 4) ||
         cuda_host_alloc((void **)&g->h_pidx, GPU_RING * T * D * tk * 4) ||
         cuda_host_alloc((void **)&g->h_box, GPU_RING * box_n * 8) ||
         cuda_host_alloc((void **)&g->h_samp, T * sizeof(cuda_sample_param_t)))
         return strata_seterr(eb, STRATA_ENOMEM, "gpu: pinned host staging failed");
+    g->h_bt = g->h_meta + 3 * T;
+    /* s_put_meta sends what differs from dev_meta: the two start equal */
+    g->dev_meta = calloc((3 + (size_t)g->o.kv_blocks) * T + 2, 4);
+    if (!g->dev_meta) return strata_seterr(eb, STRATA_ENOMEM, "gpu: out of host memory");
+    memcpy(g->h_meta, g->dev_meta, ((3 + (size_t)g->o.kv_blocks) * T + 2) * 4);
+    if (cuda_memset(g->cx, g->d_pos, 0, ((3 + (size_t)g->o.kv_blocks) * T + 2) * 4))
+        return strata_seterr(eb, STRATA_ECUDA, "gpu: clearing the step's inputs failed");
     g->idx_n = T * tk;
     g->pidx_n = T * D * tk;
     g->box_n = box_n;
@@ -784,6 +824,31 @@ static int s_range_cmp(const void *a, const void *b)
 {
     const s_range_t *x = a, *y = b;
     return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* A chained step (s_picks) looks its rows up on the GPU, in the embedding where it sits in host
+ * memory: page-locked (read over PCIe, a few KB a step; on the GPU it would take the slots of
+ * 64 tails at Mixtral's size), or, where that fails (its pages overlap the experts' locked
+ * ranges), a pinned copy. Neither: steps embed on the host, none is chained. */
+static void s_map_embed(gpu_model_t *g)
+{
+    const qmat_t *E = &g->m->embed;
+    void *dev = NULL;
+    if (!E->data || E->scales || cuda_event_create(&g->ev_ids) || cuda_event_create(&g->ev_picked)) return;
+    const size_t bytes = qmat_data_bytes(E->fmt, E->rows, E->cols);
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)E->data & ~(pg - 1),
+                    hi = ((uintptr_t)E->data + bytes + pg - 1) & ~(pg - 1);
+    if (!cuda_host_register((void *)lo, hi - lo)) {
+        g->embed_lock = (void *)lo;
+        g->st.host_locked_bytes += (int64_t)(hi - lo);
+        if (cuda_host_device_ptr(E->data, &dev)) dev = NULL;
+    } else if (!cuda_host_alloc(&g->embed_copy, bytes)) {
+        memcpy(g->embed_copy, E->data, bytes);
+        if (cuda_host_device_ptr(g->embed_copy, &dev)) dev = NULL;
+    }
+    g->embed_dev = *E;
+    g->embed_dev.data = dev;
+    if (!dev) log_warn("gpu: the embedding is not readable by the GPU: each step embeds on the host after the one before");
 }
 
 /* Page-lock the experts' spans of the model's memory (merged into ranges of whole pages), so
@@ -985,7 +1050,10 @@ static int s_create_experts(gpu_model_t *g, strata_errbuf_t *eb)
         glayer_t *L = &g->L[l];
         for (int e = 0; e < c->n_experts; e++) {
             int si = g->xc.slot_of[(size_t)l * c->n_experts + e];
-            L->table_host[e] = si >= 0 ? s_expert_at(g, l, e, si) : (cuda_expert_t){0};
+            /* split: every head is resident, so every entry holds its head from the start (the
+             * heads compute before the host patches a routed expert's entry: s_early); a tail
+             * without a slot is read from host memory. Whole experts: none, gate NULL. */
+            L->table_host[e] = si >= 0 || g->split ? s_expert_at(g, l, e, si) : (cuda_expert_t){0};
         }
         if (!rc) rc = cuda_h2d(g->cx, L->table_dev, L->table_host, (size_t)c->n_experts * sizeof(cuda_expert_t));
     }
@@ -1069,6 +1137,7 @@ int gpu_model_create(gpu_model_t **out, const model_t *m, const gpu_opts_t *o, s
     g->st.kv_bytes = (int64_t)(2 * g->layer_elems * c->n_layers * 4);
     if ((rc = s_create_workspace(g, eb))) goto fail;
     if ((rc = s_create_experts(g, eb))) goto fail;
+    if (!g->all_resident) s_map_embed(g);
     if (g->all_resident && o->blas) s_enable_blas(g);
     g->n_seg = g->all_resident ? 1 : g->xc.n_moe + 1;
     g->graphs = calloc((size_t)GPU_MAX_GRAPHS * g->n_seg, sizeof *g->graphs);
@@ -1171,6 +1240,21 @@ static int s_window(const gpu_model_t *g, int l)
     return D;
 }
 
+/* Whether the segments of a step of n tokens end waiting for their mailbox (cuda_wait_patch),
+ * and so can be prelaunched (s_run): split experts at host-read sizes, where every routed tail
+ * is resident, landing on a copy stream, or read from host memory, so no copy has to go on the
+ * compute stream between segments. */
+static bool s_mailbox(const gpu_model_t *g, int n) { return g->split && n <= GPU_HOST_READ_ROWS; }
+
+/* Whether a step of n tokens computes each MoE layer's experts in two parts around the wait for
+ * its mailbox (cuda_moe_ffn_part): the heads, resident, while the routed tails are still on their
+ * way, then the tails' rows of down once the host has placed them. A split expert's entry keeps
+ * its head's words; only down_tail's change. */
+static bool s_early(const gpu_model_t *g, int n)
+{
+    return s_mailbox(g, n) && cuda_moe_parts_ok(n, g->expert_fmt, g->m->cfg.hidden, g->inter);
+}
+
 /* First half of the FFN of layer l: the norm, and for a MoE layer its gate; with a cache, also
  * the prediction of the next layers' gates and the copies of both to the host (not waited on). */
 static int s_ffn_pre(gpu_model_t *g, int l, int n)
@@ -1208,6 +1292,18 @@ static int s_ffn_pre(gpu_model_t *g, int l, int n)
     return 0;
 }
 
+/* MoE layer l's routed experts onto the residual, whole (part 0) or its part. */
+static int s_moe(gpu_model_t *g, int l, int n, int part, unsigned flags, const cuda_next_norm_t *nn)
+{
+    const model_config_t *c = &g->m->cfg;
+    const cuda_expert_t *t = g->L[l].table_dev;
+    if (!part)
+        return cuda_moe_ffn(g->cx, g->x, g->xn, n, c->hidden, g->inter, g->expert_fmt, t, c->n_experts, g->tidx, g->tw,
+                            c->top_k, g->moe_scr, flags, nn);
+    return cuda_moe_ffn_part(g->cx, part, g->split, g->x, g->xn, n, c->hidden, g->inter, g->expert_fmt, t, c->n_experts,
+                             g->tidx, g->tw, c->top_k, g->moe_scr, flags, nn);
+}
+
 /* Second half: the MLP, or the routed experts' weighted sum and the shared expert's, onto the
  * residual. */
 static int s_ffn_post(gpu_model_t *g, int l, int n)
@@ -1225,9 +1321,9 @@ static int s_ffn_post(gpu_model_t *g, int l, int n)
     const bool fuse = c->shared_inter <= 0 && l + 1 < c->n_layers;
     cuda_next_norm_t nn = {fuse ? g->L[l + 1].attn_norm : NULL, g->xn, c->rms_eps, &g->pre_attn_q8};
     const unsigned flags = (g->xn_q8 ? CUDA_MOE_X_Q8 : 0) | (g->routed ? CUDA_MOE_ROUTED : 0);
-    if ((rc = cuda_moe_ffn(cx, g->x, g->xn, n, c->hidden, g->inter, g->expert_fmt, L->table_dev, c->n_experts, g->tidx,
-                           g->tw, c->top_k, g->moe_scr, flags, fuse ? &nn : NULL)))
-        return rc;
+    /* the experts' heads ran before the segment's mailbox (s_segment) */
+    const int part = !g->all_resident && s_early(g, n) ? CUDA_MOE_TAIL : 0;
+    if ((rc = s_moe(g, l, n, part, flags, fuse ? &nn : NULL))) return rc;
     g->pre_attn = fuse;
     if (c->shared_inter > 0) {
         if ((rc = cuda_matmul(cx, g->sg, g->xn, n, &L->shared_gate, NULL))) return rc;
@@ -1237,12 +1333,6 @@ static int s_ffn_post(gpu_model_t *g, int l, int n)
     }
     return 0;
 }
-
-/* Whether the segments of a step of n tokens end waiting for their mailbox (cuda_wait_patch),
- * and so can be prelaunched (s_run): split experts at host-read sizes, where every routed tail
- * is resident, landing on a copy stream, or read from host memory, so no copy has to go on the
- * compute stream between segments. */
-static bool s_mailbox(const gpu_model_t *g, int n) { return g->split && n <= GPU_HOST_READ_ROWS; }
 
 /* What a step leaves: the logits, the argmax of each logit row, or a token sampled from it. */
 typedef enum { S_LOGITS = 0, S_GREEDY = 1, S_SAMPLE = 2 } s_mode_t;
@@ -1272,6 +1362,9 @@ static int s_segment(gpu_model_t *g, int k, int n, int n_logits, s_mode_t mode)
     if (end < c->n_layers) {
         if ((rc = s_attention(g, end, n))) return rc;
         if ((rc = s_ffn_pre(g, end, n))) return rc;
+        if (s_early(g, n) &&
+            (rc = s_moe(g, end, n, CUDA_MOE_HEAD, (g->xn_q8 ? CUDA_MOE_X_Q8 : 0) | (g->routed ? CUDA_MOE_ROUTED : 0), NULL)))
+            return rc;
         /* a prelaunched step's next segment is enqueued already: this one ends waiting for the
          * host's words of the gate's expert table */
         return s_mailbox(g, n) ? cuda_wait_patch(g->cx, g->h_box + (size_t)(k % GPU_RING) * g->box_n) : 0;
@@ -1284,6 +1377,13 @@ static int s_segment(gpu_model_t *g, int k, int n, int n_logits, s_mode_t mode)
     return 0;
 }
 
+/* How many of rows[0..cnt) have landed, counted on from got (the ones before have). */
+static size_t s_rows_landed(const int32_t *rows, size_t got, size_t cnt)
+{
+    while (got < cnt && __atomic_load_n(rows + got, __ATOMIC_ACQUIRE) >= 0) got++;
+    return got;
+}
+
 /* Wait until the host copies rows[0..cnt) of a router's picks have landed (each >= 0; the host
  * fills them with -1 before the segment is enqueued, s_launch), and with refill >= 0 keep the
  * copy streams fed from the prediction window meanwhile (s_issue, layer refill computing): a
@@ -1294,15 +1394,14 @@ static int s_wait_rows(gpu_model_t *g, const int32_t *rows, size_t cnt, int refi
     size_t got = 0;
     const double t0 = strata_now();
     for (int spin = 0;; spin++) {
-        while (got < cnt && __atomic_load_n(rows + got, __ATOMIC_ACQUIRE) >= 0) got++;
-        if (got == cnt) return 0;
+        if ((got = s_rows_landed(rows, got, cnt)) == cnt) return 0;
         int q = cuda_query(g->cx), rc;
         if (q < 0) return q;
         if ((q == 1 && __atomic_load_n(rows + got, __ATOMIC_ACQUIRE) < 0) || (spin % 1024 == 1023 && strata_now() - t0 > 10.0)) {
             log_error("gpu: a router's picks never reached the host (%zu of %zu)", got, cnt);
             return STRATA_ECUDA;
         }
-        if (refill >= 0 && g->xc.win_n > 0 && (rc = s_issue(g, refill))) return rc;
+        if (refill >= 0 && g->xc.win_n > 0 && (rc = s_issue(g, refill, false))) return rc;
     }
 }
 
@@ -1330,7 +1429,7 @@ static int s_predict(gpu_model_t *g, int k, int n)
     int rc;
     if (D > 0 && (rc = s_wait_rows(g, pidx, (size_t)n * D * top_k, -1))) return rc;
     xcache_predicted(&g->xc, s_window_lo(g, l), D, pidx, n, top_k);
-    return D > 0 ? s_issue(g, l) : 0;
+    return D > 0 ? s_issue(g, l, false) : 0;
 }
 
 /* Split experts: how many MoE layers' tails the cache pins (xcache_pin: the first, whose
@@ -1387,9 +1486,29 @@ static int s_blocks_needed(const gpu_model_t *g, const batch_t *b, int s)
     return need;
 }
 
+/* h_meta[0..words) onto the device: the 64-bit words that differ from what it holds (dev_meta)
+ * as a kernel's parameters (cuda_patch_words: a decode step moves a position, now and then a
+ * block; a copy waited about 7 us in the stream on either side), else one DMA. */
+static int s_put_meta(gpu_model_t *g, size_t words)
+{
+    const size_t w64 = (words + 1) / 2;
+    const uint64_t *h = (const uint64_t *)g->h_meta;
+    uint64_t *d = (uint64_t *)g->dev_meta, *dst[CUDA_PATCH_MAX], val[CUDA_PATCH_MAX];
+    int np = 0;
+    for (size_t i = 0; i < w64 && np <= CUDA_PATCH_MAX; i++)
+        if (h[i] != d[i]) {
+            if (np < CUDA_PATCH_MAX) dst[np] = (uint64_t *)g->d_pos + i, val[np] = h[i];
+            np++;
+        }
+    memcpy(d, h, w64 * 8);
+    if (np <= CUDA_PATCH_MAX) return cuda_patch_words(g->cx, np, dst, val);
+    return cuda_h2d_async(g->cx, CUDA_STREAM_COMPUTE, g->d_pos, g->h_meta, w64 * 8);
+}
+
 /* A step's inputs checked and staged on the device: embedded rows, positions, sequences,
- * logit rows, block tables; the pins for its size. */
-static int s_stage(gpu_model_t *g, const batch_t *b)
+ * logit rows, block tables; the pins for its size. With d_tok (a chained step: s_picks) its
+ * tokens are d_tok[0..n) on the device, embedded there (b->tokens is not read). */
+static int s_stage(gpu_model_t *g, const batch_t *b, const int32_t *d_tok)
 {
     const model_config_t *c = &g->m->cfg;
     int n = b->n_tokens, rc;
@@ -1399,7 +1518,7 @@ static int s_stage(gpu_model_t *g, const batch_t *b)
     }
     int n_seqs = 0, runs = 0;
     for (int t = 0; t < n; t++) {
-        int32_t tok = b->tokens[t], pos = b->pos[t], s = b->seq[t];
+        int32_t tok = d_tok ? 0 : b->tokens[t], pos = b->pos[t], s = b->seq[t];
         if (tok < 0 || tok >= c->vocab || pos < 0 || s < 0 || s >= g->o.max_tokens || !b->block_tables[s] ||
             pos / g->o.block_size >= g->o.kv_blocks) {
             log_error("gpu: row %d: token %d, position %d, sequence %d out of range", t, tok, pos, s);
@@ -1424,19 +1543,22 @@ static int s_stage(gpu_model_t *g, const batch_t *b)
             g->h_bt[(size_t)s * g->o.kv_blocks + j] = blk;
         }
     }
-    s_embed(g, b->tokens, n);
     /* the tensor-core kernel makes a pass per sequence in each 64-row tile: worth it when the
      * step is long runs of one sequence's rows (prefill), not many single decode rows */
     g->att_tc = n >= 64 && runs * 16 <= n;
     cuda_ctx_t *cx = g->cx;
-    if ((rc = cuda_h2d_async(cx, CUDA_STREAM_COMPUTE, g->x, g->h_x, (size_t)n * c->hidden * 4))) return rc;
-    /* one DMA from pinned memory where three copies from the caller's memory each staged */
+    /* positions, sequences, logit rows and block tables go up together (s_put_meta) */
     const size_t T = (size_t)g->o.max_tokens;
     memcpy(g->h_meta, b->pos, (size_t)n * 4);
     memcpy(g->h_meta + T, b->seq, (size_t)n * 4);
     memcpy(g->h_meta + 2 * T, b->logit_rows, (size_t)b->n_logits * 4);
-    if ((rc = cuda_h2d_async(cx, CUDA_STREAM_COMPUTE, g->d_pos, g->h_meta, (2 * T + (size_t)b->n_logits) * 4))) return rc;
-    if ((rc = cuda_h2d_async(cx, CUDA_STREAM_COMPUTE, g->d_bt, g->h_bt, (size_t)n_seqs * g->o.kv_blocks * 4))) return rc;
+    if ((rc = s_put_meta(g, 3 * T + (size_t)n_seqs * g->o.kv_blocks))) return rc;
+    if (d_tok) {
+        if ((rc = cuda_embed(cx, g->x, &g->embed_dev, d_tok, n))) return rc;
+    } else {
+        s_embed(g, b->tokens, n);
+        if ((rc = cuda_h2d_async(cx, CUDA_STREAM_COMPUTE, g->x, g->h_x, (size_t)n * c->hidden * 4))) return rc;
+    }
     if (g->split) xcache_pin(&g->xc, s_pin_layers(g, n));
     g->pre_attn = g->pre_attn_q8 = false; /* a step that failed half-way may have left them set */
     return 0;
@@ -1470,15 +1592,15 @@ static int s_launch(gpu_model_t *g, int k, const batch_t *b, s_mode_t mode)
 }
 
 /* Whether b is the step gpu_step_ahead started: the same rows (tokens, positions, sequences),
- * logit rows and the blocks they use. */
+ * logit rows and the blocks they use (compared with what s_stage staged for it). */
 static bool s_ahead_is(const gpu_model_t *g, const batch_t *b)
 {
     const int n = b->n_tokens;
+    const size_t T = (size_t)g->o.max_tokens;
     if (g->ahead_n != n || n <= 0 || b->n_logits != g->ahead_nlog) return false;
-    for (int t = 0; t < n; t++)
-        if (b->tokens[t] != g->ahead_tok[t] || b->pos[t] != g->ahead_pos[t] || b->seq[t] != g->ahead_seq[t]) return false;
-    for (int i = 0; i < b->n_logits; i++)
-        if (b->logit_rows[i] != g->ahead_rows[i]) return false;
+    if (memcmp(b->tokens, g->ahead_tok, (size_t)n * 4) || memcmp(b->pos, g->h_meta, (size_t)n * 4) ||
+        memcmp(b->seq, g->h_meta + T, (size_t)n * 4) || memcmp(b->logit_rows, g->h_meta + 2 * T, (size_t)b->n_logits * 4))
+        return false;
     for (int t = 0; t < n; t++) {
         const int s = b->seq[t];
         if (!b->block_tables[s]) return false;
@@ -1507,18 +1629,21 @@ static void s_release(gpu_model_t *g)
  * cap, route it after its gate, predict after. A prelaunched step keeps one more segment
  * enqueued than the one the host waits on, each held back by the mailbox at the end of the one
  * before (cuda_wait_patch), so that it runs as soon as the host has placed the experts,
- * without a launch in between; otherwise segment k + 1 is enqueued once layer k's experts are
- * placed, and the copies layer k's prediction asks for start after. */
+ * without a launch in between, and the copies layer k's prediction asks for start before the
+ * next segment is enqueued (it is needed only after the one enqueued already); otherwise
+ * segment k + 1 is enqueued once layer k's experts are placed, and the copies start after. */
 static int s_advance(gpu_model_t *g, int k, const batch_t *b, s_mode_t mode, int cap)
 {
-    const int n = b->n_tokens, lead = g->step_pre ? 1 : 0;
+    const int n = b->n_tokens, lead = g->step_pre ? GPU_LEAD : 0;
     int rc;
     while (g->n_launched <= k + lead && g->n_launched <= cap)
         if ((rc = s_launch(g, g->n_launched++, b, mode))) return rc;
     if ((rc = s_route(g, k, n))) return rc;
+    /* prelaunched, the segment after is enqueued already: the copies first */
+    if (g->step_pre && (rc = s_predict(g, k, n))) return rc;
     while (g->n_launched <= k + 1 + lead && g->n_launched <= cap)
         if ((rc = s_launch(g, g->n_launched++, b, mode))) return rc;
-    return s_predict(g, k, n);
+    return g->step_pre ? 0 : s_predict(g, k, n);
 }
 
 /* Segments from k on. ahead: only segment k's turn, and no segment that depends on the step's
@@ -1553,14 +1678,54 @@ static bool s_prelaunch(const gpu_model_t *g, const batch_t *b, int mode)
 /* A step's start: stage its inputs; nothing of it is enqueued yet. */
 static int s_begin(gpu_model_t *g, const batch_t *b, int mode)
 {
-    int rc = s_stage(g, b);
+    int rc = s_stage(g, b, NULL);
     g->step_pre = !rc && s_prelaunch(g, b, mode);
     g->n_launched = g->n_routed = 0;
     return rc;
 }
 
+/* The step's picks come back (ids, host [n]); with nb (every segment of this step enqueued,
+ * nb's rows taking its picks in order) nb starts behind it on the stream before the host has
+ * them: its inputs staged, its rows embedded on the GPU from the picks (embed_dev), its first
+ * segments enqueued, as gpu_step_ahead would start it once the host had the ids, minus that
+ * round trip (the GPU idled 65 us a step at 24 GiB, batch 1, between the sampling and the next
+ * step's first kernel). The host routes it later (gpu_ahead_progress, s_step). A guess staging
+ * refuses is dropped. */
+static int s_picks(gpu_model_t *g, int n, int32_t *ids, const batch_t *nb)
+{
+    cuda_ctx_t *cx = g->cx;
+    int rc;
+    if (!nb || nb->n_tokens != n || !g->embed_dev.data || !s_prelaunch(g, nb, -1))
+        return cuda_d2h(cx, ids, g->d_ids, (size_t)n * 4);
+    /* the picks come back on a copy stream (idle at a step's end): the compute stream goes on */
+    if ((rc = cuda_event_record(cx, g->ev_picked, CUDA_STREAM_COMPUTE)) ||
+        (rc = cuda_stream_wait_event(cx, CUDA_STREAM_COPY2, g->ev_picked)) ||
+        (rc = cuda_d2h_async(cx, CUDA_STREAM_COPY2, g->h_ids, g->d_ids, (size_t)n * 4)) ||
+        (rc = cuda_event_record(cx, g->ev_ids, CUDA_STREAM_COPY2)))
+        return rc;
+    if (!s_stage(g, nb, g->d_ids)) {
+        g->step_pre = true;
+        g->n_launched = g->n_routed = 0;
+        while (!rc && g->n_launched <= GPU_LEAD) rc = s_launch(g, g->n_launched++, nb, S_LOGITS);
+        if (!rc) g->ahead_n = n, g->ahead_nlog = n, g->st.steps_chained++;
+    }
+    int d;
+    while ((d = cuda_event_done(g->ev_ids)) == 0) {
+    }
+    if (d < 0 && !rc) rc = d;
+    if (rc) {
+        g->ahead_n = 0;
+        s_release(g);
+        return rc;
+    }
+    memcpy(ids, g->h_ids, (size_t)n * 4);
+    memcpy(g->ahead_tok, g->h_ids, (size_t)n * 4);
+    return 0;
+}
+
 int gpu_step_ahead(gpu_model_t *g, const batch_t *b)
 {
+    if (s_ahead_is(g, b)) return 0; /* started already, chained behind the last step (s_picks) */
     s_release(g);
     g->ahead_n = 0;
     const int n = b->n_tokens;
@@ -1573,9 +1738,6 @@ int gpu_step_ahead(gpu_model_t *g, const batch_t *b)
         return rc;
     }
     memcpy(g->ahead_tok, b->tokens, (size_t)n * sizeof *b->tokens);
-    memcpy(g->ahead_pos, b->pos, (size_t)n * sizeof *b->pos);
-    memcpy(g->ahead_seq, b->seq, (size_t)n * sizeof *b->seq);
-    memcpy(g->ahead_rows, b->logit_rows, (size_t)n * sizeof *b->logit_rows);
     g->ahead_nlog = b->n_logits;
     g->ahead_n = n;
     return 0;
@@ -1587,12 +1749,9 @@ int gpu_ahead_progress(gpu_model_t *g)
     if (n <= 0 || !g->step_pre || k >= last) return 0;
     /* not waiting: the routing of segment k is there, or the copy streams are kept fed */
     const int32_t *idx = g->h_idx + (size_t)(k % GPU_RING) * g->idx_n;
-    int rc = 0;
-    for (int i = 0; i < n * g->m->cfg.top_k; i++)
-        if (__atomic_load_n(idx + i, __ATOMIC_ACQUIRE) < 0) {
-            if (k > 0 && g->xc.win_n > 0) rc = s_issue(g, g->xc.moe_layer[k - 1]);
-            return rc;
-        }
+    int rc;
+    if (s_rows_landed(idx, 0, (size_t)n * g->m->cfg.top_k) < (size_t)n * g->m->cfg.top_k)
+        return k > 0 && g->xc.win_n > 0 ? s_issue(g, g->xc.moe_layer[k - 1], false) : 0;
     const batch_t b = {.n_tokens = n, .n_logits = g->ahead_nlog};
     if ((rc = s_advance(g, k, &b, S_LOGITS, last - 1))) {
         g->ahead_n = 0;
@@ -1612,6 +1771,8 @@ static int s_step(gpu_model_t *g, const batch_t *b, s_mode_t mode, float *logits
 {
     const model_config_t *c = &g->m->cfg;
     const int n = b->n_tokens;
+    const batch_t *next = g->next;
+    g->next = NULL;
     /* a prelaunched step ahead goes on only if its last segment's graph is there for the mode */
     const bool ahead = s_ahead_is(g, b) && (!g->step_pre || s_prelaunch(g, b, mode));
     g->ahead_n = 0;
@@ -1634,11 +1795,13 @@ static int s_step(gpu_model_t *g, const batch_t *b, s_mode_t mode, float *logits
         s_release(g);
         return rc;
     }
-    if (mode != S_LOGITS) return cuda_d2h(cx, ids, g->d_ids, (size_t)b->n_logits * 4);
+    if (mode != S_LOGITS) return s_picks(g, b->n_logits, ids, next);
     return cuda_d2h(cx, logits, g->logits, (size_t)b->n_logits * c->vocab * 4);
 }
 
 int gpu_forward(gpu_model_t *g, const batch_t *b, float *logits) { return s_step(g, b, S_LOGITS, logits, NULL, NULL); }
+
+void gpu_set_next(gpu_model_t *g, const batch_t *next) { g->next = next; }
 
 int gpu_forward_greedy(gpu_model_t *g, const batch_t *b, int32_t *ids)
 {

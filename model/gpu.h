@@ -39,6 +39,7 @@ typedef struct {
 typedef struct {
     uint64_t steps;
     uint64_t steps_ahead;      /* ... that gpu_step_ahead had started */
+    uint64_t steps_chained;    /* steps started behind the one before, on its picks (gpu_set_next) */
     uint64_t expert_uses;      /* (layer, expert) activations served */
     uint64_t hits;             /* ... found resident, or arrived by prefetch before needed */
     uint64_t misses;           /* ... loaded on demand */
@@ -98,6 +99,13 @@ int gpu_forward_sample(gpu_model_t *g, const batch_t *b, const gpu_sample_t *sam
  * decode-shaped (more than 32 rows, or not a logit row each) or a model without a cache starts
  * nothing. Returns 0, or <0 for a batch a step would refuse. */
 int gpu_step_ahead(gpu_model_t *g, const batch_t *b);
+/* The step the caller expects after the next gpu_forward_greedy or gpu_forward_sample, as it
+ * would pass it to gpu_step_ahead, but with row i's token the pick of that step's logit row i
+ * (next->tokens is not read): that forward starts it on the GPU before it returns, behind its
+ * own sampling, the rows embedded on the GPU (a chained step; a prelaunched one only), and
+ * gpu_step_ahead of those rows then keeps it. Only the next forward reads it (NULL: none);
+ * its arrays must live until that forward returns. */
+void gpu_set_next(gpu_model_t *g, const batch_t *next);
 /* While the caller waits for its next plan: carry the step gpu_step_ahead started one MoE
  * layer further if its routing is there (up to the last gate: the rest needs the step's
  * mode), else keep the prefetch copies going; never waits for the GPU. Returns 1 if it went a

@@ -167,9 +167,11 @@ extern "C" int cuda_query(cuda_ctx_t *c)
     return 1;
 }
 
-extern "C" int cuda_d2h_async(cuda_ctx_t *c, void *dst, const void *src, size_t bytes)
+static cudaStream_t s_stream(cuda_ctx_t *c, int which);
+
+extern "C" int cuda_d2h_async(cuda_ctx_t *c, int stream, void *dst, const void *src, size_t bytes)
 {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s_stream(c, stream)));
     return 0;
 }
 
@@ -193,6 +195,12 @@ extern "C" void cuda_host_free(void *p)
 extern "C" int cuda_host_register(void *p, size_t bytes)
 {
     CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterPortable | cudaHostRegisterReadOnly));
+    return 0;
+}
+
+extern "C" int cuda_host_device_ptr(const void *p, void **dev)
+{
+    CUDA_CHECK(cudaHostGetDevicePointer(dev, (void *)p, 0));
     return 0;
 }
 

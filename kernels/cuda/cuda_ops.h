@@ -35,9 +35,9 @@ int cuda_memset(cuda_ctx_t *c, void *p, int byte, size_t bytes);
 /* Copies on the context's stream. h2d/d2h from pageable memory are synchronous for the host. */
 int cuda_h2d(cuda_ctx_t *c, void *dst, const void *src, size_t bytes);
 int cuda_d2h(cuda_ctx_t *c, void *dst, const void *src, size_t bytes);
-/* Device-to-host copy enqueued on the context's stream, not waited for (dst pinned; capturable
- * in a graph); cuda_sync waits for it. */
-int cuda_d2h_async(cuda_ctx_t *c, void *dst, const void *src, size_t bytes);
+/* Device-to-host copy enqueued on one of the context's streams (CUDA_STREAM_*, below), not
+ * waited for (dst pinned; capturable in a graph); cuda_sync waits for one on the compute stream. */
+int cuda_d2h_async(cuda_ctx_t *c, int stream, void *dst, const void *src, size_t bytes);
 int cuda_sync(cuda_ctx_t *c);
 /* 1 if everything enqueued on the context's stream has completed, 0 if not, <0 on error. */
 int cuda_query(cuda_ctx_t *c);
@@ -48,6 +48,8 @@ int cuda_host_alloc(void **p, size_t bytes);
 void cuda_host_free(void *p);
 int cuda_host_register(void *p, size_t bytes);
 void cuda_host_unregister(void *p);
+/* Where kernels read page-locked host memory p (cuda_host_alloc'd or registered). */
+int cuda_host_device_ptr(const void *p, void **dev);
 
 /* The context has three streams: CUDA_STREAM_COMPUTE (every op), and CUDA_STREAM_COPY and
  * CUDA_STREAM_COPY2 (expert prefetch: copies alternate between the two, so that one starts
@@ -171,6 +173,20 @@ int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, int hidden, i
                  int top_k, void *scratch, unsigned flags, const cuda_next_norm_t *nn);
 #define CUDA_MOE_X_Q8 1u
 #define CUDA_MOE_ROUTED 2u
+/* cuda_moe_ffn in two launches, with other kernels between them: part CUDA_MOE_HEAD routes
+ * (unless CUDA_MOE_ROUTED), runs gate/up and down's rows below rows (a multiple of 4 in
+ * (0, hidden)) and leaves them in scratch; then part CUDA_MOE_TAIL, with the same arguments,
+ * runs down's rows from rows on and the combine (nn as in cuda_moe_ffn). Between them only the
+ * experts' down_tail entries may change (the head reads no row of down_tail when rows is every
+ * expert's split), nor x, idx, weight or scratch. So a split expert's head computes while its
+ * tail is still on its way (model/forward_cuda.c). Only for cuda_moe_parts_ok steps, else
+ * STRATA_EINVAL_INPUT. */
+#define CUDA_MOE_HEAD 1
+#define CUDA_MOE_TAIL 2
+bool cuda_moe_parts_ok(int n, wfmt_t fmt, int hidden, int inter);
+int cuda_moe_ffn_part(cuda_ctx_t *c, int part, int rows, float *out, const float *x, int n, int hidden, int inter,
+                      wfmt_t fmt, const cuda_expert_t *experts_dev, int n_experts, const int32_t *idx,
+                      const float *weight, int top_k, void *scratch, unsigned flags, const cuda_next_norm_t *nn);
 
 /* y[n][dim] = rmsnorm(x) * w; y may alias x. */
 int cuda_rmsnorm(cuda_ctx_t *c, float *y, const float *x, const float *w, int n, int dim, float eps);
@@ -230,7 +246,8 @@ int cuda_attention(cuda_ctx_t *c, float *out, const float *q, const float *k_cac
 int cuda_attention_prefill(cuda_ctx_t *c, float *out, const float *q, const float *k_cache, const float *v_cache,
                            int n, const int32_t *seq, const int32_t *pos, const int32_t *bt, int max_blocks,
                            int n_heads, int n_kv_heads, int head_dim, int block_size, float scale);
-/* out[n][dim] = embed[tokens[t]] (embed is F32 or BF16 qmat [vocab][dim]). */
+/* out[n][dim] = embed[tokens[t]] (embed is F32 or BF16 qmat [vocab][dim]; tokens on the
+ * device; a row whose id is outside [0, vocab) is zeros). */
 int cuda_embed(cuda_ctx_t *c, float *out, const qmat_t *embed, const int32_t *tokens, int n);
 /* dst[i][:] = src[rows[i]][:] for i < n (rows on device), rows of dim floats. */
 int cuda_gather_rows(cuda_ctx_t *c, float *dst, const float *src, const int32_t *rows, int n, int dim);

@@ -422,14 +422,23 @@ int gemm_plain(cudaStream_t st, int sms, int count, float *const *ys, const __ha
     return gemm_plain(st, sms, count - a.count, ys + a.count, x, M, ws + a.count, biases ? biases + a.count : NULL, accum);
 }
 
-int gemm_moe(cudaStream_t st, bool swiglu, const __half *x, float *y, __half *h, int hidden, int inter, wfmt_t fmt,
-             const cuda_expert_t *experts, const int2 *tiles, const int32_t *n_tiles, const int32_t *offsets,
-             int max_tiles)
+/* A grouped launch's arguments (gemm_moe, gemm_moe_down). */
+static gm_args_t s_moe_args(bool swiglu, const __half *x, float *y, __half *h, int hidden, int inter,
+                            const cuda_expert_t *experts, const int2 *tiles, const int32_t *n_tiles,
+                            const int32_t *offsets)
 {
     gm_args_t a = {};
     a.x = x, a.y[0] = y, a.h = h, a.experts = experts, a.tiles = tiles, a.n_tiles = n_tiles, a.offsets = offsets;
     a.N = swiglu ? inter : hidden;
     a.K = swiglu ? hidden : inter;
+    return a;
+}
+
+int gemm_moe(cudaStream_t st, bool swiglu, const __half *x, float *y, __half *h, int hidden, int inter, wfmt_t fmt,
+             const cuda_expert_t *experts, const int2 *tiles, const int32_t *n_tiles, const int32_t *offsets,
+             int max_tiles)
+{
+    const gm_args_t a = s_moe_args(swiglu, x, y, h, hidden, inter, experts, tiles, n_tiles, offsets);
     dim3 grid(cdiv(a.N, swiglu ? GM_BN / 2 : GM_BN), max_tiles);
     return swiglu ? s_dispatch<true>(st, fmt, grid, a) : s_dispatch<false>(st, fmt, grid, a);
 }
@@ -462,9 +471,8 @@ int gemm_moe_down(cudaStream_t st, int sms, const __half *x, float *y, int hidde
         for (int c = 4; c >= 2 && S == 1; c /= 2)
             if (KT % c == 0 && (size_t)c * P * hidden <= part_floats) S = c;
     if (S == 1) return gemm_moe(st, false, x, y, NULL, hidden, inter, fmt, experts, tiles, n_tiles, offsets, max_tiles);
-    gm_args_t a = {};
-    a.x = x, a.y[0] = part, a.experts = experts, a.tiles = tiles, a.n_tiles = n_tiles, a.offsets = offsets;
-    a.N = hidden, a.K = inter, a.zstride = (size_t)P * hidden;
+    gm_args_t a = s_moe_args(false, x, part, NULL, hidden, inter, experts, tiles, n_tiles, offsets);
+    a.zstride = (size_t)P * hidden;
     int rc = s_dispatch<false, true>(st, fmt, dim3(cdiv(hidden, GM_BN), max_tiles, S), a);
     if (rc) return rc;
     const size_t n4 = (size_t)P * hidden / 4;

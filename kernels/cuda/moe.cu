@@ -394,7 +394,7 @@ extern "C" int cuda_router_topk(cuda_ctx_t *c, float *logits, const float *x, in
         const int groups = n * (w->rows / n_experts);
         int rc = cuda_matmul(c, logits, x, n, w, NULL);
         if (!rc) rc = cuda_gate_topk(c, logits, groups, n_experts, top_k, renorm, idx, weight);
-        if (!rc && idx_host) rc = cuda_d2h_async(c, idx_host, idx, (size_t)groups * top_k * sizeof(int32_t));
+        if (!rc && idx_host) rc = cuda_d2h_async(c, CUDA_STREAM_COMPUTE, idx_host, idx, (size_t)groups * top_k * sizeof(int32_t));
         return rc;
     }
     rt_norm_t nm = {};
@@ -545,23 +545,27 @@ __global__ void __launch_bounds__(256, MOE_Q8_MIN_BLOCKS(NT, LPR))
 }
 
 /* Each group of LPR lanes takes 4 consecutive rows of down (a split expert's rows from its head
- * or its tail). */
+ * or its tail), of rows row0 .. row1 - 1 (row0 a multiple of 4). table_late: the kernel before
+ * may write the experts' entries (cuda_wait_patch, before CUDA_MOE_TAIL): wait for it before
+ * reading them. */
 template <int FMT, int NT, int LPR>
 __global__ void __launch_bounds__(256, MOE_Q8_MIN_BLOCKS(NT, LPR))
     k_moe_down_q8(float *os, const int8_t *q, const float *qd, const int32_t *qs, const cuda_expert_t *experts,
-                  const int2 *tiles, const int32_t *n_tiles, const int32_t *offsets, int hidden, int inter)
+                  const int2 *tiles, const int32_t *n_tiles, const int32_t *offsets, int hidden, int inter, int row0,
+                  int row1, bool table_late)
 {
     constexpr int RPW = 32 / LPR * 4;
     constexpr bool FLAT = moe_flat<NT, LPR>();
-    const int lane = threadIdx.x & 31, nb = inter / 32, upt = (hidden + RPW - 1) / RPW;
-    bool waited = false;
+    const int lane = threadIdx.x & 31, nb = inter / 32, upt = (row1 - row0 + RPW - 1) / RPW;
+    bool waited = table_late;
+    if (table_late) pdl_enter();
     for (moe_walk<FLAT> w(n_tiles, upt); w.more(); w.next()) {
         bool fresh;
         if (!w.tile(tiles, n_tiles, offsets, experts, fresh)) {
             if (FLAT) continue;
             return;
         }
-        const int e = w.e, p0 = w.p0, cnt = w.cnt, r0 = w.row_unit() * RPW + lane / LPR * 4;
+        const int e = w.e, p0 = w.p0, cnt = w.cnt, r0 = row0 + w.row_unit() * RPW + lane / LPR * 4;
         const cuda_expert_t &ex = experts[e];
         const int bpg = FMT == WF_INT4 ? ex.down.group / 32 : 1;
         const uint8_t *rp[4];
@@ -584,7 +588,7 @@ __global__ void __launch_bounds__(256, MOE_Q8_MIN_BLOCKS(NT, LPR))
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
                     const float v = group_sum<LPR>(acc[i][t]);
-                    if (lane % LPR == 0 && t < m && r0 + i < hidden) os[(p + t) * hidden + r0 + i] = v;
+                    if (lane % LPR == 0 && t < m && r0 + i < row1) os[(p + t) * hidden + r0 + i] = v;
                 }
         }
     }
@@ -645,40 +649,47 @@ static void s_gate_up_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const
 
 template <int FMT, int NT, int LPR>
 static void s_down_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const cuda_expert_t *experts, int hidden,
-                      int inter, int max_tiles)
+                      int inter, int max_tiles, int row0, int row1)
 {
     static int per_sm;
     if (moe_flat<NT, LPR>() && !per_sm) per_sm = s_per_sm(k_moe_down_q8<FMT, NT, LPR>);
-    launch_k(k_moe_down_q8<FMT, NT, LPR>, s_moe_grid(moe_flat<NT, LPR>(), per_sm, hidden, 32 / LPR * 4, sms, max_tiles),
-             256, 0, st, s->os, s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter);
+    launch_k(k_moe_down_q8<FMT, NT, LPR>,
+             s_moe_grid(moe_flat<NT, LPR>(), per_sm, row1 - row0, 32 / LPR * 4, sms, max_tiles), 256, 0, st, s->os,
+             s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter, row0, row1, row0 > 0);
 }
 
+/* Gate/up, h's quantization and down's rows below rows (part CUDA_MOE_HEAD or whole: rows =
+ * hidden), or (CUDA_MOE_TAIL) down's rows from rows on. */
 template <int FMT, int NT>
 static int s_moe_launch_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const moe_xq_t *xq,
-                           const cuda_expert_t *experts, int E, int hidden, int inter, int P, int max_tiles)
+                           const cuda_expert_t *experts, int E, int hidden, int inter, int P, int max_tiles, int part,
+                           int rows)
 {
-    if (q8_wide_rows(hidden))
-        s_gate_up_q8<FMT, NT, 32>(st, sms, s, xq, experts, hidden, inter, max_tiles);
-    else
-        s_gate_up_q8<FMT, NT, 8>(st, sms, s, xq, experts, hidden, inter, max_tiles);
-    CUDA_LAUNCH_CHECK();
-    int rc = q8_quant(st, s->q, s->qd, s->qs, s->hs, P, inter, NULL, 1, s->offsets + E);
-    if (rc) return rc;
+    if (part != CUDA_MOE_TAIL) {
+        if (q8_wide_rows(hidden))
+            s_gate_up_q8<FMT, NT, 32>(st, sms, s, xq, experts, hidden, inter, max_tiles);
+        else
+            s_gate_up_q8<FMT, NT, 8>(st, sms, s, xq, experts, hidden, inter, max_tiles);
+        CUDA_LAUNCH_CHECK();
+        int rc = q8_quant(st, s->q, s->qd, s->qs, s->hs, P, inter, NULL, 1, s->offsets + E);
+        if (rc) return rc;
+    }
+    const int row0 = part == CUDA_MOE_TAIL ? rows : 0, row1 = part == CUDA_MOE_TAIL ? hidden : rows;
     if (q8_wide_rows(inter))
-        s_down_q8<FMT, NT, 32>(st, sms, s, experts, hidden, inter, max_tiles);
+        s_down_q8<FMT, NT, 32>(st, sms, s, experts, hidden, inter, max_tiles, row0, row1);
     else
-        s_down_q8<FMT, NT, 8>(st, sms, s, experts, hidden, inter, max_tiles);
+        s_down_q8<FMT, NT, 8>(st, sms, s, experts, hidden, inter, max_tiles, row0, row1);
     CUDA_LAUNCH_CHECK();
     return 0;
 }
 
 template <int FMT>
 static int s_moe_q8(cudaStream_t st, int sms, int n, const moe_scratch_t *s, const moe_xq_t *xq,
-                    const cuda_expert_t *experts, int E, int hidden, int inter, int P, int max_tiles)
+                    const cuda_expert_t *experts, int E, int hidden, int inter, int P, int max_tiles, int part, int rows)
 {
-    if (n <= 1) return s_moe_launch_q8<FMT, 1>(st, sms, s, xq, experts, E, hidden, inter, P, max_tiles);
-    if (n <= 4) return s_moe_launch_q8<FMT, 4>(st, sms, s, xq, experts, E, hidden, inter, P, max_tiles);
-    return s_moe_launch_q8<FMT, 16>(st, sms, s, xq, experts, E, hidden, inter, P, max_tiles);
+    if (n <= 1) return s_moe_launch_q8<FMT, 1>(st, sms, s, xq, experts, E, hidden, inter, P, max_tiles, part, rows);
+    if (n <= 4) return s_moe_launch_q8<FMT, 4>(st, sms, s, xq, experts, E, hidden, inter, P, max_tiles, part, rows);
+    return s_moe_launch_q8<FMT, 16>(st, sms, s, xq, experts, E, hidden, inter, P, max_tiles, part, rows);
 }
 
 /* hs[p][r] = silu(gate_e[r] . xs[p]) * (up_e[r] . xs[p]) for every pair p of expert e = blockIdx.y. */
@@ -838,14 +849,24 @@ static int s_moe_fmt(cudaStream_t st, int n, const moe_scratch_t *s, const cuda_
     return s_moe_launch<FMT, 8>(st, s, experts, hidden, inter, vec_h, vec_i, max_tiles);
 }
 
-extern "C" int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, int hidden, int inter, wfmt_t fmt,
-                            const cuda_expert_t *experts_dev, int n_experts, const int32_t *idx,
-                            const float *weight, int top_k, void *scratch, unsigned flags,
-                            const cuda_next_norm_t *nn)
+extern "C" bool cuda_moe_parts_ok(int n, wfmt_t fmt, int hidden, int inter)
+{
+    return n > 0 && n < GEMM_MOE_MIN_TOKENS && (fmt == WF_INT4 || fmt == WF_INT8) && hidden % 32 == 0 && inter % 32 == 0;
+}
+
+/* cuda_moe_ffn whole (part 0), or its part (cuda_moe_ffn_part). */
+static int s_moe_ffn(cuda_ctx_t *c, int part, int rows, float *out, const float *x, int n, int hidden, int inter,
+                     wfmt_t fmt, const cuda_expert_t *experts_dev, int n_experts, const int32_t *idx,
+                     const float *weight, int top_k, void *scratch, unsigned flags, const cuda_next_norm_t *nn)
 {
     if (n <= 0) return 0;
     if (n_experts <= 0 || n_experts > MOE_MAX_EXPERTS || top_k <= 0 || top_k > n_experts) {
         log_error("cuda_moe_ffn: bad expert counts (n_experts=%d top_k=%d)", n_experts, top_k);
+        return STRATA_EINVAL_INPUT;
+    }
+    if (part && (!cuda_moe_parts_ok(n, fmt, hidden, inter) || rows <= 0 || rows >= hidden || rows % 4)) {
+        log_error("cuda_moe_ffn_part: %d tokens of format %d at %d x %d, rows %d: not in parts", n, (int)fmt, hidden,
+                  inter, rows);
         return STRATA_EINVAL_INPUT;
     }
     moe_scratch_t s;
@@ -855,14 +876,14 @@ extern "C" int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, in
     /* tiles: at most one partial tile per active expert, plus whole tiles */
     const int max_tiles = (P < n_experts ? P : n_experts) + P / GEMM_BM;
     cudaStream_t st = c->stream;
-    if (!(flags & CUDA_MOE_ROUTED)) {
+    if (!(flags & CUDA_MOE_ROUTED) && part != CUDA_MOE_TAIL) {
         const int route_threads = min(512, max(64, (max(n_experts, P) + 31) / 32 * 32));
         launch_k(k_moe_route, 1, route_threads, 0, st, idx, P, n_experts, s.offsets, s.perm, s.inv,
                  s.tiles, s.n_tiles);
         CUDA_LAUNCH_CHECK();
     }
     int rc;
-    if (n >= GEMM_MOE_MIN_TOKENS && fmt != WF_F32 && hidden % 64 == 0 && inter % 64 == 0) {
+    if (!part && n >= GEMM_MOE_MIN_TOKENS && fmt != WF_F32 && hidden % 64 == 0 && inter % 64 == 0) {
         /* tensor cores: fp16 token rows by expert, gate+up with SwiGLU to fp16, down to fp32.
          * (cuBLAS on each expert's down, dequantized to fp16 first, made Mixtral-8x7B's
          * 512-token prefill 6950 -> 6350 tok/s: 117 MB of fp16 written an expert) */
@@ -881,10 +902,13 @@ extern "C" int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, in
          * context's workspace already */
         moe_xq_t xq = {s.q, s.qd, s.qs, false, top_k};
         if ((flags & CUDA_MOE_X_Q8) && n <= 16) xq = {c->q8, c->q8d, c->q8s, true, top_k};
-        else if ((rc = q8_quant(st, s.q, s.qd, s.qs, x, P, hidden, s.perm, top_k, NULL))) return rc;
-        rc = fmt == WF_INT4 ? s_moe_q8<WF_INT4>(st, c->sms, n, &s, &xq, experts_dev, n_experts, hidden, inter, P, max_tiles)
-                            : s_moe_q8<WF_INT8>(st, c->sms, n, &s, &xq, experts_dev, n_experts, hidden, inter, P, max_tiles);
-        if (rc) return rc;
+        else if (part != CUDA_MOE_TAIL && (rc = q8_quant(st, s.q, s.qd, s.qs, x, P, hidden, s.perm, top_k, NULL)))
+            return rc;
+        const int r = part ? rows : hidden;
+        rc = fmt == WF_INT4
+                 ? s_moe_q8<WF_INT4>(st, c->sms, n, &s, &xq, experts_dev, n_experts, hidden, inter, P, max_tiles, part, r)
+                 : s_moe_q8<WF_INT8>(st, c->sms, n, &s, &xq, experts_dev, n_experts, hidden, inter, P, max_tiles, part, r);
+        if (rc || part == CUDA_MOE_HEAD) return rc;
         return s_combine(st, c, out, &s, idx, weight, experts_dev, n, top_k, hidden, nn);
     }
     launch_k(k_moe_gather, P, 128, 0, st, s.xs, x, s.perm, top_k, hidden, P);
@@ -899,4 +923,23 @@ extern "C" int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, in
     }
     if (rc) return rc;
     return s_combine(st, c, out, &s, idx, weight, experts_dev, n, top_k, hidden, nn);
+}
+
+extern "C" int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, int hidden, int inter, wfmt_t fmt,
+                            const cuda_expert_t *experts_dev, int n_experts, const int32_t *idx,
+                            const float *weight, int top_k, void *scratch, unsigned flags,
+                            const cuda_next_norm_t *nn)
+{
+    return s_moe_ffn(c, 0, hidden, out, x, n, hidden, inter, fmt, experts_dev, n_experts, idx, weight, top_k, scratch,
+                     flags, nn);
+}
+
+extern "C" int cuda_moe_ffn_part(cuda_ctx_t *c, int part, int rows, float *out, const float *x, int n, int hidden,
+                                 int inter, wfmt_t fmt, const cuda_expert_t *experts_dev, int n_experts,
+                                 const int32_t *idx, const float *weight, int top_k, void *scratch, unsigned flags,
+                                 const cuda_next_norm_t *nn)
+{
+    if (part != CUDA_MOE_HEAD && part != CUDA_MOE_TAIL) return STRATA_EINVAL_INPUT;
+    return s_moe_ffn(c, part, rows, out, x, n, hidden, inter, fmt, experts_dev, n_experts, idx, weight, top_k, scratch,
+                     flags, nn);
 }

@@ -43,6 +43,9 @@ struct exec {
 #ifdef STRATA_HAVE_CUDA
     gpu_model_t *gpu;
     gpu_sample_t *samp;                 /* [MSG_MAX_STEP_SEQS] each logit row's sampling */
+    int32_t *nx;                        /* [4][MSG_MAX_STEP_SEQS] the step guessed next (s_guess):
+                                           tokens, positions, sequences, logit rows */
+    const int32_t **nx_tables;          /* [MSG_MAX_STEP_SEQS] its block tables */
 #endif
     /* one step, built from the plan */
     int32_t *tok, *pos, *seq;           /* [o.max_tokens] */
@@ -144,7 +147,9 @@ int exec_create(exec_t **out, const model_t *m, const exec_opts_t *o, strata_err
     bool samp_ok = true;
 #ifdef STRATA_HAVE_CUDA
     e->samp = malloc(MSG_MAX_STEP_SEQS * sizeof *e->samp);
-    samp_ok = e->samp != NULL;
+    e->nx = malloc(4 * MSG_MAX_STEP_SEQS * sizeof *e->nx);
+    e->nx_tables = malloc(MSG_MAX_STEP_SEQS * sizeof *e->nx_tables);
+    samp_ok = e->samp && e->nx && e->nx_tables;
 #endif
     if (!e->tok || !e->pos || !e->seq || !e->tables || !e->rows || !e->row_of || !e->ids || !e->seq_of || !e->u ||
         !e->rng || !samp_ok) {
@@ -228,6 +233,8 @@ void exec_free(exec_t *e)
     free(e->u);
 #ifdef STRATA_HAVE_CUDA
     free(e->samp);
+    free(e->nx);
+    free(e->nx_tables);
 #endif
     free(e->logits);
     free(e->rng);
@@ -307,6 +314,40 @@ static void s_sample_rows(void *ctx, int64_t r0, int64_t r1, int tid)
     }
 }
 
+#ifdef STRATA_HAVE_CUDA
+/* The step expected after plan st: each sequence's next row, its token tokens[i] (NULL: the
+ * pick still on the GPU, gpu_set_next), in e->nx. False when st does not continue that way:
+ * a sequence not sampled, a pick refused, or a position past its blocks or the context. */
+static bool s_guess(exec_t *e, const msg_step_t *st, const int32_t *tokens, batch_t *b)
+{
+    if (e->bk != BK_CUDA || st->n_seqs > e->o.max_tokens) return false;
+    const int32_t bs = e->o.block_size, N = MSG_MAX_STEP_SEQS;
+    int32_t *tok = e->nx, *pos = e->nx + N, *seq = e->nx + 2 * N, *rows = e->nx + 3 * N;
+    for (int32_t i = 0; i < st->n_seqs; i++) {
+        const msg_step_seq_t *q = &st->seqs[i];
+        const int32_t p = q->pos0 + q->n_tokens;
+        if (!q->sample || (tokens && tokens[i] < 0) || p / bs >= q->n_blocks || p >= e->max_context) return false;
+        /* a block past the plan's positions was not validated with it */
+        if (q->blocks[p / bs] < 0 || q->blocks[p / bs] >= e->o.kv_blocks) return false;
+        e->nx_tables[i] = q->blocks;
+        tok[i] = tokens ? tokens[i] : -1;
+        pos[i] = p;
+        seq[i] = i;
+        rows[i] = i;
+    }
+    *b = (batch_t){
+        .n_tokens = st->n_seqs,
+        .tokens = tok,
+        .pos = pos,
+        .seq = seq,
+        .block_tables = e->nx_tables,
+        .n_logits = st->n_seqs,
+        .logit_rows = rows,
+    };
+    return true;
+}
+#endif
+
 int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_us, double *sample_us,
               msg_errcode_t *code, char *text, size_t tlen)
 {
@@ -367,6 +408,10 @@ int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_
         rc = model_forward(e->fwd, &e->kv, &b, n_logits ? e->logits : NULL);
     } else {
 #ifdef STRATA_HAVE_CUDA
+        /* the step after this one starts behind it on the GPU, on its picks (exec_step_ahead
+         * then finds it started) */
+        batch_t nb;
+        gpu_set_next(e->gpu, n_logits && s_guess(e, st, NULL, &nb) ? &nb : NULL);
         if (n_logits && all_greedy) {
             rc = gpu_forward_greedy(e->gpu, &b, e->ids);
             have_ids = true;
@@ -416,30 +461,8 @@ int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_
 int exec_step_ahead(exec_t *e, const msg_step_t *st, const int32_t *tokens)
 {
 #ifdef STRATA_HAVE_CUDA
-    if (e->bk != BK_CUDA || st->n_seqs > e->o.max_tokens) return 0;
-    const int32_t bs = e->o.block_size;
-    for (int32_t i = 0; i < st->n_seqs; i++) {
-        const msg_step_seq_t *q = &st->seqs[i];
-        const int32_t pos = q->pos0 + q->n_tokens;
-        if (!q->sample || tokens[i] < 0 || pos / bs >= q->n_blocks || pos >= e->max_context) return 0;
-        /* a block past the plan's positions was not validated with it */
-        if (q->blocks[pos / bs] < 0 || q->blocks[pos / bs] >= e->o.kv_blocks) return 0;
-        e->tables[i] = q->blocks;
-        e->tok[i] = tokens[i];
-        e->pos[i] = pos;
-        e->seq[i] = i;
-        e->rows[i] = i;
-    }
-    batch_t b = {
-        .n_tokens = st->n_seqs,
-        .tokens = e->tok,
-        .pos = e->pos,
-        .seq = e->seq,
-        .block_tables = e->tables,
-        .n_logits = st->n_seqs,
-        .logit_rows = e->rows,
-    };
-    return gpu_step_ahead(e->gpu, &b);
+    batch_t b;
+    return s_guess(e, st, tokens, &b) ? gpu_step_ahead(e->gpu, &b) : 0;
 #else
     (void)e, (void)st, (void)tokens;
     return 0;
@@ -468,6 +491,7 @@ void exec_get_stats(const exec_t *e, exec_stats_t *st)
         st->misses = g.misses;
         st->host_reads = g.host_reads;
         st->steps_ahead = g.steps_ahead;
+        st->steps_chained = g.steps_chained;
         st->prefetches = g.prefetches;
         st->prefetch_used = g.prefetch_used;
         st->bytes_h2d = g.bytes_h2d;

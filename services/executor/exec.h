@@ -45,6 +45,7 @@ typedef struct {
     bool has_cache;                 /* the fields below are meaningful */
     uint64_t hits, misses, host_reads, prefetches, prefetch_used, bytes_h2d;
     uint64_t steps_ahead;      /* steps exec_step_ahead had started */
+    uint64_t steps_chained;    /* steps started on the GPU behind the one before (gpu_set_next) */
     int32_t slots, n_experts_total;
     double experts_on_gpu;          /* gpu_stats_t's: the roofline's slots */
 } exec_stats_t;

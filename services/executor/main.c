@@ -158,6 +158,7 @@ static void s_on_stats(svc_t *S, const void *route, size_t len, const msg_t *in)
         S_STAT("misses", st.misses);
         S_STAT("misses_host_read", st.host_reads);
         S_STAT("steps_ahead", st.steps_ahead);
+        S_STAT("steps_chained", st.steps_chained);
         S_STAT("prefetches", st.prefetches);
         S_STAT("prefetch_used", st.prefetch_used);
         S_STAT("bytes_h2d", st.bytes_h2d);

@@ -184,6 +184,49 @@ static void s_split_down(cuda_expert_t *ex, const tmat_t *dm, int split, void **
     ex->split = split;
 }
 
+/* cuda_moe_ffn_part of split experts ex (device table and scratch of its own): the head with
+ * every tail pointing at poison, then the table's real tails (what cuda_wait_patch writes
+ * between them), then the tail, equal cuda_moe_ffn's out. */
+static void s_moe_parts(const cuda_expert_t *ex, int E, int split, const float *dx, const float *base, const float *out,
+                        int n, int H, int I, wfmt_t f, const int32_t *didx, const float *dw, int K)
+{
+    cuda_expert_t bad[8];
+    const qmat_t *d = &ex[0].down;
+    const size_t rd = qmat_data_bytes(d->fmt, 1, d->cols), rs = qmat_scale_bytes(d->fmt, 1, d->cols, d->group);
+    const size_t tb = (size_t)(H - split) * (rd + rs) + 16;
+    void *poison = NULL, *dscr = NULL;
+    cuda_malloc(&poison, tb);
+    cuda_memset(ctx, poison, 0x77, tb);
+    for (int e = 0; e < E; e++) {
+        bad[e] = ex[e];
+        bad[e].down_tail.data = (uint8_t *)poison - (size_t)split * rd;
+        if (rs) bad[e].down_tail.scales = (uint8_t *)poison + (size_t)(H - split) * rd - (size_t)split * rs;
+    }
+    cuda_expert_t *dex = s_up(bad, sizeof(cuda_expert_t) * E);
+    float *dout = s_up(base, (size_t)n * H * 4);
+    const size_t sb = cuda_moe_scratch_bytes(n, K, H, I, E);
+    cuda_malloc(&dscr, sb);
+    cuda_memset(ctx, dscr, 0xff, sb);
+    T_CHECK(cuda_moe_ffn_part(ctx, CUDA_MOE_HEAD, split, dout, dx, n, H, I, f, dex, E, didx, dw, K, dscr, 0, NULL) == 0,
+            "moe head launch");
+    cuda_sync(ctx);
+    cuda_h2d(ctx, dex, ex, sizeof(cuda_expert_t) * E);
+    T_CHECK(cuda_moe_ffn_part(ctx, CUDA_MOE_TAIL, split, dout, dx, n, H, I, f, dex, E, didx, dw, K, dscr, 0, NULL) == 0,
+            "moe tail launch");
+    float *got = s_down(dout, (size_t)n * H);
+    double e = t_relerr(got, out, (size_t)n * H);
+    T_CHECK(e < 1e-6, "moe parts %s n=%d inter=%d split=%d: rel err %.3g against one launch", wfmt_name(f), n, I, split, e);
+    /* a step the parts do not take, or rows that are not a split, are refused */
+    T_CHECK(cuda_moe_ffn_part(ctx, CUDA_MOE_HEAD, split + 1, dout, dx, n, H, I, f, dex, E, didx, dw, K, dscr, 0, NULL) ==
+                STRATA_EINVAL_INPUT,
+            "moe part at rows %d", split + 1);
+    T_CHECK(cuda_moe_ffn_part(ctx, CUDA_MOE_HEAD, split, dout, dx, 40, H, I, f, dex, E, didx, dw, K, dscr, 0, NULL) ==
+                STRATA_EINVAL_INPUT,
+            "moe part at 40 tokens");
+    free(got);
+    cuda_free(poison), cuda_free(dex), cuda_free(dout), cuda_free(dscr);
+}
+
 static void test_moe(void)
 { /* Below 32 tokens INT4/INT8 take the integer (q8) path (hidden and inter are multiples of
    * 32); from 32 tokens every format but F32 takes the fp16 GEMM when both are multiples of
@@ -240,6 +283,7 @@ static void test_moe(void)
                 double bound = gemm ? 5e-3 : f == WF_INT4 || f == WF_INT8 ? 2e-2 : 1e-5;
                 T_CHECK(e < bound, "moe %s n=%d inter=%d missing=%d split=%d rel err %.3g", wfmt_name((wfmt_t)f), n, I,
                         missing, split, e);
+                if (split && cuda_moe_parts_ok(n, (wfmt_t)f, H, I)) s_moe_parts(ex, E, split, dx, base, out, n, H, I, (wfmt_t)f, didx, dw, K);
                 free(out), free(x), free(base), free(ref), free(idx), free(wt), free(logits), free(scratch);
                 cuda_free(dx), cuda_free(dout), cuda_free(didx), cuda_free(dw), cuda_free(dex), cuda_free(dscr);
                 for (int e2 = 0; e2 < E; e2++) s_mat_free(&g[e2]), s_mat_free(&u[e2]), s_mat_free(&d[e2]), cuda_free(tails[e2]);
@@ -300,6 +344,7 @@ static void test_moe_wide(void)
         double e = t_relerr(out, ref, H);
         T_CHECK(e < 2e-2, "wide moe H=%d I=%d group=%d missing=%d split=%d workspace=%d rel err %.3g", H, I, group,
                 missing, split, ws, e);
+        if (split && !ws) s_moe_parts(ex, E, split, dx, base, out, 1, H, I, WF_INT4, didx, dw, K);
         free(out), free(x), free(nw), free(base), free(ref), free(scratch);
         cuda_free(dx), cuda_free(dnw), cuda_free(dout), cuda_free(xn), cuda_free(didx), cuda_free(dw), cuda_free(zero);
         cuda_free(dex), cuda_free(dscr);
@@ -933,19 +978,32 @@ static void test_wait_patch(void)
 
 static void test_embed_argmax_add(void)
 {
-    for (int f = WF_F32; f <= WF_BF16; f++) {
+    /* rows of 600 (blocks of 256 and a partial one); ids outside the table give zeros; the
+     * table on the device, and in pinned host memory read over PCIe (a chained step's) */
+    enum { NT = 7, D = 600 };
+    for (int c = 0; c < 4; c++) {
+        const wfmt_t f = c & 1 ? WF_BF16 : WF_F32;
         tmat_t m;
-        s_mat(&m, (wfmt_t)f, 300, 96, 0);
-        int32_t toks[5] = {0, 299, 17, 17, 150};
-        float *ref = malloc(5 * 96 * 4);
-        for (int t = 0; t < 5; t++) qmat_dequant_row(&m.host, toks[t], ref + t * 96);
+        s_mat(&m, f, 300, D, 0);
+        int32_t toks[NT] = {0, 299, 17, 17, 150, -1, 300};
+        float *ref = calloc(NT * D, 4);
+        for (int t = 0; t < 5; t++) qmat_dequant_row(&m.host, toks[t], ref + t * D);
+        qmat_t w = m.dev;
+        void *pinned = NULL;
+        if (c & 2) {
+            const size_t bytes = qmat_data_bytes(f, 300, D);
+            T_CHECK(cuda_host_alloc(&pinned, bytes) == 0, "pinned table");
+            memcpy(pinned, m.host.data, bytes);
+            T_CHECK(cuda_host_device_ptr(pinned, (void **)&w.data) == 0, "pinned table's device pointer");
+        }
         int32_t *dt = s_up(toks, sizeof toks);
-        float *dout = s_poisoned(5 * 96);
-        cuda_embed(ctx, dout, &m.dev, dt, 5);
-        float *out = s_down(dout, 5 * 96);
-        T_CHECK(!memcmp(out, ref, 5 * 96 * 4), "embed %s differs", wfmt_name((wfmt_t)f));
+        float *dout = s_poisoned(NT * D);
+        cuda_embed(ctx, dout, &w, dt, NT);
+        float *out = s_down(dout, NT * D);
+        T_CHECK(!memcmp(out, ref, NT * D * 4), "embed %s (host memory %d) differs", wfmt_name(f), c >> 1);
         free(out), free(ref);
         cuda_free(dt), cuda_free(dout);
+        cuda_host_free(pinned);
         s_mat_free(&m);
     }
     /* argmax: one block a row (V 1000) and split over blocks (5000, 151936), with ties in one

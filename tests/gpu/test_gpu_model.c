@@ -401,6 +401,42 @@ static int s_packed_mixtral(model_t *m, uint64_t seed)
     return rc;
 }
 
+/* The tight-cache tests' model: 4 layers of 8 int4 experts, packed (s_packed_mixtral) or
+ * synth_model's separately allocated tensors. 0, or <0 (a failed check). */
+static int s_tiny_mixtral(model_t *m, uint64_t *rng, bool packed)
+{
+    model_config_t c0;
+    synth_config(&c0, ARCH_MIXTRAL, 300, 256, 4, 4, 2, 64, 8, 2, 256);
+    const int rc = packed ? s_packed_mixtral(m, t_rng_next(rng)) : synth_model(m, &c0, WF_INT4, 32, t_rng_next(rng));
+    T_CHECK(rc == 0, "synth (packed %d)", packed);
+    return rc;
+}
+
+/* o->gpu_mem for a cache of m at o->prefetch_depth: whole experts (split false), room for exactly
+ * one layer's; split, every expert's tail but one in a slot. Measured on a model without a
+ * budget first. */
+static void s_tight_budget(const model_t *m, gpu_opts_t *o, bool split)
+{
+    const model_config_t *c = &m->cfg;
+    gpu_stats_t st;
+    gpu_model_t *probe = NULL;
+    strata_errbuf_t eb = {{0}};
+    o->gpu_mem = 0;
+    T_CHECK(gpu_model_create(&probe, m, o, &eb) == 0, "probe: %s", eb.msg);
+    if (!probe) return;
+    gpu_get_stats(probe, &st);
+    int64_t per = st.slot_bytes_total / st.slots;
+    gpu_model_free(probe);
+    o->split_experts = split;
+    /* the prediction: every MoE layer's router in f32 and a norm vector (gpu.h) */
+    int64_t pred = o->prefetch_depth ? (int64_t)(((size_t)c->n_layers * c->n_experts * c->hidden * 4 + 255) & ~(size_t)255) +
+                                           (int64_t)(((size_t)c->hidden * 4 + 255) & ~(size_t)255)
+                                     : 0;
+    /* whole: n_experts slots; split: the slot margin (64 MiB) and every expert but one */
+    const int64_t slots = split ? (64 << 20) + per * (st.slots - 1) : per * c->n_experts;
+    o->gpu_mem = st.budget_used - st.slot_bytes_total + slots + pred;
+}
+
 /* The cache with room for one layer's experts equals every expert resident, without prefetch
  * and with it (passes 1-3, whole experts); so does the split cache (passes 4-6: every expert
  * resident but down rows 128.., whose tails fill about 26 of 32 slots) with one expert's worth fewer
@@ -411,11 +447,7 @@ static int s_packed_mixtral(model_t *m, uint64_t seed)
 static void test_tight_cache(uint64_t *rng, bool packed)
 {
     model_t m;
-    model_config_t c0;
-    synth_config(&c0, ARCH_MIXTRAL, 300, 256, 4, 4, 2, 64, 8, 2, 256);
-    const int rc0 = packed ? s_packed_mixtral(&m, t_rng_next(rng)) : synth_model(&m, &c0, WF_INT4, 32, t_rng_next(rng));
-    T_CHECK(rc0 == 0, "synth (packed %d)", packed);
-    if (rc0) return;
+    if (s_tiny_mixtral(&m, rng, packed)) return;
     const model_config_t c = m.cfg;
     int32_t toks[48];
     for (int i = 0; i < 48; i++) toks[i] = (int32_t)(t_rng_next(rng) % 300);
@@ -434,24 +466,9 @@ static void test_tight_cache(uint64_t *rng, bool packed)
         if (pass == 0) {
             o.gpu_mem = 0;
         } else {
-            /* measure the resident part, then give room for exactly n_experts slots */
-            gpu_stats_t st;
-            gpu_model_t *probe = NULL;
-            o.gpu_mem = 0;
-            T_CHECK(gpu_model_create(&probe, &m, &o, &eb) == 0, "probe: %s", eb.msg);
-            gpu_get_stats(probe, &st);
-            int64_t per = st.slot_bytes_total / st.slots;
-            gpu_model_free(probe);
             static const int depth[3] = {0, 1, 3}; /* passes 1-3 and 4-6 */
             o.prefetch_depth = depth[(pass - 1) % 3];
-            o.split_experts = split;
-            /* the prediction: every MoE layer's router in f32 and a norm vector (gpu.h) */
-            int64_t pred = o.prefetch_depth ? (int64_t)(((size_t)c.n_layers * c.n_experts * c.hidden * 4 + 255) & ~(size_t)255) +
-                                                  (int64_t)(((size_t)c.hidden * 4 + 255) & ~(size_t)255)
-                                            : 0;
-            /* whole: n_experts slots; split: the slot margin (64 MiB) and every expert but one */
-            const int64_t slots = split ? (64 << 20) + per * (st.slots - 1) : per * c.n_experts;
-            o.gpu_mem = st.budget_used - st.slot_bytes_total + slots + pred;
+            s_tight_budget(&m, &o, split);
         }
         T_CHECK(gpu_model_create(&g, &m, &o, &eb) == 0, "create pass %d: %s", pass, eb.msg);
         if (!g) continue;
@@ -525,6 +542,81 @@ static void test_tight_cache(uint64_t *rng, bool packed)
     model_free(&m);
 }
 
+/* Greedy decoding with each step chained behind the one before on its pick (gpu_set_next, then
+ * gpu_step_ahead of the same rows keeps it), carried on between steps (gpu_ahead_progress),
+ * under the split cache: the same ids as every expert resident, unchained. Every fifth step
+ * feeds another token than the pick (a plan that is not the guess: the chained step is
+ * dropped), and one step in seven has no guess. packed: the embedding sits in the packed
+ * model's memory, next to the experts' locked spans. */
+static void test_chained(uint64_t *rng, bool packed)
+{
+    model_t m;
+    if (s_tiny_mixtral(&m, rng, packed)) return;
+    enum { N0 = 6, STEPS = 40 };
+    const int V = 300;
+    int32_t prompt[N0], ids[2][STEPS + 1];
+    for (int i = 0; i < N0; i++) prompt[i] = (int32_t)(t_rng_next(rng) % V);
+    gpu_opts_t o;
+    gpu_opts_default(&o);
+    o.kv_blocks = 8;
+    o.max_tokens = 32;
+    uint64_t chained = 0, kept = 0;
+    int advanced = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) s_tight_budget(&m, &o, true);
+        gpu_model_t *g = NULL;
+        strata_errbuf_t eb = {{0}};
+        T_CHECK(gpu_model_create(&g, &m, &o, &eb) == 0, "create pass %d: %s", pass, eb.msg);
+        if (!g) break;
+        int32_t bt[8], pos[N0], seq[N0] = {0}, row = N0 - 1, row0 = 0, pp[2], toks[2], pick;
+        for (int i = 0; i < 8; i++) bt[i] = i;
+        for (int i = 0; i < N0; i++) pos[i] = i;
+        const int32_t *bts[1] = {bt};
+        batch_t b = {N0, prompt, pos, seq, bts, 1, &row};
+        int rc = 0;
+        for (int t = 0; t <= STEPS && !rc; t++) {
+            /* the step after this one: its position; its token is this step's pick */
+            int32_t *np = &pp[t & 1];
+            *np = N0 + t;
+            batch_t nb = {1, NULL, np, seq, bts, 1, &row0};
+            gpu_set_next(g, t % 7 == 3 ? NULL : &nb);
+            rc = gpu_forward_greedy(g, &b, &ids[pass][t]);
+            /* the executor's guess once the pick is back; it keeps a chained step */
+            pick = ids[pass][t];
+            batch_t a = {1, &pick, np, seq, bts, 1, &row0};
+            if (!rc) rc = gpu_step_ahead(g, &a);
+            for (double t1 = strata_now(); !rc && t % 2 && strata_now() - t1 < 1e-3;) {
+                int k = gpu_ahead_progress(g);
+                rc = k < 0 ? k : 0;
+                advanced += k > 0;
+            }
+            /* the plan: the pick, or every fifth step another token */
+            toks[t & 1] = t % 5 == 4 ? (pick + 1) % V : pick;
+            b = (batch_t){1, &toks[t & 1], np, seq, bts, 1, &row0};
+        }
+        T_CHECK(rc == 0, "pass %d: chained steps failed (%d)", pass, rc);
+        gpu_stats_t st;
+        gpu_get_stats(g, &st);
+        if (pass) chained = st.steps_chained, kept = st.steps_ahead;
+        gpu_model_free(g);
+    }
+    int first = -1;
+    for (int t = STEPS; t >= 0; t--)
+        if (ids[0][t] != ids[1][t]) first = t;
+    T_CHECK(first < 0, "chained greedy ids differ from all-resident ones from step %d on (%d, %d)", first,
+            first < 0 ? 0 : ids[0][first], first < 0 ? 0 : ids[1][first]);
+    /* every step after a guess is chained but the prompt's (no decode graphs yet: the step
+     * ahead captures them); every step whose plan was the guess is taken over */
+    int guessed = 0, right = 0;
+    for (int t = 0; t <= STEPS; t++) guessed += t % 7 != 3, right += t < STEPS && t % 5 != 4;
+    T_CHECK(chained + 1 == (uint64_t)guessed, "%llu chained steps of %d guessed", (unsigned long long)chained, guessed);
+    T_CHECK(kept == (uint64_t)right, "%llu steps taken over, %d planned as guessed", (unsigned long long)kept, right);
+    T_CHECK(advanced > 0, "no chained step carried on between steps");
+    fprintf(stderr, "chained (packed %d): %llu of %d steps chained, %llu taken over\n", packed, (unsigned long long)chained,
+            guessed, (unsigned long long)kept);
+    model_free(&m);
+}
+
 int main(int argc, char **argv)
 {
     uint64_t rng = t_seed();
@@ -538,5 +630,7 @@ int main(int argc, char **argv)
     test_sample(&rng);
     test_tight_cache(&rng, false);
     test_tight_cache(&rng, true);
+    test_chained(&rng, false);
+    test_chained(&rng, true);
     return t_done("test_gpu_model");
 }
