@@ -97,7 +97,8 @@ int gpu_forward_sample(gpu_model_t *g, const batch_t *b, const gpu_sample_t *sam
  * blocks they use) goes on from there; any other step lets it finish unused, then runs whole
  * (the K/V rows written for the guess are rewritten when those positions are computed). A guess that is not
  * decode-shaped (more than 32 rows, or not a logit row each) or a model without a cache starts
- * nothing. Returns 0, or <0 for a batch a step would refuse. */
+ * nothing. A step of these rows started already (chained: gpu_set_next) is kept as it is.
+ * Returns 0, or <0 for a batch a step would refuse. */
 int gpu_step_ahead(gpu_model_t *g, const batch_t *b);
 /* The step the caller expects after the next gpu_forward_greedy or gpu_forward_sample, as it
  * would pass it to gpu_step_ahead, but with row i's token the pick of that step's logit row i
