@@ -35,8 +35,9 @@
  * before the expert kernel (or, a split tail in a small step, is read from host memory).
  *
  * In a step whose segments end waiting for a mailbox (split experts, up to GPU_HOST_READ_ROWS
- * tokens: s_mailbox), a MoE layer's experts run in two parts around the wait (s_early): the heads (gate, up and down's resident rows) right after the gate, while the host
- * places the tails, and only the tails' rows of down and the combine after it.
+ * tokens: s_mailbox), a MoE layer's experts run in two parts around the wait (s_early): the
+ * heads (gate, up and down's resident rows) right after the gate, while the host places the
+ * tails, and only the tails' rows of down and the combine after it.
  *
  * A sampled or greedy step that knows the step expected next (gpu_set_next: the executor's
  * guess, one more row of each sequence taking its pick) starts it behind itself on the stream
@@ -140,7 +141,7 @@ struct gpu_model {
     int32_t *h_bt;               /* [max_tokens][kv_blocks] flattened block tables (h_meta + 3 T) */
     int32_t *h_meta;             /* [3][max_tokens] positions, sequences, logit rows (d_pos, d_seq, d_rows),
                                     then h_bt (d_bt) */
-    int32_t *h_ids;              /* [max_tokens] a chained step's picks (s_chain) */
+    int32_t *h_ids;              /* [max_tokens] a chained step's picks (s_picks) */
     /* By segment k % GPU_RING, for the host to read without waiting for the stream (s_wait_rows):
      * the routing of segment k's gate, -1s until it lands; the prediction of the next layers;
      * and (prelaunched steps) the mailbox of the words of the gate's expert table that change
