@@ -4,7 +4,8 @@
  * Cases: cuda_matmul on the Mixtral-8x7B projections (4096x4096, 1024x4096, 14336x4096,
  * 4096x14336, 32000x4096) and cuda_moe_ffn on a Mixtral-8x7B layer (8 experts, top 2) and a
  * Qwen3-30B-A3B layer (128 experts, top 8), in int4 g32 (integer path) and bf16, at token
- * counts 1, 16, 64 and 512; cuda_attention at 1 token over 64/1024 positions and a 512-token
+ * counts 1, 16, 64, 128 and 512 (the GEMM's k parts in a lent scratch, as the GPU model lends
+ * its MoE scratch); cuda_attention at 1 token over 64/1024 positions and a 512-token
  * prefill. Weights are random bytes (timing does not depend on their values).
  * Each case: the median of 5 batches of back-to-back calls. A table; --json FILE writes rows. */
 #include <jansson.h>
@@ -177,6 +178,8 @@ int main(int argc, char **argv)
     if (cuda_ctx_create(&ctx, device)) return 1;
     const int NMAX = 512, WIDE = 14336;
     if (cuda_ctx_reserve_q8(ctx, NMAX, WIDE)) return 1;
+    const size_t parts_bytes = (size_t)32 << 20; /* more than a wave of tiles' k parts take */
+    cuda_ctx_lend_parts(ctx, s_dev(parts_bytes), parts_bytes);
     pool_bytes = (size_t)1200 << 20;
     pool = s_dev(pool_bytes);
     {
@@ -210,14 +213,15 @@ int main(int argc, char **argv)
     }
     printf("GPU read bandwidth %.0f GB/s\n", hbm_bw / 1e9);
     printf("%-10s %-22s %-5s %5s %10s %9s %7s %8s\n", "op", "shape", "fmt", "n", "us", "GB/s", "/hbm", "TFLOP/s");
-    static const int ns[] = {1, 16, 64, 512};
+    static const int ns[] = {1, 16, 64, 128, 512};
+    const size_t n_ns = sizeof ns / sizeof *ns;
     static const wfmt_t fmts[] = {WF_INT4, WF_BF16};
     size_t off = 0;
     if (!only || !strcmp(only, "matmul")) {
         static const int mm[][2] = {{4096, 4096}, {1024, 4096}, {14336, 4096}, {4096, 14336}, {32000, 4096}};
         for (size_t f = 0; f < 2; f++)
             for (size_t s = 0; s < sizeof mm / sizeof *mm; s++)
-                for (size_t k = 0; k < 4; k++) {
+                for (size_t k = 0; k < n_ns; k++) {
                     s_mm_t a = {y, x, ns[k], s_mat(fmts[f], mm[s][0], mm[s][1], &off)};
                     char shape[32];
                     snprintf(shape, sizeof shape, "%dx%d", mm[s][0], mm[s][1]);
@@ -246,7 +250,7 @@ int main(int argc, char **argv)
                             qmat_data_bytes(fmts[f], H, I) + qmat_scale_bytes(fmts[f], H, I, 32);
                 cuda_expert_t *dex = s_dev((size_t)E * sizeof *hx);
                 if (cuda_h2d(ctx, dex, hx, (size_t)E * sizeof *hx)) return 1;
-                for (size_t k = 0; k < 4; k++) {
+                for (size_t k = 0; k < n_ns; k++) {
                     int n = ns[k];
                     int32_t *hidx = malloc(sizeof(int32_t) * n * K);
                     float *hw = malloc(sizeof(float) * n * K);

@@ -472,16 +472,16 @@ static int s_issue(gpu_model_t *g, int cur, bool past_cur)
 
 _Static_assert(sizeof(cuda_expert_t) % 8 == 0, "s_ensure patches the expert table in 64-bit words");
 
-/* Host wait for the copy into slot s (a prelaunched step, whose stream cannot wait on it),
- * keeping the copy streams fed meanwhile from the window's layers after l, which is being
- * placed (s_issue): a prefetch that lands while the host waits for the other is followed at
- * once by the next (the link idled until the layer's table went up, 34 us at a time, in the
- * 24 GiB trace of session 16). */
-static int s_wait_landed(gpu_model_t *g, int s, int l)
+/* Host wait for event ev, with placing >= 0 (layer placing is being placed: a prelaunched step,
+ * whose stream cannot wait on a copy) keeping the copy streams fed meanwhile from the window's
+ * layers after it (s_issue): a prefetch that lands while the host waits for the other is
+ * followed at once by the next (the link idled until the layer's table went up, 34 us at a
+ * time, in the 24 GiB trace of session 16). */
+static int s_wait_event(gpu_model_t *g, cuda_event_t *ev, int placing)
 {
     int d;
-    while ((d = cuda_event_done(g->ev[s])) == 0)
-        if (g->xc.win_n > 0 && (d = s_issue(g, l, true))) return d;
+    while ((d = cuda_event_done(ev)) == 0)
+        if (placing >= 0 && g->xc.win_n > 0 && (d = s_issue(g, placing, true))) return d;
     return d < 0 ? d : 0;
 }
 
@@ -510,7 +510,7 @@ static int s_ensure(gpu_model_t *g, int l, int n, const int32_t *idx, uint64_t *
         if (s >= 0) {
             xc_slot_t *sl = &xc->slot[s];
             if (sl->state == XC_LOADING) {
-                if ((rc = host_waits ? s_wait_landed(g, s, l) : cuda_stream_wait_event(g->cx, CUDA_STREAM_COMPUTE, g->ev[s])))
+                if ((rc = host_waits ? s_wait_event(g, g->ev[s], l) : cuda_stream_wait_event(g->cx, CUDA_STREAM_COMPUTE, g->ev[s])))
                     return rc;
                 sl->state = XC_READY;
             }
@@ -536,7 +536,7 @@ static int s_ensure(gpu_model_t *g, int l, int n, const int32_t *idx, uint64_t *
             /* the host waits on a copy stream's event: the compute stream holds the layer's
              * kernels already */
             if ((rc = s_copy_in(g, s, l, e, host_waits ? CUDA_STREAM_COPY : CUDA_STREAM_COMPUTE))) return rc;
-            if (host_waits && ((rc = cuda_event_record(g->cx, g->ev[s], CUDA_STREAM_COPY)) || (rc = s_wait_landed(g, s, l))))
+            if (host_waits && ((rc = cuda_event_record(g->cx, g->ev[s], CUDA_STREAM_COPY)) || (rc = s_wait_event(g, g->ev[s], l))))
                 return rc;
             xc->slot[s].state = XC_READY;
             xc->slot[s].prefetched = false;
@@ -671,6 +671,10 @@ static int s_create_workspace(gpu_model_t *g, strata_errbuf_t *eb)
     g->pred_cap = (int32_t)D;
     /* a mailbox: its count, then (address, word) pairs for every word of every expert's entry */
     const size_t box_n = 2 + 2 * ne * (sizeof(cuda_expert_t) / 8);
+    /* positions, sequences, logit rows and block tables: one buffer (d_pos, staged in h_meta);
+     * + 2: s_put_meta's last 64-bit word */
+    const size_t meta_bytes = ((3 + (size_t)g->o.kv_blocks) * T + 2) * 4;
+    const size_t moe_bytes = c->n_experts > 0 ? cuda_moe_scratch_bytes((int)T, c->top_k, c->hidden, g->inter, c->n_experts) : 0;
     size_t mi = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const layer_t *S = &g->m->layers[l];
@@ -698,14 +702,15 @@ static int s_create_workspace(gpu_model_t *g, strata_errbuf_t *eb)
     WS(sg, T * 4);
     WS(ffn_scr, 3 * T * (mi ? mi : 1) * 4);
     WS(logits, T * (size_t)c->vocab * 4);
-    /* positions, sequences, logit rows and block tables: one buffer, so one copy stages them
-     * (h_meta) */
-    WS(d_pos, ((3 + (size_t)g->o.kv_blocks) * T + 2) * 4); /* + 2: s_put_meta's last 64-bit word */
+    WS(d_pos, meta_bytes);
     if (!rc) g->d_seq = g->d_pos + T, g->d_rows = g->d_pos + 2 * T, g->d_bt = g->d_pos + 3 * T;
     WS(d_ids, T * 4);
     WS(d_samp, T * sizeof(cuda_sample_param_t));
-    if (c->n_experts > 0) WS(moe_scr, cuda_moe_scratch_bytes((int)T, c->top_k, c->hidden, g->inter, c->n_experts));
+    if (c->n_experts > 0) WS(moe_scr, moe_bytes);
 #undef WS
+    /* the MoE scratch holds nothing from one matmul to the next but a routing (one token) or
+     * the experts' heads (s_early), and no matmul runs then: the GEMM keeps its k parts there */
+    if (!rc && g->moe_scr) cuda_ctx_lend_parts(g->cx, g->moe_scr, moe_bytes);
     {
         /* int8 activations for INT4/INT8 matmuls: the widest input is hidden, q or an MLP */
         int wide = c->hidden > (int)qd ? c->hidden : (int)qd;
@@ -719,7 +724,7 @@ static int s_create_workspace(gpu_model_t *g, strata_errbuf_t *eb)
     }
     g->st.workspace_bytes = g->used - before;
     if (rc) return rc;
-    if (cuda_host_alloc((void **)&g->h_x, T * H * 4) || cuda_host_alloc((void **)&g->h_meta, ((3 + (size_t)g->o.kv_blocks) * T + 2) * 4) ||
+    if (cuda_host_alloc((void **)&g->h_x, T * H * 4) || cuda_host_alloc((void **)&g->h_meta, meta_bytes) ||
         cuda_host_alloc((void **)&g->h_ids, T * 4) ||
         cuda_host_alloc((void **)&g->h_idx, GPU_RING * T * tk * 4) ||
         cuda_host_alloc((void **)&g->h_pidx, GPU_RING * T * D * tk * 4) ||
@@ -728,10 +733,10 @@ static int s_create_workspace(gpu_model_t *g, strata_errbuf_t *eb)
         return strata_seterr(eb, STRATA_ENOMEM, "gpu: pinned host staging failed");
     g->h_bt = g->h_meta + 3 * T;
     /* s_put_meta sends what differs from dev_meta: the two start equal */
-    g->dev_meta = calloc((3 + (size_t)g->o.kv_blocks) * T + 2, 4);
+    g->dev_meta = calloc(meta_bytes, 1);
     if (!g->dev_meta) return strata_seterr(eb, STRATA_ENOMEM, "gpu: out of host memory");
-    memcpy(g->h_meta, g->dev_meta, ((3 + (size_t)g->o.kv_blocks) * T + 2) * 4);
-    if (cuda_memset(g->cx, g->d_pos, 0, ((3 + (size_t)g->o.kv_blocks) * T + 2) * 4))
+    memset(g->h_meta, 0, meta_bytes);
+    if (cuda_memset(g->cx, g->d_pos, 0, meta_bytes))
         return strata_seterr(eb, STRATA_ECUDA, "gpu: clearing the step's inputs failed");
     g->idx_n = T * tk;
     g->pidx_n = T * D * tk;
@@ -1293,11 +1298,13 @@ static int s_ffn_pre(gpu_model_t *g, int l, int n)
     return 0;
 }
 
-/* MoE layer l's routed experts onto the residual, whole (part 0) or its part. */
-static int s_moe(gpu_model_t *g, int l, int n, int part, unsigned flags, const cuda_next_norm_t *nn)
+/* MoE layer l's routed experts onto the residual, whole (part 0) or its part, from what
+ * s_ffn_pre left: xn (and its int8 rows), and the routing in moe_scr where the gate put it. */
+static int s_moe(gpu_model_t *g, int l, int n, int part, const cuda_next_norm_t *nn)
 {
     const model_config_t *c = &g->m->cfg;
     const cuda_expert_t *t = g->L[l].table_dev;
+    const unsigned flags = (g->xn_q8 ? CUDA_MOE_X_Q8 : 0) | (g->routed ? CUDA_MOE_ROUTED : 0);
     if (!part)
         return cuda_moe_ffn(g->cx, g->x, g->xn, n, c->hidden, g->inter, g->expert_fmt, t, c->n_experts, g->tidx, g->tw,
                             c->top_k, g->moe_scr, flags, nn);
@@ -1321,10 +1328,9 @@ static int s_ffn_post(gpu_model_t *g, int l, int n)
     /* without a shared expert to add, the combine also norms x for the next layer's attention */
     const bool fuse = c->shared_inter <= 0 && l + 1 < c->n_layers;
     cuda_next_norm_t nn = {fuse ? g->L[l + 1].attn_norm : NULL, g->xn, c->rms_eps, &g->pre_attn_q8};
-    const unsigned flags = (g->xn_q8 ? CUDA_MOE_X_Q8 : 0) | (g->routed ? CUDA_MOE_ROUTED : 0);
     /* the experts' heads ran before the segment's mailbox (s_segment) */
     const int part = !g->all_resident && s_early(g, n) ? CUDA_MOE_TAIL : 0;
-    if ((rc = s_moe(g, l, n, part, flags, fuse ? &nn : NULL))) return rc;
+    if ((rc = s_moe(g, l, n, part, fuse ? &nn : NULL))) return rc;
     g->pre_attn = fuse;
     if (c->shared_inter > 0) {
         if ((rc = cuda_matmul(cx, g->sg, g->xn, n, &L->shared_gate, NULL))) return rc;
@@ -1363,9 +1369,7 @@ static int s_segment(gpu_model_t *g, int k, int n, int n_logits, s_mode_t mode)
     if (end < c->n_layers) {
         if ((rc = s_attention(g, end, n))) return rc;
         if ((rc = s_ffn_pre(g, end, n))) return rc;
-        if (s_early(g, n) &&
-            (rc = s_moe(g, end, n, CUDA_MOE_HEAD, (g->xn_q8 ? CUDA_MOE_X_Q8 : 0) | (g->routed ? CUDA_MOE_ROUTED : 0), NULL)))
-            return rc;
+        if (s_early(g, n) && (rc = s_moe(g, end, n, CUDA_MOE_HEAD, NULL))) return rc;
         /* a prelaunched step's next segment is enqueued already: this one ends waiting for the
          * host's words of the gate's expert table */
         return s_mailbox(g, n) ? cuda_wait_patch(g->cx, g->h_box + (size_t)(k % GPU_RING) * g->box_n) : 0;
@@ -1710,10 +1714,8 @@ static int s_picks(gpu_model_t *g, int n, int32_t *ids, const batch_t *nb)
         while (!rc && g->n_launched <= GPU_LEAD) rc = s_launch(g, g->n_launched++, nb, S_LOGITS);
         if (!rc) g->ahead_n = n, g->ahead_nlog = n, g->st.steps_chained++;
     }
-    int d;
-    while ((d = cuda_event_done(g->ev_ids)) == 0) {
-    }
-    if (d < 0 && !rc) rc = d;
+    const int d = s_wait_event(g, g->ev_ids, -1);
+    if (d && !rc) rc = d;
     if (rc) {
         g->ahead_n = 0;
         s_release(g);

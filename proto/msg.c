@@ -321,6 +321,7 @@ static const fdesc_t s_f_step_seq[] = {
     {"sample", F_BOOL, FL_REQ, offsetof(msg_step_seq_t, sample), 0, 0, 0, 0, 0, NULL, 0},
     SAMPLING_FIELDS(msg_step_seq_t, samp),
     {"n_sampled", F_U64, 0, offsetof(msg_step_seq_t, n_sampled), 0, 0, 0, 0, 0, NULL, 0},
+    {"last", F_BOOL, 0, offsetof(msg_step_seq_t, last), 0, 0, 0, 0, 0, NULL, 0},
     END_FIELDS};
 
 static const fdesc_t s_f_step[] = {

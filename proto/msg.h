@@ -247,6 +247,8 @@ typedef struct {
     bool sample;
     msg_sampling_t samp;
     uint64_t n_sampled;         /* tokens already sampled for this request (RNG counter) */
+    bool last;                  /* sample, and the token is the request's last (its length limit): no
+                                   step of this sequence follows */
 } msg_step_seq_t;
 
 /* step: scheduler -> executor. id = step number (increasing). */

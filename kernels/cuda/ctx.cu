@@ -110,6 +110,12 @@ extern "C" int cuda_ctx_enable_blas(cuda_ctx_t *c, size_t weight_elems)
 
 extern "C" uint64_t cuda_blas_gemms(const cuda_ctx_t *c) { return c->blas_gemms; }
 
+extern "C" void cuda_ctx_lend_parts(cuda_ctx_t *c, void *scratch, size_t bytes)
+{
+    c->part = (float *)scratch;
+    c->part_floats = scratch ? bytes / sizeof(float) : 0;
+}
+
 extern "C" void cuda_ctx_destroy(cuda_ctx_t *c)
 {
     if (!c) return;

@@ -38,6 +38,8 @@ struct cuda_ctx {
     __half *w16;
     size_t w16_elems;
     uint64_t blas_gemms;
+    float *part;              /* cuda_ctx_lend_parts: the GEMM's k parts (part_floats floats) */
+    size_t part_floats;
 };
 
 /* Most blocks cuda_argmax splits one row over. */
@@ -192,7 +194,8 @@ __device__ __forceinline__ void l2_prefetch(const void *p, size_t bytes)
  * compute capability 9.0 or later, unless STRATA_NO_PDL is set). */
 extern int cuda_pdl_on;
 
-/* Loads the kernels of ops.cu that a step enqueues between segments (cuda_ctx_create). */
+/* Loads the kernels of ops.cu that a step enqueues between segments, or a chained step behind
+ * the one before (cuda_ctx_create). */
 extern "C" int cuda_ops_preload(void);
 
 /* kernel<<<grid, block, smem, st>>>(args...), with programmatic dependent launch when on and pdl

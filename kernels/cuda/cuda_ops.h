@@ -116,6 +116,12 @@ size_t cuda_q8_bytes(int rows, int cols);
 int cuda_ctx_enable_blas(cuda_ctx_t *c, size_t weight_elems);
 /* cuBLAS GEMMs enqueued on the context so far. */
 uint64_t cuda_blas_gemms(const cuda_ctx_t *c);
+/* Lend the tensor-core GEMM bytes of device memory at scratch (NULL: take it back): a matmul
+ * whose tiles would fill less than a wave of the GPU then splits k in parts, keeps their sums
+ * there and adds them up after (deterministic, in part order). Any op of the context that runs
+ * a matmul (cuda_matmul*, cuda_router_topk, cuda_ffn_swiglu) may overwrite it, in stream order;
+ * the caller may keep data there only from one such op to the next. */
+void cuda_ctx_lend_parts(cuda_ctx_t *c, void *scratch, size_t bytes);
 
 /* y[n][w->rows] = x[n][w->cols] @ W^T (+ bias). Any n; fused dequantization for every format. */
 int cuda_matmul(cuda_ctx_t *c, float *y, const float *x, int n, const qmat_t *w, const float *bias);

@@ -98,7 +98,8 @@ typedef struct {
     const cuda_expert_t *experts;  /* grouped: the expert table */
     const int2 *tiles;
     const int32_t *n_tiles, *offsets;
-    size_t zstride;                /* grouped, k split over blockIdx.z: floats between parts' y */
+    size_t zstride;                /* grouped, k split over blockIdx.z: floats between parts' y (plain:
+                                      M x the matrix's rows) */
 } gm_args_t;
 
 /* 4 blocks per SM where shared memory allows it (not BF16's larger stages): 5% faster int4
@@ -143,7 +144,7 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : GM_MINB) k_ge
     /* k stages kt0 .. kt0 + KT - 1: all of them, or (KSPLIT, its own instance, so the others'
      * registers are as they were) blockIdx.z's part of gridDim.z */
     const int K = a.K, KT = K / GM_BK / (KSPLIT ? (int)gridDim.z : 1), kt0 = KSPLIT ? (int)blockIdx.z * KT : 0;
-    if (KSPLIT) y += (size_t)blockIdx.z * a.zstride;
+    if (KSPLIT) y += (size_t)blockIdx.z * (a.tiles ? a.zstride : (size_t)a.M * N);
     const int nbase = bx * (SWIGLU ? GM_BN / 2 : GM_BN);
     const size_t wrow = q_row_bytes(FMT, K);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -179,14 +180,6 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : GM_MINB) k_ge
         }
     }
 
-    float acc[4][4][4];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) acc[i][j][q] = 0.f;
-
 #pragma unroll
     for (int s = 0; s < GM_STAGES - 1; s++) {
         if (s < KT) load(s, s);
@@ -210,11 +203,20 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : GM_MINB) k_ge
     };
     __half2 sc[4][2], scn[4][2];
     load_scales(sc, 0);
-    /* the main loop for the NM 16-row slices of the tile that hold tokens: the others take no
-     * MMA, so a partial tile costs its rows (a branch per MMA instead made full tiles 18%
-     * slower; one copy of the loop per NM: Mixtral prefill 6504 -> 6536, Qwen3 13338 -> 13742) */
-    auto mainloop = [&](auto nm_c) {
+    /* the main loop and the epilogue for the NM 16-row slices of the tile that hold tokens: the
+     * others take no MMA, so a partial tile costs its rows (a branch per MMA instead made full
+     * tiles 18% slower; one copy of the loop per NM: Mixtral prefill 6504 -> 6536, Qwen3 13338
+     * -> 13742). Each copy has only its NM slices' accumulators, so the short ones, most tiles of
+     * a small prefill's experts, keep fewer registers live and spill less */
+    auto tile = [&](auto nm_c) {
         constexpr int NM = decltype(nm_c)::value;
+        float acc[NM][4][4];
+#pragma unroll
+        for (int i = 0; i < NM; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) acc[i][j][q] = 0.f;
         for (int kt = 0; kt < KT; kt++) {
             cp_wait<GM_STAGES - 2>();
             __syncthreads();
@@ -225,7 +227,7 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : GM_MINB) k_ge
             if (kt + 1 < KT) load_scales(scn, kt + 1);
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
-                uint32_t af[4][4];
+                uint32_t af[NM][4];
 #pragma unroll
                 for (int i = 0; i < NM; i++) {
                     ldm4(af[i], As + (i * 16 + (lane & 15)) * GM_ASTR + (kk * 16 + (lane >> 4) * 8) * 2);
@@ -241,60 +243,60 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : GM_MINB) k_ge
 #pragma unroll
             for (int j = 0; j < 4; j++) sc[j][0] = scn[j][0], sc[j][1] = scn[j][1];
         }
-    };
-    const int nm = (mend - m0 + 15) >> 4;
-    if (nm >= 4) mainloop(std::integral_constant<int, 4>());
-    else if (nm == 3) mainloop(std::integral_constant<int, 3>());
-    else if (nm == 2) mainloop(std::integral_constant<int, 2>());
-    else mainloop(std::integral_constant<int, 1>());
-    cp_wait<0>();
+        cp_wait<0>();
 
-    /* epilogue: per column pair, the INT8/FP8 row scales (gate's and up's for SwiGLU) and the
-     * bias; then per token row, SwiGLU to fp16 or the plain (accumulated) fp32 result */
-    float mul[4][2], add[4][2];
+        /* epilogue: per column pair, the INT8/FP8 row scales (gate's and up's for SwiGLU) and
+         * the bias; then per token row, SwiGLU to fp16 or the plain (accumulated) fp32 result */
+        float mul[4][2], add[4][2];
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const int n = nbase + (SWIGLU ? warp * 16 + (j & 1) * 8 : warp * 32 + j * 8) + 2 * t;
-        const void *sc = SWIGLU && j >= 2 ? s1 : s0;
+        for (int j = 0; j < 4; j++) {
+            const int n = nbase + (SWIGLU ? warp * 16 + (j & 1) * 8 : warp * 32 + j * 8) + 2 * t;
+            const void *sc = SWIGLU && j >= 2 ? s1 : s0;
 #pragma unroll
-        for (int q = 0; q < 2; q++) {
-            const bool in = n + q < N;
-            mul[j][q] = (FMT == WF_INT8 || FMT == WF_FP8) && in ? __ldg((const float *)sc + n + q) : 1.f;
-            add[j][q] = !SWIGLU && bias && in ? __ldg(bias + n + q) : 0.f;
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const int m = m0 + i * 16 + g + hf * 8;
-            if (m >= mend) continue;
-#pragma unroll
-            for (int j = 0; j < (SWIGLU ? 2 : 4); j++) {
-                const int n = nbase + (SWIGLU ? warp * 16 + j * 8 : warp * 32 + j * 8) + 2 * t;
-                float v[2];
-#pragma unroll
-                for (int q = 0; q < 2; q++) {
-                    const float x = acc[i][j][hf * 2 + q] * mul[j][q] + add[j][q];
-                    if (SWIGLU) {
-                        const float up = acc[i][j + 2][hf * 2 + q] * mul[j + 2][q];
-                        v[q] = fminf(fmaxf(x / (1.f + expf(-x)) * up, -65504.f), 65504.f);
-                    } else {
-                        v[q] = x + (a.accum && n + q < N ? y[(size_t)m * N + n + q] : 0.f);
-                    }
-                }
-                const bool pair = n + 1 < N && (N & 1) == 0;
-                if (SWIGLU) {
-                    __half *o = a.h + (size_t)m * N + n;
-                    if (pair) *(__half2 *)o = __floats2half2_rn(v[0], v[1]);
-                    else for (int q = 0; q < 2; q++) if (n + q < N) o[q] = __float2half_rn(v[q]);
-                } else {
-                    float *o = y + (size_t)m * N + n;
-                    if (pair) *(float2 *)o = make_float2(v[0], v[1]);
-                    else for (int q = 0; q < 2; q++) if (n + q < N) o[q] = v[q];
-                }
+            for (int q = 0; q < 2; q++) {
+                const bool in = n + q < N;
+                mul[j][q] = (FMT == WF_INT8 || FMT == WF_FP8) && in ? __ldg((const float *)sc + n + q) : 1.f;
+                add[j][q] = !SWIGLU && bias && in ? __ldg(bias + n + q) : 0.f;
             }
         }
+#pragma unroll
+        for (int i = 0; i < NM; i++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int m = m0 + i * 16 + g + hf * 8;
+                if (m >= mend) continue;
+#pragma unroll
+                for (int j = 0; j < (SWIGLU ? 2 : 4); j++) {
+                    const int n = nbase + (SWIGLU ? warp * 16 + j * 8 : warp * 32 + j * 8) + 2 * t;
+                    float v[2];
+#pragma unroll
+                    for (int q = 0; q < 2; q++) {
+                        const float x = acc[i][j][hf * 2 + q] * mul[j][q] + add[j][q];
+                        if (SWIGLU) {
+                            const float up = acc[i][j + 2][hf * 2 + q] * mul[j + 2][q];
+                            v[q] = fminf(fmaxf(x / (1.f + expf(-x)) * up, -65504.f), 65504.f);
+                        } else {
+                            v[q] = x + (a.accum && n + q < N ? y[(size_t)m * N + n + q] : 0.f);
+                        }
+                    }
+                    const bool pair = n + 1 < N && (N & 1) == 0;
+                    if (SWIGLU) {
+                        __half *o = a.h + (size_t)m * N + n;
+                        if (pair) *(__half2 *)o = __floats2half2_rn(v[0], v[1]);
+                        else for (int q = 0; q < 2; q++) if (n + q < N) o[q] = __float2half_rn(v[q]);
+                    } else {
+                        float *o = y + (size_t)m * N + n;
+                        if (pair) *(float2 *)o = make_float2(v[0], v[1]);
+                        else for (int q = 0; q < 2; q++) if (n + q < N) o[q] = v[q];
+                    }
+                }
+            }
+    };
+    const int nm = (mend - m0 + 15) >> 4;
+    if (nm >= 4) tile(std::integral_constant<int, 4>());
+    else if (nm == 3) tile(std::integral_constant<int, 3>());
+    else if (nm == 2) tile(std::integral_constant<int, 2>());
+    else tile(std::integral_constant<int, 1>());
 }
 
 template <int FMT, bool SWIGLU, bool KSPLIT = false> static int s_launch(cudaStream_t st, dim3 grid, const gm_args_t &a)
@@ -400,26 +402,88 @@ int gemm_to_half(cudaStream_t st, __half *dst, const float *src, const int32_t *
     return 0;
 }
 
+/* y[i] = (accum ? y[i] : 0) + bias[i % N4] + the sum of the S parts' part[s * n4 + i], in s
+ * order (bias NULL: none); float4s. */
+__global__ void k_sum_parts(float4 *y, const float4 *part, int S, size_t n4, const float4 *bias, int N4, bool accum)
+{
+    pdl_enter();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    float4 v = part[i];
+    for (int s = 1; s < S; s++) {
+        const float4 u = part[(size_t)s * n4 + i];
+        v.x += u.x, v.y += u.y, v.z += u.z, v.w += u.w;
+    }
+    if (bias) {
+        const float4 b = bias[i % N4];
+        v.x += b.x, v.y += b.y, v.z += b.z, v.w += b.w;
+    }
+    if (accum) {
+        const float4 u = y[i];
+        v.x += u.x, v.y += u.y, v.z += u.z, v.w += u.w;
+    }
+    y[i] = v;
+}
+
+static int s_sum_parts(cudaStream_t st, float *y, const float *part, int S, size_t n, const float *bias, int N, bool accum)
+{
+    const size_t n4 = n / 4;
+    launch_k(k_sum_parts, cdiv((long)n4, 256), 256, 0, st, (float4 *)y, (const float4 *)part, S, n4,
+             (const float4 *)bias, N / 4, accum);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
 int gemm_plain(cudaStream_t st, int sms, int count, float *const *ys, const __half *x, int M, const qmat_t *const *ws,
-               const float *const *biases, bool accum)
+               const float *const *biases, bool accum, float *part, size_t part_floats)
 {
     gm_args_t a = {};
     a.x = x, a.M = M, a.K = ws[0]->cols, a.accum = accum;
     /* the leading matrices of ws[0]'s format, up to GM_MAX, in this launch; the rest after it */
+    size_t outs = 0;
+    bool sums = true; /* k_sum_parts can finish this launch's matrices (float4s) */
     while (a.count < count && a.count < GM_MAX && ws[a.count]->fmt == ws[0]->fmt) {
         const int i = a.count++;
         a.w[i] = *ws[i], a.y[i] = ys[i], a.bias[i] = biases ? biases[i] : NULL;
         a.nblk[i + 1] = a.nblk[i] + cdiv(ws[i]->rows, GM_BN);
+        outs += (size_t)M * ws[i]->rows;
+        sums = sums && ws[i]->rows % 4 == 0 && ((uintptr_t)ys[i] | (uintptr_t)a.bias[i]) % 16 == 0;
     }
-    /* tiles of half the rows when twice the blocks still run in one wave (4 an SM, BF16 1):
-     * each weight is dequantized twice as often, but no SM idles. Measured, Mixtral-8x7B's
-     * 512-token prefill: o 154 -> 137 us a layer (256 -> 512 blocks); q/k/v 145 -> 226 (384 ->
-     * 768 blocks, two waves) */
-    const int per_sm = ws[0]->fmt == WF_BF16 ? 1 : GM_MINB;
-    a.bm = 2 * a.nblk[a.count] * cdiv(M, GEMM_BM) <= per_sm * sms ? GEMM_BM / 2 : GEMM_BM;
-    int rc = s_dispatch<false>(st, ws[0]->fmt, dim3(a.nblk[a.count], cdiv(M, a.bm)), a);
+    /* The tile height (GEMM_BM or half of it) and the parts k is split in (S: 1, 2 or 4) that
+     * put the most blocks in one wave (4 an SM, BF16 1), fewer parts first, then taller tiles.
+     * Half-height tiles dequantize each weight twice as often, but leave no SM idle. Measured,
+     * Mixtral-8x7B's 512-token prefill: o 154 -> 137 us a layer (256 -> 512 blocks); q/k/v
+     * 145 -> 226 (384 -> 768 blocks, two waves). Parts (a matrix's sums in part, then added up
+     * in order, with the bias and the accumulation, by k_sum_parts) for the 24 GiB bench's
+     * 128-token prefill, whose o had 128 blocks and q/k/v 192. */
+    const int per_sm = ws[0]->fmt == WF_BF16 ? 1 : GM_MINB, wave = per_sm * sms, KT = a.K / GM_BK;
+    const int nb = a.nblk[a.count];
+    int S = 1, best = 0;
+    a.bm = GEMM_BM;
+    for (int s = 1; s <= 4; s *= 2) {
+        if (s > 1 && (!sums || KT % s || KT / s < 2 || (size_t)s * outs > part_floats)) continue;
+        for (int bm = GEMM_BM; bm >= GEMM_BM / 2; bm /= 2) {
+            const int blocks = nb * cdiv(M, bm) * s;
+            if (blocks <= wave && blocks > best) best = blocks, a.bm = bm, S = s;
+        }
+    }
+    int rc;
+    if (S == 1) {
+        rc = s_dispatch<false>(st, ws[0]->fmt, dim3(nb, cdiv(M, a.bm)), a);
+    } else {
+        float *pi = part;
+        for (int i = 0; i < a.count; i++) {
+            a.y[i] = pi, a.bias[i] = NULL;
+            pi += (size_t)S * M * ws[i]->rows;
+        }
+        a.accum = false;
+        rc = s_dispatch<false, true>(st, ws[0]->fmt, dim3(nb, cdiv(M, a.bm), S), a);
+        for (int i = 0; i < a.count && !rc; i++)
+            rc = s_sum_parts(st, ys[i], a.y[i], S, (size_t)M * ws[i]->rows, biases ? biases[i] : NULL, ws[i]->rows, accum);
+    }
     if (rc || a.count == count) return rc;
-    return gemm_plain(st, sms, count - a.count, ys + a.count, x, M, ws + a.count, biases ? biases + a.count : NULL, accum);
+    return gemm_plain(st, sms, count - a.count, ys + a.count, x, M, ws + a.count, biases ? biases + a.count : NULL, accum,
+                      part, part_floats);
 }
 
 /* A grouped launch's arguments (gemm_moe, gemm_moe_down). */
@@ -443,20 +507,6 @@ int gemm_moe(cudaStream_t st, bool swiglu, const __half *x, float *y, __half *h,
     return swiglu ? s_dispatch<true>(st, fmt, grid, a) : s_dispatch<false>(st, fmt, grid, a);
 }
 
-/* y[i] = the sum of the S parts' part[s * n + i], in s order; float4s. */
-__global__ void k_sum_parts(float4 *y, const float4 *part, int S, size_t n4)
-{
-    pdl_enter();
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n4) return;
-    float4 v = part[i];
-    for (int s = 1; s < S; s++) {
-        const float4 u = part[(size_t)s * n4 + i];
-        v.x += u.x, v.y += u.y, v.z += u.z, v.w += u.w;
-    }
-    y[i] = v;
-}
-
 int gemm_moe_down(cudaStream_t st, int sms, const __half *x, float *y, int hidden, int inter, wfmt_t fmt,
                   const cuda_expert_t *experts, const int2 *tiles, const int32_t *n_tiles, const int32_t *offsets,
                   int max_tiles, int P, float *part, size_t part_floats)
@@ -475,8 +525,5 @@ int gemm_moe_down(cudaStream_t st, int sms, const __half *x, float *y, int hidde
     a.zstride = (size_t)P * hidden;
     int rc = s_dispatch<false, true>(st, fmt, dim3(cdiv(hidden, GM_BN), max_tiles, S), a);
     if (rc) return rc;
-    const size_t n4 = (size_t)P * hidden / 4;
-    launch_k(k_sum_parts, cdiv((long)n4, 256), 256, 0, st, (float4 *)y, (const float4 *)part, S, n4);
-    CUDA_LAUNCH_CHECK();
-    return 0;
+    return s_sum_parts(st, y, part, S, (size_t)P * hidden, NULL, hidden, false);
 }

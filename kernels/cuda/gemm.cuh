@@ -55,9 +55,12 @@ int gemm_to_half(cudaStream_t st, __half *dst, const float *src, const int32_t *
 /* ys[i][m][n] = x[m] . ws[i][n] (+ biases[i][n]) for m < M and i < count, or += with accum;
  * rows of ws[i]->rows floats. x: [M][cols] fp16, the matrices' common column count. Up to 3
  * matrices of one format run in one launch (q, k and v: one grid, not three small ones). sms:
- * the device's multiprocessors (the tile height depends on how many blocks fill it). */
+ * the device's multiprocessors (the tile height, and whether k is split in parts, depend on
+ * how many blocks fill it). part: device room for part_floats floats that a launch with k
+ * split keeps its parts' sums in (NULL, 0: k is never split); nothing else may use it while
+ * this call's launches run. */
 int gemm_plain(cudaStream_t st, int sms, int count, float *const *ys, const __half *x, int M, const qmat_t *const *ws,
-               const float *const *biases, bool accum);
+               const float *const *biases, bool accum, float *part, size_t part_floats);
 
 /* Grouped over experts: tile i < *n_tiles is tiles[i] = (expert e, first row p0) and covers
  * rows p0 .. min(p0 + GEMM_BM, offsets[e + 1]) - 1 of x (and of the output).

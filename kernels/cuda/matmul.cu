@@ -295,7 +295,7 @@ static int s_matmul(cuda_ctx_t *c, int count, float *const *ys, const float *x, 
     if (gemm) {
         if ((rc = gemm_to_half(c->stream, c->x16, x, NULL, 1, n, cols))) return rc;
         if (blas) return s_blas(c, count, ys, c->x16, n, ws, biases, accum);
-        return gemm_plain(c->stream, c->sms, count, ys, c->x16, n, ws, biases, accum);
+        return gemm_plain(c->stream, c->sms, count, ys, c->x16, n, ws, biases, accum, c->part, c->part_floats);
     }
     if (q8) {
         mm_set_t set = {};

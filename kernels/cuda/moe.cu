@@ -544,17 +544,17 @@ __global__ void __launch_bounds__(256, MOE_Q8_MIN_BLOCKS(NT, LPR))
     }
 }
 
-/* Each group of LPR lanes takes 4 consecutive rows of down (a split expert's rows from its head
- * or its tail), of rows row0 .. row1 - 1 (row0 a multiple of 4). table_late: the kernel before
+/* Each group of LPR lanes takes RR consecutive rows of down (a split expert's rows from its head
+ * or its tail), of rows row0 .. row1 - 1 (row0 a multiple of RR). table_late: the kernel before
  * may write the experts' entries (cuda_wait_patch, before CUDA_MOE_TAIL): wait for it before
  * reading them. */
-template <int FMT, int NT, int LPR>
+template <int FMT, int NT, int LPR, int RR>
 __global__ void __launch_bounds__(256, MOE_Q8_MIN_BLOCKS(NT, LPR))
     k_moe_down_q8(float *os, const int8_t *q, const float *qd, const int32_t *qs, const cuda_expert_t *experts,
                   const int2 *tiles, const int32_t *n_tiles, const int32_t *offsets, int hidden, int inter, int row0,
                   int row1, bool table_late)
 {
-    constexpr int RPW = 32 / LPR * 4;
+    constexpr int RPW = 32 / LPR * RR;
     constexpr bool FLAT = moe_flat<NT, LPR>();
     const int lane = threadIdx.x & 31, nb = inter / 32, upt = (row1 - row0 + RPW - 1) / RPW;
     bool waited = table_late;
@@ -565,13 +565,13 @@ __global__ void __launch_bounds__(256, MOE_Q8_MIN_BLOCKS(NT, LPR))
             if (FLAT) continue;
             return;
         }
-        const int e = w.e, p0 = w.p0, cnt = w.cnt, r0 = row0 + w.row_unit() * RPW + lane / LPR * 4;
+        const int e = w.e, p0 = w.p0, cnt = w.cnt, r0 = row0 + w.row_unit() * RPW + lane / LPR * RR;
         const cuda_expert_t &ex = experts[e];
         const int bpg = FMT == WF_INT4 ? ex.down.group / 32 : 1;
-        const uint8_t *rp[4];
-        const void *sp[4];
+        const uint8_t *rp[RR];
+        const void *sp[RR];
 #pragma unroll
-        for (int i = 0; i < 4; i++) q8_row_ptrs<FMT>(moe_down_rows(ex, r0 + i), r0 + i, rp[i], sp[i]);
+        for (int i = 0; i < RR; i++) q8_row_ptrs<FMT>(moe_down_rows(ex, r0 + i), r0 + i, rp[i], sp[i]);
         /* the routing and the weights above were there before gate/up began; q is gate/up's */
         if (!waited) {
             pdl_enter();
@@ -580,11 +580,11 @@ __global__ void __launch_bounds__(256, MOE_Q8_MIN_BLOCKS(NT, LPR))
         for (int t0 = 0; t0 < cnt; t0 += NT) {
             const int m = cnt - t0 < NT ? cnt - t0 : NT;
             const size_t p = (size_t)(p0 + t0);
-            float acc[4][NT];
-            q8_dot_rows<FMT, NT, 4, LPR, false, MOE_Q8_UNROLL(NT, LPR)>(rp, sp, bpg, q + p * inter, qd + p * nb,
-                                                                        qs + p * nb, m, inter, acc);
+            float acc[RR][NT];
+            q8_dot_rows<FMT, NT, RR, LPR, false, MOE_Q8_UNROLL(NT, LPR)>(rp, sp, bpg, q + p * inter, qd + p * nb,
+                                                                         qs + p * nb, m, inter, acc);
 #pragma unroll
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < RR; i++)
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
                     const float v = group_sum<LPR>(acc[i][t]);
@@ -647,15 +647,28 @@ static void s_gate_up_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const
               hidden, inter, s->perm, xq->top_k);
 }
 
+template <int FMT, int NT, int LPR, int RR>
+static void s_down_q8_rr(cudaStream_t st, int sms, const moe_scratch_t *s, const cuda_expert_t *experts, int hidden,
+                         int inter, int max_tiles, int row0, int row1)
+{
+    static int per_sm;
+    if (moe_flat<NT, LPR>() && !per_sm) per_sm = s_per_sm(k_moe_down_q8<FMT, NT, LPR, RR>);
+    launch_k(k_moe_down_q8<FMT, NT, LPR, RR>,
+             s_moe_grid(moe_flat<NT, LPR>(), per_sm, row1 - row0, 32 / LPR * RR, sms, max_tiles), 256, 0, st, s->os,
+             s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter, row0, row1, row0 > 0);
+}
+
+/* Down's rows row0 .. row1 - 1: 4 rows a lane group, or (one token's tails: CUDA_MOE_TAIL on the
+ * flat grid, a few hundred rows an expert, after the mailbox and so on the step's path) 1, so
+ * that 4 times the warps read them at once (Mixtral-8x7B 24 GiB: 32 blocks took 12.5 us) */
 template <int FMT, int NT, int LPR>
 static void s_down_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const cuda_expert_t *experts, int hidden,
                       int inter, int max_tiles, int row0, int row1)
 {
-    static int per_sm;
-    if (moe_flat<NT, LPR>() && !per_sm) per_sm = s_per_sm(k_moe_down_q8<FMT, NT, LPR>);
-    launch_k(k_moe_down_q8<FMT, NT, LPR>,
-             s_moe_grid(moe_flat<NT, LPR>(), per_sm, row1 - row0, 32 / LPR * 4, sms, max_tiles), 256, 0, st, s->os,
-             s->q, s->qd, s->qs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter, row0, row1, row0 > 0);
+    if (row0 > 0 && moe_flat<NT, LPR>())
+        s_down_q8_rr<FMT, NT, LPR, 1>(st, sms, s, experts, hidden, inter, max_tiles, row0, row1);
+    else
+        s_down_q8_rr<FMT, NT, LPR, 4>(st, sms, s, experts, hidden, inter, max_tiles, row0, row1);
 }
 
 /* Gate/up, h's quantization and down's rows below rows (part CUDA_MOE_HEAD or whole: rows =

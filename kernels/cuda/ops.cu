@@ -887,6 +887,7 @@ extern "C" int cuda_ops_preload(void)
     CUDA_CHECK(cudaFuncGetAttributes(&a, k_copy_words));
     CUDA_CHECK(cudaFuncGetAttributes(&a, k_patch));
     CUDA_CHECK(cudaFuncGetAttributes(&a, k_wait_patch));
+    CUDA_CHECK(cudaFuncGetAttributes(&a, k_embed));
     return 0;
 }
 

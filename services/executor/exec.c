@@ -317,7 +317,8 @@ static void s_sample_rows(void *ctx, int64_t r0, int64_t r1, int tid)
 #ifdef STRATA_HAVE_CUDA
 /* The step expected after plan st: each sequence's next row, its token tokens[i] (NULL: the
  * pick still on the GPU, gpu_set_next), in e->nx. False when st does not continue that way:
- * a sequence not sampled, a pick refused, or a position past its blocks or the context. */
+ * a sequence not sampled or ending with this step (last), a pick refused, or a position past
+ * its blocks or the context. */
 static bool s_guess(exec_t *e, const msg_step_t *st, const int32_t *tokens, batch_t *b)
 {
     if (e->bk != BK_CUDA || st->n_seqs > e->o.max_tokens) return false;
@@ -326,7 +327,8 @@ static bool s_guess(exec_t *e, const msg_step_t *st, const int32_t *tokens, batc
     for (int32_t i = 0; i < st->n_seqs; i++) {
         const msg_step_seq_t *q = &st->seqs[i];
         const int32_t p = q->pos0 + q->n_tokens;
-        if (!q->sample || (tokens && tokens[i] < 0) || p / bs >= q->n_blocks || p >= e->max_context) return false;
+        if (!q->sample || q->last || (tokens && tokens[i] < 0) || p / bs >= q->n_blocks || p >= e->max_context)
+            return false;
         /* a block past the plan's positions was not validated with it */
         if (q->blocks[p / bs] < 0 || q->blocks[p / bs] >= e->o.kv_blocks) return false;
         e->nx_tables[i] = q->blocks;

@@ -464,6 +464,8 @@ static void s_add(sched_t *s, req_t *r, int32_t n, double now)
     q->sample = r->n_computed + n == len;
     q->samp = r->samp;
     q->n_sampled = (uint64_t)r->n_gen;
+    /* the token sampled ends the request by length (sched_apply): the executor guesses no step after it */
+    q->last = q->sample && (r->n_gen + 1 >= r->max_tokens || len + 1 >= s->o.max_context);
     s->fly[s->n_fly] = (fly_t){r->id, r->serial, n, q->sample};
     r->plan_round = s->round;
     s->n_fly++;

@@ -418,6 +418,20 @@ static void s_submit_rules(void)
     T_CHECK(sched_resume(s, 11, 0) == MSG_E_NONE, "retained for 5 s");
     sched_expire(s, 7);
     T_CHECK(sched_resume(s, 11, 0) == MSG_E_NOT_FOUND && sched_resume(s, 12, 0) == MSG_E_NOT_FOUND, "expired after 5 s");
+    /* two tokens asked: the prefill's token is not the last, the decode step's is (the executor
+     * starts no step after it) */
+    sub.max_tokens = 2;
+    T_CHECK(sched_submit(s, 13, &sub, 8, text, sizeof text) == MSG_E_NONE, "short: %s", text);
+    n = sched_plan(s, 5, &plan, 8.1);
+    T_CHECK(n == 1 && plan.seqs[0].sample && !plan.seqs[0].last, "short: the prefill's token is not the last");
+    rq[0] = 13;
+    tk[0] = 4;
+    res.n_seqs = 1;
+    T_CHECK(sched_apply(s, &res, 8.2) == 0, "apply the prefill");
+    n = sched_plan(s, 5, &plan, 8.3);
+    T_CHECK(n == 1 && plan.seqs[0].sample && plan.seqs[0].last, "short: the decode step's token is the last");
+    T_CHECK(sched_apply(s, &res, 8.4) == 0 && w->r[2].dones == 1 && w->r[2].finish == MSG_FINISH_LENGTH,
+            "short: done by length");
     T_CHECK(sched_check(s, text, sizeof text) == 0, "check: %s", text);
     sched_free(s);
     free(w);

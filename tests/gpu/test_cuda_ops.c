@@ -150,6 +150,69 @@ static void test_matmul(bool q8)
             }
 }
 
+/* Scratch lent for the GEMM's k parts (cuda_ctx_lend_parts): how many of its floats the
+ * matmuls since it was poisoned wrote. */
+#define PARTS_FLOATS ((size_t)1 << 20)
+static size_t s_parts_written(const float *parts)
+{
+    float *h = s_down(parts, PARTS_FLOATS);
+    size_t w = 0;
+    for (size_t i = 0; i < PARTS_FLOATS; i++) w += !isnan(h[i]);
+    free(h);
+    return w;
+}
+
+/* k split in parts: q/k/v-like matrices (the first with a bias) on one input of 40 rows, whose
+ * tiles fill a few SMs, then the first accumulated, against the CPU; the GEMM must have used the
+ * scratch. Then too little scratch: no parts, the same results. */
+static void test_matmul_parts(float *parts)
+{
+    const int cols = 1024, n = 40, rows[3] = {256, 64, 64};
+    static const wfmt_t fmts[] = {WF_INT4, WF_INT8, WF_FP8, WF_BF16};
+    for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++)
+        for (int lend = 1; lend >= 0; lend--) {
+            T_CHECK(cuda_memset(ctx, parts, 0xff, PARTS_FLOATS * 4) == 0, "poison");
+            cuda_ctx_lend_parts(ctx, parts, lend ? PARTS_FLOATS * 4 : (size_t)n * 256 * 4);
+            tmat_t m[3];
+            float *x = malloc((size_t)n * cols * 4), *bias = malloc(rows[0] * 4), *ref[3], *dy[3];
+            s_fill(x, (size_t)n * cols, 1.f);
+            s_fill(bias, rows[0], 1.f);
+            float *dx = s_up(x, (size_t)n * cols * 4), *db = s_up(bias, rows[0] * 4);
+            const qmat_t *ws[3];
+            for (int i = 0; i < 3; i++) {
+                s_mat(&m[i], fmts[f], rows[i], cols, 32);
+                ws[i] = &m[i].dev;
+                ref[i] = malloc((size_t)n * rows[i] * 4);
+                cpu_ops_set_isa(CPU_ISA_REF);
+                cpu_matmul(NULL, ref[i], x, n, &m[i].host, i == 0 ? bias : NULL);
+                dy[i] = s_poisoned((size_t)n * rows[i]);
+            }
+            const float *bs[3] = {db, NULL, NULL};
+            T_CHECK(cuda_matmul_multi(ctx, 3, dy, dx, n, ws, bs) == 0, "launch");
+            double e[4];
+            for (int i = 0; i < 3; i++) {
+                float *y = s_down(dy[i], (size_t)n * rows[i]);
+                e[i] = t_relerr(y, ref[i], (size_t)n * rows[i]);
+                free(y);
+            }
+            T_CHECK(cuda_matmul_ex(ctx, 1, dy, dx, n, ws, bs, true, false) == 0, "launch acc");
+            float *y = s_down(dy[0], (size_t)n * rows[0]);
+            for (size_t i = 0; i < (size_t)n * rows[0]; i++) ref[0][i] *= 2;
+            e[3] = t_relerr(y, ref[0], (size_t)n * rows[0]);
+            free(y);
+            T_CHECK(e[0] < 3e-3 && e[1] < 3e-3 && e[2] < 3e-3 && e[3] < 3e-3,
+                    "k parts %s lent %d: rel err q %.3g k %.3g v %.3g, accumulated %.3g", wfmt_name(fmts[f]), lend, e[0],
+                    e[1], e[2], e[3]);
+            const size_t w = s_parts_written(parts);
+            T_CHECK(lend ? w > 0 : w == 0, "k parts %s lent %d: %zu floats of the scratch written", wfmt_name(fmts[f]),
+                    lend, w);
+            for (int i = 0; i < 3; i++) s_mat_free(&m[i]), free(ref[i]), cuda_free(dy[i]);
+            free(x), free(bias);
+            cuda_free(dx), cuda_free(db);
+        }
+    cuda_ctx_lend_parts(ctx, NULL, 0);
+}
+
 /* E random experts of format f (hidden H, inter I, int4 groups of 32) and their table. */
 static void s_experts(tmat_t *g, tmat_t *u, tmat_t *d, cuda_expert_t *ex, int E, wfmt_t f, int H, int I, int group)
 {
@@ -1055,6 +1118,13 @@ int main(void)
     test_matmul(false);
     if (cuda_ctx_reserve_q8(ctx, 256, 4096)) return 1;
     test_matmul(true);
+    /* again with the scratch for k parts lent: the GEMM splits k where its tiles leave SMs idle */
+    float *parts = s_poisoned(PARTS_FLOATS);
+    cuda_ctx_lend_parts(ctx, parts, PARTS_FLOATS * 4);
+    test_matmul(true);
+    T_CHECK(s_parts_written(parts) > 0, "no matmul split k in parts");
+    test_matmul_parts(parts);
+    cuda_free(parts);
     /* again with cuBLAS taking the 130-row cases (CUDA_BLAS_MIN_ROWS) */
     T_CHECK(cuda_ctx_enable_blas(ctx, (size_t)1 << 20) == 0, "cuBLAS setup");
     const uint64_t blas0 = cuda_blas_gemms(ctx);

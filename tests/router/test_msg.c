@@ -190,7 +190,7 @@ static void test_roundtrips(void)
         {.req = 1, .pos0 = 0, .n_tokens = 3, .tokens = toks, .n_blocks = 1, .blocks = blocks, .sample = true,
          .samp = {0.5f, 1.0f, 0, 9}, .n_sampled = 0},
         {.req = 2, .pos0 = 20, .n_tokens = 1, .tokens = toks + 3, .n_blocks = 2, .blocks = blocks, .sample = false,
-         .samp = {0, 1.0f, 0, 0}, .n_sampled = 7},
+         .samp = {0, 1.0f, 0, 0}, .n_sampled = 7, .last = true},
     };
     msg_init(&m, MSG_STEP);
     m.has_id = true;
@@ -200,7 +200,8 @@ static void test_roundtrips(void)
     m.u.step.n_seqs = 2;
     s_roundtrip(&m, &d, "step");
     T_CHECK(d.u.step.n_seqs == 2 && d.u.step.seqs[1].pos0 == 20 && d.u.step.seqs[1].n_sampled == 7 &&
-                d.u.step.seqs[1].blocks[1] == 5 && d.u.step.seqs[0].sample,
+                d.u.step.seqs[1].blocks[1] == 5 && d.u.step.seqs[0].sample && !d.u.step.seqs[0].last &&
+                d.u.step.seqs[1].last,
             "step");
     msg_free(&d);
 
