@@ -1,8 +1,8 @@
 /* forward_cuda.c - the model on one GPU under a memory budget, with an expert cache.
  *
  * Resident on the GPU: attention weights, norms, routers, shared experts, dense MLPs, the
- * final norm and the LM head. The embedding stays in host memory: a step looks up its rows
- * on the CPU and copies n x hidden floats. When the budget holds every expert, each sits in a
+ * final norm and the LM head. The embedding stays in host memory, page-locked, where the GPU
+ * looks a step's rows up (s_map_embed). When the budget holds every expert, each sits in a
  * slot of its own. When it does not, by default every expert stays resident but the last rows
  * of its down projection, its tail, and slots cache the tails (split experts, s_split_plan:
  * a layer needs a few MB, which the prediction of the next layer hides behind compute, where a
@@ -134,6 +134,7 @@ struct gpu_model {
     bool pre_attn, pre_attn_q8; /* s_ffn_post normed x into xn for the next layer's attention
                                    (and left its int8 rows in the workspace) */
     int32_t *tidx, *ptidx, *d_pos, *d_seq, *d_bt, *d_rows, *d_ids;
+    int32_t *d_tok;              /* [max_tokens] a step's tokens, for the lookup on the GPU (s_stage) */
     cuda_sample_param_t *d_samp; /* [max_tokens] a sampled step's parameters by logit row */
     void *moe_scr;
     /* host staging */
@@ -142,6 +143,7 @@ struct gpu_model {
     int32_t *h_meta;             /* [3][max_tokens] positions, sequences, logit rows (d_pos, d_seq, d_rows),
                                     then h_bt (d_bt) */
     int32_t *h_ids;              /* [max_tokens] a chained step's picks (s_picks) */
+    int32_t *h_tok;              /* [max_tokens] staging of d_tok */
     /* By segment k % GPU_RING, for the host to read without waiting for the stream (s_wait_rows):
      * the routing of segment k's gate, -1s until it lands; the prediction of the next layers;
      * and (prelaunched steps) the mailbox of the words of the gate's expert table that change
@@ -600,6 +602,7 @@ void gpu_model_free(gpu_model_t *g)
     free(g->locked);
     cuda_host_free(g->h_x);
     cuda_host_free(g->h_ids);
+    cuda_host_free(g->h_tok);
     cuda_event_destroy(g->ev_ids);
     cuda_event_destroy(g->ev_picked);
     free(g->dev_meta);
@@ -705,6 +708,7 @@ static int s_create_workspace(gpu_model_t *g, strata_errbuf_t *eb)
     WS(d_pos, meta_bytes);
     if (!rc) g->d_seq = g->d_pos + T, g->d_rows = g->d_pos + 2 * T, g->d_bt = g->d_pos + 3 * T;
     WS(d_ids, T * 4);
+    WS(d_tok, T * 4);
     WS(d_samp, T * sizeof(cuda_sample_param_t));
     if (c->n_experts > 0) WS(moe_scr, moe_bytes);
 #undef WS
@@ -725,7 +729,7 @@ static int s_create_workspace(gpu_model_t *g, strata_errbuf_t *eb)
     g->st.workspace_bytes = g->used - before;
     if (rc) return rc;
     if (cuda_host_alloc((void **)&g->h_x, T * H * 4) || cuda_host_alloc((void **)&g->h_meta, meta_bytes) ||
-        cuda_host_alloc((void **)&g->h_ids, T * 4) ||
+        cuda_host_alloc((void **)&g->h_ids, T * 4) || cuda_host_alloc((void **)&g->h_tok, T * 4) ||
         cuda_host_alloc((void **)&g->h_idx, GPU_RING * T * tk * 4) ||
         cuda_host_alloc((void **)&g->h_pidx, GPU_RING * T * D * tk * 4) ||
         cuda_host_alloc((void **)&g->h_box, GPU_RING * box_n * 8) ||
@@ -832,10 +836,10 @@ static int s_range_cmp(const void *a, const void *b)
     return x->lo < y->lo ? -1 : x->lo > y->lo;
 }
 
-/* A chained step (s_picks) looks its rows up on the GPU, in the embedding where it sits in host
- * memory: page-locked (read over PCIe, a few KB a step; on the GPU it would take the slots of
- * 64 tails at Mixtral's size), or, where that fails (its pages overlap the experts' locked
- * ranges), a pinned copy. Neither: steps embed on the host, none is chained. */
+/* Steps look their rows up on the GPU (s_stage), in the embedding where it sits in host memory:
+ * page-locked (read over PCIe, a few KB a step; on the GPU it would take the slots of 64 tails
+ * at Mixtral's size), or, where that fails (its pages overlap the experts' locked ranges), a
+ * pinned copy. Neither (or an embedding with scales): steps embed on the host, none is chained. */
 static void s_map_embed(gpu_model_t *g)
 {
     const qmat_t *E = &g->m->embed;
@@ -1512,7 +1516,9 @@ static int s_put_meta(gpu_model_t *g, size_t words)
 
 /* A step's inputs checked and staged on the device: embedded rows, positions, sequences,
  * logit rows, block tables; the pins for its size. With d_tok (a chained step: s_picks) its
- * tokens are d_tok[0..n) on the device, embedded there (b->tokens is not read). */
+ * tokens are d_tok[0..n) on the device, embedded there (b->tokens is not read); else, where the
+ * GPU reads the embedding in host memory (embed_dev), b->tokens go up and are looked up there
+ * too, or else on the host. */
 static int s_stage(gpu_model_t *g, const batch_t *b, const int32_t *d_tok)
 {
     const model_config_t *c = &g->m->cfg;
@@ -1558,6 +1564,14 @@ static int s_stage(gpu_model_t *g, const batch_t *b, const int32_t *d_tok)
     memcpy(g->h_meta + T, b->seq, (size_t)n * 4);
     memcpy(g->h_meta + 2 * T, b->logit_rows, (size_t)b->n_logits * 4);
     if ((rc = s_put_meta(g, 3 * T + (size_t)n_seqs * g->o.kv_blocks))) return rc;
+    if (!d_tok && g->embed_dev.data) {
+        /* the ids up (h_tok is not written again before this step has run), the lookup on the
+         * GPU: the host's, in the executor's threads, took about 400 us before a 128-token
+         * prefill's first kernel in the 24 GiB bench */
+        memcpy(g->h_tok, b->tokens, (size_t)n * 4);
+        if ((rc = cuda_h2d_small(cx, g->d_tok, g->h_tok, (size_t)n * 4))) return rc;
+        d_tok = g->d_tok;
+    }
     if (d_tok) {
         if ((rc = cuda_embed(cx, g->x, &g->embed_dev, d_tok, n))) return rc;
     } else {

@@ -203,6 +203,9 @@ static int s_gemv_fmt(cudaStream_t st, float *y, const float *x, int n, const qm
     if (w->rows < 1024) { /* too few rows for a warp each to fill the GPU */
         if (n == 1)
             launch_k(k_gemv_rowblock<FMT, 1>, w->rows, 256, 0, st, y, x, n, w->cols, *w, bias, w->rows, vec, accum);
+        else if (n > 16 && (long)w->rows * cdiv(n, 16) < 256) /* a router at prefill sizes: 4 tokens a block, 4x the blocks */
+            launch_k(k_gemv_rowblock<FMT, 4>, dim3(w->rows, cdiv(n, 4)), 256, 0, st, y, x, n, w->cols, *w, bias,
+                     w->rows, vec, accum);
         else
             launch_k(k_gemv_rowblock<FMT, 16>, dim3(w->rows, cdiv(n, 16)), 256, 0, st, y, x, n, w->cols, *w, bias,
                      w->rows, vec, accum);
