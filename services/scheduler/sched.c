@@ -246,6 +246,13 @@ static void s_retire(sched_t *s, req_t *r, msg_finish_t fin, double now)
     s_req_free(r);
 }
 
+/* Whether r ends by length once it has n_gen tokens: its max_tokens, or the context full
+ * (sched_apply finishes it there; s_add marks the plan's last token). */
+static bool s_length_reached(const sched_t *s, const req_t *r, int32_t n_gen)
+{
+    return n_gen >= r->max_tokens || r->n_prompt + n_gen >= s->o.max_context;
+}
+
 /* Finish r: done to the router, then retire it. */
 static void s_finish(sched_t *s, req_t *r, msg_finish_t fin, double now)
 {
@@ -464,8 +471,8 @@ static void s_add(sched_t *s, req_t *r, int32_t n, double now)
     q->sample = r->n_computed + n == len;
     q->samp = r->samp;
     q->n_sampled = (uint64_t)r->n_gen;
-    /* the token sampled ends the request by length (sched_apply): the executor guesses no step after it */
-    q->last = q->sample && (r->n_gen + 1 >= r->max_tokens || len + 1 >= s->o.max_context);
+    /* the token sampled ends the request by length: the executor guesses no step after it */
+    q->last = q->sample && s_length_reached(s, r, r->n_gen + 1);
     s->fly[s->n_fly] = (fly_t){r->id, r->serial, n, q->sample};
     r->plan_round = s->round;
     s->n_fly++;
@@ -604,7 +611,7 @@ int sched_apply(sched_t *s, const msg_result_t *res, double now)
         if (s->sink.tokens) s->sink.tokens(s->sink.ctx, r->id, r->n_gen - 1, &r->toks[r->n_prompt + r->n_gen - 1], 1);
         msg_finish_t fin = MSG_FINISH_NONE;
         if (!r->ignore_eos && s->o.eos_id >= 0 && t == s->o.eos_id) fin = MSG_FINISH_STOP;
-        else if (r->n_gen >= r->max_tokens || r->n_prompt + r->n_gen >= s->o.max_context) fin = MSG_FINISH_LENGTH;
+        else if (s_length_reached(s, r, r->n_gen)) fin = MSG_FINISH_LENGTH;
         if (fin != MSG_FINISH_NONE) s_finish(s, r, fin, now);
     }
     s->n_fly = 0;
