@@ -1,8 +1,9 @@
 /* forward_cuda.c - the model on one GPU under a memory budget, with an expert cache.
  *
  * Resident on the GPU: attention weights, norms, routers, shared experts, dense MLPs, the
- * final norm and the LM head. The embedding stays in host memory, page-locked, where the GPU
- * looks a step's rows up (s_map_embed). When the budget holds every expert, each sits in a
+ * final norm and the LM head. The embedding stays in host memory: with an expert cache it is
+ * page-locked and the GPU looks a step's rows up there (s_map_embed), else a step looks them
+ * up on the CPU and copies n x hidden floats. When the budget holds every expert, each sits in a
  * slot of its own. When it does not, by default every expert stays resident but the last rows
  * of its down projection, its tail, and slots cache the tails (split experts, s_split_plan:
  * a layer needs a few MB, which the prediction of the next layer hides behind compute, where a
@@ -836,10 +837,11 @@ static int s_range_cmp(const void *a, const void *b)
     return x->lo < y->lo ? -1 : x->lo > y->lo;
 }
 
-/* Steps look their rows up on the GPU (s_stage), in the embedding where it sits in host memory:
- * page-locked (read over PCIe, a few KB a step; on the GPU it would take the slots of 64 tails
- * at Mixtral's size), or, where that fails (its pages overlap the experts' locked ranges), a
- * pinned copy. Neither (or an embedding with scales): steps embed on the host, none is chained. */
+/* With an expert cache, steps look their rows up on the GPU (s_stage), in the embedding where
+ * it sits in host memory: page-locked (read over PCIe, a few KB a step; on the GPU it would
+ * take the slots of 64 tails at Mixtral's size), or, where that fails (its pages overlap the
+ * experts' locked ranges), a pinned copy. Neither (or an embedding with scales): steps embed on
+ * the host, none is chained. */
 static void s_map_embed(gpu_model_t *g)
 {
     const qmat_t *E = &g->m->embed;

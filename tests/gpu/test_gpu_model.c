@@ -284,8 +284,8 @@ static void test_synth_formats(uint64_t *rng)
         }
 }
 
-/* A 160-token prompt in one step against the CPU forward pass: the step's rows looked up on the
- * GPU in the host's embedding, its dense matmuls by cuBLAS (from 128 rows, with every expert
+/* A 160-token prompt in one step against the CPU forward pass: the step's rows embedded on host
+ * threads (64 rows or more), its dense matmuls by cuBLAS (from 128 rows, with every expert
  * resident), its experts on the tensor-core GEMM. */
 static void test_long_prefill(uint64_t *rng)
 {
