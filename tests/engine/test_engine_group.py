@@ -12,15 +12,18 @@ Cases:
                   single-process `strata generate` for the same prompt and sampling flags. The
                   scheduler's counters show that steps held many sequences of different lengths
                   and mixed prefill chunks with decode tokens.
-  executor_crash  16 clients stream 200-token answers; once the first has a few tokens, the
-                  executor gets kill -9. The launcher restarts it (from the weight arena), the
+  executor_crash  16 clients stream 200-token answers; once the scheduler has applied a few
+                  tokens of each (the executor is paced with SIGSTOP/SIGCONT so that the moment
+                  does not depend on how late client threads see their tokens), the executor
+                  gets kill -9. The launcher restarts it (from the weight arena), the
                   scheduler replays, and every request completes with exactly the tokens
                   `strata generate` gives (the answer it would have had without the crash); at
                   the moment of the kill no request had finished.
-  scheduler_crash 8 clients stream 300-token answers; the scheduler gets kill -9 after a few
-                  tokens. The launcher restarts it, the new scheduler gets the live requests (the
-                  router resubmits them, or ZeroMQ delivers submits the old one had not read), and
-                  every client gets exactly the answer of `strata generate`, each token once.
+  scheduler_crash 8 clients stream 300-token answers; the scheduler gets kill -9 once it has
+                  applied a few tokens of each (paced the same way). The launcher restarts it,
+                  the new scheduler gets the live requests (the router resubmits them, or ZeroMQ
+                  delivers submits the old one had not read), and every client gets exactly the
+                  answer of `strata generate`, each token once.
   q8              [executor] cpu_act = q8 on an int4 pack of the demo model: 8 clients (greedy and
                   sampled) get exactly `strata generate --cpu-act q8`; the executor reports the mode.
 
@@ -57,16 +60,11 @@ def reference(prompt, max_tokens, ignore_eos=False, temperature=0.0, top_k=0, to
     return [int(x) for x in out.stdout.split()]
 
 
-def stream_all(g, reqs, during=None, during_when=4):
+def stream_all(g, reqs):
     """Run every request dict from its own client thread, all released at once. Each thread
-    checks that token indices are contiguous. during(progress) runs once, from the thread that
-    first holds during_when tokens. Returns (results, progress at that moment)."""
+    checks that token indices are contiguous. Returns the results: (tokens, done) or an exception."""
     from strata_client import StrataClient
     res = [None] * len(reqs)
-    prog = [0] * len(reqs)
-    fin = [False] * len(reqs)
-    snap = {}
-    lock = threading.Lock()
     go = threading.Barrier(len(reqs))
 
     def run(i, r):
@@ -78,20 +76,9 @@ def stream_all(g, reqs, during=None, during_when=4):
                 for ev in c.generate(tokens=kw.pop("prompt"), **kw):
                     assert ev["index"] == len(toks), "index %d after %d tokens" % (ev["index"], len(toks))
                     toks.extend(ev["tokens"])
-                    fire = False
-                    with lock:
-                        prog[i] = len(toks)
-                        if during and not snap and len(toks) >= during_when:
-                            snap["prog"] = list(prog)
-                            snap["fin"] = list(fin)
-                            fire = True
-                    if fire:
-                        during()
                 d = c.last_done
                 assert d is not None and d["type"] == "done", d
                 assert d["usage"]["completion_tokens"] == len(toks), (d, len(toks))
-                with lock:
-                    fin[i] = True
                 res[i] = (toks, d)
         except Exception as e:  # noqa: BLE001 - reported per request below
             res[i] = e
@@ -102,7 +89,7 @@ def stream_all(g, reqs, during=None, during_when=4):
     for t in th:
         t.join(180)
     assert not any(t.is_alive() for t in th), "a client thread hung"
-    return res, snap
+    return res
 
 
 def sched_stats(g):
@@ -123,15 +110,34 @@ def check_answers(reqs, res, refs):
     assert not bad, "\n".join(bad)
 
 
-def hold_until_queued(g, pid, n, limit=20.0):
-    """SIGCONT pid once the scheduler counts n requests waiting or running (or after limit s)."""
+def pulse_until(g, pid, pred, step_s=None, limit=20.0):
+    """With pid stopped (SIGSTOP), look at the scheduler's stats until pred(stats) holds, letting
+    pid run step_s at a time between looks (None: not at all); pid is left stopped. Returns those
+    stats. Progress between two looks is bounded by how long pid ran, not by how late a client
+    thread sees its tokens."""
     t0 = time.time()
-    try:
-        while time.time() - t0 < limit:
-            st = sched_stats(g)
-            if st.get("scheduler.waiting", 0) + st.get("scheduler.running", 0) >= n:
-                return
+    while time.time() - t0 < limit:
+        st = sched_stats(g)
+        if pred(st):
+            return st
+        if step_s is None:
             time.sleep(0.02)
+            continue
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(step_s)
+        os.kill(pid, signal.SIGSTOP)
+    raise AssertionError("the scheduler never reached the wanted state: %s" % sched_stats(g))
+
+
+def queued(st):
+    """Requests the scheduler holds (waiting or running), from its stats."""
+    return st.get("scheduler.waiting", 0) + st.get("scheduler.running", 0)
+
+
+def hold_until_queued(g, pid, n):
+    """With pid stopped, SIGCONT it once the scheduler holds n requests (or after 20 s)."""
+    try:
+        pulse_until(g, pid, lambda st: queued(st) >= n)
     finally:
         os.kill(pid, signal.SIGCONT)
 
@@ -165,7 +171,7 @@ def case_batching():
                 os.kill(ex["pid"], signal.SIGSTOP)
                 held = threading.Thread(target=hold_until_queued, args=(g, ex["pid"], len(reqs)))
                 held.start()
-            res, _ = stream_all(g, reqs)
+            res = stream_all(g, reqs)
             if want == "seqs":
                 held.join()
             wall = time.time() - t0
@@ -187,6 +193,32 @@ def case_batching():
                                   s("step_tokens_max"), s("mixed_steps"), s("preemptions")))
 
 
+def stream_and_kill(g, reqs, victim):
+    """Stream reqs from client threads and kill -9 the service victim once the scheduler has
+    applied a few tokens of every request and finished none. A client thread may see its tokens
+    long after the scheduler applied them (many threads on a loaded machine), so the moment is
+    chosen from the scheduler's counters with the executor stopped: held until every request is
+    queued, then let run a few ms at a time until each has a few tokens, then the victim is killed
+    while the executor is still stopped. Returns (results, the victim's record, stats at the kill)."""
+    n = len(reqs)
+    ex, old = g.svc("executor"), g.svc(victim)
+    os.kill(ex["pid"], signal.SIGSTOP)
+    out = {"res": [AssertionError("the client threads did not finish")] * n}
+    streams = threading.Thread(target=lambda: out.update(res=stream_all(g, reqs)))
+    streams.start()
+    try:
+        pulse_until(g, ex["pid"], lambda st: queued(st) >= n)
+        at_kill = pulse_until(g, ex["pid"], lambda st: st.get("scheduler.generated_tokens", 0) >= 4 * n, step_s=0.003)
+    finally:
+        os.kill(old["pid"], signal.SIGKILL)  # a stopped process dies too
+        if victim != "executor":
+            os.kill(ex["pid"], signal.SIGCONT)
+    streams.join()
+    assert at_kill.get("scheduler.requests_finished") == 0 and at_kill.get("scheduler.running") == n, \
+        "at the kill: %s" % at_kill
+    return out["res"], old, at_kill
+
+
 def case_executor_crash():
     rnd = random.Random(A.seed + 1)
     reqs = []
@@ -199,29 +231,23 @@ def case_executor_crash():
                       r.get("seed", 0)) for r in reqs]
     with gl.Group(A, kind="real") as g:
         g.start()
-        old = g.svc("executor")
-        killed = {}
-
-        def kill():
-            killed["t"] = time.time()
-            os.kill(old["pid"], signal.SIGKILL)
-
-        res, snap = stream_all(g, reqs, during=kill, during_when=6)
-        assert killed, "the executor was never killed"
+        res, old, at_kill = stream_and_kill(g, reqs, "executor")
         check_answers(reqs, res, refs)
         new = g.wait_svc("executor", lambda s: s["restarts"] >= 1 and s["state"] == "ready", timeout=20)
         assert new["pid"] != old["pid"], (old, new)
         st = sched_stats(g)
         log = g.read_log()
     s = lambda k: st.get("scheduler." + k, -1)  # noqa: E731
-    assert not any(snap["fin"]), "a request finished before the kill: %s" % snap
-    assert s("executor_restarts") >= 1 and s("replayed_seqs") >= 1, st
+    # every request was running with tokens computed, so each is replayed (re-prefilled)
+    assert s("executor_restarts") >= 1 and s("replayed_seqs") == len(reqs), st
+    assert s("requests_finished") == len(reqs) and s("generated_tokens") == 200 * len(reqs), st
     assert "built over the weight arenas" in log, "the restarted executor did not use the arena"
     # the executor's own counters come through the scheduler (executor `stats`): the new one
     # built its model over the arena and ran the replayed steps
     assert s("executor.from_arena") == 1 and s("executor.pid") == new["pid"] and s("executor.steps") > 0, st
-    print("  kill -9 of the executor after %s tokens per request; %d sequences replayed; the new executor built its model in %.1f ms"
-          % (snap["prog"], s("replayed_seqs"), s("executor_load_ms")))
+    print("  kill -9 of the executor after %d tokens (16 requests running, none finished); %d sequences replayed; "
+          "the new executor built its model in %.1f ms"
+          % (at_kill["scheduler.generated_tokens"], s("replayed_seqs"), s("executor_load_ms")))
 
 
 def case_scheduler_crash():
@@ -236,26 +262,21 @@ def case_scheduler_crash():
                       r.get("seed", 0)) for r in reqs]
     with gl.Group(A, kind="real") as g:
         g.start()
-        old = g.svc("scheduler")
-
-        def kill():
-            os.kill(old["pid"], signal.SIGKILL)
-
-        res, snap = stream_all(g, reqs, during=kill, during_when=6)
+        res, old, at_kill = stream_and_kill(g, reqs, "scheduler")
         check_answers(reqs, res, refs)
         new = g.wait_svc("scheduler", lambda s: s["restarts"] >= 1 and s["state"] == "ready", timeout=20)
         assert new["pid"] != old["pid"], (old, new)
         from strata_client import StrataClient
         with StrataClient("tcp://127.0.0.1:%d" % g.port, timeout=10.0) as c:
             st = c.stats()
-    assert not any(snap["fin"]), "a request finished before the kill: %s" % snap
     # The new scheduler (whose counters these are) ran requests of the old one: those the router
     # resubmitted when it saw the new instance, or submits still queued in ZeroMQ when the old
     # one died, delivered to the new one on reconnect (it may finish them all before the router's
     # next hello, and then nothing is left to resubmit).
     assert st.get("scheduler.requests_submitted", 0) >= 1, st
-    print("  kill -9 of the scheduler after %s tokens per request; the new scheduler ran %d requests "
-          "(the router resubmitted %d)" % (snap["prog"], st["scheduler.requests_submitted"], st.get("router.resubmits", 0)))
+    print("  kill -9 of the scheduler after %d tokens (8 requests running, none finished); the new scheduler ran %d "
+          "requests (the router resubmitted %d)" % (at_kill["scheduler.generated_tokens"], st["scheduler.requests_submitted"],
+                                                   st.get("router.resubmits", 0)))
 
 
 def case_q8():
@@ -278,7 +299,7 @@ def case_q8():
     B.model = int4
     with gl.Group(B, kind="real", sections={"executor": {"cpu_act": "q8"}}) as g:
         g.start()
-        res, _ = stream_all(g, reqs)
+        res = stream_all(g, reqs)
         check_answers(reqs, res, refs)
         st = sched_stats(g)
     assert st.get("scheduler.executor.cpu_act_q8") == 1, st
