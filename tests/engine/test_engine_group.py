@@ -47,17 +47,31 @@ import grouplib as gl  # noqa: E402
 A = None
 
 
-def reference(prompt, max_tokens, ignore_eos=False, temperature=0.0, top_k=0, top_p=1.0, seed=0, model=None, extra=()):
-    """Token ids of the single-process `strata generate` on the packed demo model (or model)."""
-    cmd = [A.strata, "generate", model or A.model, "--tokens", ",".join(map(str, prompt)), "--max-tokens",
-           str(max_tokens), "--threads", "1"] + list(extra)
-    if ignore_eos:
+def reference(r, model=None, extra=()):
+    """Token ids of the single-process `strata generate` for request dict r on the packed demo
+    model (or model)."""
+    cmd = [A.strata, "generate", model or A.model, "--tokens", ",".join(map(str, r["prompt"])), "--max-tokens",
+           str(r["max_tokens"]), "--threads", "1"] + list(extra)
+    if r.get("ignore_eos"):
         cmd.append("--ignore-eos")
-    if temperature > 0:
-        cmd += ["--temperature", repr(temperature), "--top-k", str(top_k), "--top-p", repr(top_p), "--seed", str(seed)]
+    if r.get("temperature", 0.0) > 0:
+        cmd += ["--temperature", repr(r["temperature"]), "--top-k", str(r.get("top_k", 0)), "--top-p",
+                repr(r.get("top_p", 1.0)), "--seed", str(r.get("seed", 0))]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, (cmd, out.stderr)
     return [int(x) for x in out.stdout.split()]
+
+
+def long_reqs(rnd, prompt_lens, max_tokens, **sampling):
+    """Requests of random prompts of these lengths, each max_tokens long (EOS ignored); every
+    second one sampled with these settings and a random seed, the others greedy."""
+    reqs = []
+    for i, n in enumerate(prompt_lens):
+        r = {"prompt": [rnd.randrange(0, 286) for _ in range(n)], "max_tokens": max_tokens, "ignore_eos": True}
+        if i % 2:
+            r.update(sampling, seed=rnd.randrange(1 << 63))
+        reqs.append(r)
+    return reqs
 
 
 def stream_all(g, reqs):
@@ -123,9 +137,8 @@ def pulse_until(g, pid, pred, step_s=None, limit=20.0):
         if step_s is None:
             time.sleep(0.02)
             continue
-        os.kill(pid, signal.SIGCONT)
-        time.sleep(step_s)
-        os.kill(pid, signal.SIGSTOP)
+        # from a shell: this process's own client threads would hold the GIL past step_s
+        subprocess.run(["sh", "-c", "kill -CONT %d; sleep %g; kill -STOP %d" % (pid, step_s, pid)], check=True)
     raise AssertionError("the scheduler never reached the wanted state: %s" % sched_stats(g))
 
 
@@ -153,8 +166,7 @@ def case_batching():
             r.update(temperature=0.7 + 0.1 * (i % 5), top_k=(0, 20, 50)[i % 3], top_p=(1.0, 0.9)[i % 2],
                      seed=rnd.randrange(1 << 63))
         reqs.append(r)
-    refs = [reference(r["prompt"], r["max_tokens"], r["ignore_eos"], r.get("temperature", 0.0), r.get("top_k", 0),
-                      r.get("top_p", 1.0), r.get("seed", 0)) for r in reqs]
+    refs = [reference(r) for r in reqs]
     # roomy: all 32 fit in one step; tight: a budget of 48 tokens (chunked prefill) and 48 KV
     # blocks of 8 tokens (preemption by recompute)
     for name, sched, want in (("roomy", {"max_batch_tokens": "256", "max_seqs": "32", "kv_blocks": "1024"}, "seqs"),
@@ -221,14 +233,8 @@ def stream_and_kill(g, reqs, victim):
 
 def case_executor_crash():
     rnd = random.Random(A.seed + 1)
-    reqs = []
-    for i in range(16):
-        r = {"prompt": [rnd.randrange(0, 286) for _ in range(2 + i % 9)], "max_tokens": 200, "ignore_eos": True}
-        if i % 2:
-            r.update(temperature=0.9, top_k=40, top_p=0.95, seed=rnd.randrange(1 << 63))
-        reqs.append(r)
-    refs = [reference(r["prompt"], r["max_tokens"], True, r.get("temperature", 0.0), r.get("top_k", 0), r.get("top_p", 1.0),
-                      r.get("seed", 0)) for r in reqs]
+    reqs = long_reqs(rnd, [2 + i % 9 for i in range(16)], 200, temperature=0.9, top_k=40, top_p=0.95)
+    refs = [reference(r) for r in reqs]
     with gl.Group(A, kind="real") as g:
         g.start()
         res, old, at_kill = stream_and_kill(g, reqs, "executor")
@@ -252,14 +258,8 @@ def case_executor_crash():
 
 def case_scheduler_crash():
     rnd = random.Random(A.seed + 2)
-    reqs = []
-    for i in range(8):
-        r = {"prompt": [rnd.randrange(0, 286) for _ in range(3 + i)], "max_tokens": 300, "ignore_eos": True}
-        if i % 2:
-            r.update(temperature=0.8, top_k=30, top_p=0.9, seed=rnd.randrange(1 << 63))
-        reqs.append(r)
-    refs = [reference(r["prompt"], r["max_tokens"], True, r.get("temperature", 0.0), r.get("top_k", 0), r.get("top_p", 1.0),
-                      r.get("seed", 0)) for r in reqs]
+    reqs = long_reqs(rnd, [3 + i for i in range(8)], 300, temperature=0.8, top_k=30, top_p=0.9)
+    refs = [reference(r) for r in reqs]
     with gl.Group(A, kind="real") as g:
         g.start()
         res, old, at_kill = stream_and_kill(g, reqs, "scheduler")
@@ -287,14 +287,8 @@ def case_q8():
                           "--quiet"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out
     rnd = random.Random(A.seed + 3)
-    reqs = []
-    for i in range(8):
-        r = {"prompt": [rnd.randrange(0, 286) for _ in range(3 + 5 * i)], "max_tokens": 24, "ignore_eos": True}
-        if i % 2:
-            r.update(temperature=0.8, top_k=30, top_p=0.95, seed=rnd.randrange(1 << 63))
-        reqs.append(r)
-    refs = [reference(r["prompt"], r["max_tokens"], True, r.get("temperature", 0.0), r.get("top_k", 0),
-                      r.get("top_p", 1.0), r.get("seed", 0), model=int4, extra=["--cpu-act", "q8"]) for r in reqs]
+    reqs = long_reqs(rnd, [3 + 5 * i for i in range(8)], 24, temperature=0.8, top_k=30, top_p=0.95)
+    refs = [reference(r, model=int4, extra=["--cpu-act", "q8"]) for r in reqs]
     B = argparse.Namespace(**vars(A))
     B.model = int4
     with gl.Group(B, kind="real", sections={"executor": {"cpu_act": "q8"}}) as g:
