@@ -266,9 +266,7 @@ def case_scheduler_crash():
         check_answers(reqs, res, refs)
         new = g.wait_svc("scheduler", lambda s: s["restarts"] >= 1 and s["state"] == "ready", timeout=20)
         assert new["pid"] != old["pid"], (old, new)
-        from strata_client import StrataClient
-        with StrataClient("tcp://127.0.0.1:%d" % g.port, timeout=10.0) as c:
-            st = c.stats()
+        st = sched_stats(g)
     # The new scheduler (whose counters these are) ran requests of the old one: those the router
     # resubmitted when it saw the new instance, or submits still queued in ZeroMQ when the old
     # one died, delivered to the new one on reconnect (it may finish them all before the router's
