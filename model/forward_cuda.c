@@ -52,7 +52,7 @@
  * (or lets go, through its mailbox) the segment after layer L + 1's routing the GPU reads no
  * slot but those layer L routes to, so
  * any slot that layer L does not use and that is not in flight can be overwritten at once, by
- * either stream. Which one is model/xcache.h's decision (the expert
+ * either stream. Which one is store/xcache.h's decision (the expert
  * expected to be needed last, Belady's rule on average); a prefetch evicts only an expert
  * needed later than the one it brings.
  */
@@ -67,7 +67,7 @@
 #include "kernels/cpu/threadpool.h"
 #include "kernels/cuda/cuda_sample.h"
 #include "model/gpu.h"
-#include "model/xcache.h"
+#include "store/xcache.h"
 
 #define ALIGN256(x) (((x) + 255) & ~(size_t)255)
 #define GPU_MAX_GRAPHS 33 /* decode graphs keyed by n_tokens 1..32 */

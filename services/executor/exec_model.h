@@ -1,6 +1,6 @@
 /* exec_model.h - the executor's weights: a model_t built over the node weight arenas.
  *
- * The prefetchers own the arenas (common/arena.h): POSIX shm segments holding the packed
+ * The prefetchers own the arenas (store/arena.h): POSIX shm segments holding the packed
  * model's files. The executor maps them read-only and points every qmat_t of its model_t
  * straight into them (zero copy) with model_load_packed_mem, the loader that model_load_packed
  * runs over mmapped files (so the same checks apply). An executor (re)start reads nothing of the
@@ -17,7 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "common/arena.h"
+#include "store/arena.h"
 #include "common/config.h"
 #include "model/model.h"
 

@@ -1,4 +1,4 @@
-/* strata-prefetcher - owns one NUMA node's weight arena (common/arena.h).
+/* strata-prefetcher - owns one NUMA node's weight arena (store/arena.h).
  *
  * At start it looks for its shm segment "/strata-<group>-arena-<N>":
  *   - present, complete and built from the same model files (layout hash + index): it takes
@@ -32,7 +32,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "common/arena.h"
+#include "store/arena.h"
 #include "common/config.h"
 #include "common/notify.h"
 #include "common/shm.h"

@@ -1,4 +1,4 @@
-/* test_shm.c - shm segments (common/shm.c) and weight arena layout (common/arena.c). */
+/* test_shm.c - shm segments (common/shm.c) and weight arena layout (store/arena.c). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -9,7 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/arena.h"
+#include "store/arena.h"
 #include "common/config.h"
 #include "common/shm.h"
 #include "tests/unit/check.h"

@@ -1,4 +1,4 @@
-/* test_xcache.c - the expert cache's policy (model/xcache.h), without a GPU.
+/* test_xcache.c - the expert cache's policy (store/xcache.h), without a GPU.
  *
  *   - layout: MoE ordinals skip dense layers; every slot starts free and a free slot is the
  *     first victim; assigning moves an expert in and its predecessor out;
@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/xcache.h"
+#include "store/xcache.h"
 #include "tests/unit/check.h"
 
 static int s_land_ok[64];

@@ -1,5 +1,5 @@
 /* arena.c - weight arena layout: plan from stat(), check, attach the set. */
-#include "common/arena.h"
+#include "store/arena.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -1,5 +1,5 @@
 /* xcache.c - the expert cache's policy (see xcache.h). */
-#include "model/xcache.h"
+#include "store/xcache.h"
 
 #include <errno.h>
 #include <stdlib.h>
