@@ -651,16 +651,34 @@ static void test_sample(void)
     free(w);
 }
 
-int main(void)
+#define T_SKIP 77 /* meson's exit code for a test that cannot run here */
+
+/* usage: test_cpu_ops [--isa ref|avx2|avx512]: the ISA-specific cases for that ISA alone (exit 77,
+ * a skip, when this CPU lacks it), or for every ISA the CPU has when none is named. */
+int main(int argc, char **argv)
 {
+    const cpu_isa_t isas[3] = {CPU_ISA_REF, CPU_ISA_AVX2, CPU_ISA_AVX512};
+    int only = -1;
+    if (argc == 3 && strcmp(argv[1], "--isa") == 0) {
+        for (int i = 0; i < 3; i++)
+            if (strcmp(argv[2], cpu_isa_name(isas[i])) == 0) only = i;
+    }
+    if (argc != 1 && only < 0) {
+        fprintf(stderr, "usage: %s [--isa ref|avx2|avx512]\n", argv[0]);
+        return 2;
+    }
     g_seed = t_seed();
     cpu_isa_t best = cpu_ops_init();
     fprintf(stderr, "best isa on this cpu: %s\n", cpu_isa_name(best));
+    if (only >= 0 && cpu_ops_set_isa(isas[only]) != isas[only]) {
+        fprintf(stderr, "isa %s: not supported by this cpu: skipped\n", cpu_isa_name(isas[only]));
+        return T_SKIP;
+    }
     test_pool();
     tpool_t *pools[2] = {tpool_create(1), tpool_create(3)};
     T_CHECK(pools[0] && pools[1], "pools");
-    const cpu_isa_t isas[3] = {CPU_ISA_REF, CPU_ISA_AVX2, CPU_ISA_AVX512};
     for (int i = 0; i < 3; i++) {
+        if (only >= 0 && i != only) continue;
         cpu_isa_t got = cpu_ops_set_isa(isas[i]);
         if (got != isas[i]) {
             fprintf(stderr, "isa %s: not supported by this cpu, not run\n", cpu_isa_name(isas[i]));
