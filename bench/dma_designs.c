@@ -8,7 +8,7 @@
  *      event and replies over a ZeroMQ PAIR socket (ipc://, as the services talk); on the reply
  *      the executor makes its compute stream wait on the event;
  *   E  the executor copies on its own copy stream and records an ordinary event, which its
- *      compute stream waits on (what model/forward_cuda.c does).
+ *      compute stream waits on (what model/gpu_slots.c does).
  *
  * After the wait, a one-thread kernel on the compute stream reads the copy's last byte and
  * counts it if it is not what the arena holds (so the dependency is real, and checked), then

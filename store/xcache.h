@@ -1,6 +1,6 @@
 /* xcache.h - the expert cache's policy (host side, no CUDA): which (layer, expert) each slot
  * holds, which experts the current layer routes to and the next layers are predicted to, the
- * experts' decayed popularity, and the choice of a victim. model/forward_cuda.c moves the bytes
+ * experts' decayed popularity, and the choice of a victim. model/gpu_slots.c moves the bytes
  * and records the copies' events; this decides.
  *
  * Victim rule (Belady on average): the evictable slot whose expert is expected to be needed

@@ -159,7 +159,7 @@ bool cuda_q8_out_ok(const cuda_ctx_t *c, int n, int dim);
  * A split expert (split > 0, a multiple of 128) keeps down's rows split .. rows - 1 elsewhere:
  * down_tail, whose data and scales pointers are offset back by split rows, so that row r of
  * down_tail is row r of down (the expert cache keeps every expert's other rows resident and
- * moves only these; model/forward_cuda.c). */
+ * moves only these; model/gpu_slots.c). */
 typedef struct {
     qmat_t gate, up, down;
     qmat_t down_tail;
@@ -185,7 +185,7 @@ int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, int hidden, i
  * runs down's rows from rows on and the combine (nn as in cuda_moe_ffn). Between them only the
  * experts' down_tail entries may change (the head reads no row of down_tail when rows is every
  * expert's split), nor x, idx, weight or scratch. So a split expert's head computes while its
- * tail is still on its way (model/forward_cuda.c). Only for cuda_moe_parts_ok steps, else
+ * tail is still on its way (model/gpu_step.c). Only for cuda_moe_parts_ok steps, else
  * STRATA_EINVAL_INPUT. */
 #define CUDA_MOE_HEAD 1
 #define CUDA_MOE_TAIL 2

@@ -279,7 +279,7 @@ static void test_simulation(void)
         T_CHECK(ours <= 1.10 * expect, "%d slots: %.2f copies a step, expected about %.2f", S, ours, expect);
         T_CHECK(ours < lru, "%d slots: %.2f copies a step, LRU %.2f", S, ours, lru);
     }
-    /* split experts' tails at 24 GiB (model/forward_cuda.c): 29 slots for 256 tails with 2
+    /* split experts' tails at 24 GiB (model/gpu_model.c): 29 slots for 256 tails with 2
      * layers pinned (gpu_decode), 53 with 5 (strata bench), the next 2 layers known: the same
      * share-of-slots traffic, and after the warm-up no copy into the pinned layers */
     const int tail_slots[2] = {29, 53}, tail_pins[2] = {2, 5};

@@ -1,0 +1,191 @@
+/* gpu_int.h - internal to model/: the state of the model on one GPU (struct gpu_model) and the
+ * interface between the three files that implement model/gpu.h. Nothing outside model/
+ * includes it.
+ *
+ *   gpu_model.c  the layout and the budget: uploads, workspace, how many slots and the split
+ *                plan, creation and freeing, the statistics' getters
+ *   gpu_slots.c  the expert slots: how a slot holds an expert or a tail, copies into slots,
+ *                prefetch issue, and the miss path (gslots_ensure)
+ *   gpu_step.c   one step: the launches, segments and their CUDA graphs, mailboxes, routing
+ *                and prediction waits, staging, steps ahead and chained steps
+ *
+ * Each file reaches into the others only through the functions declared here. gpu_model.c
+ * sizes and allocates every field of struct gpu_model; the comments on its groups of fields
+ * name the file that writes them after creation. The kernels/cuda headers included here are
+ * extern "C" C headers, no CUDA header.
+ */
+#ifndef STRATA_MODEL_GPU_INT_H
+#define STRATA_MODEL_GPU_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cpu/threadpool.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_sample.h"
+#include "model/gpu.h"
+#include "store/xcache.h"
+
+#define ALIGN256(x) (((x) + 255) & ~(size_t)255)
+#define GPU_MAX_GRAPHS 33 /* decode graphs keyed by n_tokens 1..32 */
+/* Split experts: a step of up to this many tokens reads a missed tail from pinned host memory in
+ * the expert kernels (the integer path, which reads a row once for all of a tile's tokens);
+ * larger steps copy it (the GEMM would read it once per token tile, over PCIe). */
+#define GPU_HOST_READ_ROWS 16
+/* ring entries of the host's routing, prediction and mailbox buffers (by segment); a step keeps
+ * at most 3 segments' in use (gpu_step.c's s_run) */
+#define GPU_RING 4
+
+typedef struct {
+    float *attn_norm, *ffn_norm, *bq, *bk, *bv, *bo, *q_norm, *k_norm;
+    qmat_t wq, wk, wv, wo, router, shared_gate;
+    ffn_t shared, dense;
+    cuda_expert_t *table_dev;   /* [n_experts] device pointers of resident experts */
+    cuda_expert_t *table_host;  /* [n_experts] staging copy, pinned: its copy never waits on the stream */
+} glayer_t;
+
+struct gpu_model {
+    /* gpu_model.c: the budget and every device allocation */
+    const model_t *m;
+    gpu_opts_t o;
+    cuda_ctx_t *cx;
+    int64_t budget, used;
+    size_t free0;                /* device memory free once the context exists */
+    void **allocs;               /* every device allocation, freed at the end */
+    int n_allocs, cap_allocs;
+
+    /* resident weights (gpu_model.c); the MoE layers' expert tables change in gslots_ensure */
+    glayer_t *L;
+    float *final_norm, *inv_freq;
+    qmat_t lm_head;
+    wfmt_t expert_fmt;
+    int32_t inter;               /* expert intermediate size */
+
+    /* paged KV: [layer][block][kv_head][block_size][head_dim] fp32 */
+    float *k_cache, *v_cache;
+    size_t layer_elems;
+
+    /* workspace (device); the flags xn_q8 .. pre_attn_q8 are gpu_step.c's, from one launch to
+     * the next */
+    float *x, *xn, *q, *k, *v, *att, *y, *rlog, *tw, *sg, *ffn_scr, *xl, *logits, *prlog, *ptw;
+    bool xn_q8;  /* s_ffn_pre left xn's int8 rows in the context's workspace for s_ffn_post */
+    bool routed; /* and the gate's routing in moe_scr */
+    bool att_tc; /* this step's attention on tensor cores (mostly prefill: runs of >= 16 rows) */
+    bool pre_attn, pre_attn_q8; /* s_ffn_post normed x into xn for the next layer's attention
+                                   (and left its int8 rows in the workspace) */
+    int32_t *tidx, *ptidx, *d_pos, *d_seq, *d_bt, *d_rows, *d_ids;
+    int32_t *d_tok;              /* [max_tokens] a step's tokens, for the lookup on the GPU (s_stage) */
+    cuda_sample_param_t *d_samp; /* [max_tokens] a sampled step's parameters by logit row */
+    void *moe_scr;
+    /* host staging (gpu_step.c; a mailbox and patch_dst/patch_val are gslots_ensure's) */
+    float *h_x;                  /* [max_tokens][hidden] embedded rows */
+    int32_t *h_bt;               /* [max_tokens][kv_blocks] flattened block tables (h_meta + 3 T) */
+    int32_t *h_meta;             /* [3][max_tokens] positions, sequences, logit rows (d_pos, d_seq, d_rows),
+                                    then h_bt (d_bt) */
+    int32_t *h_ids;              /* [max_tokens] a chained step's picks (s_picks) */
+    int32_t *h_tok;              /* [max_tokens] staging of d_tok */
+    /* By segment k % GPU_RING, for the host to read without waiting for the stream (s_wait_rows):
+     * the routing of segment k's gate, -1s until it lands; the prediction of the next layers;
+     * and (prelaunched steps) the mailbox of the words of the gate's expert table that change
+     * (cuda_wait_patch). */
+    int32_t *h_idx, *h_pidx;     /* [GPU_RING][idx_n], [GPU_RING][pidx_n] */
+    uint64_t *h_box;             /* [GPU_RING][box_n] */
+    size_t idx_n, pidx_n, box_n;
+    uint64_t **patch_dst, *patch_val; /* [n_experts * words of an entry]: gslots_ensure's changed words */
+    bool step_pre;               /* the step in flight is prelaunched (s_prelaunch) */
+    int32_t n_launched, n_routed; /* its segments enqueued, and routed by the host (s_route) */
+    cuda_sample_param_t *h_samp; /* [max_tokens] staging of d_samp */
+    tpool_t *embed_pool;         /* s_embed's threads, created by the first large step */
+
+    /* expert cache: laid out at creation (gpu_model.c, through gpu_slots.c's layouts); the
+     * slots' contents, their events and the copies change in gpu_slots.c only */
+    bool all_resident;
+    int32_t n_slots, n_total;
+    size_t expert_bytes, off[6]; /* an expert's host layout: gate, its scales, up, its scales, down, its scales */
+    size_t copy_bytes;           /* what one copy into a slot moves: the expert's span, expert_bytes,
+                                    or (split) a tail's rows and scales */
+    size_t span_bytes;           /* span layout: an expert's span of the model's memory */
+    size_t slot_bytes;           /* a slot's stride: expert_bytes, or (split) a tail's */
+    /* split experts (s_split_plan): every expert resident but down's rows split.., its tail;
+     * the slots cache tails. 0: slots hold whole experts */
+    int32_t split;
+    size_t d_row, ds_row;        /* bytes of one down row, of its scales */
+    size_t head_bytes, hoff[6];  /* a head: gate, its scales, up, its scales, down rows < split, theirs */
+    size_t tail_data;            /* a tail's down rows; their scales follow at ALIGN256(tail_data) */
+    uint8_t *host_tails;         /* pinned [n_moe][n_experts][slot_bytes]: every tail in slot layout,
+                                    what tail copies and host-read misses read */
+    uint8_t *heads_dev;          /* [n_moe][n_experts][head_bytes] */
+    bool span_layout;            /* a slot holds the expert's span of the model's memory as is */
+    void **locked;               /* [n_locked] page-locked ranges of the model's memory */
+    int n_locked;
+    uint8_t *slots_dev;          /* [n_slots][slot_bytes] */
+    xcache_t xc;                 /* the policy: what each slot holds, routing, prediction, victims */
+    cuda_event_t **ev;           /* [n_slots] copy-stream event of the last prefetch into each slot */
+    uint8_t *host_experts;       /* pinned [n_layers*n_experts][expert_bytes], NULL if all resident
+                                    or st.from_model (copies read the model's memory) */
+    int32_t depth;               /* prefetch window in MoE layers not pinned (0: no prediction) */
+    int32_t pred_cap;            /* MoE layers a prediction's workspace holds, pinned ones included */
+    int32_t max_inflight;        /* prefetch copies on the copy streams at once */
+    uint32_t n_copies;           /* prefetch copies issued: even ones on CUDA_STREAM_COPY, odd on COPY2 */
+    float *pred_router;          /* [n_moe][n_experts][hidden] f32 routers x ffn_norm, or NULL */
+    float *ones;                 /* [hidden] 1.0: the unweighted RMSNorm for the prediction */
+    gpu_layer_stats_t *lst;      /* [n_layers] */
+
+    /* gpu_step.c: the graphs, steps ahead and chained steps */
+    cuda_graph_t **graphs;       /* [GPU_MAX_GRAPHS][n_seg] decode graphs by n_tokens and segment */
+    int32_t n_seg;               /* segments of a step: 1, or n_moe + 1 with a cache */
+    int32_t graph_nlog[GPU_MAX_GRAPHS];
+    int8_t graph_mode[GPU_MAX_GRAPHS]; /* gpu_step.c's s_mode_t its last segment was captured for */
+    gpu_stats_t st;              /* each file counts what it does */
+    /* the step gpu_step_ahead started (ahead_n rows; 0: none) */
+    int32_t ahead_n, ahead_nlog;
+    int32_t ahead_tok[GPU_MAX_GRAPHS]; /* its tokens; its positions, sequences and logit rows are
+                                          in h_meta, its block tables in h_bt, as s_stage left them */
+    const batch_t *next;         /* gpu_set_next's guess, for the next step's s_picks */
+    cuda_event_t *ev_picked;     /* a chained step's picks are made, */
+    cuda_event_t *ev_ids;        /* and landed in h_ids */
+    int32_t *dev_meta;           /* what d_pos.. holds: the h_meta that s_put_meta sent last */
+    qmat_t embed_dev;            /* the embedding where the GPU reads it in host memory (s_map_embed);
+                                    data NULL: no chained steps */
+    void *embed_lock;            /* its page-locked range of the model's memory, or */
+    void *embed_copy;            /* its pinned copy */
+};
+
+/* ---- gpu_slots.c ---- */
+
+/* The six pieces of expert e in host memory in slot order, their starts p and bytes n. */
+void gslots_pieces(const ffn_t *e, const uint8_t *p[6], size_t n[6]);
+/* Offsets of pieces of n[i] bytes one after another, each 256-byte aligned; returns the total. */
+size_t gslots_layout(const size_t n[6], size_t off[6]);
+/* Sets g's whole-expert slot layout (expert_bytes, copy_bytes, off) from expert e's shape. */
+void gslots_expert_layout(gpu_model_t *g, const ffn_t *e);
+/* Switches g to the span layout when every routed expert is one span of the same shape. */
+void gslots_span_layout(gpu_model_t *g);
+/* The start of expert e's span of the model's memory (span layout). */
+const uint8_t *gslots_span_start(const gpu_model_t *g, const ffn_t *e);
+/* Packs expert e into dst (host) in slot layout. */
+void gslots_expert_pack(const gpu_model_t *g, uint8_t *dst, const ffn_t *e);
+/* Split experts: uploads the head of expert (l, e) and stages its tail in host_tails; 0 or <0. */
+int gslots_split_upload(gpu_model_t *g, int l, int e);
+/* The expert table entry of (l, e) held in slot s (split: s < 0 reads the tail from host memory). */
+cuda_expert_t gslots_expert_at(const gpu_model_t *g, int l, int e, int s);
+/* Where whole expert (l, e) is read from in host memory, in slot layout. */
+const uint8_t *gslots_host_expert(const gpu_model_t *g, int l, int e);
+/* Enqueues the copy of expert (l, e), or its tail, into slot s on stream; 0 or <0. */
+int gslots_fill(gpu_model_t *g, int s, int l, int e, int stream);
+/* xcache_t.landed for ctx = g: 1 when the copy into slot s has landed, 0 if not, <0 on error. */
+int gslots_landed(void *ctx, int s);
+/* Starts prefetch copies from the prediction window while layer cur computes; 0 or <0. */
+int gslots_issue(gpu_model_t *g, int cur, bool past_cur);
+/* Waits on the host for ev, prefetching meanwhile while layer placing (>= 0) is placed; 0 or <0. */
+int gslots_wait_event(gpu_model_t *g, cuda_event_t *ev, int placing);
+/* The miss path: places layer l's routed experts (wait, copy on demand, host-read), sends its table. */
+int gslots_ensure(gpu_model_t *g, int l, int n, const int32_t *idx, uint64_t *box, bool host_waits);
+
+/* ---- gpu_step.c ---- */
+
+/* Lets a prelaunched step's unrouted segments finish through their mailboxes, and waits for them. */
+void gstep_release(gpu_model_t *g);
+
+#endif
