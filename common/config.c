@@ -55,6 +55,8 @@ void config_defaults(strata_config_t *c)
     c->executor.threads = 0;
     c->executor.gpu_mem = 0;
     c->executor.prefetch_depth = -1;
+    snprintf(c->executor.expert_path, sizeof c->executor.expert_path, "auto");
+    c->executor.cpu_expert_timeout_ms = 1000;
     c->executor.place.numa_node = -1;
 
     c->n_prefetchers = 1;
@@ -235,6 +237,13 @@ static int s_on_key(void *user, const char *sec, const char *key, const char *v)
             if (strcmp(v, "split") && strcmp(v, "whole")) return s_err(x, sec, key, "'%s' must be split or whole", v);
             return s_str(x, sec, key, v, c->executor.expert_cache, sizeof c->executor.expert_cache);
         }
+        if (!strcmp(key, "expert_path")) {
+            if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "pcie"))
+                return s_err(x, sec, key, "'%s' must be auto, cpu or pcie", v);
+            return s_str(x, sec, key, v, c->executor.expert_path, sizeof c->executor.expert_path);
+        }
+        if (!strcmp(key, "cpu_expert_timeout_ms"))
+            return s_int(x, sec, key, v, 1, 600000, &c->executor.cpu_expert_timeout_ms);
         int r = s_place(x, sec, key, v, &c->executor.place, &handled);
         if (handled) return r;
     } else if (!strncmp(sec, "prefetcher.", 11)) {

@@ -72,6 +72,9 @@ typedef struct {
         int64_t gpu_mem;
         int prefetch_depth; /* -1: the backend's default */
         char expert_cache[8]; /* "split", "whole", or "" (split) */
+        char expert_path[8];  /* where experts not in GPU memory run: "auto" (the executor decides), "cpu" (every
+                                 expert in a prefetcher's arena runs on that prefetcher's cores) or "pcie" */
+        int cpu_expert_timeout_ms; /* longest wait for a prefetcher's experts before computing them here */
         config_placement_t place;
     } executor;
 

@@ -39,13 +39,19 @@ struct forward_ctx {
     int32_t *e_tok;           /* [T*top_k] token index, grouped by expert, tokens ascending */
     float *e_w;               /* [T*top_k] gate weight of that (token, expert) pair */
     float *xg;                /* [T][hidden] a wave of experts' gathered inputs; also the logit rows */
-    float *yg;                /* [T][hidden] their outputs */
+    float *yp;                /* [T*top_k][hidden] every (token, expert) pair's output, by pair index */
+    int8_t *here;             /* [n_experts] this layer's experts that run here */
     float *ffn_scratch;       /* [2*T*max_inter] for cpu_ffn_swiglu(_many) */
     float *sg;                /* [T] shared-expert gate logit */
     int64_t *route_count;     /* [n_layers][n_experts] picks since creation */
     /* attention scratch: one row per thread, att_cap floats each (grown on demand) */
     float *att_scratch;       /* [n_threads][att_cap] */
     int64_t att_cap;
+    /* experts computed elsewhere (forward_set_remote), else NULL */
+    const moe_remote_t *remote;
+    int8_t *posted;           /* [n_dest] the destinations this layer's job went to */
+    int32_t *rx_e, *rx_n;     /* [n_experts] a job's experts and their row counts */
+    uint64_t steps;           /* model_forward calls: the step id of remote jobs */
 };
 
 static int32_t s_ffn_inter(const ffn_t *f) { return f->gate.data ? f->gate.rows : 0; }
@@ -150,7 +156,8 @@ forward_ctx_t *forward_ctx_create(const model_t *m, int32_t max_tokens, tpool_t 
     f->e_tok = s_alloc(T * tk, sizeof(int32_t), &fail);
     f->e_w = s_alloc(T * tk, sizeof(float), &fail);
     f->xg = s_alloc(T * H, sizeof(float), &fail);
-    f->yg = s_alloc(T * H, sizeof(float), &fail);
+    f->yp = s_alloc(T * tk * H, sizeof(float), &fail);
+    f->here = s_alloc(ne, 1, &fail);
     f->ffn_scratch = s_alloc(2 * T * (size_t)mi, sizeof(float), &fail);
     f->sg = s_alloc(T, sizeof(float), &fail);
     f->route_count = s_alloc((size_t)c->n_layers * ne, sizeof(int64_t), &fail);
@@ -182,11 +189,38 @@ void forward_ctx_free(forward_ctx_t *f)
     free(f->e_tok);
     free(f->e_w);
     free(f->xg);
-    free(f->yg);
     free(f->ffn_scratch);
     free(f->sg);
     free(f->att_scratch);
+    free(f->yp);
+    free(f->here);
+    free(f->posted);
+    free(f->rx_e);
+    free(f->rx_n);
     free(f);
+}
+
+int forward_set_remote(forward_ctx_t *f, const moe_remote_t *r)
+{
+    const model_config_t *c = &f->m->cfg;
+    free(f->posted);
+    free(f->rx_e);
+    free(f->rx_n);
+    f->posted = NULL;
+    f->rx_e = f->rx_n = NULL;
+    f->remote = NULL;
+    if (!r || c->n_experts <= 0) return 0;
+    int fail = 0;
+    size_t ne = (size_t)c->n_experts;
+    f->posted = s_alloc(r->n_dest > 0 ? (size_t)r->n_dest : 1, 1, &fail);
+    f->rx_e = s_alloc(ne, sizeof(int32_t), &fail);
+    f->rx_n = s_alloc(ne, sizeof(int32_t), &fail);
+    if (fail) {
+        forward_set_remote(f, NULL);
+        return -ENOMEM;
+    }
+    f->remote = r;
+    return 0;
 }
 
 /* Validate a batch from outside the forward pass (scheduler, CLI) before touching memory. */
@@ -312,6 +346,94 @@ static void s_attention(forward_ctx_t *f, kv_cache_t *kv, const batch_t *b, int 
     for (size_t i = 0; i < (size_t)n * H; i++) f->x[i] += f->y[i];
 }
 
+/* The experts of this layer marked in f->here, each over its tokens, outputs into f->yp at their
+ * pair indices (the inputs gathered into f->xg in waves that fit its T rows). */
+static void s_run_here(forward_ctx_t *f, const layer_t *L)
+{
+    const model_config_t *c = &f->m->cfg;
+    int H = c->hidden, ne = c->n_experts;
+    for (int e = 0; e < ne;) {
+        cpu_ffn_item_t items[CPU_FFN_MANY_MAX];
+        int ni = 0;
+        int32_t rows = 0;
+        for (; e < ne && ni < CPU_FFN_MANY_MAX; e++) {
+            int32_t p0 = f->e_off[e], cnt = f->e_off[e + 1] - p0;
+            if (cnt == 0 || !f->here[e]) continue;
+            if (rows + cnt > f->max_tokens) break; /* the next wave */
+            for (int32_t i = 0; i < cnt; i++)
+                memcpy(f->xg + (size_t)(rows + i) * H, f->xn + (size_t)f->e_tok[p0 + i] * H, (size_t)H * sizeof(float));
+            const ffn_t *E = &L->experts[e];
+            items[ni++] = (cpu_ffn_item_t){.x = f->xg + (size_t)rows * H, .out = f->yp + (size_t)p0 * H, .n = cnt,
+                                           .gate = &E->gate, .up = &E->up, .down = &E->down};
+            rows += cnt;
+        }
+        if (ni) cpu_ffn_swiglu_many(f->pool, items, ni, f->ffn_scratch);
+    }
+}
+
+/* y += every pair's output times its gate weight, pairs in expert order (f->yp by pair index). */
+static void s_combine(forward_ctx_t *f, int n)
+{
+    int H = f->m->cfg.hidden, tk = f->m->cfg.top_k;
+    for (int32_t p = 0; p < n * tk; p++) {
+        float w = f->e_w[p];
+        float *dst = f->y + (size_t)f->e_tok[p] * H;
+        const float *src = f->yp + (size_t)p * H;
+        for (int d = 0; d < H; d++) dst[d] += w * src[d];
+    }
+}
+
+/* s_moe's experts with some computed elsewhere (f->remote): each destination's experts are
+ * posted first (their tokens' rows gathered into its ring), this process's run meanwhile, then
+ * every destination is waited for; one that is down or fails has its experts run here. Every
+ * pair's output lands at its pair index in f->yp, and the outputs are added in expert order, so
+ * y is bit for bit what the all-local path gives when the kernels agree (same ISA and
+ * activation mode: a token's FFN output does not depend on the tokens beside it). */
+static void s_moe_remote(forward_ctx_t *f, const layer_t *L, int l)
+{
+    const moe_remote_t *r = f->remote;
+    const model_config_t *c = &f->m->cfg;
+    int H = c->hidden, ne = c->n_experts;
+    const int8_t *own = r->owner + (size_t)l * ne;
+    for (int e = 0; e < ne; e++) f->here[e] = own[e] < 0;
+    for (int d = 0; d < r->n_dest; d++) {
+        f->posted[d] = 0;
+        float *rows = NULL;
+        int ni = 0;
+        int32_t row = 0;
+        for (int e = 0; e < ne; e++) {
+            int32_t p0 = f->e_off[e], cnt = f->e_off[e + 1] - p0;
+            if (own[e] != d || cnt == 0) continue;
+            if (!rows && !(rows = r->rows(r->ctx, d))) break; /* down: its experts run here */
+            for (int32_t i = 0; i < cnt; i++)
+                memcpy(rows + (size_t)(row + i) * H, f->xn + (size_t)f->e_tok[p0 + i] * H, (size_t)H * sizeof(float));
+            f->rx_e[ni] = e;
+            f->rx_n[ni++] = cnt;
+            row += cnt;
+        }
+        if (ni && r->post(r->ctx, d, l, f->rx_e, f->rx_n, ni, f->steps) == 0) f->posted[d] = 1;
+        else
+            for (int e = 0; e < ne; e++) f->here[e] |= own[e] == d;
+    }
+    s_run_here(f, L);
+    for (int d = 0; d < r->n_dest; d++) {
+        if (!f->posted[d]) continue;
+        const float *out = NULL;
+        if (r->wait(r->ctx, d, &out) == 0) {
+            size_t row = 0;
+            for (int e = 0; e < ne; e++) {
+                int32_t p0 = f->e_off[e], cnt = f->e_off[e + 1] - p0;
+                if (own[e] != d || cnt == 0) continue;
+                memcpy(f->yp + (size_t)p0 * H, out + row * H, (size_t)cnt * H * sizeof(float));
+                row += (size_t)cnt;
+            }
+            continue;
+        }
+        for (int e = 0; e < ne; e++) f->here[e] = own[e] == d;
+        s_run_here(f, L);
+    }
+}
+
 /* y = sum over routed experts of w * expert(xn) (+ the gated shared expert), grouped by expert. */
 static void s_moe(forward_ctx_t *f, int l, int n)
 {
@@ -347,36 +469,15 @@ static void s_moe(forward_ctx_t *f, int l, int n)
         }
     }
     memset(f->y, 0, (size_t)n * H * sizeof(float));
-    /* Active experts in waves that fit the T-row buffers (at decode, one wave holds them all):
-     * each wave's FFNs run in two pool dispatches (cpu_ffn_swiglu_many), then their outputs
-     * are added in expert order, as one expert at a time would. */
-    for (int e0 = 0; e0 < ne;) {
-        cpu_ffn_item_t items[CPU_FFN_MANY_MAX];
-        int ni = 0, e = e0;
-        int32_t rows = 0;
-        for (; e < ne && ni < CPU_FFN_MANY_MAX; e++) {
-            int32_t p0 = f->e_off[e], cnt = f->e_off[e + 1] - p0;
-            if (cnt == 0) continue;
-            if (rows + cnt > f->max_tokens) break; /* the next wave */
-            for (int32_t i = 0; i < cnt; i++)
-                memcpy(f->xg + (size_t)(rows + i) * H, f->xn + (size_t)f->e_tok[p0 + i] * H, (size_t)H * sizeof(float));
-            const ffn_t *E = &L->experts[e];
-            items[ni++] = (cpu_ffn_item_t){.x = f->xg + (size_t)rows * H, .out = f->yg + (size_t)rows * H, .n = cnt,
-                                           .gate = &E->gate, .up = &E->up, .down = &E->down};
-            rows += cnt;
-        }
-        cpu_ffn_swiglu_many(f->pool, items, ni, f->ffn_scratch);
-        for (int32_t r = 0, ee = e0; ee < e; ee++) {
-            int32_t p0 = f->e_off[ee], cnt = f->e_off[ee + 1] - p0;
-            for (int32_t i = 0; i < cnt; i++, r++) {
-                float w = f->e_w[p0 + i];
-                float *dst = f->y + (size_t)f->e_tok[p0 + i] * H;
-                const float *src = f->yg + (size_t)r * H;
-                for (int d = 0; d < H; d++) dst[d] += w * src[d];
-            }
-        }
-        e0 = e;
+    /* Every active expert over its tokens, its outputs at their pair indices, then added in
+     * expert order, as one expert at a time would. */
+    if (f->remote) {
+        s_moe_remote(f, L, l);
+    } else {
+        memset(f->here, 1, (size_t)ne);
+        s_run_here(f, L);
     }
+    s_combine(f, n);
     if (c->shared_inter > 0) {
         /* Qwen2-MoE: + sigmoid(x @ shared_gate^T) * shared_ffn(x) */
         for (int t = 0; t < n; t++) f->sg[t] = 1.0f / (1.0f + expf(-f->sg[t]));
@@ -410,6 +511,7 @@ int model_forward(forward_ctx_t *f, kv_cache_t *kv, const batch_t *b, float *log
     if ((rc = s_check_batch(f, kv, b, &max_ctx)) < 0) return rc; /* logged what was wrong */
     if (b->n_tokens == 0) return 0;
     if (b->n_logits > 0 && !logits) return STRATA_EINVAL_INPUT;
+    f->steps++;
     const model_t *m = f->m;
     const model_config_t *c = &m->cfg;
     int n = b->n_tokens, H = c->hidden;

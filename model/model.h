@@ -134,6 +134,28 @@ void forward_ctx_free(forward_ctx_t *f);
 /* Expert picks per layer, [n_layers][n_experts] (rows of dense layers stay 0), counted since
  * creation. */
 const int64_t *forward_route_counts(const forward_ctx_t *f);
+/* Experts computed by other processes: the prefetchers, each on the cores of the node whose
+ * arena holds the expert, over a shm ring (store/ring.h; the executor implements this in
+ * services/executor/exec_remote.c). A MoE layer posts each destination's experts first, runs
+ * its own meanwhile, then waits; a destination that is down, or does not answer in time, has its
+ * experts computed by the caller with the same kernels. */
+typedef struct {
+    void *ctx;
+    int n_dest;
+    const int8_t *owner;  /* [n_layers][n_experts]: the destination of each expert, -1 = here */
+    /* The input rows of dest's next job ([max_rows][hidden] fp32), or NULL if dest is down now
+     * (its experts then run here). */
+    float *(*rows)(void *ctx, int dest);
+    /* Post dest's job: n experts of layer, counts[i] rows each, laid out back to back in rows(). */
+    int (*post)(void *ctx, int dest, int layer, const int32_t *experts, const int32_t *counts, int n, uint64_t step);
+    /* Wait for it: 0 with *out the output rows in the same layout, or <0 (then computed here). */
+    int (*wait)(void *ctx, int dest, const float **out);
+} moe_remote_t;
+
+/* Route the experts r->owner names to r (NULL: every expert runs here). r must outlive f.
+ * Returns 0 or -ENOMEM. */
+int forward_set_remote(forward_ctx_t *f, const moe_remote_t *r);
+
 /* Run one step. logits: [n_logits][vocab]. Returns 0 or <0. */
 int model_forward(forward_ctx_t *f, kv_cache_t *kv, const batch_t *b, float *logits);
 

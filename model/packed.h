@@ -18,6 +18,7 @@
 #include "common/strata.h"
 #include "kernels/cpu/qmat.h"
 #include "model/model.h"
+#include "store/arena.h"
 
 #define PACKED_MANIFEST "strata-manifest.json"
 #define PACKED_MAGIC "strata-packed"
@@ -135,6 +136,15 @@ typedef struct {
  * On error <0 with m zeroed and eb naming the file and the field. */
 int model_load_packed_mem(model_t *m, const char *manifest, size_t len, const packed_source_t *src,
                           strata_errbuf_t *eb);
+
+/* Build m over the packed model's files inside the weight arenas s (store/arena.h), with every
+ * check of model_load_packed_mem: config.json and the manifest come from the arenas, every qmat_t
+ * points into them (zero copy; they must outlive m). Reads nothing from disk. partial: s holds
+ * some of the weight files only (one prefetcher's own arena); the others are reserved address
+ * space with no access, so only tensors of s's files may be read. On error <0, eb set. */
+int model_load_arenas(model_t *m, const arena_set_t *s, bool partial, strata_errbuf_t *eb);
+/* Index in s of the arena whose mapping holds p, or -1. */
+int model_arena_of(const arena_set_t *s, const void *p);
 
 /* Point m (its cfg set, nothing else) at pm's tensors inside files, where files[i] holds the bytes
  * of pm->files[i] (NULL for a file of 0 bytes) and idx is what packed_manifest_check of pm against

@@ -171,7 +171,7 @@ int exec_create(exec_t **out, const model_t *m, const exec_opts_t *o, strata_err
             goto fail;
         }
         e->fwd = forward_ctx_create(m, o->max_tokens, e->pool);
-        if (!e->fwd) {
+        if (!e->fwd || forward_set_remote(e->fwd, o->remote) < 0) {
             rc = strata_seterr(eb, STRATA_ENOMEM, "executor: forward buffers for %d tokens", o->max_tokens);
             goto fail;
         }

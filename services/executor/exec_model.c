@@ -10,56 +10,6 @@
 
 #include "model/packed.h"
 
-/* model_load_packed_mem's source: the packed folder's files inside the attached arenas. */
-static int s_arena_config(void *ctx, model_config_t *cfg, const char **text, size_t *len, strata_errbuf_t *eb)
-{
-    uint64_t clen = 0;
-    *text = arena_set_file(ctx, "config.json", &clen);
-    *len = (size_t)clen;
-    STRATA_ASSERT(*text); /* exec_model_from_arenas checked it is there */
-    return model_config_parse(cfg, *text, *len, "arena:config.json", eb);
-}
-
-static int s_arena_check_file(void *ctx, const packed_manifest_t *pm, int32_t i, strata_errbuf_t *eb)
-{
-    uint64_t bytes = 0;
-    if (!arena_set_file(ctx, pm->files[i].name, &bytes)) {
-        return strata_seterr(eb, STRATA_EINVAL_INPUT, "arena: weight file '%s' (field 'files[%d].name' of %s) is in no arena",
-                             pm->files[i].name, i, PACKED_MANIFEST);
-    }
-    if (bytes != pm->files[i].bytes) {
-        return strata_seterr(eb, STRATA_EINVAL_INPUT, "arena: '%s' holds %" PRIu64 " bytes but field 'files[%d].bytes' of %s says %" PRIu64,
-                             pm->files[i].name, bytes, i, PACKED_MANIFEST, pm->files[i].bytes);
-    }
-    return 0;
-}
-
-static int s_arena_map_file(void *ctx, model_t *m, const packed_manifest_t *pm, int32_t i, const unsigned char **data,
-                            strata_errbuf_t *eb)
-{
-    uint64_t bytes = 0;
-    *data = arena_set_file(ctx, pm->files[i].name, &bytes);
-    STRATA_ASSERT(*data && bytes == pm->files[i].bytes); /* s_arena_check_file passed */
-    return 0;
-}
-
-int exec_model_from_arenas(model_t *m, const arena_set_t *s, strata_errbuf_t *eb)
-{
-    uint64_t mlen = 0, clen = 0;
-    const packed_source_t src = {.manifest_name = "arena:" PACKED_MANIFEST, .config_name = "arena:config.json",
-                                 .ctx = (void *)(uintptr_t)s, .config = s_arena_config,
-                                 .check_file = s_arena_check_file, .map_file = s_arena_map_file};
-
-    memset(m, 0, sizeof *m);
-    const char *mtext = arena_set_file(s, PACKED_MANIFEST, &mlen);
-    const char *ctext = arena_set_file(s, "config.json", &clen);
-    if (!mtext || !ctext) {
-        return strata_seterr(eb, STRATA_EINVAL_INPUT, "arena: no %s in the weight arenas (the model folder is not packed)",
-                             !mtext ? PACKED_MANIFEST : "config.json");
-    }
-    return model_load_packed_mem(m, mtext, (size_t)mlen, &src, eb);
-}
-
 int exec_model_open(exec_model_t *em, const strata_config_t *cfg, double wait_s, volatile sig_atomic_t *stop,
                     strata_errbuf_t *eb)
 {
@@ -88,7 +38,7 @@ int exec_model_open(exec_model_t *em, const strata_config_t *cfg, double wait_s,
     }
     em->from_arena = true;
     for (int i = 0; i < em->arenas.n; i++) em->arena_bytes += em->arenas.seg[i].size;
-    rc = exec_model_from_arenas(&em->m, &em->arenas, eb);
+    rc = model_load_arenas(&em->m, &em->arenas, false, eb);
     if (rc < 0) {
         arena_set_detach(&em->arenas);
         em->from_arena = false;

@@ -2,7 +2,7 @@
  *
  * The prefetchers own the arenas (store/arena.h): POSIX shm segments holding the packed
  * model's files. The executor maps them read-only and points every qmat_t of its model_t
- * straight into them (zero copy) with model_load_packed_mem, the loader that model_load_packed
+ * straight into them (zero copy) with model_load_arenas (model/packed.h), the loader that model_load_packed
  * runs over mmapped files (so the same checks apply). An executor (re)start reads nothing of the
  * model from disk: config.json and the manifest come from the arena too; the model folder is
  * only stat()ed to check the layout hash.
@@ -28,10 +28,6 @@ typedef struct {
     double load_ms;         /* time to attach and build the model */
     uint64_t arena_bytes;   /* bytes of the attached arena segments */
 } exec_model_t;
-
-/* Build m over the arenas in s (a packed model's files). Reads nothing from disk. On error <0
- * with eb naming the arena file and the field. The arenas must outlive m. */
-int exec_model_from_arenas(model_t *m, const arena_set_t *s, strata_errbuf_t *eb);
 
 /* Open the group's model: from the arenas of cfg (waiting up to wait_s seconds for them to be
  * ready, checking *stop), or from disk (see above). On error <0 with eb set; STRATA_EINVAL_INPUT

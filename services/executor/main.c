@@ -31,6 +31,7 @@
 #include "proto/zmsg.h"
 #include "services/executor/exec.h"
 #include "services/executor/exec_model.h"
+#include "services/executor/exec_remote.h"
 
 #define HELLO_EVERY_S 0.2
 /* backend = cuda: after a step, poll without sleeping this long for the next plan. A blocking
@@ -47,6 +48,10 @@ static void s_usage(FILE *f)
             "model: [executor] backend = cpu (thread pool) or cuda (one GPU under gpu_mem, prefetching the\n"
             "experts that the next prefetch_depth MoE layers' gates predict; expert_cache = split keeps\n"
             "every expert resident but its down projection's last rows, whole caches whole experts).\n"
+            "expert_path = cpu|auto|pcie: with the CPU backend, the experts that the prefetchers compute\n"
+            "on their own cores from their arenas over shm rings (cpu: all of their arenas'; auto: those\n"
+            "of arenas on another NUMA node; pcie: none); a prefetcher down or slower than\n"
+            "cpu_expert_timeout_ms has its experts computed here.\n"
             "The weights are mapped read-only from the prefetchers' shm arenas, so a restart reads no\n"
             "model file from disk; KV cache: [scheduler] kv_blocks x block_size. Binds a ROUTER at\n"
             "[executor] endpoint.\n\n"
@@ -58,6 +63,7 @@ static void s_usage(FILE *f)
 typedef struct {
     const strata_config_t *cfg;
     exec_model_t em;
+    exec_remote_t *remote;      /* experts on the prefetchers' cores, or NULL */
     exec_t *ex;
     void *zctx, *sock;
     msg_buf_t buf;
@@ -135,7 +141,7 @@ static void s_on_stats(svc_t *S, const void *route, size_t len, const msg_t *in)
 {
     exec_stats_t st;
     exec_get_stats(S->ex, &st);
-    msg_stat_t items[40];
+    msg_stat_t items[56];
     int n = 0;
 #define S_STAT(name, val) items[n++] = (msg_stat_t){msg_str(name), (double)(val)}
     S_STAT("pid", getpid());
@@ -166,6 +172,20 @@ static void s_on_stats(svc_t *S, const void *route, size_t len, const msg_t *in)
         S_STAT("experts_on_gpu", st.experts_on_gpu);
         S_STAT("experts_total", st.n_experts_total);
         S_STAT("hit_rate", st.hits + st.misses ? (double)st.hits / (double)(st.hits + st.misses) : 0);
+    }
+    if (S->remote) {
+        /* the CPU-expert path (exec_remote.h) */
+        exec_remote_stats_t rs;
+        exec_remote_stats(S->remote, &rs);
+        S_STAT("cpu_expert_jobs", rs.jobs);
+        S_STAT("cpu_expert_uses", rs.experts);
+        S_STAT("cpu_expert_rows", rs.rows);
+        S_STAT("cpu_expert_fallbacks", rs.fallbacks);
+        S_STAT("cpu_expert_bytes", rs.bytes);
+        S_STAT("cpu_expert_wait_us_total", rs.wait_us);
+        S_STAT("cpu_expert_compute_us_total", rs.compute_us);
+        S_STAT("cpu_experts_owned", rs.experts_owned);
+        S_STAT("cpu_expert_peers_up", rs.dests_up);
     }
 #undef S_STAT
     msg_t m;
@@ -256,6 +276,14 @@ int main(int argc, char **argv)
     o.block_size = cfg.scheduler.block_size;
     o.max_tokens = cfg.scheduler.max_batch_tokens;
     o.max_context = cfg.scheduler.max_context;
+    if (!strcmp(o.backend, "cpu")) {
+        if ((r = exec_remote_create(&S.remote, &cfg, &S.em, &eb)) < 0) {
+            log_error("%s", eb.msg[0] ? eb.msg : strata_strerror(r));
+            rc = r == STRATA_EINVAL_INPUT ? SERVICE_EXIT_CONFIG : SERVICE_EXIT_FAIL;
+            goto done;
+        }
+        o.remote = exec_remote_iface(S.remote);
+    }
     r = exec_create(&S.ex, &S.em.m, &o, &eb);
     if (r < 0) {
         log_error("%s", eb.msg[0] ? eb.msg : strata_strerror(r));
@@ -320,6 +348,7 @@ done:
     msg_buf_free(&S.buf);
     free(S.tokens);
     exec_free(S.ex);
+    exec_remote_free(S.remote);
     exec_model_close(&S.em);
     return rc;
 }

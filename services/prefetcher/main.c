@@ -11,8 +11,9 @@
  * A virtual synthetic model folder (`strata synth --synthetic`: model/synth_fast.h) has only
  * sparse placeholders for its weight files; their bytes are generated into the arena instead
  * of read, so an 80 GB synthetic model needs no disk.
- * Then it binds a ZeroMQ ROUTER socket at its endpoint and answers "status" requests
- * (proto/msg.h MSG_PF_STATUS). Expert compute and DMA requests come with the GPU work.
+ * Then it serves the executor's CPU-expert jobs on its shm ring (xserve.h: the experts of its own
+ * arena, computed on its cores), binds a ZeroMQ ROUTER socket at its endpoint and answers
+ * "status" requests (proto/msg.h MSG_PF_STATUS).
  *
  * The arena deliberately outlives this process: a clean stop leaves it for the next start.
  * `strata up` removes it when the whole group stops; under systemd `--remove` drops it.
@@ -40,6 +41,7 @@
 #include "model/synth_fast.h"
 #include "proto/msg.h"
 #include "proto/zmsg.h"
+#include "services/prefetcher/xserve.h"
 
 #define FILL_CHUNK (16u << 20) /* bytes per copy task */
 
@@ -246,7 +248,9 @@ static void s_usage(FILE *f)
     fprintf(f,
             "usage: strata-prefetcher --config FILE --node N [--remove]\n\n"
             "Owns NUMA node N's weight arena (shm /strata-<group>-arena-<N>): reattaches it if it\n"
-            "survived, else fills it from [group] model, then serves status on [prefetcher.N] endpoint.\n"
+            "survived, else fills it from [group] model. Then it computes the executor's CPU experts\n"
+            "whose weights lie in this arena on its cores ([prefetcher.N] threads), over the shm ring\n"
+            "/strata-<group>-ring-<N>, and serves status on [prefetcher.N] endpoint.\n"
             "Reports READY=1 / WATCHDOG=1 / STOPPING=1 through sd_notify (NOTIFY_SOCKET).\n\n"
             "  --config FILE   group config (INI)\n"
             "  --node N        which [prefetcher.N] section this process is\n"
@@ -381,6 +385,13 @@ int main(int argc, char **argv)
         return rc == STRATA_EINVAL_INPUT || rc == STRATA_EVERSION || rc == STRATA_EFORMAT ? 2 : 1;
     }
 
+    xserve_t *xs = NULL;
+    if ((rc = xserve_start(&xs, cfg, part, &arena.seg, cfg->prefetcher[part].threads, &eb)) < 0) {
+        log_error("cpu experts: %s", eb.msg);
+        shm_detach(&arena.seg);
+        return rc == STRATA_EINVAL_INPUT || rc == STRATA_EFORMAT ? 2 : 1;
+    }
+
     /* the ipc socket's folder; the launcher makes it too, systemd does not */
     if (mkdir(cfg->run_dir, 0700) < 0 && errno != EEXIST) log_warn("mkdir %s: %s", cfg->run_dir, strerror(errno));
     int exit_code = 0;
@@ -429,6 +440,7 @@ int main(int argc, char **argv)
     log_info("stopping (arena %s stays for the next start)", name);
     msg_buf_free(&b);
 out:
+    xserve_stop(xs);
     if (sock) zmq_close(sock);
     if (ctx) zmq_ctx_term(ctx);
     /* libzmq removes a bound ipc socket file when the socket closes cleanly; make sure ours is

@@ -17,6 +17,14 @@ Cases:
                     built over both, same answers; kill -9 of one prefetcher
   demo              `strata up --demo` (detached) + `strata client` + `strata status` +
                     `strata down`, in a temp run dir on a free port
+  cpu_experts       two prefetchers with [executor] expert_path = cpu: each computes the experts
+                    of its own arena over its shm ring; answers equal the executor computing every
+                    expert itself (pcie), and the counters show the prefetchers did the work
+  cpu_experts_kill  kill -9 of one of them while 8 clients stream: the executor computes that
+                    node's experts itself until the prefetcher is back; no request lost, every
+                    answer identical; the restarted prefetcher serves jobs again
+  cpu_experts_stop  SIGSTOP of one of them while 8 clients stream: no hang (bounded wait, then the
+                    fallback), every answer identical; after SIGCONT it serves again
 
 usage: test_group.py --strata BIN --prefetcher BIN --executor BIN --scheduler BIN --router BIN
                      --client-py DIR CASE...
@@ -188,7 +196,7 @@ def case_two_arenas():
     secs = {"prefetcher.0": {"numa_node": "-1"}, "prefetcher.1": {"numa_node": "-1"}}
     with gl.Group(A, kind="real", sections=secs) as g:
         g.start()
-        segs = gl.shm_segments(g.name)
+        segs = [p for p in gl.shm_segments(g.name) if "-arena-" in p]
         assert [os.path.basename(p)[-7:] for p in segs] == ["arena-0", "arena-1"], segs
         sizes = [gl.shm_header(p)["size"] for p in segs]
         assert all(s < model_bytes() for s in sizes), "each arena holds part of the weights: %s vs %d" % (sizes, model_bytes())
@@ -200,6 +208,112 @@ def case_two_arenas():
         g.wait_svc("prefetcher.1", lambda s: s["pid"] not in (0, old) and s["state"] == "ready")
         assert answer(g, PROMPTS[2]) == want
         print("  two arenas: %s bytes" % sizes)
+
+
+TWO_NODES = {"prefetcher.0": {"numa_node": "-1"}, "prefetcher.1": {"numa_node": "-1"}}
+
+
+def cpu_sections(path, **executor):
+    secs = {k: dict(v) for k, v in TWO_NODES.items()}
+    secs["executor"] = dict({"expert_path": path}, **executor)
+    return secs
+
+
+def ex_stats(g):
+    with client(g) as c:
+        st = c.stats()
+    return {k[len("scheduler.executor."):]: v for k, v in st.items() if k.startswith("scheduler.executor.")}
+
+
+def reference_answers():
+    """Every prompt's answer with each expert computed by the executor itself."""
+    with gl.Group(A, kind="real", sections=cpu_sections("pcie")) as g:
+        g.start()
+        assert "cpu_expert_uses" not in ex_stats(g)
+        return {i: answer(g, p) for i, p in enumerate(PROMPTS)}
+
+
+def case_cpu_experts():
+    want = reference_answers()
+    with gl.Group(A, kind="real", sections=cpu_sections("cpu")) as g:
+        g.start()
+        rings = [p for p in gl.shm_segments(g.name) if "-ring-" in p]
+        assert [os.path.basename(p)[-6:] for p in rings] == ["ring-0", "ring-1"], rings
+        got = {i: answer(g, p) for i, p in enumerate(PROMPTS)}
+        st = ex_stats(g)
+        print("  cpu experts: %s" % {k: v for k, v in st.items() if k.startswith("cpu_expert")})
+        assert got == want, "answers differ from the executor's own experts"
+        assert st["cpu_experts_owned"] > 0 and st["cpu_expert_peers_up"] == 2, st
+        assert st["cpu_expert_jobs"] > 0 and st["cpu_expert_uses"] > 0 and st["cpu_expert_bytes"] > 0, st
+        assert st["cpu_expert_fallbacks"] == 0, st
+        # concurrent streams share steps: still the same tokens
+        got = concurrent(g, PROMPTS)
+        assert got == want, {i: r for i, r in got.items() if r != want[i]}
+
+
+def stream_with_fault(fault, after):
+    """8 clients stream with expert_path = cpu; fault(g) once the first tokens came; every answer
+    must equal the executor's own; then after(g, want, stats)."""
+    want = reference_answers()
+    with gl.Group(A, kind="real", sections=cpu_sections("cpu", cpu_expert_timeout_ms="2000")) as g:
+        g.start()
+        t0 = time.monotonic()
+        got = concurrent(g, PROMPTS, during=lambda: fault(g))
+        took = time.monotonic() - t0
+        bad = {i: r for i, r in got.items() if r != want[i]}
+        assert not bad, "requests changed or lost: %s" % bad
+        st = ex_stats(g)
+        print("  %.1f s; %s" % (took, {k: v for k, v in st.items() if k.startswith("cpu_expert")}))
+        assert st["cpu_expert_fallbacks"] > 0, st
+        after(g, want, st)
+
+
+def served_again(g, want, st):
+    """The faulty prefetcher is up again and serves jobs."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and ex_stats(g)["cpu_expert_peers_up"] < 2:
+        time.sleep(0.1)
+    assert answer(g, PROMPTS[3]) == want[3]
+    now = ex_stats(g)
+    assert now["cpu_expert_peers_up"] == 2 and now["cpu_expert_jobs"] > st["cpu_expert_jobs"], now
+
+
+def case_cpu_experts_kill():
+    old = {}
+
+    def kill(g):
+        old["pid"] = g.svc("prefetcher.1")["pid"]
+        os.kill(old["pid"], signal.SIGKILL)
+
+    def after(g, want, st):
+        s = g.wait_svc("prefetcher.1", lambda s: s["pid"] not in (0, old["pid"]) and s["state"] == "ready", timeout=60)
+        assert s["restarts"] == 1, s
+        assert all(g.svc(n)["restarts"] == 0 for n in ("executor", "scheduler", "router", "prefetcher.0"))
+        served_again(g, want, st)
+
+    stream_with_fault(kill, after)
+
+
+def case_cpu_experts_stop():
+    stopped = {}
+
+    def stop(g):
+        stopped["pid"] = g.svc("prefetcher.1")["pid"]
+        os.kill(stopped["pid"], signal.SIGSTOP)
+
+    def after(g, want, st):
+        os.kill(stopped["pid"], signal.SIGCONT)
+        assert g.svc("prefetcher.1")["pid"] == stopped["pid"], "the stopped prefetcher was restarted"
+        served_again(g, want, st)
+
+    try:
+        stream_with_fault(stop, after)
+    finally:
+        if "pid" in stopped:
+            try:
+                os.kill(stopped["pid"], signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
 
 def case_demo():

@@ -119,7 +119,7 @@ def case_pinning():
             else:
                 assert "default" in pols and "bind:0" not in pols, "%s: policies %s, want default" % (name, pols)
         # the arena itself is bound to the prefetcher's node (mbind on the segment)
-        seg = gl.shm_segments(g.name)[0]
+        seg = [p for p in gl.shm_segments(g.name) if "-arena-" in p][0]
         hdr = gl.shm_header(seg)
         assert hdr["numa_node"] == 0 and hdr["ready"] == 1, hdr
         out = subprocess.run([A.strata, "status", "--config", g.config], capture_output=True, text=True)
@@ -137,7 +137,7 @@ def case_prefetcher_kill():
         g.start()
         st0 = prefetcher_status(g)
         assert st0["type"] == "status" and st0["reattached"] is False and st0["fill_ms"] > 0, st0
-        seg = gl.shm_segments(g.name)
+        seg = [p for p in gl.shm_segments(g.name) if "-arena-" in p]
         assert len(seg) == 1, seg
         h0 = gl.shm_header(seg[0])
         old = g.svc("prefetcher.0")["pid"]
@@ -157,7 +157,7 @@ def case_prefetcher_rebuild():
     """A half-filled arena left by a dead owner is rebuilt; one built from other files too."""
     with gl.Group(A) as g:
         g.start()
-        path = gl.shm_segments(g.name)[0]
+        path = [p for p in gl.shm_segments(g.name) if "-arena-" in p][0]
         h0 = gl.shm_header(path)
         # make the segment look like its filler died half-way: ready = 0, owner = a dead pid
         p = subprocess.Popen(["true"])

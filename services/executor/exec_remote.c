@@ -1,0 +1,184 @@
+/* exec_remote.c - experts computed by the prefetchers over shm rings (see exec_remote.h). */
+#include "services/executor/exec_remote.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/ops.h"
+#include "model/packed.h"
+#include "store/ring.h"
+
+#define SPIN_US 50          /* spin this long on `done` before sleeping on the futex */
+#define STALE_MS 250        /* a heartbeat older than this: the prefetcher is stopped or gone */
+#define REATTACH_S 0.2      /* how often a ring that is down is attached again */
+
+typedef struct {
+    char name[SHM_NAME_MAX];
+    ring_t ring;
+    bool attached;
+    double t_try;           /* last attach attempt (strata_now) */
+    bool warned;            /* its fallback was logged since it was last up */
+} s_dest_t;
+
+struct exec_remote {
+    moe_remote_t iface;
+    int8_t *owner;          /* [n_layers][n_experts] */
+    ring_geom_t geom;
+    int timeout_ms;
+    int n_dest;
+    s_dest_t dest[CONFIG_MAX_PREFETCHERS];
+    exec_remote_stats_t st;
+};
+
+/* Attach dest d's ring if it is not, or if its peer is down and it may have made a new one. */
+static bool s_ready(exec_remote_t *x, int d)
+{
+    s_dest_t *D = &x->dest[d];
+    if (D->attached && ring_peer_up(&D->ring, STALE_MS)) {
+        D->warned = false;
+        return true;
+    }
+    double now = strata_now();
+    if (now - D->t_try < REATTACH_S) return false;
+    D->t_try = now;
+    strata_errbuf_t eb = {{0}};
+    ring_t r;
+    if (ring_attach(&r, D->name, &x->geom, &eb) < 0) {
+        if (!D->warned) log_warn("prefetcher ring %s: %s; computing its experts here", D->name, eb.msg);
+        D->warned = true;
+        return false;
+    }
+    if (D->attached) {
+        r.seq = D->ring.seq > r.seq ? D->ring.seq : r.seq;
+        ring_close(&D->ring);
+    }
+    D->ring = r;
+    D->attached = true;
+    if (ring_peer_up(&D->ring, STALE_MS)) {
+        D->warned = false;
+        return true;
+    }
+    if (!D->warned) log_warn("prefetcher ring %s: its prefetcher is down; computing its experts here", D->name);
+    D->warned = true;
+    return false;
+}
+
+static float *s_rows(void *ctx, int d)
+{
+    exec_remote_t *x = ctx;
+    if (s_ready(x, d)) return x->dest[d].ring.x;
+    x->st.fallbacks++;
+    return NULL;
+}
+
+static int s_post(void *ctx, int d, int layer, const int32_t *experts, const int32_t *counts, int n, uint64_t step)
+{
+    exec_remote_t *x = ctx;
+    ring_t *r = &x->dest[d].ring;
+    STRATA_ASSERT(x->dest[d].attached && n > 0 && n <= x->geom.max_items);
+    int32_t row = 0;
+    for (int i = 0; i < n; i++) {
+        r->ctl->items[i] = (ring_item_t){.expert = experts[i], .row0 = row, .n = counts[i]};
+        row += counts[i];
+    }
+    STRATA_ASSERT(row <= x->geom.max_rows);
+    ring_post(r, layer, n, row, (int32_t)cpu_ops_act(), step);
+    return 0;
+}
+
+static int s_wait(void *ctx, int d, const float **out)
+{
+    exec_remote_t *x = ctx;
+    s_dest_t *D = &x->dest[d];
+    ring_result_t res;
+    double t0 = strata_now();
+    int rc = ring_wait(&D->ring, SPIN_US, STALE_MS, x->timeout_ms, &res);
+    x->st.wait_us += (strata_now() - t0) * 1e6;
+    if (rc < 0) {
+        x->st.fallbacks++;
+        log_warn("prefetcher ring %s: job %llu: %s; computing its experts here", D->name, (unsigned long long)D->ring.seq,
+                 rc == STRATA_EIO ? "the prefetcher is gone" : strata_strerror(rc));
+        D->warned = true;
+        D->t_try = strata_now(); /* give it REATTACH_S before the next try */
+        return rc;
+    }
+    const ring_job_t *j = &D->ring.ctl->job;
+    x->st.jobs++;
+    x->st.experts += (uint64_t)j->n_items;
+    x->st.rows += (uint64_t)j->n_rows;
+    x->st.bytes += res.bytes;
+    x->st.compute_us += (double)res.compute_ns * 1e-3;
+    *out = D->ring.y;
+    return 0;
+}
+
+int exec_remote_create(exec_remote_t **out, const strata_config_t *cfg, const exec_model_t *em, strata_errbuf_t *eb)
+{
+    *out = NULL;
+    const model_config_t *c = &em->m.cfg;
+    bool all = !strcmp(cfg->executor.expert_path, "cpu");
+    if (!em->from_arena || c->n_experts <= 0 || !strcmp(cfg->executor.expert_path, "pcie")) return 0;
+    exec_remote_t *x = calloc(1, sizeof *x);
+    if (!x) return STRATA_ENOMEM;
+    x->owner = malloc((size_t)c->n_layers * (size_t)c->n_experts);
+    if (!x->owner) {
+        free(x);
+        return STRATA_ENOMEM;
+    }
+    memset(x->owner, -1, (size_t)c->n_layers * (size_t)c->n_experts);
+    int own = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!c->layer_sparse[l]) continue;
+        for (int e = 0; e < c->n_experts; e++) {
+            int a = model_arena_of(&em->arenas, em->m.layers[l].experts[e].gate.data);
+            if (a < 0) continue;
+            int node = cfg->prefetcher[a].place.numa_node;
+            if (all || (node >= 0 && cfg->executor.place.numa_node >= 0 && node != cfg->executor.place.numa_node)) {
+                x->owner[(size_t)l * c->n_experts + e] = (int8_t)a;
+                own++;
+            }
+        }
+    }
+    if (own == 0) {
+        exec_remote_free(x);
+        return 0;
+    }
+    x->geom = ring_geom(c->hidden, c->top_k, c->n_experts, cfg->scheduler.max_batch_tokens);
+    x->timeout_ms = cfg->executor.cpu_expert_timeout_ms;
+    x->n_dest = cfg->n_prefetchers;
+    for (int d = 0; d < x->n_dest; d++) {
+        if (ring_shm_name(x->dest[d].name, sizeof x->dest[d].name, cfg->name, cfg->prefetcher[d].node) < 0) {
+            exec_remote_free(x);
+            return strata_seterr(eb, STRATA_EINVAL_INPUT, "group name '%s' too long for a ring name", cfg->name);
+        }
+        x->dest[d].t_try = -1e9;
+        (void)s_ready(x, d);
+    }
+    x->st.experts_owned = own;
+    x->iface = (moe_remote_t){.ctx = x, .n_dest = x->n_dest, .owner = x->owner, .rows = s_rows, .post = s_post, .wait = s_wait};
+    log_info("cpu experts: %d of the model's experts run on their prefetchers' cores (expert_path = %s)", own,
+             cfg->executor.expert_path);
+    *out = x;
+    return 0;
+}
+
+const moe_remote_t *exec_remote_iface(const exec_remote_t *x) { return x ? &x->iface : NULL; }
+
+void exec_remote_stats(const exec_remote_t *x, exec_remote_stats_t *st)
+{
+    memset(st, 0, sizeof *st);
+    if (!x) return;
+    *st = x->st;
+    for (int d = 0; d < x->n_dest; d++) st->dests_up += x->dest[d].attached && ring_peer_up(&x->dest[d].ring, STALE_MS);
+}
+
+void exec_remote_free(exec_remote_t *x)
+{
+    if (!x) return;
+    for (int d = 0; d < x->n_dest; d++)
+        if (x->dest[d].attached) ring_close(&x->dest[d].ring);
+    free(x->owner);
+    free(x);
+}

@@ -1,0 +1,194 @@
+/* xserve.c - CPU experts on the prefetcher's cores (see xserve.h). */
+#include "services/prefetcher/xserve.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/threadpool.h"
+#include "model/packed.h"
+#include "store/arena.h"
+#include "store/ring.h"
+
+#define SUB_ROWS 256        /* rows of one cpu_ffn_swiglu_many call: bounds the scratch */
+
+struct xserve {
+    arena_set_t own;        /* this prefetcher's arena alone (not detached here: the caller owns it) */
+    model_t m;              /* over own, partial */
+    ring_t ring;
+    tpool_t *pool;
+    float *scratch;         /* [2 * SUB_ROWS * max_inter] */
+    int32_t max_inter;
+    pthread_t th, beat;
+    bool running, beating;
+    int stop;               /* atomic */
+    uint64_t served, refused;
+};
+
+static size_t s_qbytes(const qmat_t *q)
+{
+    return qmat_data_bytes(q->fmt, q->rows, q->cols) + qmat_scale_bytes(q->fmt, q->rows, q->cols, q->group);
+}
+
+/* Run one job: every item's FFN over its rows of x into y. 0, or STRATA_EINVAL_INPUT for a job
+ * that names a layer or expert this arena does not hold. */
+static int s_run(xserve_t *x, const ring_job_t *j, const ring_item_t *items, uint64_t *bytes)
+{
+    const model_config_t *c = &x->m.cfg;
+    if (j->layer >= c->n_layers || !c->layer_sparse[j->layer] || (j->act != CPU_ACT_F32 && j->act != CPU_ACT_Q8))
+        return STRATA_EINVAL_INPUT;
+    const layer_t *L = &x->m.layers[j->layer];
+    for (int i = 0; i < j->n_items; i++) {
+        if (items[i].expert >= c->n_experts) return STRATA_EINVAL_INPUT;
+        const ffn_t *E = &L->experts[items[i].expert];
+        if (model_arena_of(&x->own, E->gate.data) != 0 || model_arena_of(&x->own, E->up.data) != 0 ||
+            model_arena_of(&x->own, E->down.data) != 0)
+            return STRATA_EINVAL_INPUT; /* another node's expert: its bytes are not mapped here */
+    }
+    cpu_ops_set_act((cpu_act_t)j->act);
+    int H = x->ring.ctl->geom.hidden;
+    cpu_ffn_item_t sub[CPU_FFN_MANY_MAX];
+    int ns = 0;
+    int32_t rows = 0;
+    *bytes = 0;
+    for (int i = 0; i < j->n_items; i++) {
+        const ffn_t *E = &L->experts[items[i].expert];
+        *bytes += s_qbytes(&E->gate) + s_qbytes(&E->up) + s_qbytes(&E->down);
+        for (int32_t r0 = 0; r0 < items[i].n;) {
+            int32_t n = items[i].n - r0;
+            if (n > SUB_ROWS - rows) n = SUB_ROWS - rows;
+            size_t at = (size_t)(items[i].row0 + r0) * (size_t)H;
+            sub[ns++] = (cpu_ffn_item_t){.x = x->ring.x + at, .out = x->ring.y + at, .n = n,
+                                         .gate = &E->gate, .up = &E->up, .down = &E->down};
+            rows += n;
+            r0 += n;
+            if (rows == SUB_ROWS || ns == CPU_FFN_MANY_MAX) {
+                cpu_ffn_swiglu_many(x->pool, sub, ns, x->scratch);
+                ring_beat(&x->ring);
+                ns = 0;
+                rows = 0;
+            }
+        }
+    }
+    if (ns) cpu_ffn_swiglu_many(x->pool, sub, ns, x->scratch);
+    return 0;
+}
+
+/* The heartbeat from a thread of its own: a long job (a prefill's experts) beats too, and only a
+ * stopped or dead process goes stale. */
+static void *s_beat(void *arg)
+{
+    xserve_t *x = arg;
+    while (!__atomic_load_n(&x->stop, __ATOMIC_ACQUIRE)) {
+        ring_beat(&x->ring);
+        usleep(RING_BEAT_MS * 1000 / 2);
+    }
+    return NULL;
+}
+
+static void *s_main(void *arg)
+{
+    xserve_t *x = arg;
+    ring_job_t j;
+    static ring_item_t items[RING_MAX_ITEMS];
+    while (!__atomic_load_n(&x->stop, __ATOMIC_ACQUIRE)) {
+        if (ring_serve_wait(&x->ring, &j, items, 200) <= 0) continue;
+        uint64_t t0 = strata_now_ns(), bytes = 0;
+        int rc = s_run(x, &j, items, &bytes);
+        if (rc < 0) {
+            x->refused++;
+            log_warn("expert job %llu of layer %d: an expert this arena does not hold, or a bad layer: refused",
+                     (unsigned long long)j.seq, j.layer);
+        } else {
+            x->served++;
+        }
+        ring_serve_done(&x->ring, &j, rc, strata_now_ns() - t0, bytes);
+    }
+    return NULL;
+}
+
+int xserve_start(xserve_t **out, const strata_config_t *cfg, int part, const shm_seg_t *arena, int threads,
+                 strata_errbuf_t *eb)
+{
+    int rc;
+    *out = NULL;
+    if (!packed_is_packed(cfg->model)) return 0;
+    xserve_t *x = calloc(1, sizeof *x);
+    if (!x) return STRATA_ENOMEM;
+    x->own.n = 1;
+    x->own.seg[0] = *arena;
+    x->own.idx[0] = (const arena_index_t *)shm_payload(arena);
+    if ((rc = model_load_arenas(&x->m, &x->own, true, eb)) < 0) goto fail;
+    const model_config_t *c = &x->m.cfg;
+    if (c->n_experts <= 0) { /* a dense model: nothing to serve */
+        model_free(&x->m);
+        free(x);
+        return 0;
+    }
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer_sparse[l])
+            for (int e = 0; e < c->n_experts; e++)
+                if (x->m.layers[l].experts[e].gate.rows > x->max_inter) x->max_inter = x->m.layers[l].experts[e].gate.rows;
+    x->scratch = malloc(sizeof(float) * 2 * SUB_ROWS * (size_t)(x->max_inter > 0 ? x->max_inter : 1));
+    if (!x->scratch) {
+        rc = strata_seterr(eb, STRATA_ENOMEM, "cpu experts: scratch");
+        goto fail;
+    }
+    if (threads <= 0) {
+        cpu_set_t set;
+        threads = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    }
+    if (threads > 1 && !(x->pool = tpool_create(threads))) {
+        rc = strata_seterr(eb, STRATA_ENOMEM, "cpu experts: %d threads", threads);
+        goto fail;
+    }
+    cpu_ops_init();
+    char name[SHM_NAME_MAX];
+    if (ring_shm_name(name, sizeof name, cfg->name, cfg->prefetcher[part].node) < 0) {
+        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "group name '%s' too long for a ring name", cfg->name);
+        goto fail;
+    }
+    ring_geom_t g = ring_geom(c->hidden, c->top_k, c->n_experts, cfg->scheduler.max_batch_tokens);
+    if ((rc = ring_serve_open(&x->ring, name, &g, cfg->prefetcher[part].node, cfg->prefetcher[part].place.numa_node, eb)) < 0)
+        goto fail;
+    if (pthread_create(&x->th, NULL, s_main, x) != 0) {
+        rc = strata_seterr(eb, STRATA_ENOMEM, "cpu experts: cannot start the ring thread");
+        goto fail;
+    }
+    x->running = true;
+    if (pthread_create(&x->beat, NULL, s_beat, x) != 0) {
+        rc = strata_seterr(eb, STRATA_ENOMEM, "cpu experts: cannot start the heartbeat thread");
+        goto fail;
+    }
+    x->beating = true;
+    log_info("cpu experts: serving %s (generation %llu, %d threads, %s, rows of %d floats, up to %d a job)", name,
+             (unsigned long long)x->ring.gen, threads, cpu_isa_name(cpu_ops_init()), g.hidden, g.max_rows);
+    *out = x;
+    return 0;
+fail:
+    xserve_stop(x);
+    return rc;
+}
+
+void xserve_counts(const xserve_t *x, uint64_t *served, uint64_t *refused)
+{
+    *served = x ? x->served : 0;
+    *refused = x ? x->refused : 0;
+}
+
+void xserve_stop(xserve_t *x)
+{
+    if (!x) return;
+    __atomic_store_n(&x->stop, 1, __ATOMIC_RELEASE);
+    if (x->running) pthread_join(x->th, NULL);
+    if (x->beating) pthread_join(x->beat, NULL);
+    ring_close(&x->ring);
+    if (x->pool) tpool_destroy(x->pool);
+    free(x->scratch);
+    model_free(&x->m);
+    free(x);
+}
