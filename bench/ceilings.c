@@ -1,15 +1,20 @@
 /* ceilings - the machine's bandwidth ceilings for the roofline (bench/roofline.h): host memory
- * read bandwidth, and with a GPU the pinned host->GPU copy bandwidth and GPU memory read
- * bandwidth (kernels/cuda/probe.h). One JSON object on stdout (or --json FILE); `strata bench`
- * runs it so that the strata tool itself needs no CUDA. */
+ * read bandwidth, and with a GPU the pinned host->GPU copy bandwidth, GPU memory read bandwidth
+ * (kernels/cuda/probe.h) and host memory read by the copy and the CPU at once
+ * (bench/shared_probe.h). One JSON object on stdout (or --json FILE), with the machine in words
+ * and the build's commit for results rows (bench/results.h); `strata bench` runs it so that the
+ * strata tool itself needs no CUDA. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "bench/build_commit.h"
+#include "bench/results.h"
 #include "bench/roofline.h"
 #ifdef STRATA_HAVE_CUDA
+#include "bench/shared_probe.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/probe.h"
 #endif
@@ -19,8 +24,13 @@ static void s_help(FILE *f)
     fprintf(f,
             "usage: ceilings [--mib N] [--device D] [--no-gpu] [--threads T] [--json FILE]\n\n"
             "Measure host memory read bandwidth and, when a CUDA GPU is present, pinned host->GPU copy\n"
-            "bandwidth and GPU memory read bandwidth. Prints one JSON object:\n"
-            "  {\"machine\", \"gpu\", \"gpu_mem\", \"cpu_gb_s\", \"pcie_gb_s\", \"hbm_gb_s\"} (GPU fields null without a GPU)\n\n"
+            "bandwidth, GPU memory read bandwidth, and host memory read by a pinned host->GPU copy loop\n"
+            "and the CPU threads at once (both timed over the same window, best of 3 windows of 0.5 s).\n"
+            "Prints one JSON object:\n"
+            "  {\"machine\", \"machine_desc\", \"commit\", \"gpu\", \"gpu_mem\", \"cpu_gb_s\", \"pcie_gb_s\", \"hbm_gb_s\",\n"
+            "   \"h2d_shared_gb_s\", \"cpu_shared_gb_s\", \"host_shared_gb_s\"}\n"
+            "GPU fields are null without a GPU; the roofline then assumes the shared rate\n"
+            "(bench/roofline.h, ROOFLINE_HOST_SHARED_FRACTION).\n\n"
             "  --mib N      probe buffer size in MiB (default 1024)\n"
             "  --device D   CUDA device (default 0)\n"
             "  --no-gpu     skip the GPU probes\n"
@@ -72,29 +82,52 @@ int main(int argc, char **argv)
     json_object_set_new(o, "gpu_mem", json_null());
     json_object_set_new(o, "pcie_gb_s", json_null());
     json_object_set_new(o, "hbm_gb_s", json_null());
+    json_object_set_new(o, "h2d_shared_gb_s", json_null());
+    json_object_set_new(o, "cpu_shared_gb_s", json_null());
+    json_object_set_new(o, "host_shared_gb_s", json_null());
     int rc = cpu > 0 ? 0 : 1;
+    char gpu_name[128] = "";
+    double gpu_total = 0, h2d = 0;
 #ifdef STRATA_HAVE_CUDA
     if (!no_gpu && cuda_device_count() > device) {
-        char name[128] = "";
         size_t total = 0;
-        double h2d = 0, hbm = 0;
+        double hbm = 0;
         size_t pb = (size_t)mib << 20;
+        shared_probe_t sh;
         /* the best of 20 copies: on the H200 host the best of 5 read from about 52 to 55 GB/s from one
          * run to the next (a bound read low flatters every ratio against it) */
-        if (cuda_probe_device((int)device, name, sizeof name, &total) < 0 ||
+        if (cuda_probe_device((int)device, gpu_name, sizeof gpu_name, &total) < 0 ||
             cuda_probe_h2d((int)device, pb / 4, 20, &h2d) < 0 || cuda_probe_membw((int)device, pb, 5, &hbm) < 0) {
             rc = 1;
         } else {
-            json_object_set_new(o, "gpu", json_string(name));
+            gpu_total = (double)total;
+            json_object_set_new(o, "gpu", json_string(gpu_name));
             json_object_set_new(o, "gpu_mem", json_integer((json_int_t)total));
             json_object_set_new(o, "pcie_gb_s", json_real(h2d / 1e9));
             json_object_set_new(o, "hbm_gb_s", json_real(hbm / 1e9));
+            /* both at once: 64 MiB copies (a copy ends at most about 1 ms past the CPU's window)
+             * against the host probe's buffer size read by every thread */
+            tpool_t *sp = tpool_create((int)threads);
+            int e = shared_probe_run(sp, (int)device, (size_t)64 << 20, pb, 3, 0.5, &sh);
+            tpool_destroy(sp);
+            if (e < 0) {
+                rc = 1;
+            } else {
+                json_object_set_new(o, "h2d_shared_gb_s", json_real(sh.h2d_bw / 1e9));
+                json_object_set_new(o, "cpu_shared_gb_s", json_real(sh.cpu_bw / 1e9));
+                json_object_set_new(o, "host_shared_gb_s", json_real(sh.host_bw / 1e9));
+            }
         }
     }
 #else
     (void)device;
     (void)no_gpu;
 #endif
+    char desc[512], commit[128];
+    results_machine(desc, sizeof desc, gpu_name[0] ? gpu_name : NULL, gpu_total, h2d);
+    results_commit(commit, sizeof commit, STRATA_BUILD_COMMIT, NULL);
+    json_object_set_new(o, "machine_desc", json_string(desc));
+    json_object_set_new(o, "commit", commit[0] ? json_string(commit) : json_null());
     int w = json ? json_dump_file(o, json, JSON_INDENT(2)) : json_dumpf(o, stdout, JSON_INDENT(2));
     if (!json) printf("\n");
     json_decref(o);

@@ -3,7 +3,8 @@
  * in this process and driven through model/gpu.h directly.
  *
  *   1. ceilings: host memory read bandwidth, pinned host->GPU copy bandwidth, GPU memory read
- *      bandwidth (kernels/cuda/probe.h);
+ *      bandwidth (kernels/cuda/probe.h), and host memory read by the copy and the CPU at once
+ *      (bench/shared_probe.h);
  *   2. the model: --shape S builds a synthetic model of that shape in memory on every core
  *      (model/synth_fast.h: the same bytes `strata synth` writes), --model DIR maps a packed
  *      folder (a virtual synthetic folder is generated in memory instead);
@@ -12,10 +13,12 @@
  *      --steps timed steps (random token ids in, argmax out): tok/s (aggregate and per sequence), expert-cache hit rate,
  *      prefetch accuracy, PCIe GB/s;
  *   5. one --prefill-token prompt in chunks of the step size: prefill tok/s;
- *   6. the roofline bound for each run on this machine (uniform routing over the measured slot
- *      count, and at the measured hit rate), the ratio measured / bound, and the bound
- *      projected onto an RTX 3090 / PCIe 3 / 2 x E5-2699 v4 and an RTX 4090 / PCIe 4 / DDR5.
- * A table on stdout; --json FILE writes the rows. --backend cpu runs the same loop through the
+ *   6. the three roofline bounds for each run on this machine (uniform routing over the measured
+ *      slot count): PCIe only, PCIe + CPU with the bandwidths added (also at the measured hit
+ *      rate), PCIe + CPU with host memory shared; measured / each, and the bounds projected onto
+ *      an RTX 3090 / PCIe 3 / 2 x E5-2699 v4 and an RTX 4090 / PCIe 4 / DDR5.
+ * A table on stdout; --json FILE writes the rows, --results FILE appends them as results rows
+ * (bench/results.h, JSON lines). --backend cpu runs the same loop through the
  * CPU forward pass (no cache; the bound is then host memory), which is how it is tested on a
  * machine without a GPU.
  */
@@ -27,12 +30,15 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bench/build_commit.h"
+#include "bench/results.h"
 #include "bench/roofline.h"
 #include "bench/shapes.h"
 #include "kernels/cpu/ops.h"
 #include "model/synth_fast.h"
 #ifdef STRATA_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
+#include "bench/shared_probe.h"
 #include "kernels/cuda/probe.h"
 #include "model/gpu.h"
 #endif
@@ -41,7 +47,7 @@
 #define MAX_BATCHES 16
 
 typedef struct {
-    const char *shape, *model, *fmt, *skew, *json, *backend, *attn_fmt;
+    const char *shape, *model, *fmt, *skew, *json, *results, *backend, *attn_fmt;
     int group, steps, warmup, prompt, prefill, threads, device, prefetch_depth, max_tokens;
     int64_t gpu_mem;
     uint64_t seed;
@@ -57,8 +63,9 @@ static void s_help(FILE *f)
     fprintf(f,
             "usage: gpu_decode (--shape S [--format F] | --model DIR) [options]\n\n"
             "Decode (batch 1 and 16 by default) and 512-token prefill speed of a model on one GPU under\n"
-            "--gpu-mem, with expert-cache hit rate, prefetch accuracy, PCIe GB/s, and the roofline\n"
-            "bound with the ratio measured/bound and its projection onto RTX 3090 and RTX 4090 hosts.\n\n"
+            "--gpu-mem, with expert-cache hit rate, prefetch accuracy, PCIe GB/s, and three roofline\n"
+            "bounds (PCIe only; PCIe + CPU, bandwidths added; PCIe + CPU, host memory shared) with the\n"
+            "ratio measured/bound of each and their projection onto RTX 3090 and RTX 4090 hosts.\n\n"
             "  --shape S          build a synthetic model of shape S in memory (%s)\n"
             "  --format F         int4 (default), fp8, int8, bf16 (with --shape)\n"
             "  --attn-format F    attention projections and lm_head: bf16 (default) or 'same' as --format\n"
@@ -87,7 +94,9 @@ static void s_help(FILE *f)
             "  --threads T        CPU threads for building the model and the cpu backend (0 = all)\n"
             "  --no-probe         skip the bandwidth probes (use 0: no bound)\n"
             "  --probe-mib N      size of the bandwidth probe buffers (default 1024)\n"
-            "  --json FILE        write the rows as JSON\n"
+            "  --json FILE        write the rows as JSON (an array)\n"
+            "  --results FILE     append the rows to FILE as results rows (JSON lines, bench/README.md\n"
+            "                     \"Results\"): case, date, commit, machine, command, figure, bound\n"
             "  -h, --help         this help\n\n"
             "Exit codes: 0 ok, 1 runtime failure (no GPU, out of memory), 2 bad usage.\n",
             shapes);
@@ -353,12 +362,63 @@ static json_t *s_proj(const roofline_model_t *rm, const roofline_run_t *r)
         if (rr.gpu_mem <= 0 || rr.gpu_mem > ms[i]->gpu_mem) rr.gpu_mem = ms[i]->gpu_mem;
         roofline_t o;
         if (roofline_decode(rm, ms[i], &rr, &o) == 0)
-            json_object_set_new(p, names[i], json_pack("{s:f,s:f,s:f,s:s}", "bound_tok_s", o.bound_tok_s, "hit_rate",
-                                                       o.hit_rate, "cpu_share", o.cpu_share, "limit", o.limit));
+            json_object_set_new(p, names[i],
+                                json_pack("{s:f,s:f,s:f,s:f,s:f,s:s,s:f}", "bound_tok_s", o.bw_added_tok_s,
+                                          "bound_pcie_only_tok_s", o.pcie_only_tok_s, "bound_host_shared_tok_s",
+                                          o.host_shared_tok_s, "hit_rate", o.hit_rate, "cpu_share", o.cpu_share, "limit",
+                                          o.bw_added_limit, "host_shared_gb_s_assumed", o.host_bw / 1e9));
         else
             json_object_set_new(p, names[i], json_null());
     }
     return p;
+}
+
+/* The three bounds of b (NULL: none) into row, each with measured / it: bound_pcie_only_tok_s,
+ * bound_bw_added_tok_s, bound_host_shared_tok_s and ratio_*, their limits, the host rate the
+ * shared one used; bound_tok_s and bound_limit stay the bandwidths-added bound's. */
+static void s_bounds_json(json_t *row, const roofline_t *b, double tok_s)
+{
+#define S_B(key, v) json_object_set_new(row, key, b && (v) > 0 ? json_real(v) : json_null())
+#define S_R(key, v) json_object_set_new(row, key, b && (v) > 0 ? json_real(tok_s / (v)) : json_null())
+    S_B("bound_pcie_only_tok_s", b ? b->pcie_only_tok_s : 0);
+    S_R("ratio_pcie_only", b ? b->pcie_only_tok_s : 0);
+    S_B("bound_bw_added_tok_s", b ? b->bw_added_tok_s : 0);
+    S_R("ratio_bw_added", b ? b->bw_added_tok_s : 0);
+    S_B("bound_host_shared_tok_s", b ? b->host_shared_tok_s : 0);
+    S_R("ratio_host_shared", b ? b->host_shared_tok_s : 0);
+    S_B("bound_tok_s", b ? b->bw_added_tok_s : 0);
+    S_B("host_shared_gb_s_used", b ? b->host_bw / 1e9 : 0);
+#undef S_B
+#undef S_R
+    json_object_set_new(row, "host_shared_assumed", b ? json_boolean(b->host_bw_assumed) : json_null());
+    json_object_set_new(row, "bound_limit", b ? json_string(b->bw_added_limit) : json_null());
+    json_object_set_new(row, "bound_pcie_only_limit", b && b->pcie_only_tok_s > 0 ? json_string(b->pcie_only_limit) : json_null());
+    json_object_set_new(row, "bound_host_shared_limit", b ? json_string(b->host_shared_limit) : json_null());
+}
+
+/* The results case of a run (bench/results.h): shape, formats, budget, batch (0: the prefill of
+ * `prefill` tokens), and the options that change the figure. */
+static void s_case(char *buf, size_t cap, const s_opts_t *o, const char *shape, wfmt_t fmt, int group, wfmt_t attn,
+                   int batch, int max_batch, int prefill, bool cuda)
+{
+    char budget[32], what[96], extra[160] = "";
+    results_budget_name(budget, sizeof budget, (double)o->gpu_mem);
+    if (batch > 0) {
+        int n = snprintf(what, sizeof what, "batch %d decode", batch);
+        /* under a budget the step's KV is sized for the largest batch, which takes expert slots */
+        if (o->gpu_mem > 0 && max_batch != batch) snprintf(what + n, sizeof what - (size_t)n, " (KV for %d)", max_batch);
+    } else {
+        snprintf(what, sizeof what, "prefill %d", prefill);
+    }
+    size_t n = 0;
+    if (attn != fmt) n += (size_t)snprintf(extra + n, sizeof extra - n, " attn %s", wfmt_name(attn));
+    if (fmt == WF_INT4 && group != 32) n += (size_t)snprintf(extra + n, sizeof extra - n, " g%d", group);
+    if (o->skew && strcmp(o->skew, "uniform")) n += (size_t)snprintf(extra + n, sizeof extra - n, " %s", o->skew);
+    if (o->whole_experts) n += (size_t)snprintf(extra + n, sizeof extra - n, " whole-experts");
+    if (o->no_graphs) n += (size_t)snprintf(extra + n, sizeof extra - n, " no-graphs");
+    if (o->no_blas) n += (size_t)snprintf(extra + n, sizeof extra - n, " no-blas");
+    if (o->prefetch_depth >= 0) snprintf(extra + n, sizeof extra - n, " prefetch-depth %d", o->prefetch_depth);
+    snprintf(buf, cap, "%s %s%s %s %s [gpu_decode%s]", shape, wfmt_name(fmt), extra, budget, what, cuda ? "" : " cpu");
 }
 
 int main(int argc, char **argv)
@@ -413,6 +473,9 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--json")) {
             NEED();
             o.json = v;
+        } else if (!strcmp(a, "--results")) {
+            NEED();
+            o.results = v;
         } else if (!strcmp(a, "--backend")) {
             NEED();
             o.backend = v;
@@ -532,6 +595,9 @@ int main(int argc, char **argv)
     /* 1. ceilings */
     machine_t here = {.name = ""};
     size_t gpu_total = 0;
+#ifdef STRATA_HAVE_CUDA
+    shared_probe_t shared = {0};
+#endif
     double t_probe = strata_now();
     if (!o.no_probe) here.cpu_bw = roofline_cpu_membw(pool, (size_t)(o.probe_mib * 1048576.0), 5);
 #ifdef STRATA_HAVE_CUDA
@@ -546,15 +612,26 @@ int main(int argc, char **argv)
             size_t pb = (size_t)(o.probe_mib * 1048576.0);
             if (cuda_probe_h2d(o.device, pb / 4, 5, &here.pcie_bw) < 0 || cuda_probe_membw(o.device, pb, 5, &here.hbm_bw) < 0)
                 goto done;
+            /* the copy and the CPU at once (ceilings' host_shared_gb_s) */
+            if (shared_probe_run(pool, o.device, (size_t)64 << 20, pb, 3, 0.5, &shared) < 0) goto done;
+            here.host_bw = shared.host_bw;
         }
     }
 #endif
     snprintf(machine_name, sizeof machine_name, "%s%s%s", host, gpu_name[0] ? "/" : "", gpu_name);
     snprintf(here.name, sizeof here.name, "this: %.50s", gpu_name[0] ? gpu_name : host);
     printf("machine %s: cpu read %.1f GB/s%s", machine_name, here.cpu_bw / 1e9, cuda ? "" : "\n");
+#ifdef STRATA_HAVE_CUDA
     if (cuda)
-        printf(", h2d %.1f GB/s, gpu read %.0f GB/s, gpu memory %.1f GiB (probes %.1f s)\n", here.pcie_bw / 1e9,
-               here.hbm_bw / 1e9, here.gpu_mem / GIB, strata_now() - t_probe);
+        printf(", h2d %.1f GB/s, gpu read %.0f GB/s, gpu memory %.1f GiB; both at once h2d %.1f + cpu %.1f = %.1f GB/s "
+               "(probes %.1f s)\n",
+               here.pcie_bw / 1e9, here.hbm_bw / 1e9, here.gpu_mem / GIB, shared.h2d_bw / 1e9, shared.cpu_bw / 1e9,
+               shared.host_bw / 1e9, strata_now() - t_probe);
+#endif
+    char machine_desc[512], commit[128], command[4096];
+    results_machine(machine_desc, sizeof machine_desc, gpu_name[0] ? gpu_name : NULL, here.gpu_mem, here.pcie_bw);
+    results_commit(commit, sizeof commit, STRATA_BUILD_COMMIT, NULL);
+    results_command(command, sizeof command, NULL, argc, argv);
 
     /* 2. the model */
     double t_build = strata_now();
@@ -606,6 +683,8 @@ int main(int argc, char **argv)
         printf("model %s: loaded in %.2f s\n", o.model, strata_now() - t_build);
     }
     roofline_model_t rm;
+    wfmt_t expert_fmt = WF_F32; /* the routed experts' format and int4 group, as built or loaded */
+    int expert_group = 32;
     {
         /* bytes per expert / resident from the model's own matrices */
         packed_write_opts_t po;
@@ -628,6 +707,8 @@ int main(int argc, char **argv)
         }
         roofline_model_from_manifest(&rm, &m.cfg, &pm);
         packed_manifest_free(&pm);
+        expert_fmt = ef;
+        expert_group = eg;
         if (ef == WF_INT4) snprintf(fmt_name, sizeof fmt_name, "int4-g%d", eg);
         else snprintf(fmt_name, sizeof fmt_name, "%s", wfmt_name(ef));
     }
@@ -686,9 +767,9 @@ int main(int argc, char **argv)
     printf("\n");
 
     /* 4-6. runs */
-    printf("\n%-8s %6s %10s %10s %9s %7s %8s %8s %10s %10s %7s %10s %7s %10s %10s\n", "run", "batch", "tok/s",
-           "tok/s/seq", "step ms", "hit", "prefetch", "pcie", "bound", "bound@hit", "ratio", "pcie-only", "ratio",
-           "3090", "4090");
+    printf("\n%-8s %6s %10s %10s %9s %7s %8s %8s %10s %7s %10s %7s %11s %7s %10s %10s %10s\n", "run", "batch", "tok/s",
+           "tok/s/seq", "step ms", "hit", "prefetch", "pcie", "pcie-only", "ratio", "bw-added", "ratio", "host-shared",
+           "ratio", "bw@hit", "3090", "4090");
     int n_runs = o.n_batches + (o.prefill > 0 ? 1 : 0);
     for (int k = 0; k < n_runs; k++) {
         bool pre = k == o.n_batches;
@@ -720,16 +801,25 @@ int main(int argc, char **argv)
         double t3 = p3 ? json_real_value(json_object_get(p3, "bound_tok_s")) : 0;
         double t4 = p4 ? json_real_value(json_object_get(p4, "bound_tok_s")) : 0;
         double tok_s = pre ? res.prefill_tok_s : res.decode_tok_s;
+        /* decode rows only: prefill has no bound */
+        bool bd = have_bound && !pre, po = bd && b1.pcie_only_tok_s > 0;
         if (pre) {
-            printf("%-8s %6d %10.1f %10s %9.1f %7.3f %8.3f %7.2fG %10s %10s %7s %10s %7s %10s %10s\n", "prefill",
-                   res.prefill_tokens, tok_s, "-", 1e3 * res.seconds, hit, pacc, pcie, "-", "-", "-", "-", "-", "-", "-");
+            printf("%-8s %6d %10.1f %10s %9.1f %7.3f %8.3f %7.2fG %10s %7s %10s %7s %11s %7s %10s %10s %10s\n", "prefill",
+                   res.prefill_tokens, tok_s, "-", 1e3 * res.seconds, hit, pacc, pcie, "-", "-", "-", "-", "-", "-", "-",
+                   "-", "-");
         } else {
-            printf("%-8s %6d %10.2f %10.2f %9.2f %7.3f %8.3f %7.2fG %10.1f %10.1f %7.3f %10.1f %7.3f %10.1f %10.1f\n",
-                   "decode", res.batch, tok_s, res.per_seq_tok_s, res.step_ms, hit, pacc, pcie, b1.bound_tok_s,
-                   b2.bound_tok_s, have_bound ? tok_s / b1.bound_tok_s : 0, b1.pcie_only_tok_s,
-                   have_bound && b1.pcie_only_tok_s > 0 ? tok_s / b1.pcie_only_tok_s : 0, t3, t4);
+            char f_po[16] = "-", f_por[16] = "-";
+            if (po) {
+                snprintf(f_po, sizeof f_po, "%.1f", b1.pcie_only_tok_s);
+                snprintf(f_por, sizeof f_por, "%.3f", tok_s / b1.pcie_only_tok_s);
+            }
+            printf("%-8s %6d %10.2f %10.2f %9.2f %7.3f %8.3f %7.2fG %10s %7s %10.1f %7.3f %11.1f %7.3f %10.1f %10.1f "
+                   "%10.1f\n",
+                   "decode", res.batch, tok_s, res.per_seq_tok_s, res.step_ms, hit, pacc, pcie, f_po, f_por,
+                   b1.bw_added_tok_s, bd ? tok_s / b1.bw_added_tok_s : 0, b1.host_shared_tok_s,
+                   bd ? tok_s / b1.host_shared_tok_s : 0, b2.bw_added_tok_s, t3, t4);
         }
-        json_t *row = json_pack("{s:s,s:s,s:s,s:s,s:I,s:i,s:s}", "machine", machine_name, "model_shape", shape_name, "format",
+        json_t *row = json_pack("{s:s,s:s,s:s,s:s,s:I,s:i,s:s}", "host", machine_name, "model_shape", shape_name, "format",
                                 fmt_name, "backend", o.backend, "gpu_mem", (json_int_t)o.gpu_mem, "batch", res.batch, "kind",
                                 pre ? "prefill" : "decode");
         json_object_set_new(row, "route_skew", json_string(o.skew ? o.skew : "uniform"));
@@ -750,24 +840,41 @@ int main(int argc, char **argv)
         json_object_set_new(row, "experts_total", json_integer(rm.n_experts_total));
         json_object_set_new(row, "split_rows", c->valid && c->split_rows ? json_integer(c->split_rows) : json_null());
         json_object_set_new(row, "tail_slots", c->valid && c->split_rows ? json_integer(c->slots) : json_null());
-        json_object_set_new(row, "bound_tok_s", have_bound && !pre ? json_real(b1.bound_tok_s) : json_null());
-        json_object_set_new(row, "bound_at_hit_tok_s", have_bound && !pre ? json_real(b2.bound_tok_s) : json_null());
-        json_object_set_new(row, "bound_limit", have_bound && !pre ? json_string(b1.limit) : json_null());
-        json_object_set_new(row, "ratio", have_bound && !pre ? json_real(tok_s / b1.bound_tok_s) : json_null());
-        bool po = have_bound && !pre && b1.pcie_only_tok_s > 0;
-        json_object_set_new(row, "bound_pcie_only_tok_s", po ? json_real(b1.pcie_only_tok_s) : json_null());
-        json_object_set_new(row, "ratio_pcie_only", po ? json_real(tok_s / b1.pcie_only_tok_s) : json_null());
+        s_bounds_json(row, bd ? &b1 : NULL, tok_s);
+        json_object_set_new(row, "bound_at_hit_tok_s", bd ? json_real(b2.bw_added_tok_s) : json_null());
         json_object_set_new(row, "bytes_per_token", json_real(b1.bytes_per_token));
         json_object_set_new(row, "projections", pre ? json_null() : json_incref(proj));
-        json_object_set_new(row, "ceilings",
-                            json_pack("{s:f,s:f,s:f,s:f}", "gpu_mem", here.gpu_mem, "hbm_gb_s", here.hbm_bw / 1e9,
-                                      "pcie_gb_s", here.pcie_bw / 1e9, "cpu_gb_s", here.cpu_bw / 1e9));
+        json_t *ceil = json_pack("{s:f,s:f,s:f,s:f}", "gpu_mem", here.gpu_mem, "hbm_gb_s", here.hbm_bw / 1e9, "pcie_gb_s",
+                                 here.pcie_bw / 1e9, "cpu_gb_s", here.cpu_bw / 1e9);
+#ifdef STRATA_HAVE_CUDA
+        bool sh = shared.host_bw > 0;
+        json_object_set_new(ceil, "h2d_shared_gb_s", sh ? json_real(shared.h2d_bw / 1e9) : json_null());
+        json_object_set_new(ceil, "cpu_shared_gb_s", sh ? json_real(shared.cpu_bw / 1e9) : json_null());
+        json_object_set_new(ceil, "host_shared_gb_s", sh ? json_real(shared.host_bw / 1e9) : json_null());
+#else
+        json_object_set_new(ceil, "h2d_shared_gb_s", json_null());
+        json_object_set_new(ceil, "cpu_shared_gb_s", json_null());
+        json_object_set_new(ceil, "host_shared_gb_s", json_null());
+#endif
+        json_object_set_new(row, "ceilings", ceil);
         json_object_set_new(row, "model_build_s", json_real(ws.seconds));
+        /* the results envelope: decode against the PCIe-only bound on the GPU (this engine computes
+         * every expert there), against host memory on the CPU backend; prefill has none */
+        char case_name[512];
+        s_case(case_name, sizeof case_name, &o, shape_name, expert_fmt, expert_group, m.layers[0].wq.fmt,
+               pre ? 0 : res.batch, maxB, res.prefill_tokens, cuda);
+        results_envelope_t env = {.case_name = case_name, .commit = commit, .machine = machine_desc, .command = command,
+                                  .shape = shape_name, .format = fmt_name, .attn_format = wfmt_name(m.layers[0].wq.fmt),
+                                  .route_skew = o.skew, .gpu_budget = (double)o.gpu_mem, .figure = tok_s,
+                                  .unit = pre ? "prefill tok/s" : "decode tok/s (aggregate)", .bound = NAN};
+        if (bd && cuda && po) env.bound = b1.pcie_only_tok_s, env.bound_name = "pcie_only";
+        else if (bd && !cuda) env.bound = b1.bw_added_tok_s, env.bound_name = "cpu_memory";
+        results_envelope(row, &env);
         json_decref(proj);
         json_array_append_new(rows, row);
     }
     if (cuda) {
-        /* the budget check of the issue: what nvidia-smi sees against --gpu-mem plus the context */
+        /* the budget check: what nvidia-smi sees against --gpu-mem plus the context */
         double vram = s_smi_mib();
         if (vram_ctx >= 0)
             printf("\nVRAM (nvidia-smi, this process): %.0f MiB = CUDA context %.0f MiB + %.0f MiB; --gpu-mem %.0f MiB, "
@@ -802,6 +909,13 @@ int main(int argc, char **argv)
             fprintf(stderr, "gpu_decode: cannot write %s\n", o.json);
             goto done;
         }
+    }
+    if (o.results) {
+        if (results_append(o.results, rows) < 0) {
+            fprintf(stderr, "gpu_decode: cannot append to %s: %s\n", o.results, strerror(errno));
+            goto done;
+        }
+        printf("results: %zu rows appended to %s\n", json_array_size(rows), o.results);
     }
     rc = 0;
 done:

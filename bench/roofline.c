@@ -40,13 +40,14 @@ void roofline_model_from_manifest(roofline_model_t *rm, const model_config_t *c,
     rm->kv_bytes_per_token = 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
 }
 
-int roofline_model_from_config(roofline_model_t *rm, const model_config_t *c, wfmt_t fmt, int group,
+int roofline_model_from_config(roofline_model_t *rm, const model_config_t *c, wfmt_t fmt, int group, wfmt_t attn_fmt,
                                strata_errbuf_t *eb)
 {
     packed_write_opts_t o;
     packed_manifest_t pm;
     packed_write_opts_default(&o, fmt);
     o.group = group;
+    o.attn_fmt = attn_fmt;
     o.embed_fmt = fmt == WF_F32 ? WF_F32 : WF_BF16;
     o.embed_as_source = false;
     int rc = packed_plan(c, &o, &pm, NULL, eb);
@@ -54,6 +55,17 @@ int roofline_model_from_config(roofline_model_t *rm, const model_config_t *c, wf
     roofline_model_from_manifest(rm, c, &pm);
     packed_manifest_free(&pm);
     return 0;
+}
+
+double roofline_host_bw(const machine_t *mc, bool *assumed)
+{
+    if (assumed) *assumed = !(mc->host_bw > 0);
+    if (mc->host_bw > 0) return mc->host_bw;
+    double p = mc->pcie_bw > 0 ? mc->pcie_bw : 0, c = mc->cpu_bw > 0 ? mc->cpu_bw : 0;
+    double h = ROOFLINE_HOST_SHARED_FRACTION * (p + c);
+    if (p > h) h = p;
+    if (c > h) h = c;
+    return h;
 }
 
 void roofline_run_default(roofline_run_t *r)
@@ -74,6 +86,7 @@ int roofline_decode(const roofline_model_t *m, const machine_t *mc, const roofli
     const double touched = m->n_moe_layers * out->distinct_experts * m->expert_bytes;
     out->kv_bytes = B * r->context * m->kv_bytes_per_token;
     out->bytes_per_token = (m->resident_bytes + out->kv_bytes + touched) / B;
+    out->host_bw = roofline_host_bw(mc, &out->host_bw_assumed);
 
     if (r->cpu_backend) {
         if (!(mc->cpu_bw > 0)) return STRATA_EINVAL_INPUT;
@@ -81,11 +94,12 @@ int roofline_decode(const roofline_model_t *m, const machine_t *mc, const roofli
         out->hit_rate = 1.0;
         out->hit_bytes = touched;
         out->gpu_bytes = 0;
-        out->step_s = (m->resident_bytes + out->kv_bytes + touched) / mc->cpu_bw;
         out->cpu_share = 1.0;
-        out->limit = "cpu memory";
-        out->bound_tok_s = B / out->step_s;
-        out->pcie_only_tok_s = 0;
+        /* one reader: the CPU alone, so bandwidths added and host memory shared are the same */
+        out->bw_added_step_s = out->host_shared_step_s = (m->resident_bytes + out->kv_bytes + touched) / mc->cpu_bw;
+        out->bw_added_limit = out->host_shared_limit = "cpu memory";
+        out->bw_added_tok_s = out->host_shared_tok_s = B / out->bw_added_step_s;
+        out->pcie_only_limit = "none";
         return 0;
     }
     if (!(mc->hbm_bw > 0) || !(mc->pcie_bw > 0 || mc->cpu_bw > 0)) return STRATA_EINVAL_INPUT;
@@ -114,14 +128,15 @@ int roofline_decode(const roofline_model_t *m, const machine_t *mc, const roofli
     const double a = (m->resident_bytes + out->kv_bytes + out->hit_bytes) / mc->hbm_bw;
     const double b = M / mc->hbm_bw;
     if (M <= 0) {
-        out->step_s = a;
-        out->limit = "hbm";
-        out->pcie_only_tok_s = B / a;
+        out->pcie_only_step_s = out->bw_added_step_s = out->host_shared_step_s = a;
+        out->pcie_only_limit = out->bw_added_limit = out->host_shared_limit = "hbm";
     } else {
-        const double po = mc->pcie_bw > 0 ? M / mc->pcie_bw : INFINITY;
-        out->pcie_only_tok_s = isfinite(po) ? B / (a + b > po ? a + b : po) : 0;
         const double c = mc->pcie_bw > 0 ? M / mc->pcie_bw : INFINITY;
         const double d = mc->cpu_bw > 0 ? M / mc->cpu_bw : INFINITY;
+        if (isfinite(c)) {
+            out->pcie_only_step_s = a + b > c ? a + b : c;
+            out->pcie_only_limit = a + b >= c ? "hbm" : "pcie";
+        }
         double x;
         if (!isfinite(d)) x = 0; /* no CPU path */
         else if (!isfinite(c)) x = 1; /* no transfer path */
@@ -133,11 +148,20 @@ int roofline_decode(const roofline_model_t *m, const machine_t *mc, const roofli
         double t1 = a + b * (1 - x), t2 = isfinite(c) ? c * (1 - x) : (x < 1 ? INFINITY : 0), t3 = isfinite(d) ? d * x : 0;
         double t = t1 > t2 ? t1 : t2;
         if (t3 > t) t = t3;
-        out->step_s = t;
+        out->bw_added_step_s = t;
         out->cpu_share = x;
-        out->limit = t1 >= t2 && t1 >= t3 ? "hbm" : "pcie+cpu";
+        out->bw_added_limit = t1 >= t2 && t1 >= t3 ? "hbm" : !isfinite(d) ? "pcie" : "pcie+cpu";
+        /* host memory shared: the copy reads (1-x) M and the CPU x M of host memory, M together
+         * at any split, so the cap is one constant term and the best split of bw_added stays a
+         * best split: max(T_bw_added, M / host) */
+        const double th = out->host_bw > 0 ? M / out->host_bw : 0;
+        out->host_shared_step_s = th > t ? th : t;
+        out->host_shared_limit = th > t ? "host memory" : out->bw_added_limit;
     }
-    out->bound_tok_s = B / out->step_s;
+    out->pcie_only_tok_s = out->pcie_only_step_s > 0 ? B / out->pcie_only_step_s : 0;
+    if (!out->pcie_only_limit) out->pcie_only_limit = "none";
+    out->bw_added_tok_s = B / out->bw_added_step_s;
+    out->host_shared_tok_s = B / out->host_shared_step_s;
     return 0;
 }
 
@@ -164,22 +188,26 @@ static void s_bw_chunk(void *ctx, int64_t i0, int64_t i1, int tid)
     c->sink[tid & 63] += a0 + a1 + a2 + a3;
 }
 
-double roofline_cpu_membw(tpool_t *pool, size_t bytes, int passes)
+double roofline_cpu_read(tpool_t *pool, const void *buf, size_t bytes)
 {
     s_bw_t c;
     memset(&c, 0, sizeof c);
+    c.buf = buf;
+    int64_t items = (int64_t)(bytes / (1024 * sizeof(s_v2i))); /* items of 16 KiB */
+    double t0 = strata_now();
+    tpool_run(pool, items, 16, s_bw_chunk, &c);
+    return strata_now() - t0;
+}
+
+double roofline_cpu_membw(tpool_t *pool, size_t bytes, int passes)
+{
     s_v2i *buf = NULL;
     bytes &= ~(size_t)(16 * 1024 - 1);
     if (bytes == 0 || posix_memalign((void **)&buf, 4096, bytes) != 0) return 0;
     memset(buf, 1, bytes);
-    c.buf = buf;
-    int64_t items = (int64_t)(bytes / (1024 * sizeof(s_v2i))); /* items of 16 KiB */
     double best = 0;
     for (int i = 0; i < passes; i++) {
-        double t0 = strata_now();
-        tpool_run(pool, items, 16, s_bw_chunk, &c);
-        double t = strata_now() - t0;
-        double bw = (double)items * 1024 * sizeof(s_v2i) / t;
+        double bw = (double)bytes / roofline_cpu_read(pool, buf, bytes);
         if (bw > best) best = bw;
     }
     free(buf);
@@ -190,8 +218,10 @@ void roofline_print(FILE *f, const roofline_model_t *m, const machine_t *here, c
                     double measured_tok_s)
 {
     const machine_t *ms[3] = {here, &roofline_rtx3090, &roofline_rtx4090};
-    fprintf(f, "%-28s %9s %8s %8s %8s %7s %6s %7s %10s %10s %9s\n", "roofline (decode)", "gpu_mem", "hbm", "pcie",
-            "cpu", "slots", "hit", "cpu%", "bound", "limit", "ratio");
+    fprintf(f, "%-28s %9s %7s %7s %7s %8s %7s %6s %6s %10s %10s %12s %12s", "roofline (decode)", "gpu_mem", "hbm",
+            "pcie", "cpu", "host", "slots", "hit", "cpu%", "pcie-only", "bw-added", "host-shared", "limit");
+    if (measured_tok_s > 0) fprintf(f, "  ratio: pcie-only bw-added host-shared");
+    fprintf(f, "\n");
     for (int i = 0; i < 3; i++) {
         const machine_t *mc = ms[i];
         roofline_run_t rr = *r;
@@ -207,10 +237,20 @@ void roofline_print(FILE *f, const roofline_model_t *m, const machine_t *here, c
             continue;
         }
         double gm = rr.cpu_backend ? 0 : (rr.gpu_mem > 0 ? rr.gpu_mem : mc->gpu_mem);
-        fprintf(f, "%-28s %8.1fG %7.0fG %7.1fG %7.1fG %7.1f %6.3f %6.1f%% %7.1f t/s %10s", mc->name, gm / GIB,
-                mc->hbm_bw / 1e9, mc->pcie_bw / 1e9, mc->cpu_bw / 1e9, o.slots, o.hit_rate, 100 * o.cpu_share,
-                o.bound_tok_s, o.limit);
-        if (i == 0 && measured_tok_s > 0) fprintf(f, " %9.3f", measured_tok_s / o.bound_tok_s);
+        char host[16], po[16];
+        snprintf(host, sizeof host, "%.1fG%s", o.host_bw / 1e9, o.host_bw_assumed ? "*" : "");
+        if (o.pcie_only_tok_s > 0) snprintf(po, sizeof po, "%.1f", o.pcie_only_tok_s);
+        else snprintf(po, sizeof po, "-");
+        fprintf(f, "%-28s %8.1fG %6.0fG %6.1fG %6.1fG %8s %7.1f %6.3f %5.1f%% %10s %10.1f %12.1f %12s", mc->name,
+                gm / GIB, mc->hbm_bw / 1e9, mc->pcie_bw / 1e9, mc->cpu_bw / 1e9, host, o.slots, o.hit_rate,
+                100 * o.cpu_share, po, o.bw_added_tok_s, o.host_shared_tok_s, o.host_shared_limit);
+        if (i == 0 && measured_tok_s > 0) {
+            if (o.pcie_only_tok_s > 0) fprintf(f, "  %16.3f", measured_tok_s / o.pcie_only_tok_s);
+            else fprintf(f, "  %16s", "-");
+            fprintf(f, " %8.3f %11.3f", measured_tok_s / o.bw_added_tok_s, measured_tok_s / o.host_shared_tok_s);
+        }
         fprintf(f, "\n");
     }
+    fprintf(f, "(bounds in tok/s; host: the copy and the CPU reading host memory at once%s)\n",
+            "; * = not measured, ROOFLINE_HOST_SHARED_FRACTION of pcie + cpu");
 }

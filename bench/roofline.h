@@ -7,12 +7,20 @@
  *     expert cache;
  *   - get the routed experts that miss the cache either over PCIe (then the GPU reads them
  *     too) or computed on the CPU from host memory.
- * The transfer and the CPU path run in parallel, so a fraction x of the missed bytes goes to
- * the CPU and the step takes at least
- *     T(x) = max( (resident + kv + hit + (1-x) miss) / hbm,  (1-x) miss / pcie,  x miss / cpu )
- * and the bound is min over x in [0,1], which has a closed form (roofline_decode). When the GPU
- * term does not bind this is miss / (pcie + cpu): the two paths' bandwidths add. Without a
- * GPU (the CPU backend) every byte comes from host memory: T = all bytes / cpu.
+ * Three bounds, each named for what it counts (M = missed expert bytes, x = the share of them
+ * computed on the CPU):
+ *   pcie_only    x = 0: every miss crosses PCIe. T = max(GPU term, M / pcie). What an engine
+ *                that computes every expert on the GPU can reach.
+ *   bw_added     the transfer and the CPU path run in parallel, each at its alone-rate:
+ *                T(x) = max( (resident + kv + hit + (1-x) M) / hbm,  (1-x) M / pcie,  x M / cpu ),
+ *                min over x in [0,1] (closed form in roofline_decode). When the GPU term does
+ *                not bind this is M / (pcie + cpu): the two bandwidths add.
+ *   host_shared  the same, but a DMA and the CPU both read host memory, so their sum is capped
+ *                by the rate measured with both running at once (machine_t.host_bw):
+ *                T(x) = max( bw_added's three terms,  ((1-x) M + x M) / host ). The host term is
+ *                M / host whatever the split, so the bound is max(T_bw_added, M / host).
+ * Without a GPU (the CPU backend) every byte comes from host memory: T = all bytes / cpu, and
+ * the three coincide.
  *
  * Routing is uniform: each token picks top_k distinct experts of E at random, so a step of B
  * tokens touches E (1 - (1 - k/E)^B) distinct experts per MoE layer, and a cache of S slots
@@ -38,12 +46,26 @@ typedef struct {
     double gpu_mem;   /* bytes of GPU memory; 0 = no GPU */
     double hbm_bw;    /* GPU memory read bandwidth; 0 = no GPU */
     double pcie_bw;   /* host -> GPU copy bandwidth from pinned memory */
-    double cpu_bw;    /* host memory read bandwidth, all sockets */
+    double cpu_bw;    /* host memory read bandwidth, all sockets, the CPU alone */
+    double host_bw;   /* host memory read by the H2D copy and the CPU at once (their sum, measured
+                       * together: ceilings' host_shared_gb_s); 0 = unknown: roofline_host_bw's
+                       * assumption */
 } machine_t;
 
-/* The projection targets of issue #5: RTX 3090 24 GB (936 GB/s) on PCIe 3 x16 at 12 GB/s with
- * 2 x Xeon E5-2699 v4 at 2 x 60 GB/s, and RTX 4090 24 GB (1008 GB/s) on PCIe 4 at 25 GB/s with
- * DDR5 at 80 GB/s. (24 GB = 24 GiB of device memory.) */
+/* When host_bw is unknown, both paths together are taken to read ROOFLINE_HOST_SHARED_FRACTION
+ * of the sum of their alone-rates, and never less than the faster one alone: on the H200 host
+ * a pinned copy alone read 54 GB/s and 16 CPU threads alone 81 GB/s, together 50 + 65 = 115,
+ * 0.85 of 135. */
+#define ROOFLINE_HOST_SHARED_FRACTION 0.85
+
+/* The combined host read rate the host_shared bound uses for mc: mc->host_bw when measured,
+ * else max(pcie, cpu, ROOFLINE_HOST_SHARED_FRACTION * (pcie + cpu)). *assumed (may be NULL) says
+ * which. */
+double roofline_host_bw(const machine_t *mc, bool *assumed);
+
+/* The projection targets: RTX 3090 24 GB (936 GB/s) on PCIe 3 x16 at 12 GB/s with 2 x Xeon
+ * E5-2699 v4 at 2 x 60 GB/s, and RTX 4090 24 GB (1008 GB/s) on PCIe 4 at 25 GB/s with DDR5 at
+ * 80 GB/s. (24 GB = 24 GiB of device memory.) Neither has a measured host_bw: the assumption. */
 extern const machine_t roofline_rtx3090;
 extern const machine_t roofline_rtx4090;
 
@@ -60,9 +82,10 @@ typedef struct {
 
 /* Bytes of config c laid out as pm (a packed manifest or plan). */
 void roofline_model_from_manifest(roofline_model_t *rm, const model_config_t *c, const packed_manifest_t *pm);
-/* Same from a config and a format (experts/shared/dense fmt, int4 group, attention bf16 unless
- * fmt is f32), through packed_plan. 0 or <0 with eb set. */
-int roofline_model_from_config(roofline_model_t *rm, const model_config_t *c, wfmt_t fmt, int group,
+/* Same from a config and formats (experts/shared/dense fmt, int4 group, attention projections
+ * and lm_head attn_fmt: WF_BF16 as `strata pack`, or fmt as `--attn-format same`), through
+ * packed_plan. 0 or <0 with eb set. */
+int roofline_model_from_config(roofline_model_t *rm, const model_config_t *c, wfmt_t fmt, int group, wfmt_t attn_fmt,
                                strata_errbuf_t *eb);
 
 /* One run's operating point. */
@@ -86,13 +109,19 @@ typedef struct {
     double hit_rate;
     double gpu_bytes;           /* read from GPU memory per step if every miss is transferred */
     double hit_bytes, miss_bytes, kv_bytes;  /* per step */
-    double cpu_share;           /* fraction of the missed bytes the best split computes on the CPU */
-    double step_s;              /* the bound on one step's time */
-    double bound_tok_s;         /* batch / step_s: aggregate decode tokens per second */
-    double pcie_only_tok_s;     /* the same with every miss transferred (no CPU path): the bound of a
-                                 * GPU engine that computes every expert itself */
     double bytes_per_token;     /* (resident + kv + experts touched) / batch */
-    const char *limit;          /* "hbm", "pcie+cpu", "cpu memory" */
+    /* the three bounds (roofline.h's header): aggregate decode tokens per second, the step time
+     * each allows, and what binds ("hbm", "pcie", "pcie+cpu", "host memory", "cpu memory") */
+    double pcie_only_tok_s, pcie_only_step_s;   /* 0 on the CPU backend (no PCIe) */
+    const char *pcie_only_limit;
+    double bw_added_tok_s, bw_added_step_s;
+    const char *bw_added_limit;
+    double cpu_share;           /* bw_added's best split: the fraction of the missed bytes on the CPU
+                                 * (also a best split of host_shared) */
+    double host_shared_tok_s, host_shared_step_s;
+    const char *host_shared_limit;
+    double host_bw;             /* the combined host read rate host_shared used (roofline_host_bw) */
+    bool host_bw_assumed;       /* true: not measured, ROOFLINE_HOST_SHARED_FRACTION's assumption */
 } roofline_t;
 
 /* The decode bound of model m on machine mc at operating point r. Returns 0, or
@@ -104,7 +133,12 @@ int roofline_decode(const roofline_model_t *m, const machine_t *mc, const roofli
  * buffer (well beyond the caches), best of `passes`. pool may be NULL (one thread). */
 double roofline_cpu_membw(tpool_t *pool, size_t bytes, int passes);
 
-/* One line per machine: this one and the two projections, bound tok/s and what binds. */
+/* Read `bytes` of buf once on every thread of pool (NULL: one thread), 16-byte loads whose
+ * results are kept; returns the seconds it took. bytes is rounded down to 16 KiB. */
+double roofline_cpu_read(tpool_t *pool, const void *buf, size_t bytes);
+
+/* One line per machine: this one and the two projections, the three bounds, what binds the
+ * host_shared one, and for this machine measured / each bound. */
 void roofline_print(FILE *f, const roofline_model_t *m, const machine_t *here, const roofline_run_t *r,
                     double measured_tok_s);
 

@@ -33,14 +33,19 @@
  *   step_forward_us, step_rtt_us
  *                           per step in the window (the scheduler's step_*_us_total / steps_timed):
  *                           the executor's forward pass, and the scheduler's round trip to it;
- *   bound_tok_s, ratio      the roofline bound for the model, format, budget and batch on this
- *                           machine (ceilings measured at start; the executor's slots when it
- *                           reports them, else slots estimated from the budget and the KV) and
- *                           measured / bound;
- *   bound_pcie_only_tok_s, ratio_pcie_only
- *                           the same bound with every miss over PCIe (no CPU path): what a GPU
- *                           backend that computes every expert itself can reach (null on the CPU
- *                           backend).
+ *   bound_*_tok_s, ratio_*  the three roofline bounds (bench/roofline.h) for the model, format,
+ *                           budget and batch on this machine (ceilings measured at start; the
+ *                           executor's slots when it reports them, else slots estimated from the
+ *                           budget and the KV), and measured / each:
+ *                             pcie_only    every miss over PCIe (no CPU path): what a GPU backend
+ *                                          that computes every expert itself can reach (null on
+ *                                          the CPU backend);
+ *                             bw_added     PCIe and the CPU in parallel, their bandwidths added
+ *                                          (also bound_tok_s, as before);
+ *                             host_shared  the same with the copy's and the CPU's reads of host
+ *                                          memory capped together (ceilings' host_shared_gb_s).
+ * With --results FILE the rows are also appended to FILE as results rows (bench/results.h: case,
+ * date, commit, machine, command, figure and the bound it is measured against, JSON lines).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -58,6 +63,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "bench/results.h"
 #include "bench/roofline.h"
 #include "model/packed.h"
 #include "model/synth_fast.h"
@@ -90,8 +96,9 @@ static void s_help(FILE *f)
             "(`strata up` with a generated config, `strata down` after) unless --endpoint is given.\n"
             "Reports decode tok/s (aggregate and per sequence), prefill tok/s, TTFT and inter-token\n"
             "latency p50/p99, expert-cache hit rate, PCIe GB/s and CPU-expert share from the group's\n"
-            "stats, next to the roofline bound (ceilings measured at start) and its projection onto\n"
-            "an RTX 3090 / PCIe 3 / 2 x E5-2699 v4 and an RTX 4090 / PCIe 4 / DDR5 host.\n"
+            "stats, next to three roofline bounds (ceilings measured at start: PCIe only; PCIe + CPU,\n"
+            "bandwidths added; PCIe + CPU, host memory shared) and their projection onto an RTX 3090 /\n"
+            "PCIe 3 / 2 x E5-2699 v4 and an RTX 4090 / PCIe 4 / DDR5 host.\n"
             "\n"
             "  --model DIR        packed model folder (e.g. from `strata synth`)\n"
             "  --endpoint E       use the running group at router endpoint E instead of starting one\n"
@@ -107,7 +114,12 @@ static void s_help(FILE *f)
             "  --seed N           prompts and arrivals seed (default 1)\n"
             "  --timeout S        give up on a level after S seconds (default 600)\n"
             "  --ready-timeout S  wait this long for the router to report a ready scheduler (default 120)\n"
+            "  --max-batch-tokens N  the scheduler's token budget a step (default: 256, or the largest\n"
+            "                     batch if more); a prompt's prefill takes chunks of it, so a prefill\n"
+            "                     benchmark gives at least --prompt to prefill it in one step\n"
             "  --json FILE        write the rows (JSON array)\n"
+            "  --results FILE     append the rows to FILE as results rows (JSON lines, bench/README.md\n"
+            "                     \"Results\"): case, date, commit, machine, command, figure, bound\n"
             "  --plot FILE        PNG of throughput vs batch (gnuplot; default FILE.png next to --json)\n"
             "  --no-plot          no PNG\n"
             "  --no-probe         skip the bandwidth probes (no bound)\n"
@@ -120,9 +132,10 @@ static void s_help(FILE *f)
 }
 
 typedef struct {
-    const char *model, *endpoint_arg, *backend, *json, *plot, *run_dir_arg;
+    const char *model, *endpoint_arg, *backend, *json, *results, *plot, *run_dir_arg;
     int64_t gpu_mem;
     int threads, prompt, gen, requests, warmup, timeout_s, probe_mib, ready_s;
+    int max_batch_tokens;   /* the started group's [scheduler] max_batch_tokens; 0 = max(256, batch) */
     uint64_t seed;
     int levels[MAX_LEVELS], n_levels;
     double rates[MAX_LEVELS];
@@ -184,9 +197,16 @@ static int s_run(char *const argv[])
 
 /* ---- the machine's ceilings ------------------------------------------------------------ */
 
+/* What the probes found besides the machine_t: for results rows and the JSON. */
+typedef struct {
+    char desc[512];         /* the machine in words (bench/results.h) */
+    char built[128];        /* the build's commit as ceilings reports it, "" if unknown */
+    double h2d_shared, cpu_shared; /* bytes/s with both reading host memory at once, 0 = not measured */
+} s_probe_t;
+
 /* From the `ceilings` helper next to this binary (build tree or bundle), which links CUDA;
  * without it, the host bandwidth measured here and no GPU figures. */
-static void s_ceilings(const s_opts_t *o, machine_t *mc, char *machine, size_t cap, bool want_gpu)
+static void s_ceilings(const s_opts_t *o, machine_t *mc, char *machine, size_t cap, bool want_gpu, s_probe_t *pr)
 {
     char dir[4096], cand[2][4200], cmd[8600];
     memset(mc, 0, sizeof *mc);
@@ -206,7 +226,14 @@ static void s_ceilings(const s_opts_t *o, machine_t *mc, char *machine, size_t c
             mc->cpu_bw = json_number_value(json_object_get(j, "cpu_gb_s")) * 1e9;
             mc->pcie_bw = json_number_value(json_object_get(j, "pcie_gb_s")) * 1e9;
             mc->hbm_bw = json_number_value(json_object_get(j, "hbm_gb_s")) * 1e9;
+            mc->host_bw = json_number_value(json_object_get(j, "host_shared_gb_s")) * 1e9;
             mc->gpu_mem = json_number_value(json_object_get(j, "gpu_mem"));
+            pr->h2d_shared = json_number_value(json_object_get(j, "h2d_shared_gb_s")) * 1e9;
+            pr->cpu_shared = json_number_value(json_object_get(j, "cpu_shared_gb_s")) * 1e9;
+            const char *d = json_string_value(json_object_get(j, "machine_desc"));
+            const char *c = json_string_value(json_object_get(j, "commit"));
+            if (d) snprintf(pr->desc, sizeof pr->desc, "%s", d);
+            if (c) snprintf(pr->built, sizeof pr->built, "%s", c);
             const char *g = json_string_value(json_object_get(j, "gpu"));
             if (g) {
                 size_t l = strlen(machine);
@@ -230,6 +257,8 @@ static void s_ceilings(const s_opts_t *o, machine_t *mc, char *machine, size_t c
 typedef struct {
     bool have;
     char shape[128], format[32];
+    wfmt_t fmt, attn_fmt;   /* the experts' and the attention projections' formats */
+    int32_t group;          /* int4 group */
     model_config_t cfg;
     roofline_model_t rm;
 } s_model_t;
@@ -262,6 +291,9 @@ static int s_model_info(const char *dir, s_model_t *mi)
         return 2;
     }
     free(text);
+    mi->fmt = pm.fmt;
+    mi->attn_fmt = pm.attn_fmt;
+    mi->group = pm.group;
     if (pm.fmt == WF_INT4) snprintf(mi->format, sizeof mi->format, "int4-g%d", pm.group);
     else snprintf(mi->format, sizeof mi->format, "%s", wfmt_name(pm.fmt));
     roofline_model_from_manifest(&mi->rm, &mi->cfg, &pm);
@@ -325,7 +357,8 @@ static int s_group_start(const s_opts_t *o, s_group_t *g, int max_conc)
             "[executor]\nbackend = %s\nthreads = %d\ngpu_mem = %lld\n\n"
             "[prefetcher.0]\nnuma_node = -1\n\n"
             "[launcher]\nready_timeout_s = 900\nrestart_backoff_ms = 200\nrestart_backoff_max_ms = 2000\n",
-            (int)getpid() % 100000, g->run_dir, model_real, g->endpoint, seqs > 256 ? seqs : 256, seqs,
+            (int)getpid() % 100000, g->run_dir, model_real, g->endpoint,
+            o->max_batch_tokens > 0 ? o->max_batch_tokens : seqs > 256 ? seqs : 256, seqs,
             seqs * per_seq + 16, bs, o->backend, o->threads, (long long)o->gpu_mem);
     if (fclose(f) != 0) {
         cli_error(C, "%s: write failed", g->config);
@@ -782,10 +815,12 @@ static int s_plot(const char *png, const char *dat, const char *title)
             "set ylabel 'decode tokens / s (aggregate)'\n"
             "set logscale x 2\nset logscale y 10\nset grid\nset key below\n"
             "plot '%s' using 1:2 with linespoints lw 2 pt 7 title 'measured', \\\n"
-            "     '%s' using 1:3 with linespoints lw 2 dt 2 title 'roofline bound (this machine)', \\\n"
+            "     '%s' using 1:3 with linespoints lw 2 dt 2 title 'bound, PCIe + CPU, bandwidths added (this machine)', \\\n"
+            "     '%s' using 1:6 with linespoints lw 2 dt 2 title 'bound, PCIe + CPU, host memory shared (this machine)', \\\n"
+            "     '%s' using 1:7 with linespoints lw 2 dt 2 title 'bound, PCIe only (this machine)', \\\n"
             "     '%s' using 1:4 with linespoints dt 3 title 'bound: RTX 3090, PCIe 3, 2x E5-2699 v4', \\\n"
             "     '%s' using 1:5 with linespoints dt 4 title 'bound: RTX 4090, PCIe 4, DDR5'\n",
-            png, title, dat, dat, dat, dat);
+            png, title, dat, dat, dat, dat, dat, dat);
     fclose(f);
     snprintf(script, sizeof script, "gnuplot '%s' 2>&1", path);
     FILE *p = popen(script, "r");
@@ -796,7 +831,7 @@ static int s_plot(const char *png, const char *dat, const char *title)
     return st == 0 ? 0 : -1;
 }
 
-/* The decode bound at batch; slots: the executor's real expert slots when it reported them
+/* The decode bounds at batch into *out (the bandwidths-added one returned); slots: the executor's real expert slots when it reported them
  * (NAN: estimated from the budget and the KV alone). */
 static double s_bound(const s_model_t *mi, const machine_t *mc, const s_opts_t *o, int batch, bool cpu, double slots,
                       roofline_t *out)
@@ -810,7 +845,7 @@ static double s_bound(const s_model_t *mi, const machine_t *mc, const s_opts_t *
     r.reserved_bytes = (double)batch * (o->prompt + o->gen) * mi->rm.kv_bytes_per_token;
     r.cpu_backend = cpu;
     if (!cpu && isfinite(slots) && slots > 0) r.slots = slots;
-    return roofline_decode(&mi->rm, mc, &r, out) == 0 ? out->bound_tok_s : NAN;
+    return roofline_decode(&mi->rm, mc, &r, out) == 0 ? out->bw_added_tok_s : NAN;
 }
 
 static double s_proj(const s_model_t *mi, const machine_t *mc, const s_opts_t *o, int batch)
@@ -823,7 +858,34 @@ static double s_proj(const s_model_t *mi, const machine_t *mc, const s_opts_t *o
     r.gpu_mem = o->gpu_mem > 0 && o->gpu_mem < mc->gpu_mem ? (double)o->gpu_mem : mc->gpu_mem;
     r.reserved_bytes = (double)batch * (o->prompt + o->gen) * mi->rm.kv_bytes_per_token;
     roofline_t out;
-    return roofline_decode(&mi->rm, mc, &r, &out) == 0 ? out.bound_tok_s : NAN;
+    return roofline_decode(&mi->rm, mc, &r, &out) == 0 ? out.bw_added_tok_s : NAN;
+}
+
+/* The results case of a level (bench/results.h): model, formats, budget, load, prompt and gen,
+ * and the options that change the figure. */
+static void s_case(char *buf, size_t cap, const s_opts_t *o, const s_model_t *mi, const s_level_t *L, int max_conc,
+                   bool cpu)
+{
+    char budget[32], load[64], fmt[64] = "?", extra[96] = "";
+    results_budget_name(budget, sizeof budget, (double)o->gpu_mem);
+    if (L->open) snprintf(load, sizeof load, "rate %g", L->rate);
+    else snprintf(load, sizeof load, "batch %d", L->conc);
+    if (mi->have) {
+        if (mi->fmt == WF_INT4 && mi->group == 32) snprintf(fmt, sizeof fmt, "int4");
+        else snprintf(fmt, sizeof fmt, "%s", mi->format);
+        if (mi->attn_fmt != mi->fmt) {
+            size_t n = strlen(fmt);
+            snprintf(fmt + n, sizeof fmt - n, " attn %s", wfmt_name(mi->attn_fmt));
+        }
+    }
+    /* a group sized for more sequences than this level has less room for experts */
+    if (!L->open && max_conc != L->conc && o->gpu_mem > 0) snprintf(extra, sizeof extra, " (KV for %d)", max_conc);
+    if (o->max_batch_tokens > 0) {
+        size_t n = strlen(extra);
+        snprintf(extra + n, sizeof extra - n, ", max-batch-tokens %d", o->max_batch_tokens);
+    }
+    snprintf(buf, cap, "%s %s %s %s decode%s, prompt %d gen %d [strata bench%s%s]", mi->have ? mi->shape : "?", fmt,
+             budget, load, extra, o->prompt, o->gen, o->endpoint_arg ? " endpoint" : "", cpu && !o->endpoint_arg ? " cpu" : "");
 }
 
 /* `strata bench`; returns the exit code. */
@@ -889,6 +951,12 @@ int cmd_bench(int argc, char **argv)
         } else if ((r = cli_opt(C, argc, argv, &i, "--json", &v))) {
             if (r < 0) return 2;
             o.json = v;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--results", &v))) {
+            if (r < 0) return 2;
+            o.results = v;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--max-batch-tokens", &v))) {
+            if (r < 0 || cli_parse_i64(C, "--max-batch-tokens", v, 1, 1 << 20, &x)) return 2;
+            o.max_batch_tokens = (int)x;
         } else if ((r = cli_opt(C, argc, argv, &i, "--plot", &v))) {
             if (r < 0) return 2;
             o.plot = v;
@@ -946,21 +1014,37 @@ int cmd_bench(int argc, char **argv)
         if (c > max_conc) max_conc = c;
     }
     bool cpu = !strcmp(o.backend, "cpu");
+    if (o.max_batch_tokens > 0 && o.max_batch_tokens < max_conc) {
+        cli_error(C, "--max-batch-tokens %d is below the largest batch (%d): every decode token of a step must fit",
+                  o.max_batch_tokens, max_conc);
+        return 2;
+    }
 
     /* ceilings first, on a quiet machine */
     machine_t here;
     char machine[256] = "";
+    s_probe_t pr = {0};
     if (!o.no_probe) {
-        s_ceilings(&o, &here, machine, sizeof machine, !cpu);
+        s_ceilings(&o, &here, machine, sizeof machine, !cpu, &pr);
         fprintf(stderr, "bench: ceilings of %s: cpu read %.1f GB/s", machine, here.cpu_bw / 1e9);
         if (here.hbm_bw > 0)
             fprintf(stderr, ", h2d %.1f GB/s, gpu read %.0f GB/s, gpu memory %.1f GiB", here.pcie_bw / 1e9,
                     here.hbm_bw / 1e9, here.gpu_mem / GIB);
+        if (here.host_bw > 0)
+            fprintf(stderr, "; both at once h2d %.1f + cpu %.1f = %.1f GB/s", pr.h2d_shared / 1e9, pr.cpu_shared / 1e9,
+                    here.host_bw / 1e9);
         fprintf(stderr, "\n");
     } else {
         memset(&here, 0, sizeof here);
         gethostname(machine, sizeof machine - 1);
     }
+    /* the results envelope's machine, commit and command (bench/results.h) */
+    char commit[128], command[8192], self_dir[4096];
+    if (!pr.desc[0]) results_machine(pr.desc, sizeof pr.desc, NULL, 0, 0);
+    s_self_dir(self_dir, sizeof self_dir);
+    results_commit(commit, sizeof commit, pr.built, self_dir);
+    if (!commit[0]) results_commit(commit, sizeof commit, NULL, NULL);
+    results_command(command, sizeof command, "strata", argc, argv);
 
     struct sigaction sa = {.sa_handler = s_on_signal}, old_int, old_term;
     sigemptyset(&sa.sa_mask);
@@ -1011,9 +1095,9 @@ int cmd_bench(int argc, char **argv)
         goto done;
     }
 
-    printf("%-6s %7s %9s %10s %10s %9s %9s %9s %9s %6s %7s %6s %10s %7s %10s %7s\n", o.open_loop ? "rate" : "batch", "reqs",
-           "tok/s", "tok/s/seq", "prefill/s", "ttft p50", "ttft p99", "itl p50", "itl p99", "hit", "pcie", "cpu%",
-           "bound", "ratio", "pcie-only", "ratio");
+    printf("%-6s %7s %9s %10s %10s %9s %9s %9s %9s %6s %7s %6s %10s %7s %10s %7s %11s %7s\n", o.open_loop ? "rate" : "batch",
+           "reqs", "tok/s", "tok/s/seq", "prefill/s", "ttft p50", "ttft p99", "itl p50", "itl p99", "hit", "pcie", "cpu%",
+           "pcie-only", "ratio", "bw-added", "ratio", "host-shared", "ratio");
     int total_ok = 0;
     for (int li = 0; li < o.n_levels && !s_stop; li++) {
         s_level_t *L = &res[li];
@@ -1032,13 +1116,17 @@ int cmd_bench(int argc, char **argv)
         int bb = o.open_loop ? (int)lround(L->mean_conc > 1 ? L->mean_conc : 1) : L->conc;
         roofline_t bo;
         double bound = o.no_probe ? NAN : s_bound(&mi, &here, &o, bb, cpu, L->slots, &bo);
-        double ratio = isfinite(bound) && bound > 0 ? L->decode_tok_s / bound : NAN;
-        double po = isfinite(bound) && !cpu && bo.pcie_only_tok_s > 0 ? bo.pcie_only_tok_s : NAN;
+        /* the three bounds (NAN where there is none) and measured / each */
+        bool hb = isfinite(bound);
+        double po = hb && !cpu && bo.pcie_only_tok_s > 0 ? bo.pcie_only_tok_s : NAN;
+        double hs = hb ? bo.host_shared_tok_s : NAN;
+        double ratio = hb && bound > 0 ? L->decode_tok_s / bound : NAN;
         double po_ratio = isfinite(po) ? L->decode_tok_s / po : NAN;
+        double hs_ratio = isfinite(hs) && hs > 0 ? L->decode_tok_s / hs : NAN;
         char lvl[32];
         if (o.open_loop) snprintf(lvl, sizeof lvl, "%.3g", L->rate);
         else snprintf(lvl, sizeof lvl, "%d", L->conc);
-        char f_hit[16], f_pcie[16], f_cpu[16], f_bound[16], f_ratio[16], f_po[16], f_por[16];
+        char f_hit[16], f_pcie[16], f_cpu[16], f_bound[16], f_ratio[16], f_po[16], f_por[16], f_hs[16], f_hsr[16];
         s_fmt(f_hit, sizeof f_hit, "%.3f", L->hit_rate, 1);
         s_fmt(f_pcie, sizeof f_pcie, "%.2fG", L->pcie_gb_s, 1);
         s_fmt(f_cpu, sizeof f_cpu, "%.1f%%", L->cpu_share, 100);
@@ -1046,9 +1134,11 @@ int cmd_bench(int argc, char **argv)
         s_fmt(f_ratio, sizeof f_ratio, "%.3f", ratio, 1);
         s_fmt(f_po, sizeof f_po, "%.2f", po, 1);
         s_fmt(f_por, sizeof f_por, "%.3f", po_ratio, 1);
-        printf("%-6s %7d %9.2f %10.2f %10.1f %8.1fm %8.1fm %8.2fm %8.2fm %6s %7s %6s %10s %7s %10s %7s\n", lvl,
+        s_fmt(f_hs, sizeof f_hs, "%.2f", hs, 1);
+        s_fmt(f_hsr, sizeof f_hsr, "%.3f", hs_ratio, 1);
+        printf("%-6s %7d %9.2f %10.2f %10.1f %8.1fm %8.1fm %8.2fm %8.2fm %6s %7s %6s %10s %7s %10s %7s %11s %7s\n", lvl,
                L->measured_done, L->decode_tok_s, L->per_seq_tok_s, L->prefill_tok_s, L->ttft_p50, L->ttft_p99,
-               L->itl_p50, L->itl_p99, f_hit, f_pcie, f_cpu, f_bound, f_ratio, f_po, f_por);
+               L->itl_p50, L->itl_p99, f_hit, f_pcie, f_cpu, f_po, f_por, f_bound, f_ratio, f_hs, f_hsr);
         if (isfinite(L->step_rtt_us))
             printf("       per step: the executor's forward %.2f ms, the scheduler's round trip %.2f ms (the control "
                    "plane and sampling %.0f us)\n",
@@ -1060,7 +1150,7 @@ int cmd_bench(int argc, char **argv)
                     L->first_error);
         fflush(stdout);
         json_t *row = json_object();
-        json_object_set_new(row, "machine", json_string(machine));
+        json_object_set_new(row, "host", json_string(machine));
         json_object_set_new(row, "model_shape", mi.have ? json_string(mi.shape) : json_null());
         json_object_set_new(row, "format", mi.have ? json_string(mi.format) : json_null());
         json_object_set_new(row, "backend", o.endpoint_arg ? json_null() : json_string(o.backend));
@@ -1089,19 +1179,46 @@ int cmd_bench(int argc, char **argv)
         json_object_set_new(row, "step_forward_us", s_num(L->step_fwd_us));
         json_object_set_new(row, "step_rtt_us", s_num(L->step_rtt_us));
         json_object_set_new(row, "cpu_expert_share", s_num(L->cpu_share));
-        json_object_set_new(row, "bound_tok_s", s_num(bound));
-        json_object_set_new(row, "bound_limit", isfinite(bound) ? json_string(bo.limit) : json_null());
-        json_object_set_new(row, "ratio", s_num(ratio));
         json_object_set_new(row, "bound_pcie_only_tok_s", s_num(po));
         json_object_set_new(row, "ratio_pcie_only", s_num(po_ratio));
+        json_object_set_new(row, "bound_bw_added_tok_s", s_num(bound));
+        json_object_set_new(row, "ratio_bw_added", s_num(ratio));
+        json_object_set_new(row, "bound_host_shared_tok_s", s_num(hs));
+        json_object_set_new(row, "ratio_host_shared", s_num(hs_ratio));
+        json_object_set_new(row, "bound_tok_s", s_num(bound));
+        json_object_set_new(row, "bound_limit", hb ? json_string(bo.bw_added_limit) : json_null());
+        json_object_set_new(row, "bound_pcie_only_limit", isfinite(po) ? json_string(bo.pcie_only_limit) : json_null());
+        json_object_set_new(row, "bound_host_shared_limit", hb ? json_string(bo.host_shared_limit) : json_null());
+        json_object_set_new(row, "host_shared_gb_s_used", hb ? json_real(bo.host_bw / 1e9) : json_null());
+        json_object_set_new(row, "host_shared_assumed", hb ? json_boolean(bo.host_bw_assumed) : json_null());
+        json_object_set_new(row, "max_batch_tokens", o.endpoint_arg ? json_null()
+                                                                    : json_integer(o.max_batch_tokens > 0 ? o.max_batch_tokens
+                                                                                   : max_conc > 256 ? max_conc : 256));
         json_object_set_new(row, "bound_rtx3090_tok_s", s_num(s_proj(&mi, &roofline_rtx3090, &o, bb)));
         json_object_set_new(row, "bound_rtx4090_tok_s", s_num(s_proj(&mi, &roofline_rtx4090, &o, bb)));
         json_object_set_new(row, "ceilings",
-                            json_pack("{s:o,s:o,s:o,s:o}", "cpu_gb_s", s_num(here.cpu_bw / 1e9), "pcie_gb_s",
+                            json_pack("{s:o,s:o,s:o,s:o,s:o,s:o,s:o}", "cpu_gb_s", s_num(here.cpu_bw / 1e9), "pcie_gb_s",
                                       here.pcie_bw > 0 ? json_real(here.pcie_bw / 1e9) : json_null(), "hbm_gb_s",
                                       here.hbm_bw > 0 ? json_real(here.hbm_bw / 1e9) : json_null(), "gpu_mem",
-                                      here.gpu_mem > 0 ? json_real(here.gpu_mem) : json_null()));
+                                      here.gpu_mem > 0 ? json_real(here.gpu_mem) : json_null(), "h2d_shared_gb_s",
+                                      pr.h2d_shared > 0 ? json_real(pr.h2d_shared / 1e9) : json_null(), "cpu_shared_gb_s",
+                                      pr.cpu_shared > 0 ? json_real(pr.cpu_shared / 1e9) : json_null(), "host_shared_gb_s",
+                                      here.host_bw > 0 ? json_real(here.host_bw / 1e9) : json_null()));
         json_object_set_new(row, "first_error", L->first_error[0] ? json_string(L->first_error) : json_null());
+        /* the results envelope: on the GPU against the PCIe-only bound (this engine computes
+         * every expert there) unless the group reports experts computed on the CPU, then
+         * against host memory shared; on the CPU backend against host memory */
+        char case_name[512];
+        s_case(case_name, sizeof case_name, &o, &mi, L, max_conc, cpu);
+        results_envelope_t env = {.case_name = case_name, .commit = commit, .machine = pr.desc, .command = command,
+                                  .shape = mi.have ? mi.shape : NULL, .format = mi.have ? mi.format : NULL,
+                                  .attn_format = mi.have ? wfmt_name(mi.attn_fmt) : NULL,
+                                  .gpu_budget = (double)o.gpu_mem, .figure = L->decode_tok_s,
+                                  .unit = "decode tok/s (aggregate)", .bound = NAN};
+        if (cpu) env.bound = bound, env.bound_name = "cpu_memory";
+        else if (isfinite(L->cpu_share) && L->cpu_share > 0) env.bound = hs, env.bound_name = "host_shared";
+        else env.bound = po, env.bound_name = "pcie_only";
+        results_envelope(row, &env);
         json_array_append_new(rows, row);
     }
     if (mi.have && !o.no_probe && o.n_levels) {
@@ -1120,17 +1237,29 @@ int cmd_bench(int argc, char **argv)
         cli_error(C, "cannot write %s", o.json);
         rc = 1;
     }
+    if (o.results) {
+        if (results_append(o.results, rows) < 0) {
+            cli_error(C, "cannot append to %s: %s", o.results, strerror(errno));
+            rc = 1;
+        } else {
+            fprintf(stderr, "bench: %zu results rows appended to %s\n", json_array_size(rows), o.results);
+        }
+    }
     if (o.plot && !o.no_plot && !o.open_loop) {
         char dat[4300];
         snprintf(dat, sizeof dat, "%s.dat", o.plot);
         FILE *f = fopen(dat, "w");
         if (f) {
-            fprintf(f, "# batch measured_tok_s bound_tok_s bound_rtx3090 bound_rtx4090\n");
+            fprintf(f, "# batch measured_tok_s bound_bw_added bound_rtx3090 bound_rtx4090 bound_host_shared "
+                       "bound_pcie_only\n");
             for (int li = 0; li < o.n_levels; li++) {
                 roofline_t bo;
                 double b = o.no_probe ? NAN : s_bound(&mi, &here, &o, o.levels[li], cpu, res[li].slots, &bo);
-                fprintf(f, "%d %g %g %g %g\n", o.levels[li], res[li].decode_tok_s, isfinite(b) ? b : NAN,
-                        s_proj(&mi, &roofline_rtx3090, &o, o.levels[li]), s_proj(&mi, &roofline_rtx4090, &o, o.levels[li]));
+                double hs = isfinite(b) ? bo.host_shared_tok_s : NAN;
+                double po = isfinite(b) && bo.pcie_only_tok_s > 0 ? bo.pcie_only_tok_s : NAN;
+                fprintf(f, "%d %g %g %g %g %g %g\n", o.levels[li], res[li].decode_tok_s, isfinite(b) ? b : NAN,
+                        s_proj(&mi, &roofline_rtx3090, &o, o.levels[li]), s_proj(&mi, &roofline_rtx4090, &o, o.levels[li]),
+                        hs, po);
             }
             fclose(f);
             char title[400];

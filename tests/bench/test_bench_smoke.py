@@ -1,11 +1,12 @@
 #!/usr/bin/python3
 """test_bench_smoke.py - the benchmark harness end to end on a tiny model through the CPU
-backend (issue #5, "CI smoke run"). No timing assertions: every figure must be present, be a
+backend, as CI runs it. No timing assertions: every figure must be present, be a
 number where the CPU backend has one (null where it has none: cache hit rate, PCIe), and obey
 the invariants that hold at any speed (p99 >= p50, request counts, nothing left behind).
 
 usage: test_bench_smoke.py --strata STRATA CASE
-  closed    strata synth, then strata bench --batch 1,3 starting its own group: rows, PNG, cleanup
+  closed    strata synth, then strata bench --batch 1,3 starting its own group: rows, results rows, PNG,
+            cleanup
   open      open loop (Poisson arrivals)
   endpoint  strata bench --endpoint against a group started with strata up, which keeps running
   virtual   a group on a virtual synthetic folder (prefetcher generates the arena) answers like the
@@ -24,8 +25,13 @@ import subprocess
 import sys
 import tempfile
 
-REQUIRED = ["machine", "model_shape", "format", "gpu_mem", "batch", "decode_tok_s", "prefill_tok_s", "ttft_p50_ms",
-            "itl_p99_ms", "hit_rate", "pcie_gb_s", "prefetch_accuracy", "bound_tok_s", "ratio"]
+REQUIRED = ["machine", "host", "model_shape", "format", "gpu_mem", "batch", "decode_tok_s", "prefill_tok_s",
+            "ttft_p50_ms", "itl_p99_ms", "hit_rate", "pcie_gb_s", "prefetch_accuracy", "bound_tok_s", "ratio",
+            "bound_pcie_only_tok_s", "bound_bw_added_tok_s", "bound_host_shared_tok_s", "ratio_pcie_only",
+            "ratio_bw_added", "ratio_host_shared"]
+# the results envelope (bench/README.md, "Results"), first in every row
+ENVELOPE = ["case", "date", "commit", "machine", "command", "model", "gpu_budget", "figure", "unit", "bound",
+            "bound_name", "ratio"]
 
 failures = []
 
@@ -79,6 +85,21 @@ def check_rows(rows, n, load, batches=None):
             check(abs(r["ratio"] - r["decode_tok_s"] / r["bound_tok_s"]) < 1e-6 * r["ratio"] + 1e-12,
                   "row %d: ratio is not measured / bound" % i)
         check(r.get("bound_limit") == "cpu memory", "row %d: bound_limit %r" % (i, r.get("bound_limit")))
+        # one reader on the CPU backend: bandwidths added and host memory shared are the same bound
+        check(positive(r.get("bound_bw_added_tok_s")) and r.get("bound_bw_added_tok_s") == r.get("bound_tok_s") and
+              r.get("bound_host_shared_tok_s") == r.get("bound_bw_added_tok_s") and
+              r.get("ratio_host_shared") == r.get("ratio_bw_added"), "row %d: the CPU backend's bounds" % i)
+        check(list(r)[:len(ENVELOPE)] == ENVELOPE, "row %d: the envelope is not first: %r" % (i, list(r)[:12]))
+        check(r.get("figure") == r.get("decode_tok_s") and r.get("bound") == r.get("bound_tok_s") and
+              r.get("bound_name") == "cpu_memory" and r.get("unit") == "decode tok/s (aggregate)",
+              "row %d: envelope figure/bound %r" % (i, {k: r.get(k) for k in ENVELOPE}))
+        check(isinstance(r.get("case"), str) and "tiny-mixtral int4" in r["case"] and "[strata bench" in r["case"],
+              "row %d: case %r" % (i, r.get("case")))
+        check(re.match(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$", r.get("date") or "") is not None,
+              "row %d: date %r" % (i, r.get("date")))
+        check(isinstance(r.get("command"), str) and r["command"].startswith("strata bench "),
+              "row %d: command %r" % (i, r.get("command")))
+        check(isinstance(r.get("machine"), str) and "CPUs" in r["machine"], "row %d: machine %r" % (i, r.get("machine")))
         if batches:
             check(r.get("batch") == batches[i], "row %d: batch %r, expected %r" % (i, r.get("batch"), batches[i]))
             check(r.get("requests") == max(2 * batches[i], 4), "row %d: %r measured requests" % (i, r.get("requests")))
@@ -99,11 +120,24 @@ def case_closed(strata, tmp):
     model = os.path.join(tmp, "m")
     synth(strata, model)
     js = os.path.join(tmp, "out.json")
+    res = os.path.join(tmp, "results.json")
+    with open(res, "w") as f:  # --results appends to what is there
+        f.write(json.dumps({"case": "an older row"}) + "\n")
     p = run([strata, "bench", "--model", model, "--batch", "1,3", "--prompt", "12", "--gen", "8", "--json", js,
-             "--threads", "2", "--probe-mib", "32"])
+             "--threads", "2", "--probe-mib", "32", "--results", res, "--max-batch-tokens", "64"],
+            env=dict(os.environ, STRATA_COMMIT="feedbee"))
     check(p.returncode == 0, "strata bench exit %d" % p.returncode)
     rows = json.load(open(js)) if os.path.exists(js) else None
     check_rows(rows, 2, "closed", batches=[1, 3])
+    lines = open(res).read().splitlines() if os.path.exists(res) else []
+    check(len(lines) == 3 and json.loads(lines[0]) == {"case": "an older row"}, "results file: %d lines" % len(lines))
+    for i, line in enumerate(lines[1:]):
+        r = json.loads(line)
+        check(rows and r == rows[i], "results row %d differs from the --json row" % i)
+        check(r.get("commit") == "feedbee" and r.get("max_batch_tokens") == 64, "results row %d: commit %r, budget %r" % (
+            i, r.get("commit"), r.get("max_batch_tokens")))
+        check(r.get("case") == "tiny-mixtral int4 attn bf16 resident batch %d decode, max-batch-tokens 64, prompt 12 gen 8 "
+              "[strata bench cpu]" % [1, 3][i], "results row %d: case %r" % (i, r.get("case")))
     png = os.path.join(tmp, "out.png")
     check(os.path.exists(png) and open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n", "no PNG plot at %s" % png)
     check("roofline (decode)" in p.stdout and "rtx3090" in p.stdout and "rtx4090" in p.stdout,
@@ -202,7 +236,8 @@ def case_virtual(strata, tmp):
 
 def case_cli(strata, tmp):
     p = run([strata, "bench", "--help"])
-    check(p.returncode == 0 and "--endpoint" in p.stdout and "--rate" in p.stdout, "bench --help")
+    check(p.returncode == 0 and "--endpoint" in p.stdout and "--rate" in p.stdout and "--results" in p.stdout and
+          "--max-batch-tokens" in p.stdout, "bench --help")
     p = run([strata, "synth", "--help"])
     check(p.returncode == 0 and "--route-skew" in p.stdout and "--synthetic" in p.stdout, "synth --help")
     p = run([strata, "synth", "--list"])
@@ -211,7 +246,8 @@ def case_cli(strata, tmp):
                                      "qwen2-57b-a14b", "olmoe-1b-7b", "tiny-mixtral"]), "synth --list")
     for args, what in [([], "no args"), (["--batch", "0", "--model", "x"], "batch 0"),
                        (["--model", "x", "--backend", "gpu"], "backend"), (["--model", "x", "--gpu-mem", "3Q"], "gpu-mem"),
-                       (["--model", os.path.join(tmp, "nope")], "missing model"), (["--model", "x", "--zzz"], "unknown")]:
+                       (["--model", os.path.join(tmp, "nope")], "missing model"), (["--model", "x", "--zzz"], "unknown"),
+                       (["--model", "x", "--max-batch-tokens", "0"], "max-batch-tokens 0")]:
         p = run([strata, "bench"] + args)
         check(p.returncode == 2 and p.stderr.strip().startswith("strata bench:"), "bench %s: exit %d" % (what, p.returncode))
     out = os.path.join(tmp, "s")
@@ -223,6 +259,10 @@ def case_cli(strata, tmp):
         p = run([strata, "synth"] + args)
         check(p.returncode == 2 and p.stderr.strip().startswith("strata synth:"), "synth %s: exit %d" % (what, p.returncode))
     synth(strata, out, "tiny-olmoe")
+    # a token budget below the batch cannot hold one decode token of every sequence
+    p = run([strata, "bench", "--model", out, "--batch", "4", "--max-batch-tokens", "2", "--no-probe"])
+    check(p.returncode == 2 and "below the largest batch" in p.stderr, "bench --max-batch-tokens 2 --batch 4: %d"
+          % p.returncode)
     p = run([strata, "synth", "--shape", "tiny-olmoe", "--format", "int4", out])
     check(p.returncode == 2 and "--force" in p.stderr, "synth over an existing folder: %d" % p.returncode)
     p = run([strata, "synth", "--shape", "tiny-qwen3", "--format", "fp8", "--force", "--quiet", out])
