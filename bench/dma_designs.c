@@ -1,5 +1,5 @@
 /* dma_designs - who should issue the host-to-device copy of an expert into the executor's
- * expert slots (issue #6; ARCHITECTURE.md "Who issues the DMA"). Both designs copy from one
+ * expert slots (ARCHITECTURE.md "Who issues the DMA"). Both designs copy from one
  * POSIX-shm weight arena, page-locked with cudaHostRegister, under the same request pattern:
  *
  *   P  a prefetcher process (this binary, --role prefetcher, started with posix_spawn) attaches
@@ -429,7 +429,7 @@ static void s_usage(FILE *f)
             "                   [--small-copies K2] [--inflight F] [--hbm-load] [--seed N] [--device D]\n"
             "                   [--json FILE]\n"
             "       dma_designs --role prefetcher --help   (the process dma_designs starts for design P)\n\n"
-            "Who should issue the host->GPU copy of an expert into the executor's slots (issue #6):\n"
+            "Who should issue the host->GPU copy of an expert into the executor's slots:\n"
             "  P  a prefetcher process, through CUDA IPC handles of the slots and of interprocess events,\n"
             "     saying over ZeroMQ (ipc://) when each copy is enqueued;\n"
             "  E  the executor itself, on its copy stream.\n"

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""test_dma_designs.py - bench/dma_designs without a GPU (issue #6): --help of both roles, one
+"""test_dma_designs.py - bench/dma_designs without a GPU: --help of both roles, one
 clear line naming the flag and exit 2 for each bad argument, and with no CUDA device visible
 (CUDA_VISIBLE_DEVICES empty, so this holds on a GPU host too) a one-line error, exit 1, and no
 shm segment left behind (nor a child: communicate() returns only once every holder of the
