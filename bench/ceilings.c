@@ -105,7 +105,7 @@ int main(int argc, char **argv)
             json_object_set_new(o, "gpu_mem", json_integer((json_int_t)total));
             json_object_set_new(o, "pcie_gb_s", json_real(h2d / 1e9));
             json_object_set_new(o, "hbm_gb_s", json_real(hbm / 1e9));
-            /* both at once: 64 MiB copies (a copy ends at most about 1 ms past the CPU's window)
+            /* both at once: 64 MiB copies, 4 in flight,
              * against the host probe's buffer size read by every thread */
             tpool_t *sp = tpool_create((int)threads);
             int e = shared_probe_run(sp, (int)device, (size_t)64 << 20, pb, 3, 0.5, &sh);

@@ -48,8 +48,7 @@ int shared_probe_run(tpool_t *pool, int device, size_t h2d_bytes, size_t cpu_byt
         }
         /* The copies start first (the pinned buffer is allocated and touched in the thread,
          * outside the window); the CPU reads whole passes of its own buffer until the window
-         * has passed, then stops the copies: a copy finishing after that runs at most one
-         * 64 MiB copy (about 1 ms) past the CPU's window. */
+         * has passed, then stops the copies, which count only what ended before that. */
         while (!__atomic_load_n(&c.started, __ATOMIC_ACQUIRE)) usleep(100);
         double t0 = strata_now(), t = 0, read = 0;
         if (!__atomic_load_n(&c.failed, __ATOMIC_ACQUIRE))

@@ -22,10 +22,11 @@ typedef struct shared_probe_h2d shared_probe_h2d_t;
  * to the close, must come from one thread. 0 or STRATA_ECUDA. */
 int shared_probe_h2d_open(int device, size_t bytes, shared_probe_h2d_t **out);
 
-/* Copy until *stop is set, two copies in flight so the link never idles: *bytes copied by the
- * finished copies over *seconds, from the first copy's start to the last one's end (host
- * clock; waits block, so the thread leaves its core to the CPU readers). *started is set once
- * the first copy is enqueued. 0 or STRATA_ECUDA. */
+/* Copy until *stop is set, 4 copies in flight so the link does not idle while this thread waits
+ * for a core: *bytes copied by the copies seen to end before *stop was set, over *seconds from
+ * the first copy's start to the last of them (host clock; waits block, so the thread leaves its
+ * core to the CPU readers). *started is set once the first copies are enqueued. 0 or
+ * STRATA_ECUDA. */
 int shared_probe_h2d_run(shared_probe_h2d_t *l, const volatile int *stop, volatile int *started, double *bytes,
                          double *seconds);
 

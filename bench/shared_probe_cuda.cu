@@ -9,12 +9,17 @@
 #include "bench/shared_probe.h"
 #include "common/strata.h"
 
+/* Copies kept in flight: 4 x 64 MiB is about 5 ms of queued work at 55 GB/s, so the loop's
+ * thread, competing for a core with a reader on every CPU, can be kept off one for a few
+ * scheduler slices without the link idling. */
+#define S_DEPTH 4
+
 struct shared_probe_h2d {
     int device;
     size_t bytes;
-    void *h, *d;          /* pinned host [bytes], device [bytes] */
+    void *h, *d;               /* pinned host [bytes], device [bytes] */
     cudaStream_t s;
-    cudaEvent_t done[2];  /* the end of the two copies in flight (blocking-sync events) */
+    cudaEvent_t done[S_DEPTH]; /* the ends of the copies in flight (blocking-sync events) */
 };
 
 static double s_now(void)
@@ -29,7 +34,7 @@ extern "C" void shared_probe_h2d_close(shared_probe_h2d_t *l)
     if (!l) return;
     cudaSetDevice(l->device);
     if (l->s) cudaStreamSynchronize(l->s);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < S_DEPTH; i++)
         if (l->done[i]) cudaEventDestroy(l->done[i]);
     if (l->s) cudaStreamDestroy(l->s);
     if (l->d) cudaFree(l->d);
@@ -45,10 +50,12 @@ extern "C" int shared_probe_h2d_open(int device, size_t bytes, shared_probe_h2d_
     l->device = device;
     l->bytes = bytes;
     /* blocking-sync events: a spinning wait would take a core from the CPU readers beside it */
-    if (cudaSetDevice(device) != cudaSuccess || cudaMallocHost(&l->h, bytes) != cudaSuccess ||
-        cudaMalloc(&l->d, bytes) != cudaSuccess || cudaStreamCreateWithFlags(&l->s, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaEventCreateWithFlags(&l->done[0], cudaEventBlockingSync | cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventCreateWithFlags(&l->done[1], cudaEventBlockingSync | cudaEventDisableTiming) != cudaSuccess) {
+    bool ok = cudaSetDevice(device) == cudaSuccess && cudaMallocHost(&l->h, bytes) == cudaSuccess &&
+              cudaMalloc(&l->d, bytes) == cudaSuccess &&
+              cudaStreamCreateWithFlags(&l->s, cudaStreamNonBlocking) == cudaSuccess;
+    for (int i = 0; i < S_DEPTH && ok; i++)
+        ok = cudaEventCreateWithFlags(&l->done[i], cudaEventBlockingSync | cudaEventDisableTiming) == cudaSuccess;
+    if (!ok) {
         log_error("shared_probe_h2d_open: %s", cudaGetErrorString(cudaGetLastError()));
         shared_probe_h2d_close(l);
         return STRATA_ECUDA;
@@ -63,32 +70,33 @@ extern "C" int shared_probe_h2d_run(shared_probe_h2d_t *l, const volatile int *s
 {
     *bytes = *seconds = 0;
     if (cudaSetDevice(l->device) != cudaSuccess) return STRATA_ECUDA;
-    /* Copy i is followed in stream order by copy i+1, enqueued before copy i is waited for, so
-     * the engine always has the next copy queued. The window is the host's view: from just
-     * before the first enqueue to the return of the wait on the last copy counted. */
+    /* S_DEPTH copies queued in stream order; each time the oldest ends, the next is queued. The
+     * window is the host's view: from just before the first enqueue to the return of the wait
+     * on the last copy seen to end before *stop was set. Copies that end after it ran (partly)
+     * without the CPU readers beside them and are not counted; they are drained at the end. */
     double t0 = s_now(), t_end = t0;
-    long n = 0;
+    long n = 0, queued = 0;
     int rc = 0;
-    if (cudaMemcpyAsync(l->d, l->h, l->bytes, cudaMemcpyHostToDevice, l->s) != cudaSuccess ||
-        cudaEventRecord(l->done[0], l->s) != cudaSuccess) {
-        rc = STRATA_ECUDA;
-        goto done;
-    }
+    for (; queued < S_DEPTH; queued++)
+        if (cudaMemcpyAsync(l->d, l->h, l->bytes, cudaMemcpyHostToDevice, l->s) != cudaSuccess ||
+            cudaEventRecord(l->done[queued % S_DEPTH], l->s) != cudaSuccess) {
+            rc = STRATA_ECUDA;
+            goto done;
+        }
     __atomic_store_n(started, 1, __ATOMIC_RELEASE);
     for (long i = 0;; i++) {
-        bool more = !__atomic_load_n(stop, __ATOMIC_ACQUIRE);
-        if (more && (cudaMemcpyAsync(l->d, l->h, l->bytes, cudaMemcpyHostToDevice, l->s) != cudaSuccess ||
-                     cudaEventRecord(l->done[(i + 1) & 1], l->s) != cudaSuccess)) {
+        if (cudaEventSynchronize(l->done[i % S_DEPTH]) != cudaSuccess) {
             rc = STRATA_ECUDA;
             break;
         }
-        if (cudaEventSynchronize(l->done[i & 1]) != cudaSuccess) {
-            rc = STRATA_ECUDA;
-            break;
-        }
+        if (__atomic_load_n(stop, __ATOMIC_ACQUIRE)) break;
         t_end = s_now();
         n++;
-        if (!more) break;
+        if (cudaMemcpyAsync(l->d, l->h, l->bytes, cudaMemcpyHostToDevice, l->s) != cudaSuccess ||
+            cudaEventRecord(l->done[queued++ % S_DEPTH], l->s) != cudaSuccess) {
+            rc = STRATA_ECUDA;
+            break;
+        }
     }
 done:
     if (rc) log_error("shared_probe_h2d_run: %s", cudaGetErrorString(cudaGetLastError()));
