@@ -68,7 +68,8 @@ typedef struct gpu_model gpu_model_t;
 /* Defaults: device 0, no budget, 256 blocks of 16, 512 tokens a step, prefetch depth by the cache's
  * kind (16 whole, 2 split), graphs on, split experts. */
 void gpu_opts_default(gpu_opts_t *o);
-/* Put model m on the GPU under o. m must outlive the gpu model. Returns 0 or <0 with eb set. */
+/* Put model m on the GPU under o. m must outlive the gpu model. Returns 0 or <0 with eb set:
+ * STRATA_ETOOLARGE when the model does not fit o->gpu_mem (eb says what did not fit, and by how much). */
 int gpu_model_create(gpu_model_t **out, const model_t *m, const gpu_opts_t *o, strata_errbuf_t *eb);
 void gpu_model_free(gpu_model_t *g);
 /* One step over b (batch_t semantics of model.h; block ids index the GPU KV cache).

@@ -63,7 +63,7 @@ static int s_dalloc(gpu_model_t *g, void **p, size_t bytes, const char *what, st
 {
     bytes = ALIGN256(bytes ? bytes : 1);
     if (g->budget > 0 && g->used + (int64_t)bytes > g->budget)
-        return strata_seterr(eb, STRATA_ENOMEM, "gpu: %s needs %zu bytes but only %lld of --gpu-mem %lld are left", what,
+        return strata_seterr(eb, STRATA_ETOOLARGE, "gpu: %s needs %zu bytes but only %lld of --gpu-mem %lld are left", what,
                              bytes, (long long)(g->budget - g->used), (long long)g->budget);
     if (g->n_allocs == g->cap_allocs) {
         int cap = g->cap_allocs ? 2 * g->cap_allocs : 256;
@@ -261,7 +261,7 @@ static int s_create_workspace(gpu_model_t *g, strata_errbuf_t *eb)
         if ((int)mi > wide) wide = (int)mi;
         size_t qb = cuda_q8_bytes((int)T, wide);
         if (!rc && g->budget > 0 && g->used + (int64_t)qb > g->budget)
-            rc = strata_seterr(eb, STRATA_ENOMEM, "gpu: int8 activation workspace needs %zu bytes beyond --gpu-mem", qb);
+            rc = strata_seterr(eb, STRATA_ETOOLARGE, "gpu: int8 activation workspace needs %zu bytes beyond --gpu-mem", qb);
         if (!rc && (rc = cuda_ctx_reserve_q8(g->cx, (int)T, wide)))
             strata_seterr(eb, rc, "gpu: int8 activation workspace failed");
         if (!rc) g->used += (int64_t)qb;
@@ -509,7 +509,7 @@ static int s_create_experts(gpu_model_t *g, strata_errbuf_t *eb)
         }
     }
     if (n < c->n_experts)
-        return strata_seterr(eb, STRATA_ENOMEM,
+        return strata_seterr(eb, STRATA_ETOOLARGE,
                              "gpu: --gpu-mem %lld leaves room for %lld expert slots of %zu bytes; one layer needs %d",
                              (long long)g->budget, (long long)(n < 0 ? 0 : n), g->expert_bytes, c->n_experts);
     g->n_slots = (int32_t)n;

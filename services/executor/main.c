@@ -283,11 +283,16 @@ int main(int argc, char **argv)
             goto done;
         }
         o.remote = exec_remote_iface(S.remote);
+    } else if (!strcmp(cfg.executor.expert_path, "cpu")) {
+        log_warn("expert_path = cpu: the cuda backend does not compute experts on the prefetchers' cores; its misses "
+                 "cross PCIe");
     }
     r = exec_create(&S.ex, &S.em.m, &o, &eb);
     if (r < 0) {
         log_error("%s", eb.msg[0] ? eb.msg : strata_strerror(r));
-        rc = r == STRATA_EUNSUPPORTED || r == STRATA_EINVAL_INPUT ? SERVICE_EXIT_CONFIG : SERVICE_EXIT_FAIL;
+        /* a model that does not fit gpu_mem (STRATA_ETOOLARGE) will not fit after a restart either */
+        rc = r == STRATA_EUNSUPPORTED || r == STRATA_EINVAL_INPUT || r == STRATA_ETOOLARGE ? SERVICE_EXIT_CONFIG
+                                                                                             : SERVICE_EXIT_FAIL;
         goto done;
     }
     S.tokens = malloc(MSG_MAX_STEP_SEQS * sizeof *S.tokens);

@@ -14,13 +14,20 @@ started with `strata up`, and:
     twice, which must give the same ids, all inside the vocabulary; how far they agree with
     `strata generate` on the CPU with the same parameters is reported, not scored (a logit that
     differs in its last bits may move a draw across a mass boundary).
+With --cache whole|split, each fixture is packed first (--formats, f32 and bf16 by default), a
+prefetcher serves it from its arena, and [executor] gpu_mem is the smallest budget that holds one
+layer's experts beside everything else (found from the executor's own refusals, which name what did
+not fit and by how much): every step then misses, and the group runs through the expert cache, its
+copies and its evictions. The same 95% teacher-forced criterion applies, against the fp32 reference.
 Needs a GPU; run by tests/gpu/run, never by the CPU CI.
 
 usage: test_group_greedy.py --strata BIN [--fixtures DIR] [--only NAME,...] [--backend cuda|cpu]
+                            [--cache whole|split [--formats f32,bf16]]
 """
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -42,24 +49,67 @@ def client(strata, endpoint, prompt, n, extra=()):
     return [int(x) for x in out.stdout.split()]
 
 
-def run_fixture(strata, fdir, backend):
+GIB = 1 << 30
+
+
+def write_ini(ini, run_dir, model, endpoint, backend, cache, budget):
+    with open(ini, "w") as f:
+        f.write("[group]\nname = gg%d\nrun_dir = %s\nmodel = %s\n\n[router]\nendpoint = %s\n\n"
+                "[scheduler]\nkv_blocks = 64\nblock_size = 16\n\n[executor]\nbackend = %s\n"
+                % (os.getpid() % 100000, run_dir, model, endpoint, backend))
+        if cache:
+            f.write("gpu_mem = %d\nexpert_cache = %s\n\n[prefetcher.0]\nnuma_node = -1\n" % (budget, cache))
+        f.write("\n[launcher]\nready_timeout_s = 120\n")
+
+
+def executor_log(run_dir):
+    p = os.path.join(run_dir, "logs", "executor.log")
+    return open(p).read() if os.path.exists(p) else ""
+
+
+def start(strata, ini, run_dir, model, endpoint, backend, cache):
+    """strata up; with a cache, at the smallest budget holding one layer's experts. Returns the
+    executor's layout line."""
+    budget = 64 << 20
+    for _ in range(16):
+        write_ini(ini, run_dir, model, endpoint, backend, cache, budget)
+        up = subprocess.run([strata, "up", "--config", ini], capture_output=True, text=True, timeout=300)
+        log = executor_log(run_dir)
+        if up.returncode == 0:
+            m = re.findall(r"gpu: resident .*", log)
+            return m[-1] if m else ""
+        subprocess.run([strata, "down", "--config", ini], capture_output=True, text=True, timeout=120)
+        short = re.findall(r"needs (\d+) bytes but only (-?\d+) of --gpu-mem", log)
+        slots = re.findall(r"room for (\d+) expert slots of (\d+) bytes; one layer needs (\d+)", log)
+        if cache and slots:
+            have, size, need = map(int, slots[-1])
+            budget += (need - have) * size + size // 2
+        elif cache and short:
+            need, left = map(int, short[-1])
+            budget += need - left + (1 << 20)
+        else:
+            raise RuntimeError("strata up failed: %s\n%s" % (up.stderr.strip()[-400:], log[-800:]))
+        os.truncate(os.path.join(run_dir, "logs", "executor.log"), 0)
+    raise RuntimeError("no budget found for one layer's experts (last %d bytes)" % budget)
+
+
+def run_fixture(strata, fdir, backend, cache=None, fmt=None):
     ref = json.load(open(os.path.join(fdir, "ref.json")))
     tokens, greedy = ref["tokens"], ref["greedy"]
     run_dir = tempfile.mkdtemp(prefix="strata-gpu-greedy-")
     endpoint = "tcp://127.0.0.1:%d" % free_port()
     ini = os.path.join(run_dir, "group.ini")
-    with open(ini, "w") as f:
-        f.write("[group]\nname = gg%d\nrun_dir = %s\nmodel = %s\n\n[router]\nendpoint = %s\n\n"
-                "[scheduler]\nkv_blocks = 64\nblock_size = 16\n\n[executor]\nbackend = %s\n\n"
-                "[launcher]\nready_timeout_s = 120\n" % (os.getpid() % 100000, run_dir, os.path.abspath(fdir), endpoint, backend))
-    up = subprocess.run([strata, "up", "--config", ini], capture_output=True, text=True, timeout=300)
+    model = os.path.abspath(fdir)
+    if cache:
+        model = os.path.join(run_dir, "packed")
+        pk = subprocess.run([strata, "pack", os.path.abspath(fdir), model, "--format", fmt], capture_output=True, text=True,
+                            timeout=300)
+        if pk.returncode != 0:
+            raise RuntimeError("strata pack --format %s failed: %s" % (fmt, pk.stderr.strip()[-400:]))
     try:
-        if up.returncode != 0:
-            log = ""
-            logs = os.path.join(run_dir, "logs", "executor.log")
-            if os.path.exists(logs):
-                log = open(logs).read()[-800:]
-            raise RuntimeError("strata up failed: %s\n%s" % (up.stderr.strip()[-400:], log))
+        layout = start(strata, ini, run_dir, model, endpoint, backend, cache)
+        if cache and not ("(cached)" in layout or "tail slots" in layout):
+            raise RuntimeError("the budget left every expert resident: %s" % layout)
         same = 0
         for i in range(len(greedy)):
             got = client(strata, endpoint, tokens + greedy[:i], 1)
@@ -74,14 +124,14 @@ def run_fixture(strata, fdir, backend):
         vocab = json.load(open(os.path.join(fdir, "config.json")))["vocab_size"]
         if s1 != s2 or len(s1) != n or not all(0 <= t < vocab for t in s1):
             raise RuntimeError("sampled: %s then %s (want the same %d ids under %d)" % (s1, s2, n, vocab))
-        gen = subprocess.run([strata, "generate", os.path.abspath(fdir), "--tokens", ",".join(map(str, tokens)),
+        gen = subprocess.run([strata, "generate", model, "--tokens", ",".join(map(str, tokens)),
                               "--max-tokens", str(n), "--ignore-eos"] + SAMPLED,
                              capture_output=True, text=True, timeout=300)
         cpu = [int(x) for x in gen.stdout.split()] if gen.returncode == 0 else []
         sprefix = 0
         while sprefix < min(len(s1), len(cpu)) and s1[sprefix] == cpu[sprefix]:
             sprefix += 1
-        return same, n, prefix, sprefix
+        return same, n, prefix, sprefix, layout
     finally:
         subprocess.run([strata, "down", "--config", ini], capture_output=True, text=True, timeout=120)
         subprocess.run(["rm", "-rf", run_dir])
@@ -93,25 +143,31 @@ def main():
     ap.add_argument("--fixtures", default=os.path.join(HERE, "..", "fixtures"))
     ap.add_argument("--only", default="")
     ap.add_argument("--backend", default="cuda", help="cuda (default); cpu checks the plumbing without a GPU")
+    ap.add_argument("--cache", choices=("whole", "split"), help="packed, from a prefetcher, a budget of one layer's experts")
+    ap.add_argument("--formats", default="f32,bf16", help="with --cache: the packed formats")
     a = ap.parse_args()
     names = sorted(d for d in os.listdir(a.fixtures) if os.path.exists(os.path.join(a.fixtures, d, "ref.json")))
     if a.only:
         names = [n for n in names if n in a.only.split(",")]
+    runs = [(n, f) for n in names for f in (a.formats.split(",") if a.cache else [None])]
     failed = 0
-    for n in names:
+    for n, fmt in runs:
+        label = n if not fmt else "%s/%s" % (n, fmt)
         try:
-            same, total, prefix, sprefix = run_fixture(a.strata, os.path.join(a.fixtures, n), a.backend)
+            same, total, prefix, sprefix, layout = run_fixture(a.strata, os.path.join(a.fixtures, n), a.backend, a.cache, fmt)
         except Exception as e:  # one fixture's failure must not hide the others
-            print("FAIL %-22s %s" % (n, e))
+            print("FAIL %-22s %s" % (label, e))
             failed += 1
             continue
         ok = same * 100 >= total * 95
         failed += not ok
         print("%s %-22s teacher-forced %d/%d positions equal, free-running %d/%d before the first difference, "
               "sampled twice the same, %d/%d as strata generate's before the first difference"
-              % ("ok  " if ok else "FAIL", n, same, total, prefix, total, sprefix, total))
-    print("test_group_greedy: %d fixtures, %d failed" % (len(names), failed))
-    return 1 if failed or not names else 0
+              % ("ok  " if ok else "FAIL", label, same, total, prefix, total, sprefix, total))
+        if a.cache:
+            print("     %s" % layout.split("gpu: ", 1)[-1])
+    print("test_group_greedy: %d runs, %d failed" % (len(runs), failed))
+    return 1 if failed or not runs else 0
 
 
 if __name__ == "__main__":
