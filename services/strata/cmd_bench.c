@@ -27,6 +27,17 @@
  *   prefetch_accuracy       the same window's prefetch_used / prefetches (null without prefetches);
  *   cpu_expert_share        scheduler.executor.cpu_expert_uses / all expert uses when the group
  *                           reports it, 1 for the CPU backend, else null;
+ *   cpu_experts_per_step, cpu_tokens_per_step, cpu_ms_per_step, cpu_wait_ms_per_step, cpu_gb_s,
+ *   cpu_expert_fallbacks    the experts the prefetchers computed ([executor] expert_path,
+ *                           services/executor/exec_remote.h), from the window's deltas of
+ *                           scheduler.executor.cpu_expert_{uses,rows,compute_us_total,
+ *                           wait_us_total,bytes,fallbacks}: per executor step
+ *                           (scheduler.executor.steps), or per second, or a count; null when the
+ *                           group does not report them (no expert goes to a prefetcher);
+ *   prefetcher_expert_share the share of routed (token, expert) pairs the prefetchers computed:
+ *                           cpu_expert_rows / (scheduler.executor.tokens x top_k x MoE layers),
+ *                           top_k and the MoE layers from --model's config.json (null without it
+ *                           or without the counters);
  *   slots                   scheduler.executor.experts_on_gpu: the whole experts' worth of expert bytes
  *                           on the GPU (cuda; its slots, or with split experts every head and the
  *                           tails in slots, fractional), else null;
@@ -65,6 +76,8 @@
 
 #include "bench/results.h"
 #include "bench/roofline.h"
+#include "common/config.h"
+#include "common/placement.h"
 #include "model/packed.h"
 #include "model/synth_fast.h"
 #include "proto/msg.h"
@@ -95,16 +108,25 @@ static void s_help(FILE *f)
             "Load generator over the real client protocol. Starts its own process group for the run\n"
             "(`strata up` with a generated config, `strata down` after) unless --endpoint is given.\n"
             "Reports decode tok/s (aggregate and per sequence), prefill tok/s, TTFT and inter-token\n"
-            "latency p50/p99, expert-cache hit rate, PCIe GB/s and CPU-expert share from the group's\n"
-            "stats, next to three roofline bounds (ceilings measured at start: PCIe only; PCIe + CPU,\n"
-            "bandwidths added; PCIe + CPU, host memory shared) and their projection onto an RTX 3090 /\n"
-            "PCIe 3 / 2 x E5-2699 v4 and an RTX 4090 / PCIe 4 / DDR5 host.\n"
+            "latency p50/p99, expert-cache hit rate, PCIe GB/s, CPU-expert share and the experts the\n"
+            "prefetchers computed (per step, GB/s, share, fallbacks) from the group's stats, next to\n"
+            "three roofline bounds (ceilings measured at start: PCIe only; PCIe + CPU, bandwidths added;\n"
+            "PCIe + CPU, host memory shared) and their projection onto an RTX 3090 / PCIe 3 /\n"
+            "2 x E5-2699 v4 and an RTX 4090 / PCIe 4 / DDR5 host.\n"
             "\n"
             "  --model DIR        packed model folder (e.g. from `strata synth`)\n"
             "  --endpoint E       use the running group at router endpoint E instead of starting one\n"
             "  --backend B        cpu (default) or cuda (started group)\n"
             "  --gpu-mem BYTES    executor GPU budget, K/M/G suffixes (started group; default 0)\n"
             "  --threads T        executor CPU threads (started group; default 0 = all)\n"
+            "  --expert-path P    auto, cpu or pcie: the started group's [executor] expert_path (default:\n"
+            "                     not written, so the config's default, auto). With the CPU backend, cpu\n"
+            "                     computes every expert on the prefetcher whose arena holds it, pcie none;\n"
+            "                     auto only those of arenas on another NUMA node than the executor's,\n"
+            "                     which this bench does not place, so none\n"
+            "  --prefetchers N    [prefetcher.0] .. [prefetcher.N-1] in the started group (default 1, 1-%d):\n"
+            "                     the model's arena split over N prefetchers; numa_node K for the K-th when\n"
+            "                     N > 1 and the machine has N nodes, else -1 (no memory policy)\n"
             "  --batch LIST       closed loop: concurrent clients per level (default 1,16)\n"
             "  --rate LIST        open loop instead: Poisson arrivals, requests per second per level\n"
             "  --prompt N         prompt tokens per request (default 128)\n"
@@ -128,11 +150,14 @@ static void s_help(FILE *f)
             "  --keep             leave the started group running (prints its config)\n"
             "  -h, --help         this help\n"
             "\n"
-            "Exit codes: 0 ok, 1 runtime failure (group did not start, every request failed), 2 usage.\n");
+            "Exit codes: 0 ok, 1 runtime failure (group did not start, every request failed), 2 usage.\n",
+            CONFIG_MAX_PREFETCHERS);
 }
 
 typedef struct {
     const char *model, *endpoint_arg, *backend, *json, *results, *plot, *run_dir_arg;
+    const char *expert_path; /* the started group's [executor] expert_path, NULL = not written (auto) */
+    int prefetchers;        /* [prefetcher.K] sections of the started group, 1..CONFIG_MAX_PREFETCHERS */
     int64_t gpu_mem;
     int threads, prompt, gen, requests, warmup, timeout_s, probe_mib, ready_s;
     int max_batch_tokens;   /* the started group's [scheduler] max_batch_tokens; 0 = max(256, batch) */
@@ -354,12 +379,18 @@ static int s_group_start(const s_opts_t *o, s_group_t *g, int max_conc)
             "[group]\nname = bench%d\nrun_dir = %s\nmodel = %s\n\n"
             "[router]\nendpoint = %s\nmax_queue = 4096\nmax_inflight_per_client = 64\n\n"
             "[scheduler]\nmax_batch_tokens = %d\nmax_seqs = %d\nkv_blocks = %d\nblock_size = %d\n\n"
-            "[executor]\nbackend = %s\nthreads = %d\ngpu_mem = %lld\n\n"
-            "[prefetcher.0]\nnuma_node = -1\n\n"
-            "[launcher]\nready_timeout_s = 900\nrestart_backoff_ms = 200\nrestart_backoff_max_ms = 2000\n",
+            "[executor]\nbackend = %s\nthreads = %d\ngpu_mem = %lld\n",
             (int)getpid() % 100000, g->run_dir, model_real, g->endpoint,
             o->max_batch_tokens > 0 ? o->max_batch_tokens : seqs > 256 ? seqs : 256, seqs,
             seqs * per_seq + 16, bs, o->backend, o->threads, (long long)o->gpu_mem);
+    if (o->expert_path) fprintf(f, "expert_path = %s\n", o->expert_path);
+    /* One prefetcher keeps no memory policy, as before --prefetchers. N of them each bind their
+     * arena part to node K when the machine has those nodes; on fewer nodes they share the
+     * memory the kernel gives them (numa_node -1), which still splits the experts N ways. */
+    bool numa = o->prefetchers > 1 && placement_numa_nodes() >= o->prefetchers;
+    for (int k = 0; numa && k < o->prefetchers; k++) numa = placement_node_exists(k);
+    for (int k = 0; k < o->prefetchers; k++) fprintf(f, "\n[prefetcher.%d]\nnuma_node = %d\n", k, numa ? k : -1);
+    fprintf(f, "\n[launcher]\nready_timeout_s = 900\nrestart_backoff_ms = 200\nrestart_backoff_max_ms = 2000\n");
     if (fclose(f) != 0) {
         cli_error(C, "%s: write failed", g->config);
         return 1;
@@ -510,6 +541,8 @@ typedef struct {
     double t;
     double hits, misses, bytes_h2d, cpu_expert, tokens, slots, prefetches, prefetch_used;
     double steps, rtt_us, fwd_us; /* the scheduler's timed steps, their round trips and forward time */
+    double ex_steps, ex_tokens;   /* the executor's steps and the token rows it forwarded */
+    double cx_rows, cx_fallbacks, cx_bytes, cx_wait_us, cx_compute_us; /* the CPU-expert path (exec_remote.h) */
     bool ok;
 } s_snap_t;
 
@@ -517,6 +550,7 @@ static void s_snap_from(const msg_stats_t *st, s_snap_t *s)
 {
     s->hits = s->misses = s->bytes_h2d = s->cpu_expert = s->tokens = s->slots = s->prefetches = s->prefetch_used = NAN;
     s->steps = s->rtt_us = s->fwd_us = NAN;
+    s->ex_steps = s->ex_tokens = s->cx_rows = s->cx_fallbacks = s->cx_bytes = s->cx_wait_us = s->cx_compute_us = NAN;
     for (int32_t i = 0; i < st->n; i++) {
         const char *n = st->items[i].name.s;
         double v = st->items[i].value;
@@ -527,6 +561,13 @@ static void s_snap_from(const msg_stats_t *st, s_snap_t *s)
         else if (!strcmp(n, "scheduler.executor.prefetches")) s->prefetches = v;
         else if (!strcmp(n, "scheduler.executor.prefetch_used")) s->prefetch_used = v;
         else if (!strcmp(n, "scheduler.executor.cpu_expert_uses")) s->cpu_expert = v;
+        else if (!strcmp(n, "scheduler.executor.cpu_expert_rows")) s->cx_rows = v;
+        else if (!strcmp(n, "scheduler.executor.cpu_expert_fallbacks")) s->cx_fallbacks = v;
+        else if (!strcmp(n, "scheduler.executor.cpu_expert_bytes")) s->cx_bytes = v;
+        else if (!strcmp(n, "scheduler.executor.cpu_expert_wait_us_total")) s->cx_wait_us = v;
+        else if (!strcmp(n, "scheduler.executor.cpu_expert_compute_us_total")) s->cx_compute_us = v;
+        else if (!strcmp(n, "scheduler.executor.steps")) s->ex_steps = v;
+        else if (!strcmp(n, "scheduler.executor.tokens")) s->ex_tokens = v;
         else if (!strcmp(n, "scheduler.generated_tokens")) s->tokens = v;
         else if (!strcmp(n, "scheduler.executor.experts_on_gpu")) s->slots = v;
         else if (!strcmp(n, "scheduler.steps_timed")) s->steps = v;
@@ -552,6 +593,11 @@ typedef struct {
     double slots;           /* the executor's experts_on_gpu (cuda), NAN when not reported */
     double step_fwd_us, step_rtt_us; /* per step in the window: the executor's forward pass, the
                                         scheduler's round trip to the executor */
+    /* the experts the prefetchers computed, over the window (NAN: not reported): per executor
+     * step their experts, token rows, compute ms (summed over prefetchers) and the executor's ms
+     * waiting; the weight GB/s they read; the jobs that fell back to the executor; their share of
+     * every routed (token, expert) pair */
+    double cx_experts_step, cx_tokens_step, cx_ms_step, cx_wait_ms_step, cx_gb_s, cx_fallbacks, pf_share;
     double mean_conc;
     char first_error[200];
 } s_level_t;
@@ -588,7 +634,27 @@ static int s_send_req(s_conn_t *cn, const s_opts_t *o, s_req_t *r, int k, uint64
     return 0;
 }
 
-static int s_level(s_conn_t *cn, const s_opts_t *o, s_level_t *L, uint64_t level_no)
+/* The CPU-expert figures of L from the window's two snapshots; moe_pairs: the routed
+ * (token, expert) pairs of one forwarded token (top_k x MoE layers), 0 when unknown. */
+static void s_cpu_experts(s_level_t *L, const s_snap_t *a, const s_snap_t *b, double moe_pairs)
+{
+    L->cx_experts_step = L->cx_tokens_step = L->cx_ms_step = L->cx_wait_ms_step = L->cx_gb_s = L->cx_fallbacks =
+        L->pf_share = NAN;
+    if (!a->ok || !b->ok) return;
+    double uses = b->cpu_expert - a->cpu_expert, rows = b->cx_rows - a->cx_rows, ns = b->ex_steps - a->ex_steps;
+    double nt = b->ex_tokens - a->ex_tokens, by = b->cx_bytes - a->cx_bytes;
+    if (isfinite(b->cx_fallbacks - a->cx_fallbacks)) L->cx_fallbacks = b->cx_fallbacks - a->cx_fallbacks;
+    if (isfinite(by) && b->t > a->t) L->cx_gb_s = by / (b->t - a->t) / 1e9;
+    if (isfinite(ns) && ns > 0) {
+        L->cx_experts_step = uses / ns;  /* NAN propagates where a counter is absent */
+        L->cx_tokens_step = rows / ns;
+        L->cx_ms_step = (b->cx_compute_us - a->cx_compute_us) / ns / 1e3;
+        L->cx_wait_ms_step = (b->cx_wait_us - a->cx_wait_us) / ns / 1e3;
+    }
+    if (isfinite(rows) && isfinite(nt) && nt > 0 && moe_pairs > 0) L->pf_share = rows / (nt * moe_pairs);
+}
+
+static int s_level(s_conn_t *cn, const s_opts_t *o, s_level_t *L, uint64_t level_no, double moe_pairs)
 {
     int rc = 0;
     const int N = L->n_warm + L->n_req;
@@ -792,6 +858,7 @@ static int s_level(s_conn_t *cn, const s_opts_t *o, s_level_t *L, uint64_t level
             L->step_rtt_us = (snap1.rtt_us - snap0.rtt_us) / ns;
         }
     }
+    s_cpu_experts(L, &snap0, &snap1, moe_pairs);
     if (!strcmp(o->backend, "cpu") && !o->endpoint_arg) L->cpu_share = 1.0;
 #undef S_ISSUE
 done:
@@ -866,7 +933,7 @@ static double s_proj(const s_model_t *mi, const machine_t *mc, const s_opts_t *o
 static void s_case(char *buf, size_t cap, const s_opts_t *o, const s_model_t *mi, const s_level_t *L, int max_conc,
                    bool cpu)
 {
-    char budget[32], load[64], fmt[64] = "?", extra[96] = "";
+    char budget[32], load[64], fmt[64] = "?", extra[160] = "";
     results_budget_name(budget, sizeof budget, (double)o->gpu_mem);
     if (L->open) snprintf(load, sizeof load, "rate %g", L->rate);
     else snprintf(load, sizeof load, "batch %d", L->conc);
@@ -884,6 +951,14 @@ static void s_case(char *buf, size_t cap, const s_opts_t *o, const s_model_t *mi
         size_t n = strlen(extra);
         snprintf(extra + n, sizeof extra - n, ", max-batch-tokens %d", o->max_batch_tokens);
     }
+    if (o->expert_path && strcmp(o->expert_path, "auto") && !o->endpoint_arg) {
+        size_t n = strlen(extra);
+        snprintf(extra + n, sizeof extra - n, ", expert-path %s", o->expert_path);
+    }
+    if (o->prefetchers > 1 && !o->endpoint_arg) {
+        size_t n = strlen(extra);
+        snprintf(extra + n, sizeof extra - n, ", %d prefetchers", o->prefetchers);
+    }
     snprintf(buf, cap, "%s %s %s %s decode%s, prompt %d gen %d [strata bench%s%s]", mi->have ? mi->shape : "?", fmt,
              budget, load, extra, o->prompt, o->gen, o->endpoint_arg ? " endpoint" : "", cpu && !o->endpoint_arg ? " cpu" : "");
 }
@@ -891,7 +966,7 @@ static void s_case(char *buf, size_t cap, const s_opts_t *o, const s_model_t *mi
 /* `strata bench`; returns the exit code. */
 int cmd_bench(int argc, char **argv)
 {
-    s_opts_t o = {.backend = "cpu", .prompt = 128, .gen = 128, .timeout_s = 600, .probe_mib = 1024, .seed = 1, .ready_s = 120,
+    s_opts_t o = {.backend = "cpu", .prefetchers = 1, .prompt = 128, .gen = 128, .timeout_s = 600, .probe_mib = 1024, .seed = 1, .ready_s = 120,
                   .requests = -1, .warmup = -1};
     const char *v, *batch_s = "1,16", *rate_s = NULL;
     int rc = 0, r;
@@ -914,6 +989,16 @@ int cmd_bench(int argc, char **argv)
                 return 2;
             }
             o.backend = v;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--expert-path", &v))) {
+            if (r < 0) return 2;
+            if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "pcie")) {
+                cli_error(C, "--expert-path '%s': expected auto, cpu or pcie", v);
+                return 2;
+            }
+            o.expert_path = v;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--prefetchers", &v))) {
+            if (r < 0 || cli_parse_i64(C, "--prefetchers", v, 1, CONFIG_MAX_PREFETCHERS, &x)) return 2;
+            o.prefetchers = (int)x;
         } else if ((r = cli_opt(C, argc, argv, &i, "--gpu-mem", &v))) {
             if (r < 0 || strata_parse_bytes(v, &o.gpu_mem) < 0) {
                 if (r >= 0) cli_error(C, "--gpu-mem '%s': expected bytes with an optional K/M/G/T suffix", v);
@@ -1008,6 +1093,10 @@ int cmd_bench(int argc, char **argv)
 
     s_model_t mi = {0};
     if (o.model && (rc = s_model_info(o.model, &mi))) return rc;
+    /* routed (token, expert) pairs per forwarded token, for prefetcher_expert_share */
+    double moe_pairs = 0;
+    for (int l = 0; mi.have && l < mi.cfg.n_layers && l < (int)(sizeof mi.cfg.layer_sparse); l++)
+        moe_pairs += mi.cfg.layer_sparse[l] ? mi.cfg.top_k : 0;
     int max_conc = 1;
     for (int i = 0; i < o.n_levels; i++) {
         int c = o.open_loop ? 64 : o.levels[i];
@@ -1107,7 +1196,7 @@ int cmd_bench(int argc, char **argv)
         int base = o.open_loop ? 16 : L->conc;
         L->n_req = o.requests > 0 ? o.requests : (2 * base > 4 ? 2 * base : 4);
         L->n_warm = o.warmup >= 0 ? o.warmup : (base > 1 ? base : 1);
-        int e = s_level(&cn, &o, L, (uint64_t)li + 1);
+        int e = s_level(&cn, &o, L, (uint64_t)li + 1, moe_pairs);
         if (e == -ENOMEM) {
             rc = 1;
             goto done;
@@ -1145,6 +1234,14 @@ int cmd_bench(int argc, char **argv)
                    L->step_fwd_us / 1e3, L->step_rtt_us / 1e3, L->step_rtt_us - L->step_fwd_us);
         if (isfinite(L->prefetch_acc))
             printf("       prefetch accuracy %.3f (experts copied ahead that their layer used)\n", L->prefetch_acc);
+        if (isfinite(L->cx_experts_step)) {
+            char f_share[16];
+            s_fmt(f_share, sizeof f_share, "%.3f", L->pf_share, 1);
+            printf("       prefetchers' experts per step: %.2f experts, %.2f token rows, compute %.3f ms, the "
+                   "executor's wait %.3f ms; %.2f GB/s of weights, share %s, %.0f fallbacks\n",
+                   L->cx_experts_step, L->cx_tokens_step, L->cx_ms_step, L->cx_wait_ms_step, L->cx_gb_s, f_share,
+                   L->cx_fallbacks);
+        }
         if (L->errors || e < 0)
             fprintf(stderr, "bench: level %s: %d errors%s%s\n", lvl, L->errors, L->first_error[0] ? "; first: " : "",
                     L->first_error);
@@ -1154,6 +1251,8 @@ int cmd_bench(int argc, char **argv)
         json_object_set_new(row, "model_shape", mi.have ? json_string(mi.shape) : json_null());
         json_object_set_new(row, "format", mi.have ? json_string(mi.format) : json_null());
         json_object_set_new(row, "backend", o.endpoint_arg ? json_null() : json_string(o.backend));
+        json_object_set_new(row, "expert_path", o.endpoint_arg ? json_null() : json_string(o.expert_path ? o.expert_path : "auto"));
+        json_object_set_new(row, "prefetchers", o.endpoint_arg ? json_null() : json_integer(o.prefetchers));
         json_object_set_new(row, "gpu_mem", json_integer(o.gpu_mem));
         json_object_set_new(row, "load", json_string(o.open_loop ? "open" : "closed"));
         json_object_set_new(row, "batch", json_integer(bb));
@@ -1179,6 +1278,14 @@ int cmd_bench(int argc, char **argv)
         json_object_set_new(row, "step_forward_us", s_num(L->step_fwd_us));
         json_object_set_new(row, "step_rtt_us", s_num(L->step_rtt_us));
         json_object_set_new(row, "cpu_expert_share", s_num(L->cpu_share));
+        json_object_set_new(row, "prefetcher_expert_share", s_num(L->pf_share));
+        json_object_set_new(row, "cpu_experts_per_step", s_num(L->cx_experts_step));
+        json_object_set_new(row, "cpu_tokens_per_step", s_num(L->cx_tokens_step));
+        json_object_set_new(row, "cpu_ms_per_step", s_num(L->cx_ms_step));
+        json_object_set_new(row, "cpu_wait_ms_per_step", s_num(L->cx_wait_ms_step));
+        json_object_set_new(row, "cpu_gb_s", s_num(L->cx_gb_s));
+        json_object_set_new(row, "cpu_expert_fallbacks", isfinite(L->cx_fallbacks) ? json_integer((json_int_t)L->cx_fallbacks)
+                                                                                    : json_null());
         json_object_set_new(row, "bound_pcie_only_tok_s", s_num(po));
         json_object_set_new(row, "ratio_pcie_only", s_num(po_ratio));
         json_object_set_new(row, "bound_bw_added_tok_s", s_num(bound));

@@ -11,6 +11,8 @@ usage: test_bench_smoke.py --strata STRATA CASE
   endpoint  strata bench --endpoint against a group started with strata up, which keeps running
   virtual   a group on a virtual synthetic folder (prefetcher generates the arena) answers like the
             CPU on the same model written to disk
+  cpu_experts  --prefetchers 2 --expert-path cpu: the experts computed by the two prefetchers are
+            reported (per step, GB/s, share, no fallbacks); --expert-path pcie reports none
   cli       strata synth / strata bench usage errors, --help, --list, --force, --synthetic
 """
 import argparse
@@ -28,7 +30,12 @@ import tempfile
 REQUIRED = ["machine", "host", "model_shape", "format", "gpu_mem", "batch", "decode_tok_s", "prefill_tok_s",
             "ttft_p50_ms", "itl_p99_ms", "hit_rate", "pcie_gb_s", "prefetch_accuracy", "bound_tok_s", "ratio",
             "bound_pcie_only_tok_s", "bound_bw_added_tok_s", "bound_host_shared_tok_s", "ratio_pcie_only",
-            "ratio_bw_added", "ratio_host_shared"]
+            "ratio_bw_added", "ratio_host_shared", "cpu_expert_share", "prefetcher_expert_share", "cpu_experts_per_step",
+            "cpu_tokens_per_step", "cpu_ms_per_step", "cpu_wait_ms_per_step", "cpu_gb_s", "cpu_expert_fallbacks",
+            "expert_path", "prefetchers"]
+# the figures of the experts the prefetchers computed (null when the group reports none)
+CPU_EXPERTS = ["prefetcher_expert_share", "cpu_experts_per_step", "cpu_tokens_per_step", "cpu_ms_per_step",
+               "cpu_wait_ms_per_step", "cpu_gb_s"]
 # the results envelope (bench/README.md, "Results"), first in every row
 ENVELOPE = ["case", "date", "commit", "machine", "command", "model", "gpu_budget", "figure", "unit", "bound",
             "bound_name", "ratio"]
@@ -114,6 +121,16 @@ def no_leftovers(stderr):
     check(not os.path.exists(m.group(1)), "run dir left behind: %s" % m.group(1))
     left = glob.glob("/dev/shm/strata-bench%d-*" % (int(m.group(2)) % 100000))
     check(not left, "shm segments left behind: %r" % left)
+
+
+def no_leftovers_shm(stderr):
+    """The group this bench started in a --run-dir of the test's left no shm segment (arenas, rings)."""
+    m = re.search(r"starting the group \(.*/bench\.ini\)", stderr)
+    g = re.search(r"group 'bench(\d+)' ready", stderr)
+    check(m is not None and g is not None, "bench did not say which group it started")
+    if g:
+        left = glob.glob("/dev/shm/strata-bench%s-*" % g.group(1))
+        check(not left, "shm segments left behind: %r" % left)
 
 
 def case_closed(strata, tmp):
@@ -234,10 +251,65 @@ def case_virtual(strata, tmp):
         run([strata, "down", "--config", cfg], timeout=60)
 
 
+def case_cpu_experts(strata, tmp):
+    """The model's experts split over two prefetchers, which compute them (expert_path = cpu):
+    every routed (token, expert) pair is theirs, none falls back to the executor; with
+    expert_path = pcie the executor computes them all and no figure says otherwise."""
+    model = os.path.join(tmp, "m")
+    synth(strata, model)
+    js = os.path.join(tmp, "cpu.json")
+    run_dir = os.path.join(tmp, "run")  # not the default, so bench leaves it (and its config) for us
+    p = run([strata, "bench", "--model", model, "--backend", "cpu", "--prefetchers", "2", "--expert-path", "cpu",
+             "--batch", "1,3", "--prompt", "12", "--gen", "8", "--json", js, "--threads", "2", "--probe-mib", "32",
+             "--no-plot", "--run-dir", run_dir])
+    check(p.returncode == 0, "strata bench --prefetchers 2 --expert-path cpu exit %d" % p.returncode)
+    ini = open(os.path.join(run_dir, "bench.ini")).read() if os.path.exists(os.path.join(run_dir, "bench.ini")) else ""
+    check("[prefetcher.0]" in ini and "[prefetcher.1]" in ini and "[prefetcher.2]" not in ini and
+          re.search(r"^expert_path = cpu$", ini, re.M), "the group's config: %r" % ini)
+    check(os.path.exists(os.path.join(run_dir, "logs", "prefetcher.1.log")), "no second prefetcher ran")
+    rows = json.load(open(js)) if os.path.exists(js) else None
+    check_rows(rows, 2, "closed", batches=[1, 3])
+    for i, r in enumerate(rows or []):
+        print("row %d (batch %r): %s" % (i, r.get("batch"), json.dumps({k: r.get(k) for k in CPU_EXPERTS +
+                                                                          ["cpu_expert_fallbacks"]})), file=sys.stderr)
+        check(r.get("expert_path") == "cpu" and r.get("prefetchers") == 2, "row %d: expert_path %r prefetchers %r" % (
+            i, r.get("expert_path"), r.get("prefetchers")))
+        check("expert-path cpu, 2 prefetchers" in (r.get("case") or ""), "row %d: case %r" % (i, r.get("case")))
+        for k in ["cpu_experts_per_step", "cpu_tokens_per_step", "cpu_ms_per_step", "cpu_gb_s"]:
+            check(positive(r.get(k)), "row %d: %s = %r is not a positive number" % (i, k, r.get(k)))
+        w = r.get("cpu_wait_ms_per_step")
+        check(isinstance(w, (int, float)) and math.isfinite(w) and w >= 0, "row %d: cpu_wait_ms_per_step %r" % (i, w))
+        check(r.get("cpu_expert_fallbacks") == 0, "row %d: %r fallbacks" % (i, r.get("cpu_expert_fallbacks")))
+        # each expert a prefetcher computed has at least one token row
+        if positive(r.get("cpu_tokens_per_step")) and positive(r.get("cpu_experts_per_step")):
+            check(r["cpu_tokens_per_step"] >= r["cpu_experts_per_step"], "row %d: fewer rows than experts" % i)
+        sh = r.get("prefetcher_expert_share")
+        check(positive(sh) and sh <= 1, "row %d: prefetcher_expert_share %r not in (0, 1]" % (i, sh))
+        # expert_path = cpu and no fallback: every pair of every MoE layer went to a prefetcher (the
+        # rows and the executor's tokens come from one stats reply, so this is exact)
+        check(positive(sh) and abs(sh - 1) < 1e-9, "row %d: prefetcher_expert_share %r, expected 1" % (i, sh))
+        check(r.get("cpu_expert_share") == 1.0, "row %d: cpu_expert_share %r" % (i, r.get("cpu_expert_share")))
+    no_leftovers_shm(p.stderr)
+    # pcie on the CPU backend: the executor computes every expert itself
+    js = os.path.join(tmp, "pcie.json")
+    p = run([strata, "bench", "--model", model, "--backend", "cpu", "--prefetchers", "2", "--expert-path", "pcie",
+             "--batch", "2", "--prompt", "12", "--gen", "8", "--json", js, "--threads", "2", "--no-probe", "--no-plot"])
+    check(p.returncode == 0, "strata bench --expert-path pcie exit %d" % p.returncode)
+    rows = json.load(open(js)) if os.path.exists(js) else []
+    check(len(rows) == 1, "pcie rows %r" % rows)
+    for r in rows:
+        print("pcie row: %s" % json.dumps({k: r.get(k) for k in CPU_EXPERTS + ["cpu_expert_fallbacks"]}), file=sys.stderr)
+        check(r.get("errors") == 0 and positive(r.get("decode_tok_s")), "pcie row: errors %r" % r.get("errors"))
+        check(r.get("expert_path") == "pcie", "pcie row: expert_path %r" % r.get("expert_path"))
+        for k in CPU_EXPERTS:
+            check(r.get(k) in (None, 0), "pcie row: %s = %r" % (k, r.get(k)))
+    no_leftovers(p.stderr)
+
+
 def case_cli(strata, tmp):
     p = run([strata, "bench", "--help"])
     check(p.returncode == 0 and "--endpoint" in p.stdout and "--rate" in p.stdout and "--results" in p.stdout and
-          "--max-batch-tokens" in p.stdout, "bench --help")
+          "--max-batch-tokens" in p.stdout and "--expert-path" in p.stdout and "--prefetchers" in p.stdout, "bench --help")
     p = run([strata, "synth", "--help"])
     check(p.returncode == 0 and "--route-skew" in p.stdout and "--synthetic" in p.stdout, "synth --help")
     p = run([strata, "synth", "--list"])
@@ -247,7 +319,10 @@ def case_cli(strata, tmp):
     for args, what in [([], "no args"), (["--batch", "0", "--model", "x"], "batch 0"),
                        (["--model", "x", "--backend", "gpu"], "backend"), (["--model", "x", "--gpu-mem", "3Q"], "gpu-mem"),
                        (["--model", os.path.join(tmp, "nope")], "missing model"), (["--model", "x", "--zzz"], "unknown"),
-                       (["--model", "x", "--max-batch-tokens", "0"], "max-batch-tokens 0")]:
+                       (["--model", "x", "--max-batch-tokens", "0"], "max-batch-tokens 0"),
+                       (["--model", "x", "--expert-path", "gpu"], "expert-path gpu"),
+                       (["--model", "x", "--prefetchers", "0"], "prefetchers 0"),
+                       (["--model", "x", "--prefetchers", "9"], "prefetchers 9")]:
         p = run([strata, "bench"] + args)
         check(p.returncode == 2 and p.stderr.strip().startswith("strata bench:"), "bench %s: exit %d" % (what, p.returncode))
     out = os.path.join(tmp, "s")
@@ -286,7 +361,7 @@ def case_cli(strata, tmp):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--strata", required=True)
-    ap.add_argument("case", choices=["closed", "open", "endpoint", "virtual", "cli"])
+    ap.add_argument("case", choices=["closed", "open", "endpoint", "virtual", "cpu_experts", "cli"])
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="strata-bsmoke-")
     try:
