@@ -3,10 +3,11 @@
  * 1. Measures the memory read bandwidth: every thread of the pool streams its share of a
  *    buffer much larger than the caches; the best of several passes is the bound.
  * 2. For each weight format, builds enough Qwen3-30B-A3B-shaped experts (gate/up 768x2048,
- *    down 2048x768) to exceed the caches by far, then runs cpu_matmul at n=1 (and the
- *    fused cpu_ffn_swiglu) over all of them in turn, the way decode walks through the
- *    active experts of many layers. The figure is weight bytes (data + scales) read per
- *    second; the ratio is figure / bound.
+ *    down 2048x768; --hidden/--inter for others) to exceed the caches by far, then runs
+ *    cpu_matmul at n tokens (--tokens, default 1; and the fused cpu_ffn_swiglu) over all of
+ *    them in turn, the way decode walks through the active experts of many layers. The
+ *    figure is weight bytes (data + scales) read per second; the ratio is figure / bound.
+ *    --act q8 gives INT4 its int8-activation path (CPU_ACT_Q8), --isa picks the kernels.
  * Prints a table; --json FILE writes the same with the machine's name, cpu and threads.
  * GB/cpu-s is weight bytes per second of process CPU time, i.e. what one core streams while
  * it runs: on a machine shared with other work it shows the kernels' own speed (spinning
@@ -109,14 +110,14 @@ static double s_cpu_now(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void s_time(tpool_t *pool, expert_t *ex, int n_experts, int kind, int which, double min_s, double *best,
+static void s_time(tpool_t *pool, expert_t *ex, int n_experts, int n, int kind, int which, double min_s, double *best,
                    double *median, double *us_per_call, double *cpu_gbps)
 {
     const int hidden = ex[0].m[2].rows, inter = ex[0].m[0].rows;
-    float *x = malloc(sizeof(float) * hidden), *y = malloc(sizeof(float) * hidden);
-    float *h = malloc(sizeof(float) * inter), *scratch = malloc(sizeof(float) * 2 * inter);
-    for (int i = 0; i < hidden; i++) x[i] = sinf((float)i);
-    for (int i = 0; i < inter; i++) h[i] = cosf((float)i);
+    float *x = malloc(sizeof(float) * n * hidden), *y = malloc(sizeof(float) * n * hidden);
+    float *h = malloc(sizeof(float) * n * inter), *scratch = malloc(sizeof(float) * 2 * n * inter);
+    for (int i = 0; i < n * hidden; i++) x[i] = sinf((float)i);
+    for (int i = 0; i < n * inter; i++) h[i] = cosf((float)i);
     double rates[256], cpu_best = 0;
     int np = 0;
     double t_all0 = strata_now();
@@ -127,17 +128,17 @@ static void s_time(tpool_t *pool, expert_t *ex, int n_experts, int kind, int whi
         for (int e = 0; e < n_experts; e++) {
             if (kind == 0) {
                 if (which == 0) {
-                    cpu_matmul(pool, h, x, 1, &ex[e].m[0], NULL);
-                    cpu_matmul(pool, h, x, 1, &ex[e].m[1], NULL);
+                    cpu_matmul(pool, h, x, n, &ex[e].m[0], NULL);
+                    cpu_matmul(pool, h, x, n, &ex[e].m[1], NULL);
                     bytes += s_qbytes(&ex[e].m[0]) + s_qbytes(&ex[e].m[1]);
                     calls += 2;
                 } else {
-                    cpu_matmul(pool, y, h, 1, &ex[e].m[2], NULL);
+                    cpu_matmul(pool, y, h, n, &ex[e].m[2], NULL);
                     bytes += s_qbytes(&ex[e].m[2]);
                     calls++;
                 }
             } else {
-                cpu_ffn_swiglu(pool, y, x, 1, &ex[e].m[0], &ex[e].m[1], &ex[e].m[2], scratch, NULL, true);
+                cpu_ffn_swiglu(pool, y, x, n, &ex[e].m[0], &ex[e].m[1], &ex[e].m[2], scratch, NULL, true);
                 bytes += s_qbytes(&ex[e].m[0]) + s_qbytes(&ex[e].m[1]) + s_qbytes(&ex[e].m[2]);
                 calls++;
             }
@@ -158,30 +159,33 @@ static void s_usage(FILE *f)
 {
     fprintf(f,
             "usage: cpu_matmul [options]\n"
-            "  Measures memory read bandwidth, then decode (n=1) matmul weight bytes/s per format\n"
-            "  on Qwen3-30B-A3B expert shapes, and the ratio of the two.\n"
+            "  Measures memory read bandwidth, then matmul weight bytes/s per format at n tokens\n"
+            "  on Qwen3-30B-A3B expert shapes (or --hidden/--inter), and the ratio of the two.\n"
             "  --threads N     pool threads (default: STRATA_THREADS or all cpus)\n"
             "  --mb N          weight working set per format in MiB (default 512)\n"
             "  --formats LIST  comma list of f32,bf16,int8,fp8,int4 (default all)\n"
             "  --group G       INT4 group size (default 32)\n"
             "  --hidden H --inter I   expert shape (default 2048, 768)\n"
             "  --seconds S     minimum time per measurement (default 2)\n"
-            "  --isa ref|avx2|avx512  force an ISA (default: best)\n"
+            "  --tokens N      tokens per matmul (default 1; e.g. 14336x4096 Mixtral: --hidden 4096 --inter 14336)\n"
+            "  --act f32|q8    activations of INT4 matmuls (default: STRATA_CPU_ACT or f32)\n"
+            "  --isa ref|avx2|avx512|avx512vnni  force an ISA (default: the best this cpu has)\n"
             "  --json FILE     also write the results as JSON\n"
             "  --help\n");
 }
 
 int main(int argc, char **argv)
 {
-    int threads = 0, mb = 512, group = 32, hidden = 2048, inter = 768;
+    int threads = 0, mb = 512, group = 32, hidden = 2048, inter = 768, tokens = 1;
     double seconds = 2;
-    const char *json = NULL, *formats = "f32,bf16,int8,fp8,int4", *isa = NULL;
+    const char *json = NULL, *formats = "f32,bf16,int8,fp8,int4", *isa = NULL, *act = NULL;
     static const struct option opts[] = {
         {"threads", required_argument, 0, 't'}, {"mb", required_argument, 0, 'm'},
         {"formats", required_argument, 0, 'f'}, {"group", required_argument, 0, 'g'},
         {"hidden", required_argument, 0, 'H'},  {"inter", required_argument, 0, 'I'},
         {"seconds", required_argument, 0, 's'}, {"json", required_argument, 0, 'j'},
-        {"isa", required_argument, 0, 'i'},     {"help", no_argument, 0, 'h'},
+        {"isa", required_argument, 0, 'i'},     {"tokens", required_argument, 0, 'n'},
+        {"act", required_argument, 0, 'a'},     {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -195,6 +199,8 @@ int main(int argc, char **argv)
         case 's': seconds = atof(optarg); break;
         case 'j': json = optarg; break;
         case 'i': isa = optarg; break;
+        case 'n': tokens = atoi(optarg); break;
+        case 'a': act = optarg; break;
         case 'h': s_usage(stdout); return 0;
         default: s_usage(stderr); return 2;
         }
@@ -203,8 +209,18 @@ int main(int argc, char **argv)
         fprintf(stderr, "cpu_matmul: --mb >= 16, --hidden/--inter multiples of 128, --group 32|64|128\n");
         return 2;
     }
+    if (tokens < 1 || tokens > 4096 || (act && cpu_act_parse(act) < 0)) {
+        fprintf(stderr, "cpu_matmul: --tokens 1..4096, --act f32|q8\n");
+        return 2;
+    }
+    if (act) cpu_ops_set_act((cpu_act_t)cpu_act_parse(act));
+    const char *act_name = cpu_ops_act() == CPU_ACT_Q8 ? "q8" : "f32";
     if (isa) setenv("STRATA_CPU_ISA", isa, 1);
     cpu_isa_t got = cpu_ops_init();
+    if (isa && strcmp(isa, cpu_isa_name(got)) != 0) {
+        fprintf(stderr, "cpu_matmul: --isa %s is not available here (best: %s)\n", isa, cpu_isa_name(got));
+        return 2;
+    }
     tpool_t *pool = tpool_create(threads);
     if (!pool) {
         fprintf(stderr, "cpu_matmul: cannot create the thread pool\n");
@@ -224,7 +240,8 @@ int main(int argc, char **argv)
             }
         fclose(ci);
     }
-    printf("machine: %s, cpu: %s, threads: %d, isa: %s\n", host, cpu, tpool_size(pool), cpu_isa_name(got));
+    printf("machine: %s, cpu: %s, threads: %d, isa: %s, tokens: %d, act: %s\n", host, cpu, tpool_size(pool),
+           cpu_isa_name(got), tokens, act_name);
     size_t bw_bytes = (size_t)mb << 20;
     double bound = roofline_cpu_membw(pool, bw_bytes, 10) / 1e9;
     printf("memory read bandwidth (%d threads, %d MiB, best of 10): %.2f GB/s\n", tpool_size(pool), mb, bound);
@@ -263,7 +280,7 @@ int main(int argc, char **argv)
             res_t *r = &res[nres++];
             r->shape = shp[kind];
             r->fmt = (wfmt_t)f;
-            s_time(pool, ex, n_experts, kind == 2, kind, seconds, &r->gbps, &r->gbps_median, &r->us_per_call,
+            s_time(pool, ex, n_experts, tokens, kind == 2, kind, seconds, &r->gbps, &r->gbps_median, &r->us_per_call,
                    &r->cpu_gbps);
             printf("%-20s %-6s %10.2f %10.2f %8.2f %10.1f %10.2f\n", r->shape, tok, r->gbps, r->gbps_median, r->gbps / bound,
                    r->us_per_call, r->cpu_gbps);
@@ -285,8 +302,8 @@ int main(int argc, char **argv)
         }
         fprintf(f, "{\n  \"bench\": \"cpu_matmul\",\n  \"machine\": {\"hostname\": \"%s\", \"cpu\": \"%s\", \"threads\": %d, \"isa\": \"%s\"},\n",
                 host, cpu, tpool_size(pool), cpu_isa_name(got));
-        fprintf(f, "  \"n_tokens\": 1,\n  \"int4_group\": %d,\n  \"bound_gbps\": %.3f,\n  \"bound\": \"memory read bandwidth: best multithreaded streaming pass over %d MiB, measured at start and before each format\",\n  \"results\": [\n",
-                group, bound, mb);
+        fprintf(f, "  \"n_tokens\": %d,\n  \"act\": \"%s\",\n  \"int4_group\": %d,\n  \"bound_gbps\": %.3f,\n  \"bound\": \"memory read bandwidth: best multithreaded streaming pass over %d MiB, measured at start and before each format\",\n  \"results\": [\n",
+                tokens, act_name, group, bound, mb);
         for (int i = 0; i < nres; i++)
             fprintf(f, "    {\"shape\": \"%s\", \"format\": \"%s\", \"figure_gbps\": %.3f, \"median_gbps\": %.3f, \"bound_gbps\": %.3f, \"ratio\": %.3f, \"us_per_call\": %.2f, \"per_cpu_second_gbps\": %.3f}%s\n",
                     res[i].shape, wfmt_name(res[i].fmt), res[i].gbps, res[i].gbps_median, bound, res[i].ratio,

@@ -1,5 +1,6 @@
 /* ops.c - ISA selection and the threaded drivers of the matmul-like ops (cpu_matmul,
- * cpu_ffn_swiglu). The per-ISA row kernels live in ops_ref.c / ops_avx2.c / ops_avx512.c. */
+ * cpu_ffn_swiglu). The per-ISA row kernels live in ops_ref.c / ops_avx2.c / ops_avx512.c /
+ * ops_avx512_vnni.c. */
 #include <cpuid.h>
 #include <math.h>
 #include <pthread.h>
@@ -36,6 +37,9 @@ static bool s_supported(cpu_isa_t isa)
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") &&
                s_has_f16c();
 #endif
+#if defined(STRATA_CPU_AVX512) && defined(STRATA_CPU_AVX512_VNNI)
+    case CPU_ISA_AVX512_VNNI: return s_supported(CPU_ISA_AVX512) && __builtin_cpu_supports("avx512vnni");
+#endif
     default: return false;
     }
 }
@@ -46,6 +50,7 @@ const char *cpu_isa_name(cpu_isa_t isa)
     case CPU_ISA_REF: return "ref";
     case CPU_ISA_AVX2: return "avx2";
     case CPU_ISA_AVX512: return "avx512";
+    case CPU_ISA_AVX512_VNNI: return "avx512vnni";
     default: return "?";
     }
 }
@@ -89,13 +94,13 @@ static pthread_once_t s_once = PTHREAD_ONCE_INIT;
 
 static void s_init_once(void)
 {
-    cpu_isa_t want = CPU_ISA_AVX512;
+    cpu_isa_t want = CPU_ISA_AVX512_VNNI; /* the best; cpu_ops_set_isa falls back */
     const char *e = getenv("STRATA_CPU_ISA");
     if (e && *e) {
-        if (strcmp(e, "ref") == 0) want = CPU_ISA_REF;
-        else if (strcmp(e, "avx2") == 0) want = CPU_ISA_AVX2;
-        else if (strcmp(e, "avx512") == 0) want = CPU_ISA_AVX512;
-        else log_warn("STRATA_CPU_ISA=%s is not ref|avx2|avx512; choosing automatically", e);
+        int i = 0;
+        while (i < CPU_ISA_COUNT && strcmp(e, cpu_isa_name((cpu_isa_t)i)) != 0) i++;
+        if (i < CPU_ISA_COUNT) want = (cpu_isa_t)i;
+        else log_warn("STRATA_CPU_ISA=%s is not ref|avx2|avx512|avx512vnni; choosing automatically", e);
     }
     cpu_isa_t got = cpu_ops_set_isa(want);
     if (e && *e && got != want)
@@ -109,14 +114,17 @@ cpu_isa_t cpu_ops_init(void)
     return (cpu_isa_t)atomic_load(&s_isa);
 }
 
-static mm_rows_fn_t s_rows_fn(void)
+static mm_rows_fn_t s_rows_fn(cpu_isa_t isa)
 {
-    switch (cpu_ops_init()) {
+    switch (isa) {
 #ifdef STRATA_CPU_AVX2
     case CPU_ISA_AVX2: return cpu_avx2_mm_rows;
 #endif
 #ifdef STRATA_CPU_AVX512
     case CPU_ISA_AVX512: return cpu_avx512_mm_rows;
+#endif
+#ifdef STRATA_CPU_AVX512_VNNI
+    case CPU_ISA_AVX512_VNNI: return cpu_avx512vnni_mm_rows;
 #endif
     default: return cpu_ref_mm_rows;
     }
@@ -183,14 +191,20 @@ static void s_multi_chunk(void *ctx, int64_t i0, int64_t i1, int tid)
 }
 
 /* CPU_ACT_Q8: quantize the activations of every INT4 job (once per distinct x) into the
- * calling thread's S_BUF_Q8 buffer and point the jobs at them. */
-static void s_q8_prepare(mm_job_t *jobs, int n_jobs)
+ * calling thread's S_BUF_Q8 buffer and point the jobs at them; for the VNNI kernel, packed in
+ * its order (cpu_avx512vnni_q8_pack), through a row-order copy at the end of the buffer. */
+static void s_q8_prepare(mm_job_t *jobs, int n_jobs, bool vnni)
 {
-    size_t need = 0;
+    size_t need = 0, tmp = 0;
     for (int k = 0; k < n_jobs; k++)
-        if (jobs[k].w->fmt == WF_INT4) need += (size_t)jobs[k].n * jobs[k].w->cols / 32 * (32 + 2 * sizeof(float));
+        if (jobs[k].w->fmt == WF_INT4) {
+            const size_t nc = (size_t)jobs[k].n * jobs[k].w->cols;
+            need += nc / 32 * (32 + 2 * sizeof(float));
+            if (vnni && nc > tmp) tmp = nc;
+        }
     if (!need) return;
-    char *at = s_thread_buf(S_BUF_Q8, need);
+    char *at = s_thread_buf(S_BUF_Q8, need + tmp);
+    int8_t *rowq = (int8_t *)at + need; /* [n][cols] for the VNNI kernel's pack */
     for (int k = 0; k < n_jobs; k++) {
         mm_job_t *j = &jobs[k];
         if (j->w->fmt != WF_INT4) continue;
@@ -207,7 +221,10 @@ static void s_q8_prepare(mm_job_t *jobs, int n_jobs)
         int32_t *s = (int32_t *)(at + nb * sizeof(float));
         int8_t *q = (int8_t *)(at + nb * 2 * sizeof(float));
         at += nb * (32 + 2 * sizeof(float));
-        cpu_q8_quantize(j->x, j->ldx, j->n, j->w->cols, q, d, s);
+        cpu_q8_quantize(j->x, j->ldx, j->n, j->w->cols, vnni ? rowq : q, d, s);
+#ifdef STRATA_CPU_AVX512_VNNI
+        if (vnni) cpu_avx512vnni_q8_pack(rowq, j->n, j->w->cols, q);
+#endif
         j->xq = q, j->xd = d, j->xs = s;
     }
 }
@@ -215,8 +232,9 @@ static void s_q8_prepare(mm_job_t *jobs, int n_jobs)
 static void s_run_jobs(tpool_t *pool, mm_job_t *jobs, int n_jobs)
 {
     STRATA_ASSERT(n_jobs >= 1 && n_jobs <= S_MAX_JOBS);
-    if (cpu_ops_act() == CPU_ACT_Q8) s_q8_prepare(jobs, n_jobs);
-    s_multi_t m = {.jobs = jobs, .n_jobs = n_jobs, .fn = s_rows_fn()};
+    const cpu_isa_t isa = cpu_ops_init(); /* once: the activations' layout follows the kernel */
+    if (cpu_ops_act() == CPU_ACT_Q8) s_q8_prepare(jobs, n_jobs, isa == CPU_ISA_AVX512_VNNI);
+    s_multi_t m = {.jobs = jobs, .n_jobs = n_jobs, .fn = s_rows_fn(isa)};
     int64_t maxcols = 1;
     for (int k = 0; k < n_jobs; k++) {
         m.off[k + 1] = m.off[k] + jobs[k].w->rows;
@@ -238,7 +256,8 @@ void cpu_attention(float *out, const float *q, const float *k_cache, const float
     case CPU_ISA_AVX2: fn = cpu_avx2_attention; break;
 #endif
 #ifdef STRATA_CPU_AVX512
-    case CPU_ISA_AVX512: fn = cpu_avx512_attention; break;
+    case CPU_ISA_AVX512:
+    case CPU_ISA_AVX512_VNNI: fn = cpu_avx512_attention; break;
 #endif
     default: break;
     }

@@ -1,8 +1,8 @@
 /* ops.h - the CPU op interface (fp32 activations, fp32 accumulation).
  *
  * Every op has a plain reference implementation; matmul-like ops also have AVX2 and
- * AVX-512 paths chosen at run time by cpu_ops_init() (STRATA_CPU_ISA=ref|avx2|avx512 forces
- * one). Ops that take a pool run on its threads; pool may be NULL for single-threaded.
+ * AVX-512 paths chosen at run time by cpu_ops_init() (STRATA_CPU_ISA=ref|avx2|avx512|avx512vnni
+ * forces one). Ops that take a pool run on its threads; pool may be NULL for single-threaded.
  */
 #ifndef STRATA_CPU_OPS_H
 #define STRATA_CPU_OPS_H
@@ -13,12 +13,16 @@
 #include "kernels/cpu/qmat.h"
 #include "kernels/cpu/threadpool.h"
 
-typedef enum { CPU_ISA_REF = 0, CPU_ISA_AVX2 = 1, CPU_ISA_AVX512 = 2 } cpu_isa_t;
+/* Ordered: each ISA's CPUs have every one below it. CPU_ISA_AVX512_VNNI is CPU_ISA_AVX512 with
+ * the INT4 x q8 dots (CPU_ACT_Q8) in vpdpbusd, bit for bit the same results. */
+typedef enum { CPU_ISA_REF = 0, CPU_ISA_AVX2 = 1, CPU_ISA_AVX512 = 2, CPU_ISA_AVX512_VNNI = 3 } cpu_isa_t;
+#define CPU_ISA_COUNT 4
 
 /* Pick the best ISA this CPU supports (or STRATA_CPU_ISA). Idempotent. */
 cpu_isa_t cpu_ops_init(void);
 /* Force an ISA (tests). Returns the ISA in effect (falls back if unsupported). */
 cpu_isa_t cpu_ops_set_isa(cpu_isa_t isa);
+/* "ref", "avx2", "avx512", "avx512vnni" (the STRATA_CPU_ISA names). */
 const char *cpu_isa_name(cpu_isa_t isa);
 
 /* How INT4 matmuls treat their activations (process-wide, like the ISA):

@@ -1,7 +1,8 @@
 /* test_cpu_ops.c - every op in kernels/cpu/ops.h and the thread pool, on fresh random inputs
  * (STRATA_SEED replays a run). Outputs are poisoned with NaN before each call so unwritten
  * elements show. Matmul-like ops run on every ISA this CPU supports (printed) and with 1
- * and several threads, against an oracle in double precision over qmat_dequant_row. */
+ * and several threads, against an oracle in double precision over qmat_dequant_row; on
+ * avx512vnni, the int4 x q8 results must also equal avx512's bit for bit. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -147,7 +148,7 @@ static void t_oracle_mm(float *y, const float *x, int n, const t_mat_t *m, const
     t_oracle_mm_mag(y, NULL, x, n, m, bias);
 }
 
-static double g_worst[3][WF_COUNT];
+static double g_worst[CPU_ISA_COUNT][WF_COUNT];
 
 static void test_matmul_case(tpool_t *pool, cpu_isa_t isa, wfmt_t fmt, int rows, int cols, int n, bool bias)
 {
@@ -189,10 +190,34 @@ static void test_matmul_case(tpool_t *pool, cpu_isa_t isa, wfmt_t fmt, int rows,
     t_mat_free(&m);
 }
 
+/* y poisoned, then cpu_matmul with q8 activations on isa (restoring the ISA and f32). */
+static void t_matmul_q8_on(tpool_t *pool, cpu_isa_t isa, float *y, const float *x, int n, const t_mat_t *m,
+                           const float *b)
+{
+    const cpu_isa_t was = cpu_ops_init();
+    STRATA_ASSERT(cpu_ops_set_isa(isa) == isa);
+    t_poison(y, (size_t)n * m->q.rows);
+    cpu_ops_set_act(CPU_ACT_Q8);
+    cpu_matmul(pool, y, x, n, &m->q, b);
+    cpu_ops_set_act(CPU_ACT_F32);
+    cpu_ops_set_isa(was);
+}
+
+/* Elements of a[cnt] and b[cnt] whose bits differ; *first gets the first one's index. */
+static size_t t_bits_differ(const float *a, const float *b, size_t cnt, size_t *first)
+{
+    size_t bad = 0;
+    for (size_t i = 0; i < cnt; i++)
+        if (memcmp(&a[i], &b[i], sizeof(float)) != 0 && !bad++) *first = i;
+    return bad;
+}
+
 /* CPU_ACT_Q8 on INT4 weights: the result must be the dequantized weights dotted with the
  * int8-rounded activations (quantized here as the GPU does: amax / 127, round half to even),
- * to fp32 summation error, and within the int8 rounding of the exact fp32 result. */
-static double g_worst_q8[3];
+ * to fp32 summation error, and within the int8 rounding of the exact fp32 result. On
+ * avx512vnni it must also be bit for bit avx512's (the same integer dots, the same fp32
+ * operations in the same order). */
+static double g_worst_q8[CPU_ISA_COUNT];
 
 static void test_matmul_q8_case(tpool_t *pool, cpu_isa_t isa, int rows, int cols, int n, int group, bool bias)
 {
@@ -211,10 +236,7 @@ static void test_matmul_q8_case(tpool_t *pool, cpu_isa_t isa, int rows, int cols
     }
     t_oracle_mm_mag(want, mag, xr, n, &m, b);
     t_oracle_mm(exact, x, n, &m, b);
-    t_poison(y, (size_t)n * rows);
-    cpu_ops_set_act(CPU_ACT_Q8);
-    cpu_matmul(pool, y, x, n, &m.q, b);
-    cpu_ops_set_act(CPU_ACT_F32);
+    t_matmul_q8_on(pool, isa, y, x, n, &m, b);
     /* against the q8 oracle: fp32 summation error (as test_matmul_case); against fp32 x: the
      * int8 rounding, |dx| <= amax / 254 per element, so 2% of the result plus 1% of the terms'
      * scale (a single cancelling dot has a tiny result) */
@@ -232,6 +254,13 @@ static void test_matmul_q8_case(tpool_t *pool, cpu_isa_t isa, int rows, int cols
                 sqrt(qn) <= 2e-2 * sqrt(xn) + 1e-2 * sqrt(mn),
             "%s int4/q8 %dx%d g%d n=%d bias=%d threads=%d: rel err %g against the q8 oracle, %g against fp32 x",
             cpu_isa_name(isa), rows, cols, group, n, bias, tpool_size(pool), e, eq);
+    if (isa == CPU_ISA_AVX512_VNNI) { /* want is free now: avx512's result */
+        t_matmul_q8_on(pool, CPU_ISA_AVX512, want, x, n, &m, b);
+        size_t first = 0, bad = t_bits_differ(y, want, (size_t)n * rows, &first);
+        T_CHECK(bad == 0, "%s int4/q8 %dx%d g%d n=%d bias=%d threads=%d: %zu of %zu outputs differ from avx512's "
+                "(first [%zu][%zu]: %a vs %a)", cpu_isa_name(isa), rows, cols, group, n, bias, tpool_size(pool), bad,
+                (size_t)n * rows, first / rows, first % rows, bad ? y[first] : 0.0, bad ? want[first] : 0.0);
+    }
     free(x); free(xr); free(y); free(want); free(exact); free(mag); free(b);
     t_mat_free(&m);
 }
@@ -243,7 +272,18 @@ static void test_matmul_isa(tpool_t *pool, cpu_isa_t isa)
         int cols = 128 * (1 + (int)(t_rng_next(&g_seed) % 6)), rows = 1 + (int)(t_rng_next(&g_seed) % 67);
         test_matmul_q8_case(pool, isa, rows, cols, qn[k], (int[]){32, 64, 128}[k % 3], k & 1);
     }
+    /* token counts 1..10 and 17 (pairs, a lone last token, several slices of 4), every group,
+     * block counts odd (the last block alone), even and not a multiple of 4, odd row counts */
+    for (int n = 1; n <= 11; n++)
+        for (int gi = 0; gi < 3; gi++) {
+            const int group = 32 << gi, ng = 1 + (int)(t_rng_next(&g_seed) % (gi ? 9 : 13));
+            const int rows = 1 + 2 * (int)(t_rng_next(&g_seed) % 40);
+            test_matmul_q8_case(pool, isa, rows, group * ng, n == 11 ? 17 : n, group, (n + gi) & 1);
+        }
+    test_matmul_q8_case(pool, isa, 1, 32, 1, 32, false);
+    test_matmul_q8_case(pool, isa, 3, 32, 5, 32, true);
     test_matmul_q8_case(pool, isa, 257, 2048, 1, 32, false);
+    test_matmul_q8_case(pool, isa, 129, 1056, 7, 32, true);
 
     static const int ns[] = {1, 2, 3, 4, 5, 7, 16, 37};
     for (int f = 0; f < WF_COUNT; f++) {
@@ -346,6 +386,18 @@ static void test_ffn_many(tpool_t *pool, cpu_isa_t isa)
         bad += it[i].n && memcmp(out[i], want[i], sizeof(float) * (size_t)it[i].n * hidden) != 0;
     T_CHECK(bad == 0, "ffn_many %s threads=%d: %d of %d items differ from cpu_ffn_swiglu", cpu_isa_name(isa),
             tpool_size(pool), bad, NI);
+    if (isa == CPU_ISA_AVX512_VNNI && cpu_ops_act() == CPU_ACT_Q8) { /* and from avx512's, bit for bit */
+        for (int i = 0; i < NI; i++) t_poison(want[i], (size_t)(it[i].n ? it[i].n : 1) * hidden);
+        for (int i = 0; i < NI; i++) it[i].out = want[i];
+        STRATA_ASSERT(cpu_ops_set_isa(CPU_ISA_AVX512) == CPU_ISA_AVX512);
+        cpu_ffn_swiglu_many(pool, it, NI, scratch);
+        cpu_ops_set_isa(isa);
+        bad = 0;
+        for (int i = 0; i < NI; i++)
+            bad += it[i].n && memcmp(out[i], want[i], sizeof(float) * (size_t)it[i].n * hidden) != 0;
+        T_CHECK(bad == 0, "ffn_many %s q8 threads=%d: %d of %d items differ from avx512's", cpu_isa_name(isa),
+                tpool_size(pool), bad, NI);
+    }
     for (int i = 0; i < NI; i++) {
         t_mat_free(&g[i]); t_mat_free(&u[i]); t_mat_free(&d[i]);
         free(x[i]); free(out[i]); free(want[i]);
@@ -653,18 +705,19 @@ static void test_sample(void)
 
 #define T_SKIP 77 /* meson's exit code for a test that cannot run here */
 
-/* usage: test_cpu_ops [--isa ref|avx2|avx512]: the ISA-specific cases for that ISA alone (exit 77,
- * a skip, when this CPU lacks it), or for every ISA the CPU has when none is named. */
+/* usage: test_cpu_ops [--isa ref|avx2|avx512|avx512vnni]: the ISA-specific cases for that ISA
+ * alone (exit 77, a skip, when this CPU lacks it), or for every ISA the CPU has when none is
+ * named. */
 int main(int argc, char **argv)
 {
-    const cpu_isa_t isas[3] = {CPU_ISA_REF, CPU_ISA_AVX2, CPU_ISA_AVX512};
+    const cpu_isa_t isas[CPU_ISA_COUNT] = {CPU_ISA_REF, CPU_ISA_AVX2, CPU_ISA_AVX512, CPU_ISA_AVX512_VNNI};
     int only = -1;
     if (argc == 3 && strcmp(argv[1], "--isa") == 0) {
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < CPU_ISA_COUNT; i++)
             if (strcmp(argv[2], cpu_isa_name(isas[i])) == 0) only = i;
     }
     if (argc != 1 && only < 0) {
-        fprintf(stderr, "usage: %s [--isa ref|avx2|avx512]\n", argv[0]);
+        fprintf(stderr, "usage: %s [--isa ref|avx2|avx512|avx512vnni]\n", argv[0]);
         return 2;
     }
     g_seed = t_seed();
@@ -677,7 +730,7 @@ int main(int argc, char **argv)
     test_pool();
     tpool_t *pools[2] = {tpool_create(1), tpool_create(3)};
     T_CHECK(pools[0] && pools[1], "pools");
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < CPU_ISA_COUNT; i++) {
         if (only >= 0 && i != only) continue;
         cpu_isa_t got = cpu_ops_set_isa(isas[i]);
         if (got != isas[i]) {
