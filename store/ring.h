@@ -23,8 +23,9 @@
  *
  * Liveness. The prefetcher refreshes `heartbeat_ns` (CLOCK_MONOTONIC) at least every
  * RING_BEAT_MS while it serves, from a thread of its own, so a long job beats too. The
- * executor treats the peer as down when its owner pid is gone or the heartbeat is older than its stale limit (a SIGSTOPped peer), both
- * before posting and while it waits, so no wait outlasts that limit.
+ * executor treats the peer as down when its owner pid is gone or the heartbeat is older than
+ * its stale limit (a SIGSTOPped peer), both before posting and while it waits, so no wait
+ * outlasts that limit.
  *
  * Ordering with a peer that comes back (SIGCONT) in the middle of a job the executor gave up on:
  * it may read inputs the executor is overwriting and write outputs of that job, but it serves

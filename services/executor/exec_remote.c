@@ -11,7 +11,6 @@
 #include "store/ring.h"
 
 #define SPIN_US 50          /* spin this long on `done` before sleeping on the futex */
-#define STALE_MS 250        /* a heartbeat older than this: the prefetcher is stopped or gone */
 #define REATTACH_S 0.2      /* how often a ring that is down is attached again */
 
 typedef struct {
@@ -27,6 +26,8 @@ struct exec_remote {
     int8_t *owner;          /* [n_layers][n_experts] */
     ring_geom_t geom;
     int timeout_ms;
+    int stale_ms;           /* a heartbeat older than this: the prefetcher is stopped or gone (timeout / 2: a
+                               loaded machine may not run the beat thread for a while, which only costs a fallback) */
     int n_dest;
     s_dest_t dest[CONFIG_MAX_PREFETCHERS];
     exec_remote_stats_t st;
@@ -36,7 +37,7 @@ struct exec_remote {
 static bool s_ready(exec_remote_t *x, int d)
 {
     s_dest_t *D = &x->dest[d];
-    if (D->attached && ring_peer_up(&D->ring, STALE_MS)) {
+    if (D->attached && ring_peer_up(&D->ring, x->stale_ms)) {
         D->warned = false;
         return true;
     }
@@ -56,7 +57,7 @@ static bool s_ready(exec_remote_t *x, int d)
     }
     D->ring = r;
     D->attached = true;
-    if (ring_peer_up(&D->ring, STALE_MS)) {
+    if (ring_peer_up(&D->ring, x->stale_ms)) {
         D->warned = false;
         return true;
     }
@@ -94,7 +95,7 @@ static int s_wait(void *ctx, int d, const float **out)
     s_dest_t *D = &x->dest[d];
     ring_result_t res;
     double t0 = strata_now();
-    int rc = ring_wait(&D->ring, SPIN_US, STALE_MS, x->timeout_ms, &res);
+    int rc = ring_wait(&D->ring, SPIN_US, x->stale_ms, x->timeout_ms, &res);
     x->st.wait_us += (strata_now() - t0) * 1e6;
     if (rc < 0) {
         x->st.fallbacks++;
@@ -147,6 +148,7 @@ int exec_remote_create(exec_remote_t **out, const strata_config_t *cfg, const ex
     }
     x->geom = ring_geom(c->hidden, c->top_k, c->n_experts, cfg->scheduler.max_batch_tokens);
     x->timeout_ms = cfg->executor.cpu_expert_timeout_ms;
+    x->stale_ms = x->timeout_ms / 2 > 20 ? x->timeout_ms / 2 : 20;
     x->n_dest = cfg->n_prefetchers;
     for (int d = 0; d < x->n_dest; d++) {
         if (ring_shm_name(x->dest[d].name, sizeof x->dest[d].name, cfg->name, cfg->prefetcher[d].node) < 0) {
@@ -171,7 +173,7 @@ void exec_remote_stats(const exec_remote_t *x, exec_remote_stats_t *st)
     memset(st, 0, sizeof *st);
     if (!x) return;
     *st = x->st;
-    for (int d = 0; d < x->n_dest; d++) st->dests_up += x->dest[d].attached && ring_peer_up(&x->dest[d].ring, STALE_MS);
+    for (int d = 0; d < x->n_dest; d++) st->dests_up += x->dest[d].attached && ring_peer_up(&x->dest[d].ring, x->stale_ms);
 }
 
 void exec_remote_free(exec_remote_t *x)

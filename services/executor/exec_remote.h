@@ -10,8 +10,8 @@
  * The owner of an expert is found from where its weights are mapped (model_arena_of), so it is
  * the arena placement of store/arena.h by construction.
  *
- * Faults: a prefetcher that is gone (its pid), stopped (a stale heartbeat) or slower than
- * [executor] cpu_expert_timeout_ms has its experts computed here, by the same kernels, so the
+ * Faults: a prefetcher that is gone (its pid), stopped (a heartbeat older than half of
+ * [executor] cpu_expert_timeout_ms) or slower than that timeout has its experts computed here, by the same kernels, so the
  * tokens do not change; it is used again once its heartbeat is fresh, and its ring is attached
  * again if the prefetcher made a new one.
  */
