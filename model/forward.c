@@ -346,6 +346,13 @@ static void s_attention(forward_ctx_t *f, kv_cache_t *kv, const batch_t *b, int 
     for (size_t i = 0; i < (size_t)n * H; i++) f->x[i] += f->y[i];
 }
 
+/* The normed input rows of pairs [p0, p0 + cnt), one expert's tokens, into dst[cnt][hidden]. */
+static void s_gather(const forward_ctx_t *f, float *dst, int32_t p0, int32_t cnt)
+{
+    size_t H = (size_t)f->m->cfg.hidden;
+    for (int32_t i = 0; i < cnt; i++) memcpy(dst + (size_t)i * H, f->xn + (size_t)f->e_tok[p0 + i] * H, H * sizeof(float));
+}
+
 /* The experts of this layer marked in f->here, each over its tokens, outputs into f->yp at their
  * pair indices (the inputs gathered into f->xg in waves that fit its T rows). */
 static void s_run_here(forward_ctx_t *f, const layer_t *L)
@@ -360,8 +367,7 @@ static void s_run_here(forward_ctx_t *f, const layer_t *L)
             int32_t p0 = f->e_off[e], cnt = f->e_off[e + 1] - p0;
             if (cnt == 0 || !f->here[e]) continue;
             if (rows + cnt > f->max_tokens) break; /* the next wave */
-            for (int32_t i = 0; i < cnt; i++)
-                memcpy(f->xg + (size_t)(rows + i) * H, f->xn + (size_t)f->e_tok[p0 + i] * H, (size_t)H * sizeof(float));
+            s_gather(f, f->xg + (size_t)rows * H, p0, cnt);
             const ffn_t *E = &L->experts[e];
             items[ni++] = (cpu_ffn_item_t){.x = f->xg + (size_t)rows * H, .out = f->yp + (size_t)p0 * H, .n = cnt,
                                            .gate = &E->gate, .up = &E->up, .down = &E->down};
@@ -405,8 +411,7 @@ static void s_moe_remote(forward_ctx_t *f, const layer_t *L, int l)
             int32_t p0 = f->e_off[e], cnt = f->e_off[e + 1] - p0;
             if (own[e] != d || cnt == 0) continue;
             if (!rows && !(rows = r->rows(r->ctx, d))) break; /* down: its experts run here */
-            for (int32_t i = 0; i < cnt; i++)
-                memcpy(rows + (size_t)(row + i) * H, f->xn + (size_t)f->e_tok[p0 + i] * H, (size_t)H * sizeof(float));
+            s_gather(f, rows + (size_t)row * H, p0, cnt);
             f->rx_e[ni] = e;
             f->rx_n[ni++] = cnt;
             row += cnt;
