@@ -26,7 +26,6 @@ struct xserve {
     pthread_t th, beat;
     bool running, beating;
     int stop;               /* atomic */
-    uint64_t served, refused;
 };
 
 static size_t s_qbytes(const qmat_t *q)
@@ -68,7 +67,6 @@ static int s_run(xserve_t *x, const ring_job_t *j, const ring_item_t *items, uin
             r0 += n;
             if (rows == SUB_ROWS || ns == CPU_FFN_MANY_MAX) {
                 cpu_ffn_swiglu_many(x->pool, sub, ns, x->scratch);
-                ring_beat(&x->ring);
                 ns = 0;
                 rows = 0;
             }
@@ -99,13 +97,9 @@ static void *s_main(void *arg)
         if (ring_serve_wait(&x->ring, &j, items, 200) <= 0) continue;
         uint64_t t0 = strata_now_ns(), bytes = 0;
         int rc = s_run(x, &j, items, &bytes);
-        if (rc < 0) {
-            x->refused++;
+        if (rc < 0)
             log_warn("expert job %llu of layer %d: an expert this arena does not hold, or a bad layer: refused",
                      (unsigned long long)j.seq, j.layer);
-        } else {
-            x->served++;
-        }
         ring_serve_done(&x->ring, &j, rc, strata_now_ns() - t0, bytes);
     }
     return NULL;
@@ -172,12 +166,6 @@ int xserve_start(xserve_t **out, const strata_config_t *cfg, int part, const shm
 fail:
     xserve_stop(x);
     return rc;
-}
-
-void xserve_counts(const xserve_t *x, uint64_t *served, uint64_t *refused)
-{
-    *served = x ? x->served : 0;
-    *refused = x ? x->refused : 0;
 }
 
 void xserve_stop(xserve_t *x)

@@ -21,8 +21,6 @@ typedef struct xserve xserve_t;
  * model folder that is not packed has no expert layout to serve: *out = NULL, 0. 0 or <0, eb set. */
 int xserve_start(xserve_t **out, const strata_config_t *cfg, int part, const shm_seg_t *arena, int threads,
                  strata_errbuf_t *eb);
-/* Jobs served and refused so far. */
-void xserve_counts(const xserve_t *x, uint64_t *served, uint64_t *refused);
 /* Stop the thread and free. Safe on NULL. */
 void xserve_stop(xserve_t *x);
 
