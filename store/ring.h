@@ -44,6 +44,7 @@
 #define RING_MAGIC 0x474e495241525453ull /* "STRARING" */
 #define RING_VERSION 1u
 #define RING_BEAT_MS 10           /* the prefetcher's heartbeat period, at most */
+#define RING_SPIN_US 1000         /* the prefetcher spins this long for a job before its futex */
 #define RING_MAX_ITEMS 1024       /* experts of one layer in one job */
 
 /* What a ring holds, from the model and the scheduler's token budget. */

@@ -133,8 +133,11 @@ int xserve_start(xserve_t **out, const strata_config_t *cfg, int part, const shm
         goto fail;
     }
     if (threads <= 0) {
+        /* every core it may use but one, which the executor's host thread (spinning on the GPU's
+         * stream, or computing) keeps: a spinning worker that preempts it stalls every layer */
         cpu_set_t set;
-        threads = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+        threads = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) - 1 : 1;
+        if (threads < 1) threads = 1;
     }
     if (threads > 1 && !(x->pool = tpool_create(threads))) {
         rc = strata_seterr(eb, STRATA_ENOMEM, "cpu experts: %d threads", threads);
