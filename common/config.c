@@ -238,10 +238,11 @@ static int s_on_key(void *user, const char *sec, const char *key, const char *v)
             return s_str(x, sec, key, v, c->executor.expert_cache, sizeof c->executor.expert_cache);
         }
         if (!strcmp(key, "expert_path")) {
-            if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "pcie"))
-                return s_err(x, sec, key, "'%s' must be auto, cpu or pcie", v);
+            if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "pcie") && strcmp(v, "cost") && strcmp(v, "static"))
+                return s_err(x, sec, key, "'%s' must be auto, cpu, pcie, cost or static", v);
             return s_str(x, sec, key, v, c->executor.expert_path, sizeof c->executor.expert_path);
         }
+        if (!strcmp(key, "cpu_moe_layers")) return s_int(x, sec, key, v, 0, 4096, &c->executor.cpu_moe_layers);
         if (!strcmp(key, "cpu_expert_timeout_ms"))
             return s_int(x, sec, key, v, 1, 600000, &c->executor.cpu_expert_timeout_ms);
         int r = s_place(x, sec, key, v, &c->executor.place, &handled);

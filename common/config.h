@@ -72,8 +72,14 @@ typedef struct {
         int64_t gpu_mem;
         int prefetch_depth; /* -1: the backend's default */
         char expert_cache[8]; /* "split", "whole", or "" (split) */
-        char expert_path[8];  /* where experts not in GPU memory run: "auto" (the executor decides), "cpu" (every
-                                 expert in a prefetcher's arena runs on that prefetcher's cores) or "pcie" */
+        char expert_path[8];  /* where experts not in GPU memory run: "auto" (the executor decides: the CPU
+                                 backend as below, the GPU backend copies them), "cpu" (every expert in a
+                                 prefetcher's arena, on the GPU backend every miss, runs on that prefetcher's
+                                 cores), "pcie" (none), "cost" (GPU backend: a cost model splits each layer's
+                                 misses between copies and the prefetchers' cores) or "static" (GPU backend:
+                                 every expert of the first cpu_moe_layers MoE layers on the CPU, the rest
+                                 cached on the GPU; llama.cpp's --n-cpu-moe) */
+        int cpu_moe_layers;   /* static: those layers; 0 = as many as the expert slots leave out */
         int cpu_expert_timeout_ms; /* longest wait for a prefetcher's experts before computing them here */
         config_placement_t place;
     } executor;

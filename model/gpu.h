@@ -18,6 +18,18 @@
 
 #include "model/model.h"
 
+/* Which missed experts run on the CPU, when o.remote is set:
+ *   COST    per layer, the cost model: each miss goes to the side (a copy into a slot over
+ *           PCIe, or a prefetcher) that finishes it first, at rates measured as it runs;
+ *   ALL     every miss whose prefetcher is up (copies only when one is down);
+ *   STATIC  llama.cpp's placement: every expert of the first cpu_layers MoE layers on the CPU,
+ *           the others cached on the GPU, no prefetch. */
+typedef enum { GPU_CPU_COST = 0, GPU_CPU_ALL = 1, GPU_CPU_STATIC = 2 } gpu_cpu_policy_t;
+/* Steps of up to this many tokens hand misses to the CPU (prefill-sized ones copy them). */
+/* (decode-shaped steps, which take the fused router and the captured graphs; larger ones failed
+ * on the GPU host with the prefetchers taking every miss, not yet understood) */
+#define GPU_CPU_ROWS 16
+
 typedef struct {
     int device;
     int64_t gpu_mem;         /* bytes; 0 = no budget (every expert resident) */
@@ -34,6 +46,13 @@ typedef struct {
                               * the last rows of its down projection, and cache those (default) */
     bool blas;               /* with every expert resident and room in the budget, cuBLAS for the
                               * dense matmuls of prefill-sized steps (cuda_ctx_enable_blas; default) */
+    /* CPU experts (whole-expert cache, steps of up to GPU_CPU_ROWS tokens): the missed experts
+     * the prefetchers may compute on their cores (model.h moe_remote_t; owner -1: not there),
+     * or NULL; with cpu_policy which of them they do (gpu_cpu.c) */
+    const moe_remote_t *remote;
+    gpu_cpu_policy_t cpu_policy;
+    int32_t cpu_layers;      /* GPU_CPU_STATIC: the first MoE layers whose experts all run on the CPU
+                              * (0: as many as the slots leave out) */
 } gpu_opts_t;
 
 typedef struct {
@@ -56,6 +75,13 @@ typedef struct {
     bool from_model;           /* copies read the model's own memory (page-locked: a packed model,
                                   the weight arena), not a pinned copy of every expert */
     int32_t split_rows;        /* split experts: down rows of every expert resident (0: whole experts) */
+    /* CPU experts (o.remote): routed experts computed on the CPU instead of on the GPU (neither
+     * hits nor misses), their (token, expert) pairs, those the executor computed itself because a
+     * prefetcher failed its job, and the host's wait for the CPU's results once the GPU's work
+     * on the layer was enqueued */
+    uint64_t cpu_uses, cpu_rows, cpu_local;
+    double cpu_wait_us;
+    int32_t cpu_layers;        /* GPU_CPU_STATIC: MoE layers whose experts run on the CPU */
 } gpu_stats_t;
 
 /* The expert cache of one layer (all zero for dense layers and with every expert resident). */

@@ -1,5 +1,5 @@
 /* gpu_int.h - internal to model/: the state of the model on one GPU (struct gpu_model) and the
- * interface between the three files that implement model/gpu.h. Nothing outside model/
+ * interface between the four files that implement model/gpu.h. Nothing outside model/
  * includes it.
  *
  *   gpu_model.c  the layout and the budget: uploads, workspace, how many slots and the split
@@ -8,6 +8,8 @@
  *                prefetch issue, and the miss path (gslots_ensure)
  *   gpu_step.c   one step: the launches, segments and their CUDA graphs, mailboxes, routing
  *                and prediction waits, staging, steps ahead and chained steps
+ *   gpu_cpu.c    CPU experts: which misses go to the prefetchers (the cost model), their jobs,
+ *                the results onto the GPU's residual
  *
  * Each file reaches into the others only through the functions declared here. gpu_model.c
  * sizes and allocates every field of struct gpu_model; the comments on its groups of fields
@@ -36,6 +38,10 @@
 /* ring entries of the host's routing, prediction and mailbox buffers (by segment); a step keeps
  * at most 3 segments' in use (gpu_step.c's s_run) */
 #define GPU_RING 4
+/* prefetchers the CPU-expert path tells apart (moe_remote_t.n_dest at most) */
+#define GPU_CPU_DEST 8
+/* misses of one layer the cost model weighs (more: copied) */
+#define GPU_CPU_MISS_MAX 1024
 
 typedef struct {
     float *attn_norm, *ffn_norm, *bq, *bk, *bv, *bo, *q_norm, *k_norm;
@@ -132,6 +138,27 @@ struct gpu_model {
     float *ones;                 /* [hidden] 1.0: the unweighted RMSNorm for the prediction */
     gpu_layer_stats_t *lst;      /* [n_layers] */
 
+    /* CPU experts (gpu_cpu.c; o.remote, whole experts): allocated by gpu_model.c, written by
+     * gpu_cpu.c, the hand-off's launches gpu_step.c's */
+    bool cpu_on;                 /* steps of up to GPU_CPU_ROWS tokens hand misses to the CPU */
+    float *h_xn, *h_tw;          /* pinned [GPU_CPU_ROWS][hidden], [..][top_k]: a MoE layer's normed rows
+                                    and routing weights, copied at the end of its gate's segment */
+    uint64_t *h_xflag;           /* pinned [GPU_RING][8]: word 0 set by a kernel once those copies landed */
+    uint64_t *h_cbox;            /* pinned [GPU_RING][1 + GPU_CPU_ROWS]: cuda_wait_add_rows's box */
+    float *h_cy;                 /* pinned [GPU_CPU_ROWS][hidden]: each token's weighted sum of its CPU experts */
+    float *cpu_fy;               /* [GPU_CPU_ROWS * top_k][hidden]: outputs the executor computed itself */
+    float *cpu_scr;              /* cpu_ffn_swiglu_many's scratch for those */
+    int8_t *cpu_dest;            /* [n_experts] the current layer's experts on the CPU: their destination, else -1 */
+    int32_t *cpu_cnt;            /* [n_experts] tokens the current layer routes to each expert */
+    int32_t *cpu_row;            /* [GPU_CPU_ROWS * top_k] each (token, k) pair's row in its prefetcher's job, or -1 */
+    int32_t cpu_n;               /* experts of the current layer on the CPU */
+    int32_t cpu_static;          /* GPU_CPU_STATIC: MoE ordinals below this run on the CPU */
+    double pcie_us_b;            /* the cost model's rates: us per byte over PCIe (probed at creation), */
+    double cpu_us_b[GPU_CPU_DEST]; /* and on each prefetcher (measured per job, averaged), */
+    double cpu_lat_us[GPU_CPU_DEST]; /* its fixed cost per job */
+    double cpu_t_post[GPU_CPU_DEST]; /* the current layer's job: posted at (strata_now), 0: none */
+    double cpu_bytes[GPU_CPU_DEST];  /* its expert bytes x row factor (the model's unit) */
+
     /* gpu_step.c: the graphs, steps ahead and chained steps */
     cuda_graph_t **graphs;       /* [GPU_MAX_GRAPHS][n_seg] decode graphs by n_tokens and segment */
     int32_t n_seg;               /* segments of a step: 1, or n_moe + 1 with a cache */
@@ -182,6 +209,28 @@ int gslots_issue(gpu_model_t *g, int cur, bool past_cur);
 int gslots_wait_event(gpu_model_t *g, cuda_event_t *ev, int placing);
 /* The miss path: places layer l's routed experts (wait, copy on demand, host-read), sends its table. */
 int gslots_ensure(gpu_model_t *g, int l, int n, const int32_t *idx, uint64_t *box, bool host_waits);
+
+/* ---- gpu_cpu.c ---- */
+
+/* Whether a step of n tokens hands MoE layers' misses to the CPU: its segments carry the copies of
+ * the normed rows and cuda_wait_add_rows. */
+bool gcpu_step(const gpu_model_t *g, int n);
+/* Which of layer l's misses[0..nm) (experts with no slot, routed this step) run on the CPU:
+ * sets cpu_dest and cpu_n; the rest are copied. */
+void gcpu_plan(gpu_model_t *g, int l, int n, const int32_t *idx, const int32_t *misses, int nm);
+/* Layer l (MoE ordinal k) after gslots_ensure: post its CPU experts' rows to their prefetchers
+ * (waiting for the rows the segment copies); without any, opens its box at once. 0 or <0. */
+int gcpu_post(gpu_model_t *g, int k, int n, const int32_t *idx);
+/* After the next segment is enqueued: wait for the CPU's results (computing here what a
+ * prefetcher failed), add up each token's, open the box. Always opens it. 0 or <0. */
+int gcpu_finish(gpu_model_t *g, int k, int n, const int32_t *idx);
+/* After a prediction (xcache_predicted): the predicted experts of the window that the CPU is to
+ * compute, marked 2 in pneed so that gslots_issue does not copy them: with the cost model the
+ * share of the window's misses that balances the CPU's rate against the link's, with ALL every
+ * one. */
+void gcpu_leave(gpu_model_t *g, int n);
+/* Creation: the cost model's PCIe rate, probed with copies into slot 0; 0 or <0. */
+int gcpu_probe(gpu_model_t *g);
 
 /* ---- gpu_step.c ---- */
 

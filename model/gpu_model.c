@@ -155,6 +155,16 @@ void gpu_model_free(gpu_model_t *g)
     free(g->patch_dst);
     free(g->patch_val);
     cuda_host_free(g->h_samp);
+    cuda_host_free(g->h_xn);
+    cuda_host_free(g->h_tw);
+    cuda_host_free(g->h_xflag);
+    cuda_host_free(g->h_cbox);
+    cuda_host_free(g->h_cy);
+    free(g->cpu_fy);
+    free(g->cpu_scr);
+    free(g->cpu_dest);
+    free(g->cpu_cnt);
+    free(g->cpu_row);
     tpool_destroy(g->embed_pool);
     cuda_ctx_destroy(g->cx);
     free(g);
@@ -630,6 +640,51 @@ static void s_enable_blas(gpu_model_t *g)
     }
 }
 
+/* The CPU-expert path's buffers and rates (gpu_cpu.c), when o.remote is set and the cache holds
+ * whole experts (split experts keep every head resident: their misses are tails, read or
+ * copied in microseconds). */
+static int s_create_cpu(gpu_model_t *g, strata_errbuf_t *eb)
+{
+    const model_config_t *c = &g->m->cfg;
+    const moe_remote_t *r = g->o.remote;
+    if (!r || g->split || g->all_resident || c->n_experts <= 0) return 0;
+    if (r->n_dest > GPU_CPU_DEST)
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "gpu: %d prefetchers for CPU experts, at most %d", r->n_dest,
+                             GPU_CPU_DEST);
+    const size_t R = GPU_CPU_ROWS, H = (size_t)c->hidden, K = (size_t)c->top_k;
+    int max_inter = g->inter;
+    if (cuda_host_alloc((void **)&g->h_xn, R * H * 4) || cuda_host_alloc((void **)&g->h_tw, R * K * 4) ||
+        cuda_host_alloc((void **)&g->h_xflag, GPU_RING * 8 * 8) ||
+        cuda_host_alloc((void **)&g->h_cbox, GPU_RING * (1 + R) * 8) || cuda_host_alloc((void **)&g->h_cy, R * H * 4))
+        return strata_seterr(eb, STRATA_ENOMEM, "gpu: pinned host staging for CPU experts failed");
+    g->cpu_fy = malloc(R * K * H * 4);
+    g->cpu_scr = malloc(2 * R * K * (size_t)max_inter * 4);
+    g->cpu_dest = malloc((size_t)c->n_experts);
+    g->cpu_cnt = calloc((size_t)c->n_experts, sizeof *g->cpu_cnt);
+    g->cpu_row = malloc(R * K * sizeof *g->cpu_row);
+    if (!g->cpu_fy || !g->cpu_scr || !g->cpu_dest || !g->cpu_cnt || !g->cpu_row) return strata_seterr(eb, STRATA_ENOMEM, "gpu: out of host memory");
+    memset(g->cpu_dest, -1, (size_t)c->n_experts);
+    memset(g->h_xflag, 0, GPU_RING * 8 * 8);
+    memset(g->h_cbox, 0, GPU_RING * (1 + R) * 8);
+    if (g->o.cpu_policy == GPU_CPU_STATIC) {
+        /* the layers the slots leave out, first ones first, as llama.cpp's --n-cpu-moe */
+        int n = g->o.cpu_layers > 0 ? g->o.cpu_layers : g->xc.n_moe - g->n_slots / c->n_experts;
+        g->cpu_static = n < 0 ? 0 : n > g->xc.n_moe ? g->xc.n_moe : n;
+        g->st.cpu_layers = g->cpu_static;
+    }
+    g->cpu_on = true;
+    int rc = gcpu_probe(g);
+    if (rc) return strata_seterr(eb, rc, "gpu: probing the copy rate for the CPU experts' cost model failed");
+    log_info("gpu: CPU experts on %d prefetcher(s), %s; PCIe %.1f GB/s", r->n_dest,
+             g->o.cpu_policy == GPU_CPU_ALL      ? "every miss"
+             : g->o.cpu_policy == GPU_CPU_STATIC ? "static placement"
+                                                 : "cost model",
+             1e-3 / g->pcie_us_b);
+    if (g->o.cpu_policy == GPU_CPU_STATIC)
+        log_info("gpu: static placement: the first %d of %d MoE layers' experts on the CPU", g->cpu_static, g->xc.n_moe);
+    return 0;
+}
+
 int gpu_model_create(gpu_model_t **out, const model_t *m, const gpu_opts_t *o, strata_errbuf_t *eb)
 {
     const model_config_t *c = &m->cfg;
@@ -669,8 +724,11 @@ int gpu_model_create(gpu_model_t **out, const model_t *m, const gpu_opts_t *o, s
     if ((rc = s_dalloc(g, (void **)&g->k_cache, g->layer_elems * c->n_layers * 4, "KV cache (k)", eb))) goto fail;
     if ((rc = s_dalloc(g, (void **)&g->v_cache, g->layer_elems * c->n_layers * 4, "KV cache (v)", eb))) goto fail;
     g->st.kv_bytes = (int64_t)(2 * g->layer_elems * c->n_layers * 4);
+    /* llama.cpp's placement prefetches nothing: the CPU layers' experts never enter a slot */
+    if (o->remote && o->cpu_policy == GPU_CPU_STATIC) g->depth = 0;
     if ((rc = s_create_workspace(g, eb))) goto fail;
     if ((rc = s_create_experts(g, eb))) goto fail;
+    if ((rc = s_create_cpu(g, eb))) goto fail;
     if (!g->all_resident) s_map_embed(g);
     if (g->all_resident && o->blas) s_enable_blas(g);
     g->n_seg = g->all_resident ? 1 : g->xc.n_moe + 1;
@@ -734,4 +792,5 @@ void gpu_reset_stats(gpu_model_t *g)
     g->st.host_locked_bytes = keep.host_locked_bytes;
     g->st.from_model = keep.from_model;
     g->st.split_rows = keep.split_rows;
+    g->st.cpu_layers = keep.cpu_layers;
 }

@@ -5,7 +5,8 @@
  * and tails (gslots_split_upload), the copies into slots and their events (gslots_fill,
  * gslots_landed), the prefetches (gslots_issue) and the placing of a layer's routed experts
  * (gslots_ensure): there a routed expert that is not resident is decided, to wait for its copy
- * in flight, copy it on demand, or read it from host memory, and the layer's expert table is
+ * in flight, copy it on demand, read it from host memory, or (gpu_cpu.c's cost model) leave it
+ * to the CPU, with an empty entry the expert kernel skips, and the layer's expert table is
  * refreshed. It allocates nothing and sizes nothing (gpu_model.c does, at creation), launches
  * no step kernel and enqueues no segment (gpu_step.c); the only mailbox it writes is the one
  * gslots_ensure is handed.
@@ -237,7 +238,8 @@ int gslots_issue(gpu_model_t *g, int cur, bool past_cur)
          d++) {
         int l = g->xc.moe_layer[xc->win_lo + d];
         for (int e = 0; e < E && inflight < g->max_inflight; e++) {
-            if (!xc->pneed[(size_t)l * E + e] || xc->slot_of[(size_t)l * E + e] >= 0) continue;
+            /* 2: predicted, but left to the CPU (gcpu_leave) */
+            if (xc->pneed[(size_t)l * E + e] != 1 || xc->slot_of[(size_t)l * E + e] >= 0) continue;
             int s = xcache_victim(xc, cur, cur_ord, true, (float)(xc->win_lo + d - cur_ord));
             if (s < 0) return 0; /* nothing evictable that is needed later: the miss path will load it */
             xcache_assign(xc, s, l, e);
@@ -288,8 +290,17 @@ int gslots_ensure(gpu_model_t *g, int l, int n, const int32_t *idx, uint64_t *bo
     /* a pinned layer's miss takes a slot (a DMA): the window never prefetches the pinned
      * layers, so a tail host-read there would be host-read at every step */
     const bool host_read = g->split && n <= GPU_HOST_READ_ROWS && !xc->pinned[xc->moe_ord[l]];
+    /* the misses the CPU takes (gpu_cpu.c's cost model) get no slot and an empty entry */
+    if (g->cpu_on) {
+        int32_t miss[GPU_CPU_MISS_MAX];
+        int nm = 0;
+        for (int e = 0; e < E && nm < GPU_CPU_MISS_MAX; e++)
+            if (xc->need[e] && xc->slot_of[(size_t)l * E + e] < 0) miss[nm++] = e;
+        gcpu_plan(g, l, n, idx, miss, nm);
+    }
     for (int e = 0; e < E; e++) {
         if (!xc->need[e]) continue;
+        if (g->cpu_on && g->cpu_dest[e] >= 0) continue; /* counted by gpu_cpu.c */
         g->st.expert_uses++;
         g->lst[l].uses++;
         int s = xc->slot_of[(size_t)l * E + e];
@@ -339,7 +350,8 @@ int gslots_ensure(gpu_model_t *g, int l, int n, const int32_t *idx, uint64_t *bo
     int np = 0;
     for (int e = 0; e < E; e++) {
         if (!xc->need[e]) continue;
-        const cuda_expert_t x = gslots_expert_at(g, l, e, xc->slot_of[(size_t)l * E + e]);
+        const cuda_expert_t x = g->cpu_on && g->cpu_dest[e] >= 0 ? (cuda_expert_t){0}
+                                                                 : gslots_expert_at(g, l, e, xc->slot_of[(size_t)l * E + e]);
         uint64_t w[sizeof x / 8], *old = (uint64_t *)&L->table_host[e];
         memcpy(w, &x, sizeof w);
         for (size_t i = 0; i < sizeof x / 8; i++) {

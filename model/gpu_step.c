@@ -159,6 +159,16 @@ static int s_ffn_pre(gpu_model_t *g, int l, int n)
                                    NULL, g->h_pidx + ri * g->pidx_n)))
             return rc;
     }
+    if (gcpu_step(g, n)) {
+        /* the CPU experts' inputs to the host (gpu_cpu.c): the normed rows, the routing weights,
+         * then the flag the host waits for */
+        uint64_t *flag = g->h_xflag + ri * 8;
+        const uint64_t one = 1;
+        if ((rc = cuda_d2h_async(cx, CUDA_STREAM_COMPUTE, g->h_xn, g->xn, (size_t)n * c->hidden * 4)) ||
+            (rc = cuda_d2h_async(cx, CUDA_STREAM_COMPUTE, g->h_tw, g->tw, (size_t)n * c->top_k * 4)) ||
+            (rc = cuda_patch_words(cx, 1, &flag, &one)))
+            return rc;
+    }
     return 0;
 }
 
@@ -189,8 +199,10 @@ static int s_ffn_post(gpu_model_t *g, int l, int n)
             return rc;
         return cuda_add(cx, g->x, g->y, (size_t)n * c->hidden);
     }
-    /* without a shared expert to add, the combine also norms x for the next layer's attention */
-    const bool fuse = c->shared_inter <= 0 && l + 1 < c->n_layers;
+    /* without a shared expert or CPU experts' rows to add, the combine also norms x for the next
+     * layer's attention */
+    const bool cpu = gcpu_step(g, n);
+    const bool fuse = c->shared_inter <= 0 && l + 1 < c->n_layers && !cpu;
     cuda_next_norm_t nn = {fuse ? g->L[l + 1].attn_norm : NULL, g->xn, c->rms_eps, &g->pre_attn_q8};
     /* the experts' heads ran before the segment's mailbox (s_segment) */
     const int part = !g->all_resident && s_early(g, n) ? CUDA_MOE_TAIL : 0;
@@ -202,6 +214,10 @@ static int s_ffn_post(gpu_model_t *g, int l, int n)
             return rc;
         if ((rc = cuda_add_sigmoid_scaled(cx, g->x, g->att, g->sg, n, c->hidden))) return rc;
     }
+    /* the CPU's experts of this layer, once the host has them (gpu_cpu.c) */
+    if (cpu)
+        return cuda_wait_add_rows(cx, g->h_cbox + (size_t)(g->xc.moe_ord[l] % GPU_RING) * (1 + GPU_CPU_ROWS), g->x,
+                                  g->h_cy, n, c->hidden);
     return 0;
 }
 
@@ -298,6 +314,7 @@ static int s_predict(gpu_model_t *g, int k, int n)
     int rc;
     if (D > 0 && (rc = s_wait_rows(g, pidx, (size_t)n * D * top_k, -1))) return rc;
     xcache_predicted(&g->xc, s_window_lo(g, l), D, pidx, n, top_k);
+    gcpu_leave(g, n);
     return D > 0 ? gslots_issue(g, l, false) : 0;
 }
 
@@ -455,6 +472,10 @@ static int s_launch(gpu_model_t *g, int k, const batch_t *b, s_mode_t mode)
         memset(g->h_idx + ri * g->idx_n, 0xff, (size_t)n * g->m->cfg.top_k * 4);
         memset(g->h_pidx + ri * g->pidx_n, 0xff, (size_t)n * g->pred_cap * g->m->cfg.top_k * 4);
         __atomic_store_n(g->h_box + ri * g->box_n, (uint64_t)0, __ATOMIC_RELEASE);
+        if (gcpu_step(g, n)) {
+            __atomic_store_n(g->h_xflag + ri * 8, (uint64_t)0, __ATOMIC_RELEASE);
+            __atomic_store_n(g->h_cbox + ri * (1 + GPU_CPU_ROWS), (uint64_t)0, __ATOMIC_RELEASE);
+        }
     }
     if (!(g->o.use_graphs && n < GPU_MAX_GRAPHS && b->n_logits == n)) return s_segment(g, k, n, b->n_logits, mode);
     cuda_graph_t **gr = &g->graphs[(size_t)n * n_seg + k];
@@ -495,6 +516,14 @@ static bool s_ahead_is(const gpu_model_t *g, const batch_t *b)
  * write the ring entries the next step resets. */
 void gstep_release(gpu_model_t *g)
 {
+    /* CPU experts: an abandoned step's segments wait in cuda_wait_add_rows for the boxes of
+     * the layers it routed, which are open, but the next step resets those ring entries: let
+     * them finish first */
+    if (!g->step_pre && g->cpu_on && g->n_launched > 0 && g->n_launched < g->n_seg) {
+        cuda_sync(g->cx);
+        g->n_launched = g->n_routed = 0;
+        return;
+    }
     if (!g->step_pre || g->n_routed >= g->n_launched || g->n_routed >= g->n_seg - 1) return;
     for (int j = g->n_routed; j < g->n_launched && j < g->n_seg - 1; j++) {
         uint64_t *box = g->h_box + (size_t)(j % GPU_RING) * g->box_n;
@@ -518,6 +547,17 @@ static int s_advance(gpu_model_t *g, int k, const batch_t *b, s_mode_t mode, int
     while (g->n_launched <= k + lead && g->n_launched <= cap)
         if ((rc = s_launch(g, g->n_launched++, b, mode))) return rc;
     if ((rc = s_route(g, k, n))) return rc;
+    if (gcpu_step(g, n)) {
+        /* CPU experts (never prelaunched: whole experts): their rows out, the GPU's experts
+         * enqueued, the predicted copies started, then the CPU's results in; the box opens on
+         * every path, or the next segment would wait for it */
+        const int32_t *idx = g->h_idx + (size_t)(k % GPU_RING) * g->idx_n;
+        rc = gcpu_post(g, k, n, idx);
+        while (!rc && g->n_launched <= k + 1 && g->n_launched <= cap) rc = s_launch(g, g->n_launched++, b, mode);
+        if (!rc) rc = s_predict(g, k, n);
+        const int rc2 = gcpu_finish(g, k, n, idx);
+        return rc ? rc : rc2;
+    }
     /* prelaunched, the segment after is enqueued already: the copies first */
     if (g->step_pre && (rc = s_predict(g, k, n))) return rc;
     while (g->n_launched <= k + 1 + lead && g->n_launched <= cap)

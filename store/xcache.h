@@ -40,7 +40,8 @@ typedef struct {
     xc_slot_t *slot;         /* [n_slots] */
     int32_t *slot_of;        /* [n_layers][n_experts] slot index or -1 */
     uint8_t *need;           /* [n_experts] experts the current layer routes to */
-    uint8_t *pneed;          /* [n_layers][n_experts] experts predicted in the window */
+    uint8_t *pneed;          /* [n_layers][n_experts] experts predicted in the window (2: predicted, but left to
+                                the CPU by model/gpu_cpu.c, so not prefetched) */
     int32_t win_lo, win_n;   /* MoE ordinals [win_lo, win_lo + win_n) that pneed covers */
     float *pop;              /* [n_layers][n_experts] decayed uses per step */
     /* 1 when the copy into slot s has landed, 0 if not, <0 on error; NULL: always landed */

@@ -80,6 +80,12 @@ int cuda_patch_words(cuda_ctx_t *c, int n, uint64_t *const *dst, const uint64_t 
  * kernels before it have finished. The host fills the pairs, then stores box[0] with release
  * order; it must store it, or the stream never goes on (after 10 s the kernel traps). */
 int cuda_wait_patch(cuda_ctx_t *c, const uint64_t *box);
+/* Rows computed elsewhere onto x, for a kernel enqueued before the host has them: it waits
+ * (polling over PCIe) until box[0] is set (nonzero), then adds rows[t] (pinned host memory,
+ * [n][dim]) onto x[t] for each t < n whose box[1 + t] is nonzero, after the kernels before it
+ * have finished. The host writes the rows and box[1..n], then stores box[0] with release order;
+ * it must store it, or the stream never goes on (after 10 s the kernel traps). */
+int cuda_wait_add_rows(cuda_ctx_t *c, const uint64_t *box, float *x, const float *rows, int n, int dim);
 
 /* CUDA graphs of the compute stream: capture the ops enqueued between begin and end into *g
  * (replacing it), then replay with cuda_graph_launch. Kernel arguments are fixed at capture,

@@ -881,12 +881,39 @@ __global__ void k_wait_patch(const uint64_t *box)
     }
 }
 
+/* Block t: waits (thread 0, polling over PCIe) until box[0] is set, then, if box[1 + t] is set,
+ * adds row t of rows (pinned host memory, written by the host before box[0]) onto x's row t. */
+__global__ void k_wait_add_rows(const uint64_t *box, float *x, const float *rows, int dim)
+{
+    __shared__ unsigned long long on;
+    if (threadIdx.x == 0) {
+        unsigned long long v, t0, t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        for (;;) {
+            asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(box) : "memory");
+            if (v) break;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            if (t - t0 > 10000000000ull) __trap(); /* the host never filled it */
+            __nanosleep(200);
+        }
+        asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(on) : "l"(box + 1 + blockIdx.x) : "memory");
+    }
+    pdl_enter();
+    __syncthreads();
+    if (!on) return;
+    const float *r = rows + (size_t)blockIdx.x * dim;
+    float *y = x + (size_t)blockIdx.x * dim;
+    /* the rows are rewritten every layer at the same addresses: never from a cache */
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) y[d] += __ldcv(r + d);
+}
+
 extern "C" int cuda_ops_preload(void)
 {
     cudaFuncAttributes a;
     CUDA_CHECK(cudaFuncGetAttributes(&a, k_copy_words));
     CUDA_CHECK(cudaFuncGetAttributes(&a, k_patch));
     CUDA_CHECK(cudaFuncGetAttributes(&a, k_wait_patch));
+    CUDA_CHECK(cudaFuncGetAttributes(&a, k_wait_add_rows));
     CUDA_CHECK(cudaFuncGetAttributes(&a, k_embed));
     return 0;
 }
@@ -894,6 +921,14 @@ extern "C" int cuda_ops_preload(void)
 extern "C" int cuda_wait_patch(cuda_ctx_t *c, const uint64_t *box)
 {
     launch_k(k_wait_patch, 1, 128, 0, c->stream, box);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
+extern "C" int cuda_wait_add_rows(cuda_ctx_t *c, const uint64_t *box, float *x, const float *rows, int n, int dim)
+{
+    if (n <= 0) return 0;
+    launch_k(k_wait_add_rows, n, 256, 0, c->stream, box, x, rows, dim);
     CUDA_LAUNCH_CHECK();
     return 0;
 }

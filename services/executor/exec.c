@@ -197,6 +197,9 @@ int exec_create(exec_t **out, const model_t *m, const exec_opts_t *o, strata_err
         go.kv_blocks = o->kv_blocks;
         go.block_size = o->block_size;
         go.max_tokens = o->max_tokens;
+        go.remote = o->remote;
+        go.cpu_policy = (gpu_cpu_policy_t)o->cpu_policy;
+        go.cpu_layers = o->cpu_layers;
         if ((rc = gpu_model_create(&e->gpu, m, &go, eb)) < 0) goto fail;
 #else
         rc = strata_seterr(eb, STRATA_EUNSUPPORTED, "executor: backend = cuda, but this build has no CUDA (nvcc was not found at build time)");

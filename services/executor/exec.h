@@ -35,7 +35,9 @@ typedef struct {
     int32_t block_size;    /* tokens per block */
     int32_t max_tokens;    /* most tokens one step carries (the scheduler's max_batch_tokens) */
     int32_t max_context;   /* highest position + 1 a sequence may reach; 0 = the model's max_pos */
-    const moe_remote_t *remote; /* cpu: experts computed by the prefetchers (exec_remote.h), or NULL */
+    const moe_remote_t *remote; /* experts computed by the prefetchers (exec_remote.h), or NULL */
+    int cpu_policy;        /* cuda: gpu_cpu_policy_t, which misses remote computes (model/gpu.h) */
+    int cpu_layers;        /* cuda, GPU_CPU_STATIC: gpu_opts_t.cpu_layers */
 } exec_opts_t;
 
 /* Counters since exec_create; the cache fields are filled by the cuda backend only. */

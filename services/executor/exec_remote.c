@@ -119,8 +119,14 @@ int exec_remote_create(exec_remote_t **out, const strata_config_t *cfg, const ex
 {
     *out = NULL;
     const model_config_t *c = &em->m.cfg;
-    bool all = !strcmp(cfg->executor.expert_path, "cpu");
+    /* on the GPU the CPU is the alternative to a copy, on one node too: every arena's experts
+     * may go there, and the cost model (model/gpu_cpu.c) chooses */
+    const bool gpu = !strcmp(cfg->executor.backend, "cuda");
+    bool all = !strcmp(cfg->executor.expert_path, "cpu") || gpu;
     if (!em->from_arena || c->n_experts <= 0 || !strcmp(cfg->executor.expert_path, "pcie")) return 0;
+    /* on the GPU, auto copies every miss: the cost model (cost) loses to the copies where the
+     * experts are small (bench/RESULTS.md: Qwen3-30B-A3B at 6 GiB) */
+    if (gpu && !strcmp(cfg->executor.expert_path, "auto")) return 0;
     exec_remote_t *x = calloc(1, sizeof *x);
     if (!x) return STRATA_ENOMEM;
     x->owner = malloc((size_t)c->n_layers * (size_t)c->n_experts);

@@ -2,11 +2,13 @@
  * prefetchers, each on the cores of the node whose arena holds it, over one shm ring per
  * prefetcher (store/ring.h). It implements model/model.h's moe_remote_t.
  *
- * Which experts go there ([executor] expert_path, CPU backend):
+ * Which experts go there ([executor] expert_path), CPU backend:
  *   cpu   every expert whose bytes lie in a prefetcher's arena runs on that prefetcher;
  *   auto  only those whose arena sits on another NUMA node than the executor's (on one node,
  *         the executor's own threads read the same memory without a round trip);
  *   pcie  none (a GPU term; on the CPU backend it means every expert runs here).
+ * CUDA backend: with cpu, cost and static every arena's expert may go to its prefetcher, and
+ * model/gpu_cpu.c decides which misses do; with auto and pcie none (the path is not created).
  * The owner of an expert is found from where its weights are mapped (model_arena_of), so it is
  * the arena placement of store/arena.h by construction.
  *

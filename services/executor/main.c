@@ -48,10 +48,15 @@ static void s_usage(FILE *f)
             "model: [executor] backend = cpu (thread pool) or cuda (one GPU under gpu_mem, prefetching the\n"
             "experts that the next prefetch_depth MoE layers' gates predict; expert_cache = split keeps\n"
             "every expert resident but its down projection's last rows, whole caches whole experts).\n"
-            "expert_path = cpu|auto|pcie: with the CPU backend, the experts that the prefetchers compute\n"
-            "on their own cores from their arenas over shm rings (cpu: all of their arenas'; auto: those\n"
-            "of arenas on another NUMA node; pcie: none); a prefetcher down or slower than\n"
-            "cpu_expert_timeout_ms has its experts computed here.\n"
+            "expert_path = auto|cpu|pcie|cost|static: the experts that the prefetchers compute on their\n"
+            "own cores from their arenas over shm rings. CPU backend: cpu, all of their arenas'; auto,\n"
+            "those of arenas on another NUMA node; pcie, none. cuda backend (a cache of whole experts,\n"
+            "steps of up to 16 tokens): auto and pcie, none (every miss is copied); cpu, every miss;\n"
+            "cost, each miss where a cost model finishes it first, a copy or the CPU; static, every\n"
+            "expert of the first cpu_moe_layers MoE layers (0: those the slots leave out) and no\n"
+            "prefetch, as llama.cpp's --n-cpu-moe. A prefetcher down or slower than\n"
+            "cpu_expert_timeout_ms has its experts computed here (its misses are copied while it stays\n"
+            "down on cuda).\n"
             "The weights are mapped read-only from the prefetchers' shm arenas, so a restart reads no\n"
             "model file from disk; KV cache: [scheduler] kv_blocks x block_size. Binds a ROUTER at\n"
             "[executor] endpoint.\n\n"
@@ -75,6 +80,21 @@ typedef struct {
     double t_step;         /* when the last step's result went out */
     bool spin;             /* backend = cuda: SPIN_AFTER_STEP_S */
 } svc_t;
+
+/* What the executor did, once at a clean stop: its steps, the cache's hits and copies, and the
+ * experts the prefetchers computed. */
+static void s_log_totals(const svc_t *S)
+{
+    exec_stats_t st;
+    exec_get_stats(S->ex, &st);
+    exec_remote_stats_t rs;
+    exec_remote_stats(S->remote, &rs);
+    log_info("totals: %llu steps, %llu tokens; expert cache %llu hits, %llu misses copied; cpu experts %llu in %llu jobs, "
+             "%llu computed here after a prefetcher failed",
+             (unsigned long long)st.steps, (unsigned long long)st.tokens, (unsigned long long)st.hits,
+             (unsigned long long)st.misses, (unsigned long long)rs.experts, (unsigned long long)rs.jobs,
+             (unsigned long long)rs.fallbacks);
+}
 
 static void s_hello(svc_t *S, msg_hello_t *h)
 {
@@ -276,17 +296,20 @@ int main(int argc, char **argv)
     o.block_size = cfg.scheduler.block_size;
     o.max_tokens = cfg.scheduler.max_batch_tokens;
     o.max_context = cfg.scheduler.max_context;
-    if (!strcmp(o.backend, "cpu")) {
-        if ((r = exec_remote_create(&S.remote, &cfg, &S.em, &eb)) < 0) {
-            log_error("%s", eb.msg[0] ? eb.msg : strata_strerror(r));
-            rc = r == STRATA_EINVAL_INPUT ? SERVICE_EXIT_CONFIG : SERVICE_EXIT_FAIL;
-            goto done;
-        }
-        o.remote = exec_remote_iface(S.remote);
-    } else if (!strcmp(cfg.executor.expert_path, "cpu")) {
-        log_warn("expert_path = cpu: the cuda backend does not compute experts on the prefetchers' cores; its misses "
-                 "cross PCIe");
+    if (!strcmp(o.backend, "cpu") && (!strcmp(cfg.executor.expert_path, "static") || !strcmp(cfg.executor.expert_path, "cost"))) {
+        log_error("expert_path = %s splits the misses of a GPU's expert cache: backend = cuda only", cfg.executor.expert_path);
+        rc = SERVICE_EXIT_CONFIG;
+        goto done;
     }
+    if ((r = exec_remote_create(&S.remote, &cfg, &S.em, &eb)) < 0) {
+        log_error("%s", eb.msg[0] ? eb.msg : strata_strerror(r));
+        rc = r == STRATA_EINVAL_INPUT ? SERVICE_EXIT_CONFIG : SERVICE_EXIT_FAIL;
+        goto done;
+    }
+    o.remote = exec_remote_iface(S.remote);
+    /* model/gpu.h gpu_cpu_policy_t: 0 the cost model (cost), 1 every miss, 2 static placement */
+    o.cpu_policy = !strcmp(cfg.executor.expert_path, "cpu") ? 1 : !strcmp(cfg.executor.expert_path, "static") ? 2 : 0;
+    o.cpu_layers = cfg.executor.cpu_moe_layers;
     r = exec_create(&S.ex, &S.em.m, &o, &eb);
     if (r < 0) {
         log_error("%s", eb.msg[0] ? eb.msg : strata_strerror(r));
@@ -346,6 +369,7 @@ int main(int argc, char **argv)
         notify_watchdog();
     }
     service_stopping();
+    s_log_totals(&S);
     rc = SERVICE_EXIT_OK;
 done:
     if (S.sock) zmq_close(S.sock);

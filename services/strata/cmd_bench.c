@@ -119,11 +119,16 @@ static void s_help(FILE *f)
             "  --backend B        cpu (default) or cuda (started group)\n"
             "  --gpu-mem BYTES    executor GPU budget, K/M/G suffixes (started group; default 0)\n"
             "  --threads T        executor CPU threads (started group; default 0 = all)\n"
-            "  --expert-path P    auto, cpu or pcie: the started group's [executor] expert_path (default:\n"
-            "                     not written, so the config's default, auto). With the CPU backend, cpu\n"
-            "                     computes every expert on the prefetcher whose arena holds it, pcie none;\n"
-            "                     auto only those of arenas on another NUMA node than the executor's,\n"
-            "                     which this bench does not place, so none\n"
+            "  --expert-path P    auto, cpu, pcie, cost or static: the started group's [executor]\n"
+            "                     expert_path (default: not written, so the config's default, auto). With\n"
+            "                     the CPU backend, cpu computes every expert on the prefetcher whose arena\n"
+            "                     holds it, pcie none; auto only those of arenas on another NUMA node than\n"
+            "                     the executor's, which this bench does not place, so none. With cuda,\n"
+            "                     auto and pcie copy every miss, cpu hands them all to the prefetchers,\n"
+            "                     cost splits each layer's misses between the two by the cost model,\n"
+            "                     static is llama.cpp's placement (whole layers' experts on the CPU, the\n"
+            "                     rest cached)\n"
+            "  --cpu-moe-layers N static: [executor] cpu_moe_layers (default 0: the layers the slots leave out)\n"
             "  --prefetchers N    [prefetcher.0] .. [prefetcher.N-1] in the started group (default 1, 1-%d):\n"
             "                     the model's arena split over N prefetchers; numa_node K for the K-th when\n"
             "                     N > 1 and the machine has N nodes, else -1 (no memory policy)\n"
@@ -157,6 +162,7 @@ static void s_help(FILE *f)
 typedef struct {
     const char *model, *endpoint_arg, *backend, *json, *results, *plot, *run_dir_arg;
     const char *expert_path; /* the started group's [executor] expert_path, NULL = not written (auto) */
+    int cpu_moe_layers;      /* its cpu_moe_layers, 0 = not written */
     int prefetchers;        /* [prefetcher.K] sections of the started group, 1..CONFIG_MAX_PREFETCHERS */
     int64_t gpu_mem;
     int threads, prompt, gen, requests, warmup, timeout_s, probe_mib, ready_s;
@@ -384,6 +390,7 @@ static int s_group_start(const s_opts_t *o, s_group_t *g, int max_conc)
             o->max_batch_tokens > 0 ? o->max_batch_tokens : seqs > 256 ? seqs : 256, seqs,
             seqs * per_seq + 16, bs, o->backend, o->threads, (long long)o->gpu_mem);
     if (o->expert_path) fprintf(f, "expert_path = %s\n", o->expert_path);
+    if (o->cpu_moe_layers > 0) fprintf(f, "cpu_moe_layers = %d\n", o->cpu_moe_layers);
     /* One prefetcher keeps no memory policy, as before --prefetchers. N of them each bind their
      * arena part to node K when the machine has those nodes; on fewer nodes they share the
      * memory the kernel gives them (numa_node -1), which still splits the experts N ways. */
@@ -991,11 +998,14 @@ int cmd_bench(int argc, char **argv)
             o.backend = v;
         } else if ((r = cli_opt(C, argc, argv, &i, "--expert-path", &v))) {
             if (r < 0) return 2;
-            if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "pcie")) {
-                cli_error(C, "--expert-path '%s': expected auto, cpu or pcie", v);
+            if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "pcie") && strcmp(v, "cost") && strcmp(v, "static")) {
+                cli_error(C, "--expert-path '%s': expected auto, cpu, pcie, cost or static", v);
                 return 2;
             }
             o.expert_path = v;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--cpu-moe-layers", &v))) {
+            if (r < 0 || cli_parse_i64(C, "--cpu-moe-layers", v, 0, 4096, &x)) return 2;
+            o.cpu_moe_layers = (int)x;
         } else if ((r = cli_opt(C, argc, argv, &i, "--prefetchers", &v))) {
             if (r < 0 || cli_parse_i64(C, "--prefetchers", v, 1, CONFIG_MAX_PREFETCHERS, &x)) return 2;
             o.prefetchers = (int)x;

@@ -19,10 +19,15 @@ prefetcher serves it from its arena, and [executor] gpu_mem is the smallest budg
 layer's experts beside everything else (found from the executor's own refusals, which name what did
 not fit and by how much): every step then misses, and the group runs through the expert cache, its
 copies and its evictions. The same 95% teacher-forced criterion applies, against the fp32 reference.
+With --expert-path cpu|pcie|cost (--cache whole) the executor's [executor] expert_path is set: cpu
+hands every miss of a decode-shaped step to the prefetcher's cores (model/gpu_cpu.c), pcie copies
+every one, cost lets the cost model split them. The run then checks, from the totals the executor
+logs at its stop, that the path was taken: CPU experts for cpu (the prompts' prefills, longer than
+GPU_CPU_ROWS, copy theirs), none for pcie.
 Needs a GPU; run by tests/gpu/run, never by the CPU CI.
 
 usage: test_group_greedy.py --strata BIN [--fixtures DIR] [--only NAME,...] [--backend cuda|cpu]
-                            [--cache whole|split [--formats f32,bf16]]
+                            [--cache whole|split [--formats f32,bf16] [--expert-path cpu|pcie|cost]]
 """
 import argparse
 import json
@@ -52,13 +57,16 @@ def client(strata, endpoint, prompt, n, extra=()):
 GIB = 1 << 30
 
 
-def write_ini(ini, run_dir, model, endpoint, backend, cache, budget):
+def write_ini(ini, run_dir, model, endpoint, backend, cache, budget, path=None):
     with open(ini, "w") as f:
         f.write("[group]\nname = gg%d\nrun_dir = %s\nmodel = %s\n\n[router]\nendpoint = %s\n\n"
                 "[scheduler]\nkv_blocks = 64\nblock_size = 16\n\n[executor]\nbackend = %s\n"
                 % (os.getpid() % 100000, run_dir, model, endpoint, backend))
         if cache:
-            f.write("gpu_mem = %d\nexpert_cache = %s\n\n[prefetcher.0]\nnuma_node = -1\n" % (budget, cache))
+            f.write("gpu_mem = %d\nexpert_cache = %s\n" % (budget, cache))
+            if path:
+                f.write("expert_path = %s\n" % path)
+            f.write("\n[prefetcher.0]\nnuma_node = -1\n")
         f.write("\n[launcher]\nready_timeout_s = 120\n")
 
 
@@ -67,7 +75,7 @@ def executor_log(run_dir):
     return open(p).read() if os.path.exists(p) else ""
 
 
-def start(strata, ini, run_dir, model, endpoint, backend, cache):
+def start(strata, ini, run_dir, model, endpoint, backend, cache, path=None):
     """strata up; with a cache, at a budget that holds one layer's experts and not all of them:
     from an all-resident start, the budget shrinks by the slots beyond one layer's (the layout line
     gives their size), and a refusal names what no longer fits and by how much. Returns the
@@ -75,7 +83,7 @@ def start(strata, ini, run_dir, model, endpoint, backend, cache):
     n_layer = n_moe_experts(model)
     budget = 64 << 20
     for _ in range(24):
-        write_ini(ini, run_dir, model, endpoint, backend, cache, budget)
+        write_ini(ini, run_dir, model, endpoint, backend, cache, budget, path)
         up = subprocess.run([strata, "up", "--config", ini], capture_output=True, text=True, timeout=300)
         log = executor_log(run_dir)
         if os.path.exists(os.path.join(run_dir, "logs", "executor.log")):
@@ -115,7 +123,22 @@ def n_moe_experts(fdir):
     return cfg.get("num_local_experts") or cfg.get("num_experts") or 0
 
 
-def run_fixture(strata, fdir, backend, cache=None, fmt=None):
+def check_path(path, log):
+    """That the executor took the expert path asked for, from the totals it logs at a clean stop;
+    a note on what it did."""
+    m = re.findall(r"totals: .* expert cache (\d+) hits, (\d+) misses copied; cpu experts (\d+) in", log)
+    if not m:
+        raise RuntimeError("the executor logged no totals at its stop")
+    hits, misses, uses = map(int, m[-1])
+    note = "cpu experts %d, misses copied %d, hits %d" % (uses, misses, hits)
+    if path == "cpu" and uses <= 0:
+        raise RuntimeError("expert_path = cpu, but %s" % note)
+    if path == "pcie" and uses:
+        raise RuntimeError("expert_path = pcie, but %s" % note)
+    return note
+
+
+def run_fixture(strata, fdir, backend, cache=None, fmt=None, path=None):
     ref = json.load(open(os.path.join(fdir, "ref.json")))
     tokens, greedy = ref["tokens"], ref["greedy"]
     run_dir = tempfile.mkdtemp(prefix="strata-gpu-greedy-")
@@ -129,7 +152,7 @@ def run_fixture(strata, fdir, backend, cache=None, fmt=None):
         if pk.returncode != 0:
             raise RuntimeError("strata pack --format %s failed: %s" % (fmt, pk.stderr.strip()[-400:]))
     try:
-        layout = start(strata, ini, run_dir, model, endpoint, backend, cache)
+        layout = start(strata, ini, run_dir, model, endpoint, backend, cache, path)
         if cache and not ("(cached)" in layout or "tail slots" in layout):
             if re.search(r"\b%d expert slots x .*all resident" % n_moe_experts(fdir), layout):
                 raise Skip("one MoE layer: a budget that holds a layer's experts holds them all")
@@ -155,6 +178,9 @@ def run_fixture(strata, fdir, backend, cache=None, fmt=None):
         sprefix = 0
         while sprefix < min(len(s1), len(cpu)) and s1[sprefix] == cpu[sprefix]:
             sprefix += 1
+        if path:
+            subprocess.run([strata, "down", "--config", ini], capture_output=True, text=True, timeout=120)
+            layout += "; " + check_path(path, executor_log(run_dir))
         return same, n, prefix, sprefix, layout
     finally:
         subprocess.run([strata, "down", "--config", ini], capture_output=True, text=True, timeout=120)
@@ -169,6 +195,7 @@ def main():
     ap.add_argument("--backend", default="cuda", help="cuda (default); cpu checks the plumbing without a GPU")
     ap.add_argument("--cache", choices=("whole", "split"), help="packed, from a prefetcher, a budget of one layer's experts")
     ap.add_argument("--formats", default="f32,bf16", help="with --cache: the packed formats")
+    ap.add_argument("--expert-path", choices=("cpu", "pcie", "cost"), help="with --cache whole: [executor] expert_path")
     a = ap.parse_args()
     names = sorted(d for d in os.listdir(a.fixtures) if os.path.exists(os.path.join(a.fixtures, d, "ref.json")))
     if a.only:
@@ -178,7 +205,8 @@ def main():
     for n, fmt in runs:
         label = n if not fmt else "%s/%s" % (n, fmt)
         try:
-            same, total, prefix, sprefix, layout = run_fixture(a.strata, os.path.join(a.fixtures, n), a.backend, a.cache, fmt)
+            same, total, prefix, sprefix, layout = run_fixture(a.strata, os.path.join(a.fixtures, n), a.backend, a.cache, fmt,
+                                                               a.expert_path)
         except Skip as e:
             print("skip %-22s %s" % (label, e))
             skipped += 1

@@ -1,0 +1,272 @@
+/* gpu_cpu.c - CPU experts on the GPU path: which missed experts the prefetchers compute instead
+ * of a copy over PCIe (the cost model), their jobs, and their results onto the GPU's residual.
+ *
+ * With o.remote and a whole-expert cache, a step of up to GPU_CPU_ROWS tokens runs every MoE
+ * layer's hand-off (gpu_step.c enqueues both ends):
+ *   - the gate's segment ends by copying the layer's normed rows (xn) and routing weights (tw)
+ *     into pinned host memory (h_xn, h_tw), then a kernel sets the layer's flag (h_xflag);
+ *   - the host, once the routing is there, decides each miss (gslots_ensure -> gcpu_plan): a
+ *     copy into a slot, or the CPU, whose experts get an empty table entry that the expert
+ *     kernel skips; it posts the CPU experts' rows to their prefetchers' rings (gcpu_post, after
+ *     the flag), enqueues the next segment, starts the predicted copies, and then waits for the
+ *     jobs (gcpu_finish): each token's results weighted and summed into h_cy, then the box;
+ *   - the next segment runs the GPU's experts, then cuda_wait_add_rows, which waits for that box
+ *     and adds h_cy's rows onto the residual, before anything reads it (the combine's fused
+ *     RMSNorm is off in such steps).
+ * The GPU computes its hits and copies while the prefetchers compute theirs; the stream waits
+ * only for the slower side.
+ *
+ * The cost model. A miss copied costs copy_bytes at the link's rate (pcie_us_b, probed at
+ * creation) behind the copies in flight; a miss on prefetcher d costs cpu_lat_us[d] once per job
+ * plus its bytes, times 1 + GPU_CPU_ROW_COST per token beyond the first, at cpu_us_b[d], which
+ * every answered job updates (an average over GPU_CPU_EMA jobs of its wall time less the fixed
+ * cost). The misses with the most tokens go first, each to the side that finishes it sooner, so
+ * both sides end together and the experts many tokens share stay on the GPU.
+ *
+ * Faults: a prefetcher that is down at the plan (moe_remote_t.rows NULL) gets no experts, so its
+ * misses are copied until it is back; a job it fails or does not answer in time (the ring's
+ * bounded wait) is computed here, by the CPU kernels, into cpu_fy.
+ */
+#include <string.h>
+
+#include "kernels/cpu/ops.h"
+#include "model/gpu_int.h"
+
+#define GPU_CPU_ROW_COST 0.1   /* an expert's CPU time per token beyond the first, as a share */
+#define GPU_CPU_LAT_US 40.0    /* a job's fixed cost at first: the ring's round trip, the dispatch */
+#define GPU_CPU_GBS0 30.0      /* a prefetcher's rate at first, GB/s of expert bytes */
+#define GPU_CPU_EMA 0.2        /* weight of a job's rate in the average */
+
+bool gcpu_step(const gpu_model_t *g, int n) { return g->cpu_on && n > 0 && n <= GPU_CPU_ROWS; }
+
+static uint64_t *s_box(const gpu_model_t *g, int k)
+{
+    return g->h_cbox + (size_t)(k % GPU_RING) * (1 + GPU_CPU_ROWS);
+}
+
+int gcpu_probe(gpu_model_t *g)
+{
+    const model_config_t *c = &g->m->cfg;
+    int l0 = g->xc.moe_layer[0], rc;
+    double best = 1e30;
+    for (int i = 0; i < 3; i++) {
+        double t0 = strata_now();
+        if ((rc = gslots_fill(g, 0, l0, i % c->n_experts, CUDA_STREAM_COMPUTE)) || (rc = cuda_sync(g->cx))) return rc;
+        double t = strata_now() - t0;
+        if (t < best) best = t;
+    }
+    g->pcie_us_b = best * 1e6 / (double)g->copy_bytes;
+    for (int d = 0; d < GPU_CPU_DEST; d++) {
+        g->cpu_us_b[d] = 1e-3 / GPU_CPU_GBS0;
+        g->cpu_lat_us[d] = GPU_CPU_LAT_US;
+    }
+    return 0;
+}
+
+/* The bytes of one expert over cnt tokens, in the cost model's unit. */
+static double s_cost_bytes(const gpu_model_t *g, int cnt)
+{
+    return (double)g->copy_bytes * (1.0 + GPU_CPU_ROW_COST * (cnt > 1 ? cnt - 1 : 0));
+}
+
+/* Whether expert e of layer l is on the CPU's side of a split that gives it share phi of the
+ * experts: a fixed hash of (l, e) against phi, so the side of an expert does not change from one
+ * prediction to the next (the window predicts a layer many times before it runs) nor with what
+ * the link copied meanwhile. */
+static bool s_cpu_side(int l, int e, int E, double phi)
+{
+    const uint32_t h = (uint32_t)((uint32_t)(l * E + e) * 2654435761u);
+    return (double)h < phi * 4294967296.0;
+}
+
+/* The CPU's side of the split: the share of the bytes to move that the prefetchers finish in the
+ * time the link moves the rest, at the rates measured so far (every miss with ALL). */
+static double s_phi(const gpu_model_t *g)
+{
+    if (g->o.cpu_policy == GPU_CPU_ALL) return 1.0;
+    double rc = 0, rp = 1.0 / g->pcie_us_b;
+    for (int d = 0; d < g->o.remote->n_dest && d < GPU_CPU_DEST; d++) rc += 1.0 / g->cpu_us_b[d];
+    return rc / (rc + rp);
+}
+
+void gcpu_plan(gpu_model_t *g, int l, int n, const int32_t *idx, const int32_t *misses, int nm)
+{
+    const model_config_t *c = &g->m->cfg;
+    const moe_remote_t *r = g->o.remote;
+    const int E = c->n_experts, K = c->top_k;
+    memset(g->cpu_dest, -1, (size_t)E);
+    g->cpu_n = 0;
+    if (!gcpu_step(g, n) || nm == 0) return;
+    const gpu_cpu_policy_t pol = g->o.cpu_policy;
+    if (pol == GPU_CPU_STATIC && g->xc.moe_ord[l] >= g->cpu_static) return;
+    const int8_t *own = r->owner + (size_t)l * E;
+    memset(g->cpu_cnt, 0, (size_t)E * sizeof *g->cpu_cnt);
+    for (int i = 0; i < n * K; i++) g->cpu_cnt[idx[i]]++;
+    int8_t up[GPU_CPU_DEST]; /* -1 unknown, 0 down, 1 up: asked once a layer */
+    memset(up, -1, sizeof up);
+    /* the most tokens first: insertion sort of a few dozen */
+    int32_t ord[GPU_CPU_MISS_MAX];
+    for (int i = 0; i < nm; i++) {
+        int j = i, e = misses[i];
+        while (j > 0 && g->cpu_cnt[ord[j - 1]] < g->cpu_cnt[e]) ord[j] = ord[j - 1], j--;
+        ord[j] = e;
+    }
+    double pcie = (double)xcache_inflight(&g->xc) * (double)g->copy_bytes * g->pcie_us_b, cpu[GPU_CPU_DEST];
+    for (int d = 0; d < r->n_dest && d < GPU_CPU_DEST; d++) cpu[d] = g->cpu_lat_us[d];
+    const double phi = s_phi(g);
+    for (int i = 0; i < nm; i++) {
+        const int e = ord[i], d = own[e];
+        const double tp = pcie + (double)g->copy_bytes * g->pcie_us_b;
+        if (d >= 0 && d < GPU_CPU_DEST && up[d] < 0) up[d] = r->rows(r->ctx, d) != NULL;
+        if (d < 0 || d >= GPU_CPU_DEST || !up[d]) {
+            pcie = tp;
+            continue;
+        }
+        const double tc = cpu[d] + s_cost_bytes(g, g->cpu_cnt[e]) * g->cpu_us_b[d];
+        /* the CPU's side of the split (gcpu_leave did not prefetch it) stays there; another
+         * miss goes where it finishes first */
+        if (pol == GPU_CPU_COST && !s_cpu_side(l, e, E, phi) && tc >= tp) {
+            pcie = tp;
+            continue;
+        }
+        cpu[d] = tc;
+        g->cpu_dest[e] = (int8_t)d;
+        g->cpu_n++;
+    }
+}
+
+void gcpu_leave(gpu_model_t *g, int n)
+{
+    xcache_t *xc = &g->xc;
+    const moe_remote_t *r = g->o.remote;
+    const int E = xc->n_experts;
+    if (!gcpu_step(g, n) || g->o.cpu_policy == GPU_CPU_STATIC) return;
+    const double phi = s_phi(g);
+    for (int d = 0; d < xc->win_n; d++) {
+        const int l = xc->moe_layer[xc->win_lo + d];
+        uint8_t *pn = xc->pneed + (size_t)l * E;
+        const int32_t *so = xc->slot_of + (size_t)l * E;
+        const int8_t *own = r->owner + (size_t)l * E;
+        for (int e = 0; e < E; e++)
+            if (pn[e] && so[e] < 0 && own[e] >= 0 && s_cpu_side(l, e, E, phi)) pn[e] = 2;
+    }
+}
+
+/* Wait for flag (pinned host memory) to be set by the stream: an error on it, or 10 s, ends the
+ * wait with an error. */
+static int s_wait_flag(gpu_model_t *g, const uint64_t *flag)
+{
+    const double t0 = strata_now();
+    for (int spin = 0;; spin++) {
+        if (__atomic_load_n(flag, __ATOMIC_ACQUIRE)) return 0;
+        int q = cuda_query(g->cx);
+        if (q < 0) return q;
+        if ((q == 1 && !__atomic_load_n(flag, __ATOMIC_ACQUIRE)) || (spin % 1024 == 1023 && strata_now() - t0 > 10.0)) {
+            log_error("gpu: a MoE layer's rows never reached the host for its CPU experts");
+            return STRATA_ECUDA;
+        }
+    }
+}
+
+int gcpu_post(gpu_model_t *g, int k, int n, const int32_t *idx)
+{
+    if (!gcpu_step(g, n)) return 0;
+    const model_config_t *c = &g->m->cfg;
+    const moe_remote_t *r = g->o.remote;
+    const int E = c->n_experts, K = c->top_k, H = c->hidden, l = g->xc.moe_layer[k];
+    memset(g->cpu_t_post, 0, sizeof g->cpu_t_post);
+    if (g->cpu_n == 0) {
+        __atomic_store_n(s_box(g, k), (uint64_t)1, __ATOMIC_RELEASE);
+        return 0;
+    }
+    int rc = s_wait_flag(g, g->h_xflag + (size_t)(k % GPU_RING) * 8);
+    if (rc) return rc;
+    int32_t ex[GPU_CPU_MISS_MAX], cnt[GPU_CPU_MISS_MAX];
+    for (int i = 0; i < n * K; i++) g->cpu_row[i] = -1;
+    for (int d = 0; d < r->n_dest && d < GPU_CPU_DEST; d++) {
+        int ni = 0, row = 0;
+        double bytes = 0;
+        float *rows = NULL;
+        bool any = false;
+        for (int e = 0; e < E; e++) {
+            if (g->cpu_dest[e] != d) continue;
+            if (!any) {
+                any = true;
+                rows = r->rows(r->ctx, d); /* NULL: it went down since the plan; computed here */
+            }
+            for (int i = 0; i < n * K; i++) {
+                if (idx[i] != e) continue;
+                if (rows) memcpy(rows + (size_t)row * H, g->h_xn + (size_t)(i / K) * H, (size_t)H * 4);
+                g->cpu_row[i] = row++;
+            }
+            ex[ni] = e;
+            cnt[ni++] = g->cpu_cnt[e];
+            bytes += s_cost_bytes(g, g->cpu_cnt[e]);
+        }
+        if (!any) continue;
+        g->cpu_bytes[d] = bytes;
+        g->cpu_t_post[d] = rows && r->post(r->ctx, d, l, ex, cnt, ni, g->st.steps) == 0 ? strata_now() : -1.0;
+    }
+    return 0;
+}
+
+/* Prefetcher d's experts of the layer computed here, each (token, expert) pair on its own into
+ * cpu_fy at its row: the same kernels as the prefetcher's, whose outputs do not depend on the
+ * rows beside them. */
+static void s_compute_here(gpu_model_t *g, int l, int n, const int32_t *idx, int d)
+{
+    const model_config_t *c = &g->m->cfg;
+    const int K = c->top_k, H = c->hidden;
+    cpu_ffn_item_t it[CPU_FFN_MANY_MAX];
+    int ni = 0;
+    for (int i = 0; i < n * K; i++) {
+        if (g->cpu_row[i] < 0 || g->cpu_dest[idx[i]] != d) continue;
+        const ffn_t *x = &g->m->layers[l].experts[idx[i]];
+        it[ni++] = (cpu_ffn_item_t){.x = g->h_xn + (size_t)(i / K) * H, .out = g->cpu_fy + (size_t)g->cpu_row[i] * H,
+                                    .n = 1, .gate = &x->gate, .up = &x->up, .down = &x->down};
+        g->st.cpu_local++;
+        if (ni == CPU_FFN_MANY_MAX) {
+            cpu_ffn_swiglu_many(NULL, it, ni, g->cpu_scr);
+            ni = 0;
+        }
+    }
+    if (ni) cpu_ffn_swiglu_many(NULL, it, ni, g->cpu_scr);
+}
+
+int gcpu_finish(gpu_model_t *g, int k, int n, const int32_t *idx)
+{
+    if (!gcpu_step(g, n) || g->cpu_n == 0) return 0;
+    const model_config_t *c = &g->m->cfg;
+    const moe_remote_t *r = g->o.remote;
+    const int K = c->top_k, H = c->hidden, l = g->xc.moe_layer[k];
+    uint64_t *box = s_box(g, k);
+    const double t0 = strata_now();
+    memset(g->h_cy, 0, (size_t)n * H * 4);
+    for (int t = 0; t < n; t++) box[1 + t] = 0;
+    for (int d = 0; d < r->n_dest && d < GPU_CPU_DEST; d++) {
+        if (g->cpu_t_post[d] == 0) continue;
+        const float *out = NULL;
+        if (g->cpu_t_post[d] > 0 && r->wait(r->ctx, d, &out) == 0) {
+            /* the job's wall time less its fixed cost, per byte, into the average */
+            double us = (strata_now() - g->cpu_t_post[d]) * 1e6 - g->cpu_lat_us[d];
+            double ub = (us > 1.0 ? us : 1.0) / g->cpu_bytes[d];
+            g->cpu_us_b[d] += GPU_CPU_EMA * (ub - g->cpu_us_b[d]);
+        } else {
+            s_compute_here(g, l, n, idx, d);
+            out = g->cpu_fy;
+        }
+        for (int i = 0; i < n * K; i++) {
+            if (g->cpu_row[i] < 0 || g->cpu_dest[idx[i]] != d) continue;
+            const int t = i / K;
+            const float w = g->h_tw[i], *y = out + (size_t)g->cpu_row[i] * H;
+            float *dst = g->h_cy + (size_t)t * H;
+            for (int j = 0; j < H; j++) dst[j] += w * y[j];
+            box[1 + t] = 1;
+            g->st.cpu_rows++;
+        }
+    }
+    g->st.cpu_uses += (uint64_t)g->cpu_n;
+    g->st.cpu_wait_us += (strata_now() - t0) * 1e6;
+    __atomic_store_n(box, (uint64_t)1, __ATOMIC_RELEASE);
+    return 0;
+}
