@@ -855,21 +855,26 @@ extern "C" int cuda_patch_words(cuda_ctx_t *c, int n, uint64_t *const *dst, cons
     return 0;
 }
 
+/* One thread's wait until the host sets box[0] (pinned host memory), polling over PCIe with
+ * sleep_ns between reads (fewer reads on a link the copies use); traps after 10 s, when the
+ * host never filled it. Returns box[0]. */
+__device__ __forceinline__ unsigned long long wait_box(const uint64_t *box, unsigned sleep_ns)
+{
+    unsigned long long v, t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    for (;;) {
+        asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(box) : "memory");
+        if (v) return v;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t - t0 > 10000000000ull) __trap();
+        __nanosleep(sleep_ns);
+    }
+}
+
 __global__ void k_wait_patch(const uint64_t *box)
 {
     __shared__ unsigned long long n;
-    if (threadIdx.x == 0) {
-        unsigned long long v, t0, t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-        for (;;) {
-            asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(box) : "memory");
-            if (v) break;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-            if (t - t0 > 10000000000ull) __trap(); /* the host never filled it */
-            __nanosleep(100);                         /* fewer reads on a link the copies use */
-        }
-        n = v - 1;
-    }
+    if (threadIdx.x == 0) n = wait_box(box, 100) - 1;
     /* the polling above may overlap the kernel before; the writes wait for it */
     pdl_enter();
     __syncthreads();
@@ -887,15 +892,7 @@ __global__ void k_wait_add_rows(const uint64_t *box, float *x, const float *rows
 {
     __shared__ unsigned long long on;
     if (threadIdx.x == 0) {
-        unsigned long long v, t0, t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-        for (;;) {
-            asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(box) : "memory");
-            if (v) break;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-            if (t - t0 > 10000000000ull) __trap(); /* the host never filled it */
-            __nanosleep(200);
-        }
+        wait_box(box, 200);
         asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(on) : "l"(box + 1 + blockIdx.x) : "memory");
     }
     pdl_enter();
