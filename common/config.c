@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/placement.h"
 
@@ -116,11 +118,24 @@ static int s_str(s_ctx_t *x, const char *sec, const char *key, const char *v, ch
     return 1;
 }
 
+/* tcp://HOST:PORT (HOST a name, an address, [an IPv6 address] or *; PORT 1-65535) or ipc://PATH. */
 static int s_endpoint(s_ctx_t *x, const char *sec, const char *key, const char *v, char *dst, size_t cap)
 {
     if (strncmp(v, "tcp://", 6) && strncmp(v, "ipc://", 6))
         return s_err(x, sec, key, "'%s' must start with tcp:// or ipc://", v);
     if (strlen(v) <= 6) return s_err(x, sec, key, "'%s' has no address", v);
+    if (!strncmp(v, "tcp://", 6)) {
+        const char *host = v + 6, *colon = strrchr(host, ':');
+        if (!colon || (host[0] == '[' && colon < strchr(host, ']')))
+            return s_err(x, sec, key, "'%s' has no port (tcp://HOST:PORT)", v);
+        if (colon == host) return s_err(x, sec, key, "'%s' has no host (tcp://HOST:PORT)", v);
+        const char *port = colon + 1;
+        char *end;
+        errno = 0;
+        long n = strtol(port, &end, 10);
+        if (!*port || *end || errno || port[0] == '+' || port[0] == '-' || n < 1 || n > 65535)
+            return s_err(x, sec, key, "'%s': the port must be a number in 1-65535, got '%s'", v, port);
+    }
     return s_str(x, sec, key, v, dst, cap);
 }
 
@@ -326,6 +341,42 @@ static int s_finish(s_ctx_t *x, const char *name, strata_errbuf_t *eb)
             if (!strcmp(eps[i].ep, eps[j].ep))
                 return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: [%s] endpoint: '%s' is also [%s]'s endpoint", name, eps[i].sec,
                                      eps[i].ep, eps[j].sec);
+    }
+    return 0;
+}
+
+int config_check_paths(const strata_config_t *c, const char *name, strata_errbuf_t *eb)
+{
+    const char *secs[3 + CONFIG_MAX_PREFETCHERS];
+    const char *eps[3 + CONFIG_MAX_PREFETCHERS];
+    char pf[CONFIG_MAX_PREFETCHERS][24];
+    int n = 0;
+    secs[n] = "router", eps[n++] = c->router.endpoint;
+    secs[n] = "scheduler", eps[n++] = c->scheduler.endpoint;
+    secs[n] = "executor", eps[n++] = c->executor.endpoint;
+    for (int i = 0; i < c->n_prefetchers; i++) {
+        snprintf(pf[i], sizeof pf[i], "prefetcher.%d", c->prefetcher[i].node);
+        secs[n] = pf[i], eps[n++] = c->prefetcher[i].endpoint;
+    }
+    for (int i = 0; i < n; i++) {
+        if (strncmp(eps[i], "ipc://", 6)) continue;
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s", eps[i] + 6);
+        char *slash = strrchr(dir, '/');
+        if (!slash) snprintf(dir, sizeof dir, ".");
+        else if (slash == dir) dir[1] = 0;
+        else *slash = 0;
+        if (!strcmp(dir, c->run_dir)) continue; /* strata up makes it, and checks it */
+        struct stat st;
+        if (stat(dir, &st) < 0)
+            return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: [%s] endpoint: the directory %s of '%s': %s", name, secs[i], dir,
+                                 eps[i], strerror(errno));
+        if (!S_ISDIR(st.st_mode))
+            return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: [%s] endpoint: %s (of '%s') is not a directory", name, secs[i],
+                                 dir, eps[i]);
+        if (st.st_uid != geteuid())
+            return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: [%s] endpoint: the directory %s of '%s' is owned by uid %u, not by "
+                                 "this user (uid %u)", name, secs[i], dir, eps[i], (unsigned)st.st_uid, (unsigned)geteuid());
     }
     return 0;
 }

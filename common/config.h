@@ -106,5 +106,9 @@ void config_defaults(strata_config_t *c);
 int config_load(strata_config_t *c, const char *path, strata_errbuf_t *eb);
 /* Same from a string (fuzzing, tests). */
 int config_parse(strata_config_t *c, const char *text, const char *name, strata_errbuf_t *eb);
+/* What the parser cannot see in the text: the directory of every ipc:// endpoint, but the run
+ * dir (strata up makes that), exists and belongs to this user. name: the config, for messages.
+ * 0, or STRATA_EINVAL_INPUT with eb naming the section, the endpoint and the directory. */
+int config_check_paths(const strata_config_t *c, const char *name, strata_errbuf_t *eb);
 
 #endif

@@ -37,6 +37,7 @@
 
 #include "common/safetensors.h"
 #include "model/model.h"
+#include "model/packed.h"
 
 /* ---- ownership ------------------------------------------------------------------------- */
 
@@ -671,6 +672,31 @@ static int s_load_hf(ld_t *L)
 }
 
 /* Load an HF checkpoint folder, or a packed folder (it holds strata-manifest.json). */
+int model_check(const char *dir, strata_errbuf_t *eb)
+{
+    int rc;
+    char path[4096];
+    struct stat st;
+    if (!dir[0]) return strata_seterr(eb, STRATA_EINVAL_INPUT, "[group] model is not set");
+    if (stat(dir, &st) < 0) return strata_seterr(eb, STRATA_EINVAL_INPUT, "model folder %s: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return strata_seterr(eb, STRATA_EINVAL_INPUT, "model folder %s: not a directory", dir);
+    if ((rc = s_path(path, sizeof path, dir, "strata-manifest.json", eb)) < 0) return rc;
+    if (s_exists(path)) return packed_check_dir(dir, eb);
+    model_t m = {0};
+    ld_t L = {.m = &m, .dir = dir, .eb = eb};
+    if ((rc = s_path(path, sizeof path, dir, "config.json", eb)) < 0) return rc;
+    if ((rc = model_config_load(&m.cfg, path, eb)) >= 0) rc = s_open_files(&L);
+    for (size_t s = 0; s < L.n_shards; s++) {
+        st_close(L.shards[s].st);
+        free(L.shards[s].name);
+        free(L.shards[s].used);
+    }
+    free(L.shards);
+    json_decref(L.index);
+    model_free(&m);
+    return rc < 0 ? rc : 0;
+}
+
 int model_load(model_t *m, const char *dir, strata_errbuf_t *eb)
 {
     int rc;

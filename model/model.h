@@ -93,6 +93,10 @@ typedef struct model {
 
 /* Load from an HF folder or a packed folder (detected by its manifest). On error returns <0
  * and eb holds one line naming the file and the field. */
+/* What model_load would refuse in folder dir without reading a weight: config.json, and a
+ * packed manifest with every file at its size and every tensor in range, or the safetensors
+ * files and their headers (the index's shards all present). 0 or <0 with eb naming the file. */
+int model_check(const char *dir, strata_errbuf_t *eb);
 int model_load(model_t *m, const char *dir, strata_errbuf_t *eb);
 void model_free(model_t *m);
 

@@ -1049,6 +1049,12 @@ int model_load_packed_mem(model_t *m, const char *manifest, size_t len, const pa
     S_TRY(packed_manifest_check(&pm, &m->cfg, src->manifest_name, idx, eb));
     free(slots);
     slots = NULL;
+    if (!src->map_file) { /* the checks only (model_check) */
+        model_free(m);
+        memset(m, 0, sizeof *m);
+        rc = 0;
+        goto done;
+    }
 
     /* Only now, with every range checked, are the files' bytes looked at. */
     for (int32_t i = 0; i < pm.n_files; i++) {
@@ -1131,7 +1137,8 @@ static int s_dir_map_file(void *ctx, model_t *m, const packed_manifest_t *pm, in
     return 0;
 }
 
-int model_load_packed(model_t *m, const char *dir, strata_errbuf_t *eb)
+/* model_load_packed's checks, or (check) only them: nothing mapped, m zeroed after. */
+static int s_load_packed_dir(model_t *m, const char *dir, bool check, strata_errbuf_t *eb)
 {
     int rc = 0;
     char mpath[4200], cpath[4200];
@@ -1139,7 +1146,7 @@ int model_load_packed(model_t *m, const char *dir, strata_errbuf_t *eb)
     size_t len = 0;
     s_dir_src_t d = {.dir = dir, .mpath = mpath, .cpath = cpath};
     const packed_source_t src = {.manifest_name = mpath, .config_name = cpath, .ctx = &d, .config = s_dir_config,
-                                 .check_file = s_dir_check_file, .map_file = s_dir_map_file};
+                                 .check_file = s_dir_check_file, .map_file = check ? NULL : s_dir_map_file};
 
     memset(m, 0, sizeof *m);
     snprintf(mpath, sizeof mpath, "%s/%s", dir, PACKED_MANIFEST);
@@ -1150,4 +1157,12 @@ fail:
     free(text);
     free(d.ctext);
     return rc;
+}
+
+int model_load_packed(model_t *m, const char *dir, strata_errbuf_t *eb) { return s_load_packed_dir(m, dir, false, eb); }
+
+int packed_check_dir(const char *dir, strata_errbuf_t *eb)
+{
+    model_t m;
+    return s_load_packed_dir(&m, dir, true, eb);
 }

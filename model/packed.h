@@ -124,7 +124,8 @@ typedef struct {
     /* Check that file pm->files[i] exists and holds exactly pm->files[i].bytes bytes. 0 or <0. */
     int (*check_file)(void *ctx, const packed_manifest_t *pm, int32_t i, strata_errbuf_t *eb);
     /* Point *data at the whole of pm->files[i]; called only after every check passed, and only for
-     * files of 1 byte or more. A mapping made here is handed to m with model_own_mmap. 0 or <0. */
+     * files of 1 byte or more. A mapping made here is handed to m with model_own_mmap. 0 or <0.
+     * NULL: only the checks run, and m comes back zeroed. */
     int (*map_file)(void *ctx, model_t *m, const packed_manifest_t *pm, int32_t i, const unsigned char **data,
                     strata_errbuf_t *eb);
 } packed_source_t;
@@ -161,6 +162,9 @@ int packed_verify(const char *dir, const packed_manifest_t *pm, strata_errbuf_t 
  * to dst_dir; *config_crc (if not NULL) gets the crc32 of config.json. */
 int packed_copy_side_files(const char *src_dir, const char *dst_dir, uint32_t *config_crc, strata_errbuf_t *eb);
 
+/* Every check of model_load_packed on the folder dir (manifest, config crc32, file sizes, the
+ * manifest against the config), reading no weight. 0 or <0 with eb set. */
+int packed_check_dir(const char *dir, strata_errbuf_t *eb);
 /* True if dir holds a packed manifest. */
 bool packed_is_packed(const char *dir);
 

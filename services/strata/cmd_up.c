@@ -44,6 +44,7 @@
 #include "common/placement.h"
 #include "common/service.h"
 #include "common/shm.h"
+#include "model/model.h"
 #include "services/strata/cmd.h"
 #include "services/strata/demo.h"
 #include "services/strata/group_state.h"
@@ -604,7 +605,10 @@ static void s_help(FILE *f)
             "  --foreground    stay attached and log here; otherwise detach once the group is ready\n"
             "                  (logs: RUN_DIR/launcher.log, RUN_DIR/logs/SERVICE.log)\n"
             "  --bin-dir DIR   where the strata-* service binaries are (default: next to strata)\n"
-            "  --check         only parse FILE and print the resolved config (defaults filled in)\n"
+            "  --check         only check FILE and print the resolved config (defaults filled in): its\n"
+            "                  syntax and values, the cpus and NUMA nodes on this machine, the ipc\n"
+            "                  directories, and the model folder (manifest or config.json, every\n"
+            "                  weight file at its size); exit 2 with the cause on any of them\n"
             "  -h, --help      this help\n\n"
             "Exit codes: 0 group stopped cleanly (foreground) or started (detached); 1 runtime\n"
             "failure; 2 bad config or usage.\n");
@@ -707,11 +711,6 @@ int cmd_up(int argc, char **argv)
         rc = 2;
         goto done;
     }
-    if (check) {
-        s_print_config(&L->cfg, L->config_path);
-        rc = 0;
-        goto done;
-    }
     for (int i = 0; i < L->cfg.n_prefetchers; i++) {
         char nm[32];
         snprintf(nm, sizeof nm, "prefetcher.%d", L->cfg.prefetcher[i].node);
@@ -747,6 +746,18 @@ int cmd_up(int argc, char **argv)
                 goto done;
             }
         }
+    }
+    /* the rest that no restart can fix, before anything starts: ipc directories, the model
+     * folder (its manifest or config.json, every weight file at its size) */
+    if (config_check_paths(&L->cfg, L->config_path, &eb) < 0 || model_check(L->cfg.model, &eb) < 0) {
+        fprintf(stderr, "strata up: %s: %s\n", L->config_path, eb.msg);
+        rc = 2;
+        goto done;
+    }
+    if (check) {
+        s_print_config(&L->cfg, L->config_path);
+        rc = 0;
+        goto done;
     }
     static const char *const dirs[] = {"prefetcher", "executor", "scheduler", "router"};
     for (int i = 0; i < L->n_svc; i++)

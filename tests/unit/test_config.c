@@ -150,6 +150,13 @@ static void test_errors(void)
         {"[executor]\ngpu_mem = 12Q\n", {"bad.ini:2:", "gpu_mem", "byte count"}},
         {"[executor]\nnuma_node = -2\n", {"bad.ini:2:", "numa_node", "out of range"}},
         {"[router]\nendpoint = http://x\n", {"bad.ini:2:", "endpoint", "tcp:// or ipc://"}},
+        /* a port out of range was accepted and zmq listened elsewhere; none, and the router failed at start */
+        {"[router]\nendpoint = tcp://127.0.0.1:99999\n", {"bad.ini:2:", "endpoint", "1-65535, got '99999'"}},
+        {"[router]\nendpoint = tcp://127.0.0.1:0\n", {"bad.ini:2:", "endpoint", "1-65535"}},
+        {"[router]\nendpoint = tcp://127.0.0.1:77x\n", {"bad.ini:2:", "endpoint", "1-65535"}},
+        {"[router]\nendpoint = tcp://127.0.0.1\n", {"bad.ini:2:", "endpoint", "no port"}},
+        {"[router]\nendpoint = tcp://[::1]\n", {"bad.ini:2:", "endpoint", "no port"}},
+        {"[router]\nendpoint = tcp://:7757\n", {"bad.ini:2:", "endpoint", "no host"}},
         {"[group]\nname = a/b\n", {"bad.ini:2:", "name", "A-Za-z0-9"}},
         {"[group]\nthis line has no equals sign\n", {"bad.ini:2:", "syntax error", ""}},
         {"name = x\n", {"bad.ini:1:", "name", "outside any section"}},
@@ -184,6 +191,26 @@ static void test_errors(void)
     /* missing file */
     int rc = config_load(&c, "/nonexistent/strata.ini", &eb);
     T_CHECK(rc < 0 && strstr(eb.msg, "/nonexistent/strata.ini"), "missing file: %d %s", rc, eb.msg);
+}
+
+/* Endpoints the parser takes, and the ipc directories config_check_paths checks. */
+static void test_endpoints(void)
+{
+    strata_config_t c;
+    strata_errbuf_t eb = {{0}};
+    const char *ok = "[router]\nendpoint = tcp://[::1]:7757\n[scheduler]\nendpoint = tcp://*:7758\n"
+                     "[executor]\nendpoint = tcp://localhost:65535\n";
+    T_CHECK(config_parse(&c, ok, "ok.ini", &eb) == 0, "valid endpoints: %s", eb.msg);
+    T_CHECK(config_check_paths(&c, "ok.ini", &eb) == 0, "run dir ipc: %s", eb.msg);
+    /* an ipc endpoint in a missing directory: the scheduler was restarted 8 times before up gave up */
+    T_CHECK(config_parse(&c, "[scheduler]\nendpoint = ipc:///nonexistent-strata-dir/s.sock\n", "ipc.ini", &eb) == 0, "%s", eb.msg);
+    T_CHECK(config_check_paths(&c, "ipc.ini", &eb) == STRATA_EINVAL_INPUT && strstr(eb.msg, "[scheduler] endpoint") &&
+                strstr(eb.msg, "/nonexistent-strata-dir"),
+            "missing ipc dir: %s", eb.msg);
+    T_CHECK(config_parse(&c, "[scheduler]\nendpoint = ipc:///tmp/s.sock\n", "tmp.ini", &eb) == 0, "%s", eb.msg);
+    /* /tmp is root's: only root passes */
+    int rc = config_check_paths(&c, "tmp.ini", &eb);
+    T_CHECK(geteuid() == 0 ? rc == 0 : rc == STRATA_EINVAL_INPUT && strstr(eb.msg, "owned by uid"), "/tmp: %d %s", rc, eb.msg);
 }
 
 static void test_load_file(void)
@@ -297,6 +324,7 @@ int main(void)
     test_defaults();
     test_full();
     test_errors();
+    test_endpoints();
     test_load_file();
     test_cpulist(&rng);
     test_notify_parse();
