@@ -147,11 +147,13 @@ static void s_write_state(launcher_t *L)
 }
 
 /* Daemon mode: tell the parent waiting in `strata up` how the start went, once. */
+/* To the waiting parent: ready, or failed with the exit code L->exit_code (2: a bad config or
+ * model, which no restart fixes) and msg. */
 static void s_report(launcher_t *L, bool ok, const char *msg)
 {
     if (L->ready_pipe < 0) return;
     char buf[600];
-    int n = snprintf(buf, sizeof buf, "%c%s", ok ? 'R' : 'F', msg ? msg : "");
+    int n = snprintf(buf, sizeof buf, "%c%s", ok ? 'R' : L->exit_code == 2 ? 'C' : 'F', msg ? msg : "");
     (void)!write(L->ready_pipe, buf, (size_t)n);
     close(L->ready_pipe);
     L->ready_pipe = -1;
@@ -159,6 +161,26 @@ static void s_report(launcher_t *L, bool ok, const char *msg)
 
 static void s_group_stop(launcher_t *L, int code, const char *why);
 static void s_spawn(svc_t *s);
+
+/* The last error line of service s's log (RUN_DIR/logs/NAME.log), its cause after "error: ",
+ * into out; "" when there is none (a foreground group logs to the terminal). */
+static void s_last_error(const launcher_t *L, const svc_t *s, char *out, size_t n)
+{
+    out[0] = 0;
+    char path[PATH_MAX + 64], buf[8192];
+    snprintf(path, sizeof path, "%s/logs/%s.log", L->cfg.run_dir, s->name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    off_t end = lseek(fd, 0, SEEK_END), at = end > (off_t)sizeof buf - 1 ? end - (off_t)sizeof buf + 1 : 0;
+    ssize_t k = pread(fd, buf, sizeof buf - 1, at);
+    close(fd);
+    if (k <= 0) return;
+    buf[k] = 0;
+    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
+        const char *e = strstr(line, " error: ");
+        if (e) snprintf(out, n, "%s", e + 8);
+    }
+}
 static void s_on_backoff(uv_timer_t *t);
 
 /* ---- start-up order ------------------------------------------------------------------ */
@@ -211,9 +233,10 @@ static void s_on_exit(uv_process_t *p, int64_t status, int sig)
     if (!sig && status == SERVICE_EXIT_CONFIG) {
         s->state = SV_FAILED;
         log_error("%s (pid %d) exited with 2 (bad config or usage): not restarting it; see its log", s->name, (int)s->pid);
-        char why[128];
-        snprintf(why, sizeof why, "%s exited with code 2 (bad config or usage)", s->name);
-        s_group_stop(L, 1, why);
+        char cause[400], why[512];
+        s_last_error(L, s, cause, sizeof cause);
+        snprintf(why, sizeof why, "%s exited with code 2 (bad config or usage)%s%s", s->name, cause[0] ? ": " : "", cause);
+        s_group_stop(L, 2, why);
         return;
     }
     if (s->state == SV_READY && now - s->ready_t >= BACKOFF_RESET_S) s->backoff_ms = L->cfg.launcher.restart_backoff_ms;
@@ -611,7 +634,8 @@ static void s_help(FILE *f)
             "                  weight file at its size); exit 2 with the cause on any of them\n"
             "  -h, --help      this help\n\n"
             "Exit codes: 0 group stopped cleanly (foreground) or started (detached); 1 runtime\n"
-            "failure; 2 bad config or usage.\n");
+            "failure; 2 bad config, model or usage, found by up or by a service that exited 2 (its\n"
+            "error is on the first line).\n");
 }
 
 int cmd_up(int argc, char **argv)
@@ -805,7 +829,7 @@ int cmd_up(int argc, char **argv)
                 fprintf(stderr, "strata up: group '%s' failed to start: %s (see %s/launcher.log)\n", L->cfg.name,
                         n > 1 ? buf + 1 : "launcher exited", L->cfg.run_dir);
                 waitpid(child, NULL, WNOHANG);
-                rc = 1;
+                rc = n > 0 && buf[0] == 'C' ? 2 : 1; /* C: a service refused its config or model */
             }
             goto done;
         }

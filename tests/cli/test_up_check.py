@@ -7,6 +7,8 @@ the first line of stderr, the config and model errors that no restart can fix:
   - an ipc endpoint in a directory that does not exist (the scheduler was restarted 8 times and up
     gave up after 60 s with exit code 1);
   - a tcp endpoint with a port out of range (accepted: zmq listened elsewhere) or without a port;
+  - a service that exits 2 at start (the executor's backend = cuda without a device here, or a
+    budget that holds nothing on a GPU): up exits 2 with the service's own error;
 and `--check` passes on a good model (the demo model).
 
 usage: test_up_check.py --strata BIN
@@ -26,8 +28,8 @@ def ini(d, model, extra=""):
     return p
 
 
-def refused(strata, cfg, want, check):
-    args = [strata, "up", "--config", cfg] + (["--check"] if check else ["--foreground"])
+def refused(strata, cfg, want, check, detach=False):
+    args = [strata, "up", "--config", cfg] + (["--check"] if check else [] if detach else ["--foreground"])
     out = subprocess.run(args, capture_output=True, text=True, timeout=60)
     first = out.stderr.strip().splitlines()[0] if out.stderr.strip() else ""
     assert out.returncode == 2, "%s: exit %d, want 2: %s" % (" ".join(args[1:]), out.returncode, out.stderr[-400:])
@@ -72,6 +74,15 @@ def main():
         refused(a.strata, ini(d, demo, "[scheduler]\nendpoint = ipc://%s/nodir/s.sock\n" % d), ["[scheduler] endpoint"], False)
         refused(a.strata, ini(d, demo, "[router]\nendpoint = tcp://127.0.0.1:99999\n"), ["endpoint", "99999"], True)
         refused(a.strata, ini(d, demo, "[router]\nendpoint = tcp://127.0.0.1\n"), ["endpoint", "no port"], True)
+        # a service that refuses its config at start (exit 2: no CUDA device here, or on a GPU a
+        # budget that holds nothing): up exits 2 too, its cause on the first line (it exited 1,
+        # naming only the service's exit)
+        cfg = ini(d, packed, "[router]\nendpoint = tcp://127.0.0.1:%d\n[executor]\nbackend = cuda\ngpu_mem = 1M\n"
+                  "[launcher]\nready_timeout_s = 60\n" % (20000 + os.getpid() % 20000))
+        try:
+            refused(a.strata, cfg, ["executor exited with code 2 (bad config or usage): executor: "], False, detach=True)
+        finally:
+            subprocess.run([a.strata, "down", "--config", cfg], capture_output=True, text=True, timeout=60)
         print("test_up_check: ok")
         return 0
     finally:

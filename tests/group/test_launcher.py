@@ -217,11 +217,12 @@ def case_crash_once():
 
 
 def case_exit2():
-    """Exit code 2 (bad config) is not restarted: the launcher stops the group and exits 1."""
+    """Exit code 2 (bad config) is not restarted: the launcher stops the group and exits 2 too
+    (no restart fixes it)."""
     with gl.Group(A, fake_env={"executor": "exit2"}) as g:
         g.start(wait=False)
         rc = g.proc.wait(20)
-        assert rc == 1, rc
+        assert rc == 2, rc
         with open(os.path.join(g.run_dir, "fake-executor.starts")) as f:
             n = len(f.readlines())
         assert n == 1, "executor started %d times" % n
