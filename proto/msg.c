@@ -572,6 +572,8 @@ typedef struct {
     msg_t *m;
     msg_err_t *err;
     msg_type_t type;
+    const char *tname;          /* the message type's wire name */
+    const msgpack_object *id;   /* the top-level id, or NULL */
 } dctx_t;
 
 /* Where in the message a field is ("step.seqs[3].tokens"), rendered only for error text. */
@@ -658,6 +660,59 @@ static int s_copy_str(dctx_t *d, const char *p, size_t n, msg_str_t *out)
     out->s = s;
     out->len = n;
     return 0;
+}
+
+/* A key as printable text for an error message: at most 64 bytes, non-printables as '?'. */
+static const char *s_safe_key(const msgpack_object *k, char out[65])
+{
+    size_t n = k->via.str.size < 64 ? k->via.str.size : 64;
+    for (size_t c = 0; c < n; c++) {
+        char ch = k->via.str.ptr[c];
+        out[c] = (ch >= 0x20 && ch < 0x7f) ? ch : '?';
+    }
+    out[n] = 0;
+    return out;
+}
+
+/* Order of two string keys (length first), for s_repeated_key. */
+static int s_str_order(const msgpack_object *x, const msgpack_object *y)
+{
+    if (x->via.str.size != y->via.str.size) return x->via.str.size < y->via.str.size ? -1 : 1;
+    return x->via.str.size ? memcmp(x->via.str.ptr, y->via.str.ptr, x->via.str.size) : 0;
+}
+
+static int s_key_cmp(const void *a, const void *b)
+{
+    return s_str_order(*(const msgpack_object *const *)a, *(const msgpack_object *const *)b);
+}
+
+/* The index of a string key of the map that another string key repeats, -1 if none, -2 out
+ * of memory. Small maps compare every pair; larger ones (a stats map, a map padded with
+ * unknown keys) sort the keys, so a frame of many keys costs n log n, not n^2. */
+static int64_t s_repeated_key(const msgpack_object *map)
+{
+    const msgpack_object_kv *kv = map->via.map.ptr;
+    uint32_t n = map->via.map.size;
+    if (n <= 16) {
+        for (uint32_t i = 1; i < n; i++) {
+            if (kv[i].key.type != MSGPACK_OBJECT_STR) continue;
+            for (uint32_t j = 0; j < i; j++)
+                if (kv[j].key.type == MSGPACK_OBJECT_STR && !s_str_order(&kv[i].key, &kv[j].key)) return i;
+        }
+        return -1;
+    }
+    const msgpack_object **keys = malloc(n * sizeof *keys);
+    if (!keys) return -2;
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (kv[i].key.type == MSGPACK_OBJECT_STR) keys[m++] = &kv[i].key;
+    qsort(keys, m, sizeof *keys, s_key_cmp);
+    int64_t r = -1;
+    for (uint32_t i = 1; i < m && r < 0; i++)
+        if (!s_key_cmp(&keys[i - 1], &keys[i])) /* a key is the first member of its pair */
+            r = (const msgpack_object_kv *)(const void *)keys[i] - kv;
+    free(keys);
+    return r;
 }
 
 static int s_decode_fields(dctx_t *d, const msgpack_object *map, const fdesc_t *fields, char *body,
@@ -855,6 +910,13 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
     case F_STATMAP: {
         if (o->type != MSGPACK_OBJECT_MAP) return WRONG();
         uint32_t n = o->via.map.size;
+        int64_t rep = s_repeated_key(o);
+        if (rep == -2) return STRATA_ENOMEM;
+        if (rep >= 0) {
+            char safe[65];
+            return s_fail(d->err, MSG_E_MALFORMED, "%s: field '%s.%s' appears twice", CTX, f->name,
+                          s_safe_key(&o->via.map.ptr[rep].key, safe));
+        }
         if ((double)n > f->hi)
             return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': at most %.0f entries, got %u", CTX, f->name, f->hi, n);
         msg_stat_t *items = s_alloc(d->m, sizeof(msg_stat_t) * (n ? n : 1));
@@ -890,43 +952,84 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
     return s_fail(d->err, MSG_E_INTERNAL, "%s: field '%s': bad schema", CTX, f->name);
 }
 
+/* The top-level id, once the keys are known to be unique: a non-negative integer. */
+static int s_check_id(dctx_t *d)
+{
+    const msgpack_object *id = d->id;
+    if (!id || id->type == MSGPACK_OBJECT_POSITIVE_INTEGER) return 0;
+    if (id->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+        return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field 'id': must be >= 0, got %lld", d->tname,
+                      (long long)id->via.i64);
+    return s_fail(d->err, MSG_E_WRONG_TYPE, "%s: field 'id': expected a non-negative integer, got %s", d->tname,
+                  s_obj_type_name(id));
+}
+
+/* Seen-mask bits of the keys every top-level map has besides its fields. */
+#define BIT_V 61
+#define BIT_TYPE 62
+#define BIT_ID 63
+
+/* Decode one map of the message against its field table. Two passes: the first looks at the
+ * keys alone (each a string, none repeated, each one the table defines), so a repeated key is
+ * refused as malformed whatever its values are and wherever it sits; the second decodes the
+ * values. top: the message's own map, which also holds v, type and id. */
 static int s_decode_fields(dctx_t *d, const msgpack_object *map, const fdesc_t *fields, char *body,
                            const path_t *path, bool top)
 {
-    char pb[192];
+    char pb[192], safe[65];
     uint64_t seen = 0;
     size_t nf = 0;
     while (fields[nf].name) nf++;
-    STRATA_ASSERT(nf <= 64);
+    STRATA_ASSERT(nf <= BIT_V);
     const msgpack_object_kv *kv = map->via.map.ptr;
-    size_t hint = 0; /* encoders write fields in table order: try the next one first */
-    for (uint32_t i = 0; i < map->via.map.size; i++) {
+    uint32_t n = map->via.map.size;
+    uint8_t idx[BIT_V + 3]; /* [n] field index (or BIT_*) of key i; n fits once pass 1 passes */
+    int64_t unknown = -1;   /* the first key the table does not define */
+    size_t hint = 0;        /* encoders write fields in table order: try the next one first */
+    for (uint32_t i = 0; i < n; i++) {
         const msgpack_object *k = &kv[i].key;
         if (k->type != MSGPACK_OBJECT_STR)
             return s_fail(d->err, MSG_E_MALFORMED, "%s: a key is a %s, not a string", CTX, s_obj_type_name(k));
         const char *kn = k->via.str.ptr;
         size_t kl = k->via.str.size;
-        if (top && ((kl == 1 && kn[0] == 'v') || (kl == 4 && !memcmp(kn, "type", 4)) || (kl == 2 && !memcmp(kn, "id", 2))))
-            continue;
+        size_t j;
+        if (top && kl == 1 && kn[0] == 'v') j = BIT_V;
+        else if (top && kl == 4 && !memcmp(kn, "type", 4)) j = BIT_TYPE;
+        else if (top && kl == 2 && !memcmp(kn, "id", 2)) j = BIT_ID;
+        else {
 #define NAME_IS(nm) (kl > 0 && (nm)[0] == kn[0] && strnlen((nm), kl + 1) == kl && !memcmp((nm), kn, kl))
-        size_t j = hint < nf && NAME_IS(fields[hint].name) ? hint : nf;
-        if (j == nf)
-            for (j = 0; j < nf; j++)
-                if (NAME_IS(fields[j].name)) break;
+            j = hint < nf && NAME_IS(fields[hint].name) ? hint : nf;
+            if (j == nf)
+                for (j = 0; j < nf; j++)
+                    if (NAME_IS(fields[j].name)) break;
 #undef NAME_IS
-        hint = j + 1;
-        if (j == nf) {
-            /* Print the name safely: at most 64 bytes, non-printables as '?'. */
-            char safe[65];
-            size_t n = kl < 64 ? kl : 64;
-            for (size_t c = 0; c < n; c++) safe[c] = (kn[c] >= 0x20 && kn[c] < 0x7f) ? kn[c] : '?';
-            safe[n] = 0;
-            return s_fail(d->err, MSG_E_UNKNOWN_FIELD, "%s: unknown field '%s'", CTX, safe);
+            if (j == nf) {
+                if (unknown < 0) unknown = i;
+                continue;
+            }
+            hint = j + 1;
         }
-        if (seen & (1ull << j))
-            return s_fail(d->err, MSG_E_MALFORMED, "%s: field '%s' appears twice", CTX, fields[j].name);
+        if (seen & (1ull << j)) return s_fail(d->err, MSG_E_MALFORMED, "%s: field '%s' appears twice", CTX, s_safe_key(k, safe));
         seen |= 1ull << j;
-        int rc = s_decode_value(d, &fields[j], &kv[i].val, body, path);
+        if (i < sizeof idx) idx[i] = (uint8_t)j;
+    }
+    if (unknown >= 0) {
+        /* refused either way; a repeat among the unknown keys is still a malformed map */
+        int64_t rep = s_repeated_key(map);
+        if (rep == -2) return STRATA_ENOMEM;
+        if (rep >= 0)
+            return s_fail(d->err, MSG_E_MALFORMED, "%s: field '%s' appears twice", CTX, s_safe_key(&kv[rep].key, safe));
+        return s_fail(d->err, MSG_E_UNKNOWN_FIELD, "%s: unknown field '%s'", CTX, s_safe_key(&kv[unknown].key, safe));
+    }
+    /* every key known and none twice: at most nf + 3 of them */
+    STRATA_ASSERT(n <= sizeof idx);
+    if (top) {
+        int rc = s_check_id(d);
+        if (rc < 0) return rc;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (idx[i] >= BIT_V) continue;
+        int rc = s_decode_value(d, &fields[idx[i]], &kv[i].val, body, path);
         if (rc < 0) return rc;
     }
     for (size_t j = 0; j < nf; j++)
@@ -956,7 +1059,7 @@ int msg_decode(msg_family_t fam, const void *buf, size_t len, msg_t *m, msg_err_
     msgpack_zone zone;
     msgpack_object obj;
     bool have_zone = false;
-    dctx_t d = {m, err, MSG_INVALID};
+    dctx_t d = {m, err, MSG_INVALID, NULL, NULL};
     msg_init(m, MSG_INVALID);
     if (err) {
         err->code = MSG_E_NONE;
@@ -990,27 +1093,30 @@ int msg_decode(msg_family_t fam, const void *buf, size_t len, msg_t *m, msg_err_
         rc = s_fail(err, MSG_E_MALFORMED, "message is a %s, not a map", s_obj_type_name(o));
         goto fail;
     }
-    int dup;
-    /* id first, so that every later error can still name the request */
-    const msgpack_object *id = s_map_get(o, "id", &dup);
-    if (id && !dup && id->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+    /* id first, so that every later error can still name the request (unless the id is
+     * itself repeated: then there is no one id to name). Each lookup has its own repeat flag. */
+    int dup_id, dup_v, dup_ty;
+    const msgpack_object *id = s_map_get(o, "id", &dup_id);
+    if (id && !dup_id && id->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
         m->has_id = true;
         m->id = id->via.u64;
     }
-    const msgpack_object *v = s_map_get(o, "v", &dup);
+    const msgpack_object *v = s_map_get(o, "v", &dup_v);
+    if (v && dup_v) { rc = s_fail(err, MSG_E_MALFORMED, "field 'v' appears twice"); goto fail; }
     if (!v) { rc = s_fail(err, MSG_E_BAD_VERSION, "missing field 'v' (protocol version, %d)", PROTO_VERSION); goto fail; }
     int64_t vv;
-    if (dup || !s_int(v, &vv) || vv != PROTO_VERSION) {
-        if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && !dup)
+    if (!s_int(v, &vv) || vv != PROTO_VERSION) {
+        if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
             rc = s_fail(err, MSG_E_BAD_VERSION, "protocol version %llu is not supported (this is %d)",
                         (unsigned long long)v->via.u64, PROTO_VERSION);
         else
             rc = s_fail(err, MSG_E_BAD_VERSION, "field 'v' must be the integer %d", PROTO_VERSION);
         goto fail;
     }
-    const msgpack_object *ty = s_map_get(o, "type", &dup);
-    if (!ty || dup || ty->type != MSGPACK_OBJECT_STR) {
-        rc = s_fail(err, MSG_E_UNKNOWN_TYPE, "field 'type' %s", !ty ? "is missing" : dup ? "appears twice" : "is not a string");
+    const msgpack_object *ty = s_map_get(o, "type", &dup_ty);
+    if (ty && dup_ty) { rc = s_fail(err, MSG_E_MALFORMED, "field 'type' appears twice"); goto fail; }
+    if (!ty || ty->type != MSGPACK_OBJECT_STR) {
+        rc = s_fail(err, MSG_E_UNKNOWN_TYPE, "field 'type' %s", !ty ? "is missing" : "is not a string");
         goto fail;
     }
     const tdesc_t *td = NULL;
@@ -1022,30 +1128,19 @@ int msg_decode(msg_family_t fam, const void *buf, size_t len, msg_t *m, msg_err_
         }
     }
     if (!td) {
-        char safe[33];
-        size_t n = ty->via.str.size < 32 ? ty->via.str.size : 32;
-        for (size_t c = 0; c < n; c++) {
-            char ch = ty->via.str.ptr[c];
-            safe[c] = (ch >= 0x20 && ch < 0x7f) ? ch : '?';
-        }
-        safe[n] = 0;
-        rc = s_fail(err, MSG_E_UNKNOWN_TYPE, "unknown message type '%s'", safe);
+        char safe[65];
+        rc = s_fail(err, MSG_E_UNKNOWN_TYPE, "unknown message type '%s'", s_safe_key(ty, safe));
         goto fail;
     }
     msg_mem_t *mem = m->mem; /* msg_init clears the struct; keep the reserved chunk */
     msg_init(m, td->type);
     m->mem = mem;
-    m->has_id = id && !dup && id->type == MSGPACK_OBJECT_POSITIVE_INTEGER;
+    m->has_id = id && !dup_id && id->type == MSGPACK_OBJECT_POSITIVE_INTEGER;
     m->id = m->has_id ? id->via.u64 : 0;
     d.type = td->type;
-    if (id && dup) { rc = s_fail(err, MSG_E_MALFORMED, "%s: field 'id' appears twice", td->name); goto fail; }
-    if (id && id->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
-        rc = id->type == MSGPACK_OBJECT_NEGATIVE_INTEGER
-                 ? s_fail(err, MSG_E_INVALID_PARAM, "%s: field 'id': must be >= 0", td->name)
-                 : s_fail(err, MSG_E_WRONG_TYPE, "%s: field 'id': expected a non-negative integer, got %s", td->name,
-                          s_obj_type_name(id));
-        goto fail;
-    }
+    d.tname = td->name;
+    d.id = id;
+    /* refuses any repeated key (id included) as malformed, then a bad id, then the fields */
     path_t top = {NULL, td->name, -1};
     rc = s_decode_fields(&d, o, td->fields, (char *)&m->u, &top, true);
     if (rc < 0) goto fail;

@@ -94,7 +94,7 @@ typedef enum {
 /* Error codes carried by "error" messages and returned by the decoders (wire: the string). */
 typedef enum {
     MSG_E_NONE = 0,
-    MSG_E_MALFORMED,        /* "malformed"        not msgpack, not a map, trailing bytes, too deep */
+    MSG_E_MALFORMED,        /* "malformed"        not msgpack, not a map, trailing bytes, too deep, repeated key */
     MSG_E_BAD_VERSION,      /* "bad_version"      "v" missing or not PROTO_VERSION */
     MSG_E_UNKNOWN_TYPE,     /* "unknown_type"     "type" missing or not known in this family */
     MSG_E_WRONG_TYPE,       /* "wrong_type"       a field has the wrong msgpack type */

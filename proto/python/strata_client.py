@@ -51,9 +51,17 @@ def encode(msg):
     return msgpack.packb(m, use_bin_type=True)
 
 
+def _unique_pairs(pairs):
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        raise ValueError("a map repeats a key: %r" % (pairs,))
+    return d
+
+
 def decode(frame):
-    """One frame -> a message dict (raises ValueError if it is not a versioned map)."""
-    m = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    """One frame -> a message dict (raises ValueError if it is not a versioned map, or if any
+    of its maps repeats a key)."""
+    m = msgpack.unpackb(frame, raw=False, strict_map_key=False, object_pairs_hook=_unique_pairs)
     if not isinstance(m, dict) or m.get("v") != PROTO_VERSION or not isinstance(m.get("type"), str):
         raise ValueError("not a protocol message: %r" % (m,))
     return m

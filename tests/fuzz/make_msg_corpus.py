@@ -4,7 +4,8 @@
     /usr/bin/python3 tests/fuzz/make_msg_corpus.py
 
 One file per seed: a valid message of each type of the family (two-direction targets get a
-leading byte, 0 = towards the service, 1 = from it), plus a few near misses.
+leading byte, 0 = towards the service, 1 = from it), plus a few near misses, among them maps
+with a repeated key (which a Python dict cannot hold: see `rep`).
 """
 import os
 import struct
@@ -18,6 +19,27 @@ def p(m):
     d = {"v": 1}
     d.update(m)
     return msgpack.packb(d, use_bin_type=True)
+
+
+class Pairs(list):
+    """A map as a list of (key, value) pairs, in order, repeats allowed (a dict cannot repeat a key)."""
+
+
+def pack_pairs(x):
+    if isinstance(x, Pairs):
+        n = len(x)
+        head = bytes([0x80 | n]) if n < 16 else b"\xde" + struct.pack(">H", n)
+        return head + b"".join(pack_pairs(k) + pack_pairs(v) for k, v in x)
+    if isinstance(x, list):
+        n = len(x)
+        head = bytes([0x90 | n]) if n < 16 else b"\xdc" + struct.pack(">H", n)
+        return head + b"".join(pack_pairs(e) for e in x)
+    return msgpack.packb(x, use_bin_type=True)
+
+
+def rep(pairs):
+    """A message map with a repeated key somewhere; `v` goes first."""
+    return pack_pairs(Pairs([("v", 1)] + list(pairs)))
 
 
 samp = {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 12345}
@@ -36,6 +58,8 @@ corpora = {
         p({"type": "generate", "id": 5, "prompt": "x", "max_tokens": 0}),
         p({"type": "generate", "id": 6, "prompt": "x", "max_tokens": 3, "bogus": 1}),
         msgpack.packb({"v": 2, "type": "health"}),
+        rep([("type", "generate"), ("id", 1), ("prompt", "hi"), ("max_tokens", 4), ("id", 2)]),
+        rep([("type", "resume"), ("id", 4), ("from", "x"), ("from", 5)]),
     ],
     "msg_reply": [
         p({"type": "token", "id": 1, "index": 0, "tokens": [5, 6], "text": "ab"}),
@@ -46,6 +70,9 @@ corpora = {
         p({"type": "health", "status": "ok", "scheduler": True, "uptime_s": 1.5, "queue": 0}),
         p({"type": "stats", "stats": {"router.requests": 3, "scheduler.steps": 9.5}}),
         p({"type": "models", "models": [{"name": "demo", "vocab": 512, "max_context": 1024}]}),
+        rep([("type", "done"), ("id", 1), ("finish_reason", "stop"), ("timings", timings),
+             ("usage", Pairs([("prompt_tokens", 3), ("completion_tokens", 4), ("prompt_tokens", 5)]))]),
+        rep([("type", "stats"), ("stats", Pairs([("a", 1), ("b", 2), ("a", 3)]))]),
     ],
     "msg_sched": [
         b"\0" + p(dict(type="submit", id=77, client=b"cli-1", cid=5, prompt=[1, 2, 3], max_tokens=8, ignore_eos=False,
@@ -62,6 +89,9 @@ corpora = {
         b"\1" + p({"type": "step_tokens", "reqs": struct.pack("<2Q", 77, 78), "index": struct.pack("<2i", 3, 0),
                    "tokens": struct.pack("<2i", 9, 11)}),
         b"\1" + p({"type": "step_tokens", "reqs": [77], "index": [4], "tokens": [12]}),
+        b"\0" + rep([("type", "submit"), ("id", 77), ("client", b"cli-1"), ("cid", 5), ("prompt", [1]),
+                      ("max_tokens", 8), ("cid", 6)]),
+        b"\1" + rep([("type", "tokens"), ("id", 77), ("id", 78), ("index", 3), ("tokens", [9])]),
     ],
     "msg_exec": [
         b"\0" + p({"type": "hello"}),
@@ -78,11 +108,17 @@ corpora = {
              "sample": True, "temperature": 0.5}]}),
         b"\1" + p({"type": "result", "id": 1001, "instance": 99, "reqs": struct.pack("<2Q", 3, 4),
                    "tokens": struct.pack("<2i", 17, -1)}),
+        b"\0" + rep([("type", "step"), ("id", 1002), ("instance", 99),
+                      ("seqs", [Pairs([("req", 3), ("pos0", 0), ("tokens", [5]), ("blocks", [0]), ("req", 4)])])]),
+        b"\1" + rep([("type", "result"), ("id", 1002), ("instance", 99), ("reqs", [3]), ("tokens", [17]),
+                      ("instance", 98)]),
     ],
     "msg_prefetch": [
         b"\0" + p({"type": "status", "id": 1}),
         b"\1" + p({"type": "status", "id": 1, "node": 0, "arena": "/strata-demo-arena-0", "bytes": 1 << 30,
                    "state": "ready", "fill_ms": 812.0, "reattached": False, "pid": 4321, "instance": 7}),
+        b"\1" + rep([("type", "status"), ("node", 0), ("arena", "/strata-demo-arena-0"), ("bytes", 1 << 30),
+                      ("state", "ready"), ("node", 1)]),
     ],
 }
 

@@ -450,6 +450,241 @@ static void test_bad_input(void)
     mb_free(&b);
 }
 
+/* ---- repeated keys ---- */
+
+/* Re-pack o, appending to its map number `target` (pre-order) a second copy of its pair
+ * number `key` (with value `nil_value` ? nil : the same value). *seen counts maps. */
+static void s_pack_dup(msgpack_packer *pk, const msgpack_object *o, int target, uint32_t key, bool nil_value, int *seen)
+{
+    if (o->type == MSGPACK_OBJECT_ARRAY) {
+        msgpack_pack_array(pk, o->via.array.size);
+        for (uint32_t i = 0; i < o->via.array.size; i++) s_pack_dup(pk, &o->via.array.ptr[i], target, key, nil_value, seen);
+        return;
+    }
+    if (o->type != MSGPACK_OBJECT_MAP) {
+        msgpack_pack_object(pk, *o);
+        return;
+    }
+    bool here = (*seen)++ == target;
+    msgpack_pack_map(pk, o->via.map.size + (here ? 1 : 0));
+    for (uint32_t i = 0; i < o->via.map.size; i++) {
+        msgpack_pack_object(pk, o->via.map.ptr[i].key);
+        s_pack_dup(pk, &o->via.map.ptr[i].val, target, key, nil_value, seen);
+    }
+    if (here) {
+        msgpack_pack_object(pk, o->via.map.ptr[key].key);
+        if (nil_value) msgpack_pack_nil(pk);
+        else msgpack_pack_object(pk, o->via.map.ptr[key].val);
+    }
+}
+
+/* The size of map number `target` of o (pre-order), or -1 when o has fewer maps. */
+static int64_t s_map_size(const msgpack_object *o, int target, int *seen)
+{
+    if (o->type == MSGPACK_OBJECT_ARRAY) {
+        for (uint32_t i = 0; i < o->via.array.size; i++) {
+            int64_t r = s_map_size(&o->via.array.ptr[i], target, seen);
+            if (r >= 0) return r;
+        }
+        return -1;
+    }
+    if (o->type != MSGPACK_OBJECT_MAP) return -1;
+    if ((*seen)++ == target) return o->via.map.size;
+    for (uint32_t i = 0; i < o->via.map.size; i++) {
+        int64_t r = s_map_size(&o->via.map.ptr[i].val, target, seen);
+        if (r >= 0) return r;
+    }
+    return -1;
+}
+
+/* Every key of every map of the encoded m, repeated once (with its value, then with nil):
+ * each variant must be refused as malformed naming the key, and without an id. */
+static int s_dup_every_key(const msg_t *m)
+{
+    msg_buf_t enc = {0};
+    int variants = 0;
+    T_CHECK(msg_encode(m, &enc) == 0, "%s: encode", msg_type_name(m->type));
+    msgpack_zone zone;
+    msgpack_zone_init(&zone, 4096);
+    msgpack_object obj;
+    size_t off = 0;
+    T_CHECK(msgpack_unpack(enc.data, enc.size, &off, &zone, &obj) == MSGPACK_UNPACK_SUCCESS, "unpack");
+    for (int target = 0;; target++) {
+        int seen = 0;
+        int64_t n = s_map_size(&obj, target, &seen);
+        if (n < 0) break;
+        for (uint32_t key = 0; key < (uint32_t)n; key++)
+            for (int nil = 0; nil < 2; nil++) {
+                mb_t b;
+                mb_init(&b);
+                seen = 0;
+                s_pack_dup(&b.pk, &obj, target, key, nil, &seen);
+                char what[96];
+                snprintf(what, sizeof what, "%s: map %d key %u repeated%s", msg_type_name(m->type), target, key,
+                         nil ? " as nil" : "");
+                msg_t d;
+                msg_err_t err;
+                T_CHECK(msg_decode(msg_type_family(m->type), b.sb.data, b.sb.size, &d, &err) < 0, "%s: accepted", what);
+                T_CHECK(err.code == MSG_E_MALFORMED && strstr(err.text, "appears twice"), "%s: %s (%s)", what,
+                        msg_errcode_name(err.code), err.text);
+                msg_free(&d);
+                mb_free(&b);
+                variants++;
+            }
+    }
+    msgpack_zone_destroy(&zone);
+    msg_buf_free(&enc);
+    return variants;
+}
+
+static void test_repeated_keys(void)
+{
+    mb_t b;
+    msg_t m;
+    msg_err_t err;
+
+    /* as found: a repeated id went through and the last one won */
+    mb_init(&b);
+    mb_head(&b, 4, "generate");
+    mb_str(&b, "id"); msgpack_pack_uint64(&b.pk, 1);
+    mb_str(&b, "prompt"); mb_str(&b, "hi");
+    mb_str(&b, "max_tokens"); msgpack_pack_int(&b.pk, 4);
+    mb_str(&b, "id"); msgpack_pack_uint64(&b.pk, 2);
+    T_CHECK(msg_decode(MSG_FAM_CLIENT, b.sb.data, b.sb.size, &m, &err) < 0, "generate with id 1 and id 2 accepted (id %llu)",
+            (unsigned long long)m.id);
+    T_CHECK(err.code == MSG_E_MALFORMED && strstr(err.text, "'id' appears twice"), "repeated id: %s (%s)",
+            msg_errcode_name(err.code), err.text);
+    T_CHECK(!m.has_id, "a repeated id names no request");
+    msg_free(&m);
+    mb_free(&b);
+
+    /* v and type twice, even with equal values; a repeat before a bad value; a repeated unknown key */
+    mb_init(&b);
+    msgpack_pack_map(&b.pk, 3);
+    mb_str(&b, "v"); msgpack_pack_int(&b.pk, 1);
+    mb_str(&b, "v"); msgpack_pack_int(&b.pk, 1);
+    mb_str(&b, "type"); mb_str(&b, "health");
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_MALFORMED, "'v' appears twice", "v twice");
+    mb_free(&b);
+    mb_init(&b);
+    mb_head(&b, 1, "health");
+    mb_str(&b, "type"); mb_str(&b, "health");
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_MALFORMED, "'type' appears twice", "type twice");
+    mb_free(&b);
+    mb_init(&b);
+    mb_head(&b, 4, "generate");
+    mb_str(&b, "id"); msgpack_pack_uint64(&b.pk, 1);
+    mb_str(&b, "prompt"); mb_str(&b, "hi");
+    mb_str(&b, "max_tokens"); mb_str(&b, "four");
+    mb_str(&b, "max_tokens"); msgpack_pack_int(&b.pk, 4);
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_MALFORMED, "'max_tokens' appears twice", "bad value, then repeat");
+    mb_free(&b);
+    mb_init(&b);
+    mb_head(&b, 3, "cancel");
+    mb_str(&b, "id"); mb_str(&b, "x");
+    mb_str(&b, "stop"); msgpack_pack_nil(&b.pk);
+    mb_str(&b, "stop"); msgpack_pack_nil(&b.pk);
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_MALFORMED, "'stop' appears twice", "unknown key twice");
+    mb_free(&b);
+    /* a map of many keys, one repeated far apart (the sorted path) */
+    mb_init(&b);
+    mb_head(&b, 1, "stats");
+    mb_str(&b, "stats");
+    msgpack_pack_map(&b.pk, 200);
+    for (int i = 0; i < 200; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "c%d", i == 199 ? 3 : i);
+        mb_str(&b, k);
+        msgpack_pack_int(&b.pk, i);
+    }
+    s_expect_fail(MSG_FAM_REPLY, b.sb.data, b.sb.size, MSG_E_MALFORMED, "'stats.c3' appears twice", "stats name twice");
+    mb_free(&b);
+    mb_init(&b);
+    msgpack_pack_map(&b.pk, 2 + 40);
+    mb_str(&b, "v"); msgpack_pack_int(&b.pk, 1);
+    mb_str(&b, "type"); mb_str(&b, "health");
+    for (int i = 0; i < 40; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "u%d", i == 39 ? 0 : i);
+        mb_str(&b, k);
+        msgpack_pack_nil(&b.pk);
+    }
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_MALFORMED, "'u0' appears twice", "40 unknown keys, one twice");
+    mb_free(&b);
+
+    /* every key of every map of one message of each type, in every family */
+    int32_t toks[] = {1, 2, 3, 40000}, blocks[] = {0, 5};
+    uint64_t reqs[] = {1, 2};
+    msg_str_t stops[] = {msg_str("\n\n"), msg_str("User:")};
+    msg_stat_t st[] = {{msg_str("router.requests"), 12}, {msg_str("router.busy"), 0.5}};
+    msg_model_t mod = {msg_str("demo"), 512, 1024};
+    unsigned char client[] = {'c', 1, 2};
+    msg_step_seq_t seqs[2] = {
+        {.req = 1, .pos0 = 0, .n_tokens = 3, .tokens = toks, .n_blocks = 1, .blocks = blocks, .sample = true,
+         .samp = {0.5f, 0.9f, 4, 9}, .n_sampled = 2, .last = true},
+        {.req = 2, .pos0 = 20, .n_tokens = 1, .tokens = toks + 3, .n_blocks = 2, .blocks = blocks, .samp = {0, 1, 0, 0}},
+    };
+    msg_t all[32];
+    int n = 0;
+    for (int t = 0; t < 200; t++) {
+        if (msg_type_family((msg_type_t)t) == MSG_FAM_COUNT) continue;
+        msg_t *x = &all[n++];
+        msg_init(x, (msg_type_t)t);
+        x->has_id = true;
+        x->id = 1000 + t;
+        switch (t) {
+        case MSG_GENERATE:
+            x->u.generate.prompt = msg_str("hi");
+            x->u.generate.max_tokens = 3;
+            x->u.generate.samp = (msg_sampling_t){0.7f, 0.9f, 40, 5};
+            x->u.generate.stop = stops;
+            x->u.generate.n_stop = 2;
+            x->u.generate.stream = false;
+            x->u.generate.ignore_eos = true;
+            break;
+        case MSG_RESUME:
+            x->u.resume = (msg_resume_t){.from = 3, .text_from = 7, .n_stop = 1, .stop = stops, .stream = false};
+            break;
+        case MSG_SCHED_RESUME: x->u.resume.from = 3; break;
+        case MSG_TOKEN: x->u.tokens = (msg_tokens_t){2, 2, toks, msg_str("ab")}; break;
+        case MSG_SCHED_TOKENS: x->u.tokens = (msg_tokens_t){2, 2, toks, {NULL, 0}}; break;
+        case MSG_DONE:
+            x->u.done = (msg_done_t){MSG_FINISH_LENGTH, 3, 4, 1.5, 2.5, 10, msg_str("xyz"), 2, toks};
+            break;
+        case MSG_SCHED_DONE: x->u.done = (msg_done_t){.finish = MSG_FINISH_STOP, .total_ms = 1}; break;
+        case MSG_ERROR: case MSG_SCHED_ERROR: case MSG_EXEC_ERROR:
+            x->u.error = (msg_error_t){MSG_E_BUSY, msg_str("full")};
+            break;
+        case MSG_HEALTH_REPLY: x->u.health = (msg_health_t){msg_str("ok"), true, 3, 1}; break;
+        case MSG_STATS_REPLY: case MSG_SCHED_STATS_REPLY: case MSG_EXEC_STATS_REPLY:
+            x->u.stats = (msg_stats_t){2, st};
+            break;
+        case MSG_MODELS_REPLY: x->u.models = (msg_models_t){1, &mod}; break;
+        case MSG_SUBMIT:
+            x->u.submit = (msg_submit_t){{(const char *)client, 3}, 7, 3, toks, 8, {0.5f, 0.9f, 2, 3}, true};
+            break;
+        case MSG_SCHED_HELLO_REPLY: case MSG_EXEC_HELLO_REPLY:
+            x->u.hello = (msg_hello_t){77, 100, msg_str("m"), 300, 256, 1, 2, 64, 16, 3.5};
+            break;
+        case MSG_STEP: x->u.step = (msg_step_t){5, 2, seqs}; break;
+        case MSG_STEP_RESULT: x->u.result = (msg_result_t){5, 2, reqs, toks, 12.5, 1.5}; break;
+        case MSG_SCHED_STEP_TOKENS: x->u.step_tokens = (msg_step_tokens_t){2, reqs, blocks, toks}; break;
+        case MSG_PF_STATUS_REPLY:
+            x->u.pf_status = (msg_pf_status_t){1, msg_str("/strata-x-arena-1"), 1ull << 33, msg_str("ready"), 2.5, true, 9, 4};
+            break;
+        default: break; /* types without a body */
+        }
+    }
+    int variants = 0;
+    bool fam_seen[MSG_FAM_COUNT] = {0};
+    for (int i = 0; i < n; i++) {
+        variants += s_dup_every_key(&all[i]);
+        fam_seen[msg_type_family(all[i].type)] = true;
+    }
+    for (int f = 0; f < MSG_FAM_COUNT; f++) T_CHECK(fam_seen[f], "family %d has a message in the repeated-key sweep", f);
+    fprintf(stderr, "repeated keys: one message of each of %d types, %d variants refused\n", n, variants);
+}
+
 /* Random byte flips of valid frames: decode must never crash and must either succeed or
  * report a code; successes must re-encode. */
 static void test_mutations(uint64_t seed)
@@ -495,6 +730,7 @@ int main(void)
     uint64_t seed = t_seed();
     test_roundtrips();
     test_bad_input();
+    test_repeated_keys();
     test_mutations(seed);
     T_CHECK(msg_request_id("a", 1, 1) != msg_request_id("a", 1, 2), "request ids differ by cid");
     T_CHECK(msg_request_id("a", 1, 1) != msg_request_id("b", 1, 1), "request ids differ by client");

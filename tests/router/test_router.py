@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "proto", "python"))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "group"))
 from mock_scheduler import ECHO_SEED, EOS, EOS_TRIGGER, MAX_CONTEXT, MockScheduler, token_at  # noqa: E402
-from strata_client import StrataClient, StrataError  # noqa: E402
+from strata_client import StrataClient, StrataError, decode  # noqa: E402
 from grouplib import free_port  # noqa: E402
 
 FAILS = 0
@@ -139,6 +139,11 @@ def expect_error(g, what, frame, code, text=None, rid=None, frames=None):
     check(ok, "%s -> error %s%s (got %r)" % (what, code, " naming '%s'" % text if text else "", r))
 
 
+def pairs(*kv):
+    """A message map of (key, value) pairs in order; unlike a dict it can repeat a key."""
+    return bytes([0x80 | len(kv)]) + b"".join(pack(k) + pack(v) for k, v in kv)
+
+
 def gen(**kw):
     m = {"v": 1, "type": "generate", "id": 77, "tokens": [5, 6, 7], "max_tokens": 4}
     m.update(kw)
@@ -161,6 +166,19 @@ def test_bad_input(g):
     expect_error(g, "unknown type", pack({"v": 1, "type": "explode", "id": 5}), "unknown_type", "explode", rid=5)
     expect_error(g, "type not a string", pack({"v": 1, "type": 3}), "unknown_type")
     expect_error(g, "unknown field", pack(gen(temprature=0.5)), "unknown_field", "temprature", rid=77)
+    # a repeated key is malformed, whatever its values; a repeated id used to pass (the last one won)
+    base = (("v", 1), ("type", "generate"), ("tokens", [5]), ("max_tokens", 2))
+    r = raw_reply(g, pairs(*base, ("id", 77), ("id", 78)))
+    check(r is not None and r.get("type") == "error" and r.get("code") == "malformed" and "'id' appears twice"
+          in r.get("message", "") and "id" not in r, "id twice -> error malformed without an id (got %r)" % r)
+    expect_error(g, "max_tokens twice", pairs(*base, ("id", 77), ("max_tokens", "x")), "malformed",
+                 "'max_tokens' appears twice", rid=77)
+    expect_error(g, "v twice", pairs(("v", 1), *base[1:], ("id", 77), ("v", 1)), "malformed", "'v' appears twice")
+    try:
+        decode(pairs(("v", 1), ("type", "done"), ("id", 1), ("id", 2)))
+        check(False, "the Python client refuses a reply that repeats a key")
+    except ValueError:
+        check(True, "the Python client refuses a reply that repeats a key")
     expect_error(g, "max_tokens as string", pack(gen(max_tokens="5")), "wrong_type", "max_tokens", rid=77)
     expect_error(g, "max_tokens as float", pack(gen(max_tokens=5.0)), "wrong_type", "max_tokens")
     expect_error(g, "tokens as string", pack(gen(tokens="1 2 3")), "wrong_type", "tokens")
