@@ -18,10 +18,29 @@
 #include "proto/msg.h"
 #include "proto/zmsg.h"
 #include "services/strata/cli_util.h"
+#include "services/strata/group_state.h"
 
 static const char *const C = "client";
 
 #define DEFAULT_ENDPOINT "tcp://127.0.0.1:7757"
+
+/* Without --endpoint: the router of the one group this user runs (group_state.h), else the
+ * default. 0, or 2 when several run (listed) or the group's config no longer parses. */
+static int s_find_endpoint(char *ep, size_t cap)
+{
+    gs_entry_t e;
+    int r = gs_find_one(C, &e);
+    if (r == 2) return 2;
+    if (r < 0) return 0;
+    strata_config_t *cfg = malloc(sizeof *cfg);
+    strata_errbuf_t eb = {{0}};
+    if (!cfg) return 1;
+    r = config_load(cfg, e.config, &eb);
+    if (r < 0) cli_error(C, "the running group '%s': %s", e.name, eb.msg);
+    else snprintf(ep, cap, "%s", cfg->router.endpoint);
+    free(cfg);
+    return r < 0 ? 2 : 0;
+}
 
 static void s_help(FILE *f)
 {
@@ -29,7 +48,9 @@ static void s_help(FILE *f)
             "usage: strata client [--endpoint E] (--prompt TEXT | --tokens IDS) [options]\n"
             "\n"
             "Send one request to a running group's router and stream the answer's text to stdout.\n"
-            "The endpoint defaults to the one `strata up --demo` serves.\n"
+            "Without --endpoint it is the router of the one group this user runs (the groups that\n"
+            "`strata up` records; with several it lists them and exits 2), else the one\n"
+            "`strata up --demo` serves.\n"
             "\n"
             "  --endpoint E        router endpoint (default " DEFAULT_ENDPOINT ")\n"
             "  --prompt TEXT       prompt text (tokenized by the router)\n"
@@ -160,6 +181,7 @@ int cmd_client(int argc, char **argv)
     int32_t *tok = NULL, n_tok = 0;
     int rc = 0, r;
     snprintf(c.endpoint, sizeof c.endpoint, "%s", DEFAULT_ENDPOINT);
+    bool endpoint_given = false;
 
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -171,6 +193,7 @@ int cmd_client(int argc, char **argv)
         } else if ((r = cli_opt(C, argc, argv, &i, "--endpoint", &v))) {
             if (r < 0) return 2;
             snprintf(c.endpoint, sizeof c.endpoint, "%s", v);
+            endpoint_given = true;
         } else if ((r = cli_opt(C, argc, argv, &i, "--prompt", &v))) {
             if (r < 0) return 2;
             prompt = v;
@@ -208,6 +231,10 @@ int cmd_client(int argc, char **argv)
         return 2;
     }
     if (tokens_arg && (rc = cli_parse_tokens(C, "--tokens", tokens_arg, &tok, &n_tok))) return rc;
+    if (!endpoint_given && (rc = s_find_endpoint(c.endpoint, sizeof c.endpoint))) {
+        free(tok);
+        return rc;
+    }
 
     /* a stable identity: printable, never starting with a zero byte */
     uint8_t rnd[8] = {0};

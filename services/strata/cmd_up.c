@@ -804,6 +804,9 @@ int cmd_up(int argc, char **argv)
             fprintf(stderr, "strata up: lock in %s: %s\n", L->cfg.run_dir, strata_strerror(lock_fd));
         goto done;
     }
+    /* so that status, down and client find it without --config (group_state.h) */
+    if ((r = gs_register(L->cfg.name, L->cfg.run_dir, L->config_path)) < 0 && r != -ENOENT)
+        fprintf(stderr, "strata up: cannot record the group in the registry: %s\n", strerror(-r));
 
     if (!fg) {
         /* Detach: the child becomes the launcher; this process waits until the group is
@@ -890,6 +893,7 @@ int cmd_up(int argc, char **argv)
     uv_run(&L->loop, UV_RUN_DEFAULT);
     uv_loop_close(&L->loop);
     rc = L->exit_code;
+    gs_unregister(L->cfg.name);
     close(lock_fd);
 done:
     if (L->notify_fd >= 0) close(L->notify_fd);

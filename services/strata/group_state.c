@@ -8,7 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -127,6 +129,18 @@ bool gs_target_opt(gs_target_t *t, int argc, char **argv, int *i)
 
 int gs_target_run_dir(const gs_target_t *t, const char *cmd, char *rd, size_t cap)
 {
+    if (!t->demo && !t->config && !t->run_dir) {
+        /* nothing named: the one group this user runs (gs_find_one) */
+        gs_entry_t e;
+        int r = gs_find_one(cmd, &e);
+        if (r == 2) return 2;
+        if (r == 0) {
+            snprintf(rd, cap, "%s", e.run_dir);
+            return 0;
+        }
+        fprintf(stderr, "strata %s: no running group found; give --config FILE or --demo [--run-dir DIR]\n", cmd);
+        return 2;
+    }
     if (t->demo == (t->config != NULL) || (t->run_dir && !t->demo)) {
         fprintf(stderr, "strata %s: give --config FILE or --demo [--run-dir DIR]\n", cmd);
         return 2;
@@ -146,4 +160,87 @@ int gs_target_run_dir(const gs_target_t *t, const char *cmd, char *rd, size_t ca
     snprintf(rd, cap, "%s", c->run_dir);
     free(c);
     return 0;
+}
+
+int gs_registry_dir(char *buf, size_t cap)
+{
+    const char *xdg = getenv("XDG_RUNTIME_DIR"), *own = getenv("STRATA_REGISTRY");
+    if (own && own[0] == '/') snprintf(buf, cap, "%s", own);
+    else if (geteuid() == 0) snprintf(buf, cap, "/run/strata");
+    else if (xdg && xdg[0] == '/') snprintf(buf, cap, "%s/strata", xdg);
+    else return -ENOENT;
+    if (mkdir(buf, 0700) < 0 && errno != EEXIST) return -errno;
+    struct stat st;
+    /* this user's, and no one else's to write: another user's folder would name their groups */
+    if (lstat(buf, &st) < 0) return -errno;
+    if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022)) return -EPERM;
+    return 0;
+}
+
+int gs_register(const char *name, const char *run_dir, const char *config)
+{
+    char dir[PATH_MAX], path[PATH_MAX + 80], tmp[PATH_MAX + 96];
+    int rc = gs_registry_dir(dir, sizeof dir);
+    if (rc < 0) return rc;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(tmp, sizeof tmp, "%s/.%s.%d", dir, name, (int)getpid());
+    json_t *o = json_pack("{s:s, s:s, s:s}", "group", name, "run_dir", run_dir, "config", config);
+    if (!o) return STRATA_ENOMEM;
+    rc = json_dump_file(o, tmp, JSON_COMPACT) == 0 && rename(tmp, path) == 0 ? 0 : -errno;
+    json_decref(o);
+    if (rc < 0) unlink(tmp);
+    return rc;
+}
+
+void gs_unregister(const char *name)
+{
+    char dir[PATH_MAX], path[PATH_MAX + 80];
+    if (gs_registry_dir(dir, sizeof dir) < 0) return;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    unlink(path);
+}
+
+int gs_running(gs_entry_t *out, int max)
+{
+    char dir[PATH_MAX];
+    int rc = gs_registry_dir(dir, sizeof dir), n = 0;
+    if (rc < 0) return rc == -ENOENT ? 0 : rc;
+    DIR *d = opendir(dir);
+    if (!d) return -errno;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        char path[PATH_MAX + 300];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        json_t *o = json_load_file(path, 0, NULL);
+        const char *rd = o ? json_string_value(json_object_get(o, "run_dir")) : NULL;
+        const char *cf = o ? json_string_value(json_object_get(o, "config")) : NULL;
+        if (!rd || !cf || !gs_locked(rd)) {
+            unlink(path); /* unreadable, or its launcher is gone */
+        } else {
+            if (n < max) {
+                snprintf(out[n].name, sizeof out[n].name, "%.63s", de->d_name);
+                snprintf(out[n].run_dir, sizeof out[n].run_dir, "%s", rd);
+                snprintf(out[n].config, sizeof out[n].config, "%s", cf);
+            }
+            n++;
+        }
+        json_decref(o);
+    }
+    closedir(d);
+    return n;
+}
+
+int gs_find_one(const char *cmd, gs_entry_t *e)
+{
+    gs_entry_t all[16];
+    int n = gs_running(all, 16);
+    if (n <= 0) return -ENOENT;
+    if (n == 1) {
+        *e = all[0];
+        return 0;
+    }
+    fprintf(stderr, "strata %s: %d groups are running; give --config FILE or --demo:\n", cmd, n);
+    for (int i = 0; i < n && i < 16; i++) fprintf(stderr, "  %-20s --config %s\n", all[i].name, all[i].config);
+    return 2;
 }

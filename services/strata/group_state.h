@@ -71,4 +71,28 @@ bool gs_target_opt(gs_target_t *t, int argc, char **argv, int *i);
  * (out of memory). */
 int gs_target_run_dir(const gs_target_t *t, const char *cmd, char *rd, size_t cap);
 
+/* The running groups of this user, so that `strata status`, `strata down` and `strata client`
+ * find one without --config: `strata up` records each group it starts in the registry, a folder
+ * of this user's ($STRATA_REGISTRY, else $XDG_RUNTIME_DIR/strata, or /run/strata for root; none
+ * when neither applies),
+ * one file per group named after it, holding its run dir and its config's path, and removes it
+ * at the stop. A record whose run dir's lock nobody holds is stale (a launcher killed): readers
+ * skip and remove it. */
+typedef struct {
+    char name[64];
+    char run_dir[512];
+    char config[512];
+} gs_entry_t;
+/* The registry folder into buf (made, 0700); -ENOENT where there is none. */
+int gs_registry_dir(char *buf, size_t cap);
+/* Record the group name (run dir, config) as running; 0 or <0. */
+int gs_register(const char *name, const char *run_dir, const char *config);
+/* Remove its record (no error if absent). */
+void gs_unregister(const char *name);
+/* Up to max running groups into out; returns how many are running (may exceed max), or <0. */
+int gs_running(gs_entry_t *out, int max);
+/* With no --config / --demo: the one running group's entry into e, 0. Several: lists them on
+ * stderr, "strata CMD: ..." and returns 2; none: returns -ENOENT (nothing printed). */
+int gs_find_one(const char *cmd, gs_entry_t *e);
+
 #endif
