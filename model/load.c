@@ -672,6 +672,19 @@ static int s_load_hf(ld_t *L)
 }
 
 /* Load an HF checkpoint folder, or a packed folder (it holds strata-manifest.json). */
+/* What s_open_files and the load left in L: the shards, the scan list, the index. */
+static void s_close_files(ld_t *L)
+{
+    for (size_t s = 0; s < L->n_shards; s++) {
+        st_close(L->shards[s].st);
+        free(L->shards[s].name);
+        free(L->shards[s].used);
+    }
+    free(L->shards);
+    free(L->scan_list);
+    json_decref(L->index);
+}
+
 int model_check(const char *dir, strata_errbuf_t *eb)
 {
     int rc;
@@ -686,13 +699,7 @@ int model_check(const char *dir, strata_errbuf_t *eb)
     ld_t L = {.m = &m, .dir = dir, .eb = eb};
     if ((rc = s_path(path, sizeof path, dir, "config.json", eb)) < 0) return rc;
     if ((rc = model_config_load(&m.cfg, path, eb)) >= 0) rc = s_open_files(&L);
-    for (size_t s = 0; s < L.n_shards; s++) {
-        st_close(L.shards[s].st);
-        free(L.shards[s].name);
-        free(L.shards[s].used);
-    }
-    free(L.shards);
-    json_decref(L.index);
+    s_close_files(&L);
     model_free(&m);
     return rc < 0 ? rc : 0;
 }
@@ -716,14 +723,7 @@ int model_load(model_t *m, const char *dir, strata_errbuf_t *eb)
              L.n_shards, L.n_shards == 1 ? "" : "s");
     rc = 0;
 fail:
-    for (size_t s = 0; s < L.n_shards; s++) {
-        st_close(L.shards[s].st);
-        free(L.shards[s].name);
-        free(L.shards[s].used);
-    }
-    free(L.shards);
-    free(L.scan_list);
-    json_decref(L.index);
+    s_close_files(&L);
     if (rc < 0) model_free(m);
     return rc;
 }
