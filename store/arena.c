@@ -10,9 +10,9 @@
 #include <sys/stat.h>
 
 
-int arena_shm_name(char *buf, size_t n, const char *group, int node)
+int arena_shm_name(char *buf, size_t n, const char *ns, int node)
 {
-    int w = snprintf(buf, n, "/strata-%s-arena-%d", group, node);
+    int w = snprintf(buf, n, "/strata-%s-arena-%d", ns, node);
     return (w < 0 || (size_t)w >= n) ? -ENAMETOOLONG : 0;
 }
 
@@ -154,8 +154,13 @@ int arena_set_attach(arena_set_t *s, const strata_config_t *c, strata_errbuf_t *
     arena_plan_t *plan = malloc(sizeof *plan);
     if (!plan) return STRATA_ENOMEM;
     for (int i = 0; i < c->n_prefetchers; i++) {
-        char name[SHM_NAME_MAX];
-        if ((rc = arena_shm_name(name, sizeof name, c->name, c->prefetcher[i].node)) < 0) goto fail;
+        char name[SHM_NAME_MAX], ns[SHM_NS_MAX];
+        if ((rc = shm_ns_read(ns, sizeof ns, c->run_dir, c->name, c->prefetcher[i].node, eb)) < 0) {
+            if (rc == -ENOENT) strata_seterr(eb, rc, "arena of [prefetcher.%d]: no token in %s yet (its prefetcher has not made it)",
+                                             c->prefetcher[i].node, c->run_dir);
+            goto fail;
+        }
+        if ((rc = arena_shm_name(name, sizeof name, ns, c->prefetcher[i].node)) < 0) goto fail;
         if ((rc = arena_plan(plan, c->model, i, c->n_prefetchers, c->prefetcher[i].node, eb)) < 0) goto fail;
         if ((rc = shm_attach(&s->seg[i], name, plan->layout_hash, 0, eb)) < 0) goto fail;
         s->n = i + 1;

@@ -1,6 +1,7 @@
 /* arena.h - the per-NUMA-node weight arenas: a model folder's files in shared memory.
  *
- * The prefetcher of node N owns shm segment "/strata-<group>-arena-<N>" (common/shm.h). Its
+ * The prefetcher of node N owns shm segment "/strata-<group>-<token>-arena-<N>" (common/shm.h:
+ * the token, in the run dir, is drawn anew each time the prefetcher creates the arena). Its
  * payload is an arena_index_t followed by file images: metadata files (json, tokenizer) at
  * 4 KiB-aligned offsets right after the index, then weight files at 2 MiB-aligned offsets:
  *
@@ -65,8 +66,9 @@ typedef struct {
     uint64_t layout_hash;
 } arena_plan_t;
 
-/* Segment name for (group, node) into buf: "/strata-<group>-arena-<node>". */
-int arena_shm_name(char *buf, size_t n, const char *group, int node);
+/* Segment name of node's arena in namespace ns ("<group>-<token>", shm_ns_read) into buf:
+ * "/strata-<ns>-arena-<node>". */
+int arena_shm_name(char *buf, size_t n, const char *ns, int node);
 /* Plan arena `part` of `parts` (node = its NUMA node) for model_dir. Reads directory entries
  * and stat()s files only. Errors name the folder or file. */
 int arena_plan(arena_plan_t *p, const char *model_dir, int part, int parts, int node, strata_errbuf_t *eb);
@@ -80,8 +82,9 @@ typedef struct {
     const arena_index_t *idx[CONFIG_MAX_PREFETCHERS];
 } arena_set_t;
 
-/* Attach the arena of every [prefetcher.N] in c, read-only, checking header, layout hash
- * (computed from stat() of c->model) and index. No model file is read. */
+/* Attach the arena of every [prefetcher.N] in c, read-only: its name from the node's token in
+ * c->run_dir (shm_ns_read; -ENOENT while there is none), then who owns and may write it, header,
+ * layout hash (computed from stat() of c->model) and index. No model file is read. */
 int arena_set_attach(arena_set_t *s, const strata_config_t *c, strata_errbuf_t *eb);
 /* Pointer to the image of file `name` (searched in every arena) and its size, or NULL. */
 const void *arena_set_file(const arena_set_t *s, const char *name, uint64_t *bytes);

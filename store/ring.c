@@ -59,9 +59,9 @@ static void s_futex_wait(uint32_t *addr, uint32_t val, int timeout_us)
 
 static void s_futex_wake(uint32_t *addr) { syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
 
-int ring_shm_name(char *buf, size_t n, const char *group, int node)
+int ring_shm_name(char *buf, size_t n, const char *ns, int node)
 {
-    int w = snprintf(buf, n, "/strata-%s-ring-%d", group, node);
+    int w = snprintf(buf, n, "/strata-%s-ring-%d", ns, node);
     return (w < 0 || (size_t)w >= n) ? -ENAMETOOLONG : 0;
 }
 
@@ -105,6 +105,7 @@ int ring_serve_open(ring_t *r, const char *name, const ring_geom_t *g, int node,
     if ((rc = s_check_geom(g, name, eb)) < 0) return rc;
     uint64_t hash = s_layout_hash(g);
     rc = shm_attach(&r->seg, name, hash, SHM_WRITE, &aeb);
+    if (rc == -EPERM) return strata_seterr(eb, rc, "%s", aeb.msg); /* not ours: neither used nor removed */
     if (rc == 0 && s_bind(r, g, &aeb) == 0) {
         if (r->seg.hdr->owner_pid != getpid() && shm_owner_alive(&r->seg)) {
             pid_t prev = r->seg.hdr->owner_pid;

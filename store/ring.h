@@ -1,6 +1,7 @@
 /* ring.h - the data plane between an executor and one prefetcher: a shm ring of expert jobs.
  *
- * One segment per prefetcher, "/strata-<group>-ring-<N>" (common/shm.h header: magic, version,
+ * One segment per prefetcher, "/strata-<group>-<token>-ring-<N>", under the same token as its
+ * arena (common/shm.h: names, and who may own a segment; header: magic, version,
  * layout hash, size, owner pid, ready last). The prefetcher creates it at its first start and
  * takes it over on a restart, as it does its arena; the executor attaches it and, on the GPU,
  * registers it with cudaHostRegister, so hidden rows and expert outputs move by DMA.
@@ -115,13 +116,15 @@ static inline ring_geom_t ring_geom(int32_t hidden, int32_t top_k, int32_t n_exp
                          .max_items = n_experts < RING_MAX_ITEMS ? n_experts : RING_MAX_ITEMS};
 }
 
-/* Segment name for (group, node): "/strata-<group>-ring-<node>". */
-int ring_shm_name(char *buf, size_t n, const char *group, int node);
+/* Segment name of node's ring in namespace ns ("<group>-<token>", shm_ns_read):
+ * "/strata-<ns>-ring-<node>". */
+int ring_shm_name(char *buf, size_t n, const char *ns, int node);
 /* Bytes of a ring segment of geometry g, header included. */
 uint64_t ring_bytes(const ring_geom_t *g);
 
 /* Prefetcher side: take over the ring of g if one of that layout exists (a restart), else
- * create it, bound to numa_node; bump the generation and publish. */
+ * create it, bound to numa_node; bump the generation and publish. A segment at name that
+ * shm_attach refuses (another owner, a mode others may write, a symlink) is left alone: -EPERM. */
 int ring_serve_open(ring_t *r, const char *name, const ring_geom_t *g, int node, int numa_node, strata_errbuf_t *eb);
 /* Refresh the heartbeat (cheap: one clock read and one store). */
 void ring_beat(ring_t *r);

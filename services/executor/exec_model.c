@@ -24,10 +24,12 @@ int exec_model_open(exec_model_t *em, const strata_config_t *cfg, double wait_s,
         em->load_ms = (strata_now() - t0) * 1e3;
         return 0;
     }
-    /* A prefetcher that is (re)building its arena makes the attach fail for a while: absent
-     * (ENOENT), being filled (EBUSY), just created (EFORMAT) or still the stale arena of other
-     * model files (EVERSION) until the prefetcher replaces it. Wait for it, bounded. A model
-     * folder that cannot be planned (EINVAL_INPUT) is final. */
+    /* A prefetcher that is (re)building its arena makes the attach fail for a while: no token
+     * or no segment yet (ENOENT), being filled (EBUSY), just created (EFORMAT), still the stale
+     * arena of other model files (EVERSION), or a segment at the token's name that is not ours
+     * alone (EPERM, refused) until the prefetcher builds it under a new token. Wait for it,
+     * bounded. A model folder that cannot be planned, or a run dir or token file that another
+     * user owns or may write (EINVAL_INPUT), is final. */
     for (int tries = 0;; tries++) {
         rc = arena_set_attach(&em->arenas, cfg, eb);
         if (rc == 0) break;

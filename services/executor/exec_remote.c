@@ -14,7 +14,8 @@
 #define REATTACH_S 0.2      /* how often a ring that is down is attached again */
 
 typedef struct {
-    char name[SHM_NAME_MAX];
+    char name[SHM_NAME_MAX];    /* the ring's segment name, as of the last attach attempt */
+    int node;                   /* its prefetcher's [prefetcher.N] */
     ring_t ring;
     bool attached;
     double t_try;           /* last attach attempt (strata_now) */
@@ -30,6 +31,7 @@ struct exec_remote {
                                loaded machine may not run the beat thread for a while, which only costs a fallback) */
     int n_dest;
     s_dest_t dest[CONFIG_MAX_PREFETCHERS];
+    char run_dir[256], group[64]; /* where the rings' tokens are (common/shm.h), and the group */
     exec_remote_stats_t st;
 };
 
@@ -46,7 +48,12 @@ static bool s_ready(exec_remote_t *x, int d)
     D->t_try = now;
     strata_errbuf_t eb = {{0}};
     ring_t r;
-    if (ring_attach(&r, D->name, &x->geom, &eb) < 0) {
+    /* the name again: a prefetcher that rebuilt its arena drew a new token, and its ring moved */
+    char ns[SHM_NS_MAX];
+    int rc = shm_ns_read(ns, sizeof ns, x->run_dir, x->group, D->node, &eb);
+    if (rc == -ENOENT) strata_seterr(&eb, rc, "no token in %s", x->run_dir);
+    if (rc == 0) ring_shm_name(D->name, sizeof D->name, ns, D->node);
+    if (rc < 0 || ring_attach(&r, D->name, &x->geom, &eb) < 0) {
         if (!D->warned) log_warn("prefetcher ring %s: %s; computing its experts here", D->name, eb.msg);
         D->warned = true;
         return false;
@@ -156,11 +163,11 @@ int exec_remote_create(exec_remote_t **out, const strata_config_t *cfg, const ex
     x->timeout_ms = cfg->executor.cpu_expert_timeout_ms;
     x->stale_ms = x->timeout_ms / 2 > 20 ? x->timeout_ms / 2 : 20;
     x->n_dest = cfg->n_prefetchers;
+    snprintf(x->run_dir, sizeof x->run_dir, "%s", cfg->run_dir);
+    snprintf(x->group, sizeof x->group, "%s", cfg->name);
     for (int d = 0; d < x->n_dest; d++) {
-        if (ring_shm_name(x->dest[d].name, sizeof x->dest[d].name, cfg->name, cfg->prefetcher[d].node) < 0) {
-            exec_remote_free(x);
-            return strata_seterr(eb, STRATA_EINVAL_INPUT, "group name '%s' too long for a ring name", cfg->name);
-        }
+        x->dest[d].node = cfg->prefetcher[d].node;
+        snprintf(x->dest[d].name, sizeof x->dest[d].name, "of [prefetcher.%d]", x->dest[d].node); /* until attached */
         x->dest[d].t_try = -1e9;
         (void)s_ready(x, d);
     }

@@ -1,13 +1,20 @@
 /* strata-prefetcher - owns one NUMA node's weight arena (store/arena.h).
  *
- * At start it looks for its shm segment "/strata-<group>-arena-<N>":
- *   - present, complete and built from the same model files (layout hash + index): it takes
- *     ownership and serves it as is. This is the normal case after a crash or restart of the
- *     prefetcher: nothing is read from disk.
+ * First the run dir: made 0700 if absent, and refused (exit 2) unless this user owns it and no
+ * other may write it (shm_check_run_dir). The node's segments are named after a random token
+ * kept there, RUN_DIR/shm-<N>.token (common/shm.h): "/strata-<group>-<token>-arena-<N>" and
+ * "-ring-<N>". At start it looks for the arena the token names:
+ *   - present, this user's and no one else's to write (shm_attach), complete and built from
+ *     the same model files (layout hash + index): it takes ownership and serves it as is. This
+ *     is the normal case after a crash or restart of the prefetcher: nothing is read from disk.
  *   - present but half-filled (its filler died) or built from other files: removed, rebuilt.
- *   - absent: created, bound to the node with mbind, filled from the model folder by threads
- *     that inherit this process's pinning (the launcher pins it to the node's cpus), then
- *     published (ready flag written last).
+ *   - present but another user's, writable by others or a symlink (planted), or the ring's name
+ *     is: refused and left alone (it is not ours to remove), rebuilt under a new token.
+ *   - absent, or no token yet: rebuilt.
+ * Rebuilding draws a new token first, so the arena is created (O_EXCL) at a name nobody could
+ * have seen, bound to the node with mbind, filled from the model folder by threads that
+ * inherit this process's pinning (the launcher pins it to the node's cpus), then published
+ * (ready flag written last).
  * A virtual synthetic model folder (`strata synth --synthetic`: model/synth_fast.h) has only
  * sparse placeholders for its weight files; their bytes are generated into the arena instead
  * of read, so an 80 GB synthetic model needs no disk.
@@ -16,7 +23,8 @@
  * "status" requests (proto/msg.h MSG_PF_STATUS).
  *
  * The arena deliberately outlives this process: a clean stop leaves it for the next start.
- * `strata up` removes it when the whole group stops; under systemd `--remove` drops it.
+ * `strata up` removes it when the whole group stops; under systemd `--remove` drops it, the
+ * ring and the token.
  *
  * Exit codes: 0 clean stop, 1 runtime failure (restart me), 2 bad config or usage.
  */
@@ -34,6 +42,7 @@
 #include <zmq.h>
 
 #include "store/arena.h"
+#include "store/ring.h"
 #include "common/config.h"
 #include "common/notify.h"
 #include "common/shm.h"
@@ -190,17 +199,42 @@ fail:
 
 typedef struct {
     shm_seg_t seg;
+    char ns[SHM_NS_MAX];       /* the node's namespace "<group>-<token>" (common/shm.h) */
+    char name[SHM_NAME_MAX];   /* the arena's segment name */
     bool reattached;
     double fill_ms;
 } s_arena_t;
 
-/* Reattach the arena if it is complete and matches plan, else (re)build it. */
-static int s_arena_open(s_arena_t *a, const char *name, const arena_plan_t *plan, int numa_node, int threads, strata_errbuf_t *eb)
+/* Reattach the arena the node's token names if it passes every check and matches plan, else
+ * build it under a new token. */
+static int s_arena_open(s_arena_t *a, const strata_config_t *cfg, int node, const arena_plan_t *plan, int numa_node, int threads,
+                        strata_errbuf_t *eb)
 {
     int rc;
     strata_errbuf_t aeb = {{0}};
     memset(a, 0, sizeof *a);
-    rc = shm_attach(&a->seg, name, plan->layout_hash, SHM_WRITE | SHM_ALLOW_NOT_READY, &aeb);
+    char ring[SHM_NAME_MAX];
+    const char *name = a->name;
+    rc = shm_ns_read(a->ns, sizeof a->ns, cfg->run_dir, cfg->name, node, eb);
+    if (rc == -ENOENT) goto build;
+    if (rc == STRATA_EFORMAT) { /* our own file, not a token: replace it */
+        log_warn("%s; drawing a new token", eb->msg);
+        goto build;
+    }
+    if (rc < 0) return rc;
+    if (arena_shm_name(a->name, sizeof a->name, a->ns, node) < 0 || ring_shm_name(ring, sizeof ring, a->ns, node) < 0)
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "group name '%s' too long for a segment name", cfg->name);
+    /* the ring shares the token: if its name is refused, both move to a new token */
+    if (shm_check_name(ring, &aeb) < 0) {
+        log_warn("%s; left as it is: building the arena anew under a new name", aeb.msg);
+        goto retire;
+    }
+    rc = shm_attach(&a->seg, a->name, plan->layout_hash, SHM_WRITE | SHM_ALLOW_NOT_READY, &aeb);
+    if (rc == -EPERM) {
+        /* not ours, or others may write it: nothing of it is used, and it is not ours to remove */
+        log_warn("%s; left as it is: building the arena anew under a new name", aeb.msg);
+        goto retire;
+    }
     if (rc == 0) {
         bool ready = __atomic_load_n(&a->seg.hdr->ready, __ATOMIC_ACQUIRE) == 1u;
         if (ready && arena_check(&a->seg, plan, &aeb) == 0) {
@@ -227,6 +261,15 @@ static int s_arena_open(s_arena_t *a, const char *name, const arena_plan_t *plan
         log_warn("arena %s: %s; rebuilding", name, aeb.msg);
     }
     if (rc != -ENOENT && (rc = shm_remove(name)) < 0) return strata_seterr(eb, rc, "shm_unlink(%s): %s", name, strata_strerror(rc));
+retire:
+    /* the old token's ring, if it is ours (a planted one stays: shm_remove leaves it) */
+    (void)shm_remove(ring);
+build:
+    /* A new token before the segment exists: the name it creates was never visible, so nobody
+     * can have put a file there first, and O_EXCL below refuses one that got there anyway. */
+    if ((rc = shm_ns_new(a->ns, sizeof a->ns, cfg->run_dir, cfg->name, node, eb)) < 0) return rc;
+    if (arena_shm_name(a->name, sizeof a->name, a->ns, node) < 0)
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "group name '%s' too long for a segment name", cfg->name);
     double t0 = strata_now();
     rc = shm_create(&a->seg, name, plan->seg_bytes, plan->layout_hash, numa_node, eb);
     if (rc < 0) return rc;
@@ -247,14 +290,15 @@ static void s_usage(FILE *f)
 {
     fprintf(f,
             "usage: strata-prefetcher --config FILE --node N [--remove]\n\n"
-            "Owns NUMA node N's weight arena (shm /strata-<group>-arena-<N>): reattaches it if it\n"
-            "survived, else fills it from [group] model. Then it computes the executor's CPU experts\n"
+            "Owns NUMA node N's weight arena (shm /strata-<group>-<token>-arena-<N>, the token in\n"
+            "RUN_DIR/shm-<N>.token): reattaches it if it survived and is this user's alone, else\n"
+            "fills it from [group] model under a new token. Then it computes the executor's CPU experts\n"
             "whose weights lie in this arena on its cores ([prefetcher.N] threads), over the shm ring\n"
-            "/strata-<group>-ring-<N>, and serves status on [prefetcher.N] endpoint.\n"
+            "/strata-<group>-<token>-ring-<N>, and serves status on [prefetcher.N] endpoint.\n"
             "Reports READY=1 / WATCHDOG=1 / STOPPING=1 through sd_notify (NOTIFY_SOCKET).\n\n"
             "  --config FILE   group config (INI)\n"
             "  --node N        which [prefetcher.N] section this process is\n"
-            "  --remove        remove this node's arena segment and exit\n"
+            "  --remove        remove this node's arena and ring segments and its token, and exit\n"
             "  --help          this text\n\n"
             "Exit codes: 0 clean stop, 1 runtime failure, 2 bad config or usage.\n");
 }
@@ -357,12 +401,35 @@ int main(int argc, char **argv)
         log_error("%s: no [prefetcher.%d] section (the config's prefetchers are its NUMA nodes)", config_path, node);
         return 2;
     }
-    char name[SHM_NAME_MAX];
-    if (arena_shm_name(name, sizeof name, cfg->name, node) < 0) return 2;
+    /* The run dir holds the token that names this node's segments, and the ipc socket. The
+     * launcher makes it; under systemd RuntimeDirectory= does; by hand, this does. One that
+     * another user owns or may write is refused: whoever may write it chooses our names. */
+    if (mkdir(cfg->run_dir, 0700) < 0 && errno != EEXIST) {
+        log_error("%s: [group] run_dir %s: %s", config_path, cfg->run_dir, strerror(errno));
+        return 2;
+    }
+    if (shm_check_run_dir(cfg->run_dir, &eb) < 0) {
+        log_error("%s: [group] run_dir: %s", config_path, eb.msg);
+        return 2;
+    }
     if (remove) {
-        int r = shm_remove(name);
-        if (r < 0) log_error("shm_unlink(%s): %s", name, strata_strerror(r));
-        else log_info("arena %s removed", name);
+        char ns[SHM_NS_MAX], name[SHM_NAME_MAX];
+        int r = shm_ns_read(ns, sizeof ns, cfg->run_dir, cfg->name, node, &eb);
+        if (r == -ENOENT) {
+            log_info("node %d has no token in %s: no arena to remove", node, cfg->run_dir);
+            return 0;
+        }
+        if (r < 0) {
+            log_error("%s", eb.msg);
+            return 2;
+        }
+        for (int k = 0; k < 2 && r >= 0; k++) {
+            if (k == 0) arena_shm_name(name, sizeof name, ns, node);
+            else ring_shm_name(name, sizeof name, ns, node);
+            if ((r = shm_remove(name)) < 0) log_error("shm_unlink(%s): %s", name, strata_strerror(r));
+            else log_info("%s removed", name);
+        }
+        if (r >= 0) r = shm_ns_remove(cfg->run_dir, node);
         return r < 0 ? 1 : 0;
     }
 
@@ -378,22 +445,29 @@ int main(int argc, char **argv)
         return 2;
     }
     s_arena_t arena;
-    rc = s_arena_open(&arena, name, plan, cfg->prefetcher[part].place.numa_node, cfg->prefetcher[part].threads, &eb);
+    rc = s_arena_open(&arena, cfg, node, plan, cfg->prefetcher[part].place.numa_node, cfg->prefetcher[part].threads, &eb);
     if (rc < 0) {
         log_error("%s", eb.msg);
         /* a virtual synthetic model whose marker, config or manifest is bad will not get better */
         return rc == STRATA_EINVAL_INPUT || rc == STRATA_EVERSION || rc == STRATA_EFORMAT ? 2 : 1;
     }
+    const char *name = arena.name;
 
+    /* xserve names its ring after the config's group name (ring_shm_name): it gets a copy whose
+     * name is this node's namespace, so the ring lives under the arena's token */
+    strata_config_t *xcfg = malloc(sizeof *xcfg);
+    if (!xcfg) return 1;
+    *xcfg = *cfg;
+    snprintf(xcfg->name, sizeof xcfg->name, "%s", arena.ns);
     xserve_t *xs = NULL;
-    if ((rc = xserve_start(&xs, cfg, part, &arena.seg, cfg->prefetcher[part].threads, &eb)) < 0) {
+    rc = xserve_start(&xs, xcfg, part, &arena.seg, cfg->prefetcher[part].threads, &eb);
+    free(xcfg);
+    if (rc < 0) {
         log_error("cpu experts: %s", eb.msg);
         shm_detach(&arena.seg);
         return rc == STRATA_EINVAL_INPUT || rc == STRATA_EFORMAT ? 2 : 1;
     }
 
-    /* the ipc socket's folder; the launcher makes it too, systemd does not */
-    if (mkdir(cfg->run_dir, 0700) < 0 && errno != EEXIST) log_warn("mkdir %s: %s", cfg->run_dir, strerror(errno));
     int exit_code = 0;
     void *ctx = zmq_ctx_new();
     void *sock = ctx ? zmq_socket(ctx, ZMQ_ROUTER) : NULL;

@@ -17,9 +17,12 @@
  *     WATCHDOG=1 at least once and then stays silent for watchdog_s is killed and restarted.
  *     (Services that never send it are not watched: the watchdog is opt-in per service here,
  *     while systemd's WatchdogSec= applies to all.)
+ *   - a prefetcher that comes back ready under a new token (common/shm.h) rebuilt its arena
+ *     under a new name; the executor still maps the old one, so it is restarted to map the new.
  *   - SIGTERM/SIGINT/SIGHUP: TERM to every service, KILL to any left after STOP_GRACE_S, then
- *     remove the group's shm segments ("/strata-<group>-*") and ipc socket files, write the
- *     state "stopped" and exit 0. The whole stop fits in 5 s.
+ *     remove the group's shm segments ("/strata-<group>-<token>-*", this user's only), their
+ *     tokens and the ipc socket files, write the state "stopped" and exit 0. The whole stop
+ *     fits in 5 s.
  * The state file run_dir/state.json (group_state.h) feeds `strata status`.
  *
  * Without --foreground the launcher detaches once the group is ready (or failed): the
@@ -84,6 +87,8 @@ typedef struct {
     bool wd_seen;
     char last_exit[48];
     int log_fd;                 /* -1: inherit stderr */
+    char ns[SHM_NS_MAX];        /* prefetcher: its namespace when it was last ready, "" before */
+    bool recycle;               /* executor: stopped to map a rebuilt arena; start it again at once */
 } svc_t;
 
 typedef struct launcher {
@@ -239,6 +244,14 @@ static void s_on_exit(uv_process_t *p, int64_t status, int sig)
         s_group_stop(L, 2, why);
         return;
     }
+    if (s->recycle) {
+        s->recycle = false;
+        s->state = SV_BACKOFF;
+        log_info("%s (pid %d) stopped (%s) to map the rebuilt arena; starting it again", s->name, (int)s->pid, s->last_exit);
+        s_write_state(L);
+        uv_timer_start(&s->timer, s_on_backoff, 0, 0);
+        return;
+    }
     if (s->state == SV_READY && now - s->ready_t >= BACKOFF_RESET_S) s->backoff_ms = L->cfg.launcher.restart_backoff_ms;
     int delay = s->backoff_ms;
     s->backoff_ms = s->backoff_ms * 2 > L->cfg.launcher.restart_backoff_max_ms ? L->cfg.launcher.restart_backoff_max_ms : s->backoff_ms * 2;
@@ -336,6 +349,32 @@ static void s_spawn(svc_t *s)
 
 /* ---- notify socket ------------------------------------------------------------------- */
 
+/* Prefetcher s is ready. If its token changed since it was last ready, it built its arena anew
+ * under a new name (the old one was stale, half-filled or refused: services/prefetcher/main.c).
+ * The executor's mappings are of the old segment: a second copy of the weights, and one nothing
+ * checks any more (a refused one may be another user's to write). Restart the executor so that
+ * it maps the new arena; the scheduler replays what was in flight, with the same tokens. */
+static void s_on_prefetcher_ready(launcher_t *L, svc_t *s)
+{
+    char ns[SHM_NS_MAX];
+    strata_errbuf_t eb = {{0}};
+    if (shm_ns_read(ns, sizeof ns, L->cfg.run_dir, L->cfg.name, s->node, &eb) < 0) {
+        log_warn("%s: its token: %s", s->name, eb.msg[0] ? eb.msg : "absent");
+        return;
+    }
+    bool moved = s->ns[0] && strcmp(s->ns, ns);
+    snprintf(s->ns, sizeof s->ns, "%s", ns);
+    if (!moved) return;
+    for (int i = 0; i < L->n_svc; i++) {
+        svc_t *x = &L->svc[i];
+        if (x->stage != 1 || !x->running || x->state == SV_STOPPING || x->recycle) continue;
+        log_warn("%s rebuilt its arena under a new name (/strata-%s-arena-%d): restarting %s (pid %d), which maps the old one",
+                 s->name, ns, s->node, x->name, (int)x->pid);
+        x->recycle = true;
+        uv_process_kill(&x->proc, SIGTERM);
+    }
+}
+
 static void s_on_notify(uv_poll_t *h, int status, int events)
 {
     launcher_t *L = h->data;
@@ -363,6 +402,7 @@ static void s_on_notify(uv_poll_t *h, int status, int events)
             s->ready_unix = gs_now_unix();
             log_info("%s (pid %d) ready after %.0f ms", s->name, (int)s->pid, (now - s->spawn_t) * 1e3);
             s_write_state(L);
+            if (s->node >= 0) s_on_prefetcher_ready(L, s);
             s_advance(L);
         }
         if (m.stopping && s->state != SV_STOPPING) {
@@ -426,11 +466,11 @@ static void s_on_tick(uv_timer_t *t)
 
 static void s_cleanup(launcher_t *L)
 {
-    char prefix[96];
-    snprintf(prefix, sizeof prefix, "/strata-%s-", L->cfg.name);
-    int n = shm_remove_prefix(prefix);
-    if (n < 0) log_warn("removing shm %s*: %s", prefix, strata_strerror(n));
-    else if (n > 0) log_info("removed %d shm segment(s) %s*", n, prefix);
+    int n = shm_remove_group(L->cfg.name);
+    if (n < 0) log_warn("removing shm /strata-%s-*: %s", L->cfg.name, strata_strerror(n));
+    else if (n > 0) log_info("removed %d shm segment(s) /strata-%s-*", n, L->cfg.name);
+    /* the next start draws new tokens: no name of this run is used again */
+    for (int i = 0; i < L->cfg.n_prefetchers; i++) shm_ns_remove(L->cfg.run_dir, L->cfg.prefetcher[i].node);
     const char *eps[3 + CONFIG_MAX_PREFETCHERS];
     int k = 0;
     eps[k++] = L->cfg.router.endpoint;

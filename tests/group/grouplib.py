@@ -1,13 +1,16 @@
 """grouplib.py - helpers for the multi-process tests: temp groups, the launcher, /proc checks.
 
 Every group gets its own run dir under /tmp, a unique group name (so its shm segments are
-/strata-<name>-*) and, where a router runs, its own port. Group.close() stops the launcher,
-kills any process of the group still alive, and removes its shm segments and run dir, so a
-failing test leaves nothing behind.
+/strata-<name>-<token>-*, the token of node N in RUN_DIR/shm-N.token) and, where a router runs,
+its own port. Group(user=NAME) runs the whole group as that user (root only: setpriv), from
+copies of the binaries and the model it can read. Group.close() stops the launcher, kills any
+process of the group still alive, and removes its shm segments and run dir, so a failing test
+leaves nothing behind.
 """
 import glob
 import json
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -89,6 +92,60 @@ def shm_segments(group):
     return sorted(glob.glob("/dev/shm/strata-%s-*" % group))
 
 
+def token(run_dir, node=0):
+    """Node's segment token (RUN_DIR/shm-N.token), or None."""
+    try:
+        with open(os.path.join(run_dir, "shm-%d.token" % node)) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def arena_path(g, node=0):
+    """The file of node's arena as its token names it now, or None."""
+    t = token(g.run_dir, node)
+    return "/dev/shm/strata-%s-%s-arena-%d" % (g.name, t, node) if t else None
+
+
+def arena_files(path):
+    """{file name: (offset, bytes)} from a ready arena's index (store/arena.h arena_index_t)."""
+    with open(path, "rb") as f:
+        f.seek(4096)
+        b = f.read(552)
+        n = struct.unpack_from("<I", b, 12)[0]
+        out = {}
+        for i in range(n):
+            e = f.read(88)
+            name = e[:64].split(b"\0")[0].decode()
+            out[name] = struct.unpack_from("<QQ", e, 64)
+    return out
+
+
+def need_root(why):
+    """Re-run this test as root through `sudo -n` when it is not root and that works; else exit 77
+    (meson: skipped)."""
+    if os.geteuid() == 0:
+        return
+    if shutil.which("sudo") and subprocess.run(["sudo", "-n", "true"], capture_output=True).returncode == 0:
+        sys.stdout.flush()
+        os.execvp("sudo", ["sudo", "-n", sys.executable] + [os.path.abspath(sys.argv[0])] + sys.argv[1:])
+    print("skipped: %s needs root (or sudo -n)" % why)
+    sys.exit(77)
+
+
+def as_user(user):
+    """The command prefix that runs a program as user, with that user's groups only."""
+    pw = pwd.getpwnam(user)
+    return ["setpriv", "--reuid=%d" % pw.pw_uid, "--regid=%d" % pw.pw_gid, "--clear-groups", "--"]
+
+
+def chown_tree(path, user):
+    pw = pwd.getpwnam(user)
+    for root, dirs, files in os.walk(path):
+        for n in [root] + [os.path.join(root, x) for x in dirs + files]:
+            os.lchown(n, pw.pw_uid, pw.pw_gid)
+
+
 def shm_header(path):
     """dict of common/shm.h shm_header_t, or None if the file is too short."""
     with open(path, "rb") as f:
@@ -110,18 +167,23 @@ class Group:
     """A process group in a temp run dir. kind: 'fake' (real prefetcher, stand-in executor,
     scheduler, router) or 'real' (every real service)."""
 
-    def __init__(self, args, kind="fake", extra=None, fake_env=None, sections=None):
+    def __init__(self, args, kind="fake", extra=None, fake_env=None, sections=None, user=None):
         _counter[0] += 1
         self.args = args
+        self.user = user
         self.name = "t%dx%d" % (os.getpid(), _counter[0])
         self.dir = tempfile.mkdtemp(prefix="strata-%s-" % self.name)
         self.run_dir = os.path.join(self.dir, "run")
-        os.mkdir(self.run_dir)
+        os.mkdir(self.run_dir, 0o700)
         self.port = free_port()
         self.proc = None
         self.log_path = os.path.join(self.dir, "launcher.log")
         self.env = dict(os.environ)
         self.env.pop("NOTIFY_SOCKET", None)
+        if user:  # nothing of the test user's: its runtime dir and registry are not this user's
+            for k in ("XDG_RUNTIME_DIR", "STRATA_REGISTRY"):
+                self.env.pop(k, None)
+            self.env["HOME"] = self.dir
         for k, v in (fake_env or {}).items():
             self.env["STRATA_FAKE_" + k.upper()] = v
         self.bin_dir = os.path.join(self.dir, "bin")
@@ -129,10 +191,21 @@ class Group:
         for svc in ("prefetcher", "executor", "scheduler", "router"):
             real = getattr(args, svc, None)
             src = real if (kind == "real" or svc == "prefetcher") else args.fake
-            os.symlink(src, os.path.join(self.bin_dir, "strata-" + svc))
+            if user:  # the build tree may not be this user's to read
+                shutil.copy(src, os.path.join(self.bin_dir, "strata-" + svc))
+            else:
+                os.symlink(src, os.path.join(self.bin_dir, "strata-" + svc))
+        self.strata = args.strata
+        model = args.model
+        if user:
+            self.strata = os.path.join(self.bin_dir, "strata")
+            shutil.copy(args.strata, self.strata)
+            model = os.path.join(self.dir, "model")
+            shutil.copytree(args.model, model)
+        self.model = model
         self.config = os.path.join(self.dir, "group.ini")
         sec = {
-            "group": {"name": self.name, "run_dir": self.run_dir, "model": args.model},
+            "group": {"name": self.name, "run_dir": self.run_dir, "model": model},
             "router": {"endpoint": "tcp://127.0.0.1:%d" % self.port, "cpus": ""},
             "launcher": {"restart_backoff_ms": "100", "restart_backoff_max_ms": "1000", "ready_timeout_s": "20"},
             "prefetcher.0": {"numa_node": "-1"},
@@ -145,10 +218,13 @@ class Group:
                 for k, v in kv.items():
                     f.write("%s = %s\n" % (k, v))
         self.extra = extra or []
+        if user:
+            chown_tree(self.dir, user)
 
     # -- launcher --
     def start(self, wait=True, foreground=True, timeout=30):
-        cmd = [self.args.strata, "up", "--config", self.config, "--bin-dir", self.bin_dir] + self.extra
+        cmd = (as_user(self.user) if self.user else []) + [self.strata, "up", "--config", self.config, "--bin-dir", self.bin_dir]
+        cmd += self.extra
         if foreground:
             cmd.append("--foreground")
         try:  # a state file from an earlier launcher of this group must not look current

@@ -120,7 +120,7 @@ def case_executor_restart():
         m = maps(s["pid"])
         mb = model_bytes()
         model_maps = [l for l in m if A.model in l]
-        arena_maps = [l for l in m if "/dev/shm/strata-%s-arena-" % g.name in l]
+        arena_maps = [l for l in m if "/dev/shm/strata-%s-" % g.name in l and "-arena-" in l]
         restart_ms = (s["ready_unix"] - s["started_unix"]) * 1000
         print("  model files %.1f MiB; prefetcher read %.1f MiB filling the arena; restarted executor read %.1f KiB "
               "(rchar, all files), %d KiB from the block device, ready %.0f ms after spawn"
@@ -196,8 +196,8 @@ def case_two_arenas():
     secs = {"prefetcher.0": {"numa_node": "-1"}, "prefetcher.1": {"numa_node": "-1"}}
     with gl.Group(A, kind="real", sections=secs) as g:
         g.start()
-        segs = [p for p in gl.shm_segments(g.name) if "-arena-" in p]
-        assert [os.path.basename(p)[-7:] for p in segs] == ["arena-0", "arena-1"], segs
+        segs = [gl.arena_path(g, 0), gl.arena_path(g, 1)]
+        assert sorted(p for p in gl.shm_segments(g.name) if "-arena-" in p) == sorted(segs), (segs, gl.shm_segments(g.name))
         sizes = [gl.shm_header(p)["size"] for p in segs]
         assert all(s < model_bytes() for s in sizes), "each arena holds part of the weights: %s vs %d" % (sizes, model_bytes())
         m = maps(g.svc("executor")["pid"])
@@ -237,8 +237,8 @@ def case_cpu_experts():
     want = reference_answers()
     with gl.Group(A, kind="real", sections=cpu_sections("cpu")) as g:
         g.start()
-        rings = [p for p in gl.shm_segments(g.name) if "-ring-" in p]
-        assert [os.path.basename(p)[-6:] for p in rings] == ["ring-0", "ring-1"], rings
+        rings = sorted(p for p in gl.shm_segments(g.name) if "-ring-" in p)
+        assert sorted(p.replace("-arena-", "-ring-") for p in (gl.arena_path(g, 0), gl.arena_path(g, 1))) == rings, rings
         got = {i: answer(g, p) for i, p in enumerate(PROMPTS)}
         st = ex_stats(g)
         print("  cpu experts: %s" % {k: v for k, v in st.items() if k.startswith("cpu_expert")})

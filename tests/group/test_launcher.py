@@ -154,10 +154,12 @@ def case_prefetcher_kill():
 
 
 def case_prefetcher_rebuild():
-    """A half-filled arena left by a dead owner is rebuilt; one built from other files too."""
+    """A half-filled arena left by a dead owner is rebuilt; one built from other files too. Each
+    rebuild is under a new token, so a new name; the old segment is removed (it was ours) and
+    the executor, which mapped it, is restarted."""
     with gl.Group(A) as g:
         g.start()
-        path = [p for p in gl.shm_segments(g.name) if "-arena-" in p][0]
+        path = gl.arena_path(g)
         h0 = gl.shm_header(path)
         # make the segment look like its filler died half-way: ready = 0, owner = a dead pid
         p = subprocess.Popen(["true"])
@@ -172,17 +174,27 @@ def case_prefetcher_rebuild():
         s = g.wait_svc("prefetcher.0", lambda s: s["pid"] not in (0, old) and s["state"] == "ready")
         st = prefetcher_status(g)
         assert st["reattached"] is False and st["fill_ms"] > 0, st
-        h = gl.shm_header(path)
+        new = gl.arena_path(g)
+        assert new != path and not os.path.exists(path), (path, new, gl.shm_segments(g.name))
+        h = gl.shm_header(new)
         assert h["ready"] == 1 and h["owner_pid"] == s["pid"] and h["created_ns"] != h0["created_ns"], (h0, h)
         assert "left half-filled by a dead owner; rebuilding" in g.read_log(), "the prefetcher says why it rebuilt"
+        g.wait_svc("executor", lambda s: s["restarts"] == 1 and s["state"] == "ready")
+        assert "rebuilt its arena under a new name" in g.read_log()
     with gl.Group(A) as g:
-        path = "/dev/shm/strata-%s-arena-0" % g.name
+        tok = "0123456789abcdef"
+        fd = os.open(os.path.join(g.run_dir, "shm-0.token"), os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(fd, (tok + "\n").encode())
+        os.close(fd)
+        path = "/dev/shm/strata-%s-%s-arena-0" % (g.name, tok)
         gl.shm_write_header(path, 8 << 20, os.getpid(), ready=1, layout_hash=12345)
         g.start()
         st = prefetcher_status(g)
         assert st["reattached"] is False, st
         assert "layout hash" in g.read_log() and "rebuilding" in g.read_log()
-        h = gl.shm_header(path)
+        new = gl.arena_path(g)
+        assert new != path and not os.path.exists(path), (path, new)
+        h = gl.shm_header(new)
         assert h["ready"] == 1 and h["layout_hash"] != 12345, h
 
 

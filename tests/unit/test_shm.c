@@ -1,4 +1,6 @@
-/* test_shm.c - shm segments (common/shm.c) and weight arena layout (store/arena.c). */
+/* test_shm.c - shm segments (common/shm.c), who may own them, the run dir and the tokens that
+ * name them, and weight arena layout (store/arena.c). The checks against another owner run as
+ * root only (they chown to nobody, uid 65534); the mode and symlink checks run as anyone. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -126,6 +128,159 @@ static void test_segment(void)
     T_CHECK(shm_remove(name) == 0, "remove absent is ok");
 }
 
+/* Who may own and write a segment: refused before anything of it is read. */
+static void test_trust(void)
+{
+    char name[96], link[96], path[128], lpath[128];
+    snprintf(name, sizeof name, "%strust", s_prefix);
+    snprintf(link, sizeof link, "%slink", s_prefix);
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    snprintf(lpath, sizeof lpath, "/dev/shm%s", link);
+    shm_seg_t s, r;
+    strata_errbuf_t eb = {{0}};
+    const uint64_t hash = 77;
+    T_CHECK(shm_create(&s, name, 1u << 20, hash, -1, &eb) == 0, "create: %s", eb.msg);
+    shm_publish(&s);
+    struct stat st;
+    T_CHECK(stat(path, &st) == 0 && (st.st_mode & 07777) == 0600 && st.st_uid == geteuid(), "created 0600, ours: 0%o",
+            (unsigned)st.st_mode);
+    T_CHECK(shm_check_name(name, &eb) == 0, "own segment passes: %s", eb.msg);
+    int rc = shm_attach(&r, name, hash, SHM_WRITE, &eb);
+    T_CHECK(rc == 0, "attach own: %d %s", rc, eb.msg);
+    if (rc == 0) shm_detach(&r);
+
+    /* writable by others: refused, whichever way it is attached */
+    chmod(path, 0666);
+    for (int w = 0; w < 2; w++) {
+        rc = shm_attach(&r, name, hash, w ? SHM_WRITE : 0, &eb);
+        T_CHECK(rc == -EPERM && strstr(eb.msg, name) && strstr(eb.msg, "mode 0666") && strstr(eb.msg, "refused"),
+                "0666 refused (write %d): %d %s", w, rc, eb.msg);
+    }
+    T_CHECK(shm_check_name(name, &eb) == -EPERM && strstr(eb.msg, "mode 0666"), "check_name 0666: %s", eb.msg);
+    chmod(path, 0620);
+    T_CHECK(shm_attach(&r, name, hash, 0, &eb) == -EPERM && strstr(eb.msg, "mode 0620"), "group-writable refused: %s", eb.msg);
+    chmod(path, 0600);
+
+    /* a symbolic link to our own segment: refused, and removing it removes only the link */
+    T_CHECK(symlink(path, lpath) == 0, "symlink");
+    rc = shm_attach(&r, link, hash, 0, &eb);
+    T_CHECK(rc == -EPERM && strstr(eb.msg, link) && strstr(eb.msg, "symbolic link"), "symlink refused: %d %s", rc, eb.msg);
+    T_CHECK(shm_check_name(link, &eb) == -EPERM && strstr(eb.msg, "symbolic link"), "check_name symlink: %s", eb.msg);
+    T_CHECK(shm_remove(link) == 0 && access(path, F_OK) == 0, "the link removed, its target kept");
+
+    if (geteuid() == 0) {
+        /* another user's segment (what a planted one is): refused, and never removed */
+        T_CHECK(chown(path, 65534, 65534) == 0, "chown");
+        rc = shm_attach(&r, name, hash, SHM_WRITE, &eb);
+        T_CHECK(rc == -EPERM && strstr(eb.msg, name) && strstr(eb.msg, "owned by uid 65534") && strstr(eb.msg, "refused"),
+                "another owner refused: %d %s", rc, eb.msg);
+        T_CHECK(shm_check_name(name, &eb) == -EPERM && strstr(eb.msg, "uid 65534"), "check_name owner: %s", eb.msg);
+        T_CHECK(shm_remove(name) == -EPERM && access(path, F_OK) == 0, "shm_remove leaves another user's segment");
+        T_CHECK(shm_count_prefix(s_prefix) == 0 && shm_remove_prefix(s_prefix) == 0 && access(path, F_OK) == 0,
+                "prefix scans skip another user's segment");
+        T_CHECK(chown(path, 0, 0) == 0, "chown back");
+    } else {
+        fprintf(stderr, "test_trust: not root: the other-owner checks are skipped\n");
+    }
+    shm_detach(&s);
+    T_CHECK(shm_remove(name) == 0 && access(path, F_OK) != 0, "own segment removed");
+}
+
+static void s_write_text(const char *path, const char *text, mode_t mode)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, mode);
+    if (fd >= 0) {
+        if (write(fd, text, strlen(text)) < 0) perror(path);
+        fchmod(fd, mode);
+        close(fd);
+    }
+}
+
+/* The run dir and the token files in it. */
+static void test_run_dir(void)
+{
+    char top[] = "/tmp/test_rundir_XXXXXX";
+    T_CHECK(mkdtemp(top) != NULL, "mkdtemp");
+    char rd[128], sub[160], lnk[128], tok[200], other[128];
+    snprintf(rd, sizeof rd, "%s/run", top);
+    snprintf(sub, sizeof sub, "%s/run/sub", top);
+    snprintf(lnk, sizeof lnk, "%s/link", top);
+    snprintf(tok, sizeof tok, "%s/run/shm-3.token", top);
+    strata_errbuf_t eb = {{0}};
+    T_CHECK(shm_check_run_dir(rd, &eb) == -ENOENT, "absent: -ENOENT");
+    mkdir(rd, 0700);
+    T_CHECK(shm_check_run_dir(rd, &eb) == 0, "0700: %s", eb.msg);
+    chmod(rd, 0755);
+    T_CHECK(shm_check_run_dir(rd, &eb) == 0, "0755 (others may read, not write): %s", eb.msg);
+    chmod(rd, 0777);
+    int rc = shm_check_run_dir(rd, &eb);
+    T_CHECK(rc == STRATA_EINVAL_INPUT && strstr(eb.msg, rd) && strstr(eb.msg, "mode 0777"), "0777 refused: %d %s", rc, eb.msg);
+    chmod(rd, 0700);
+    T_CHECK(symlink(rd, lnk) == 0, "symlink");
+    rc = shm_check_run_dir(lnk, &eb);
+    T_CHECK(rc == STRATA_EINVAL_INPUT && strstr(eb.msg, lnk) && strstr(eb.msg, "symbolic link"), "symlink refused: %s", eb.msg);
+    /* a folder above it that others may write (not sticky): they could swap the run dir */
+    mkdir(sub, 0700);
+    chmod(rd, 0777);
+    rc = shm_check_run_dir(sub, &eb);
+    T_CHECK(rc == STRATA_EINVAL_INPUT && strstr(eb.msg, "above it") && strstr(eb.msg, rd), "writable folder above: %s", eb.msg);
+    chmod(rd, 01777);
+    T_CHECK(shm_check_run_dir(sub, &eb) == 0, "sticky folder above, as /tmp: %s", eb.msg);
+    chmod(rd, 0700);
+    rmdir(sub);
+    if (geteuid() == 0) {
+        T_CHECK(chown(rd, 65534, 65534) == 0, "chown");
+        rc = shm_check_run_dir(rd, &eb);
+        T_CHECK(rc == STRATA_EINVAL_INPUT && strstr(eb.msg, "owned by uid 65534"), "another owner refused: %s", eb.msg);
+        T_CHECK(shm_ns_read(other, sizeof other, rd, "g", 3, &eb) == STRATA_EINVAL_INPUT, "no token read from it");
+        T_CHECK(chown(rd, 0, 0) == 0, "chown back");
+    }
+
+    /* tokens */
+    char ns[SHM_NS_MAX], ns2[SHM_NS_MAX];
+    T_CHECK(shm_ns_read(ns, sizeof ns, rd, "grp", 3, &eb) == -ENOENT, "no token yet");
+    T_CHECK(shm_ns_new(ns, sizeof ns, rd, "grp", 3, &eb) == 0, "new token: %s", eb.msg);
+    T_CHECK(strlen(ns) == 4 + SHM_TOKEN_CHARS && !strncmp(ns, "grp-", 4) && strspn(ns + 4, "0123456789abcdef") == SHM_TOKEN_CHARS,
+            "namespace '%s'", ns);
+    struct stat st;
+    T_CHECK(stat(tok, &st) == 0 && (st.st_mode & 07777) == 0600, "token file 0600");
+    T_CHECK(shm_ns_read(ns2, sizeof ns2, rd, "grp", 3, &eb) == 0 && !strcmp(ns, ns2), "read back: %s %s", ns, ns2);
+    T_CHECK(shm_ns_new(ns2, sizeof ns2, rd, "grp", 3, &eb) == 0 && strcmp(ns, ns2), "a new token each time: %s %s", ns, ns2);
+    chmod(tok, 0666);
+    rc = shm_ns_read(ns, sizeof ns, rd, "grp", 3, &eb);
+    T_CHECK(rc == STRATA_EINVAL_INPUT && strstr(eb.msg, tok) && strstr(eb.msg, "mode 0666"), "writable token refused: %s", eb.msg);
+    s_write_text(tok, "0123456789abcdeZ\n", 0600);
+    T_CHECK(shm_ns_read(ns, sizeof ns, rd, "grp", 3, &eb) == STRATA_EFORMAT, "not a token: %s", eb.msg);
+    s_write_text(tok, "0123456789abcdef\n", 0600);
+    T_CHECK(shm_ns_read(ns, sizeof ns, rd, "grp", 3, &eb) == 0 && !strcmp(ns, "grp-0123456789abcdef"), "written by hand: %s", ns);
+    unlink(tok);
+    char target[200];
+    snprintf(target, sizeof target, "%s/elsewhere", top);
+    s_write_text(target, "0123456789abcdef\n", 0600);
+    T_CHECK(symlink(target, tok) == 0, "token symlink");
+    rc = shm_ns_read(ns, sizeof ns, rd, "grp", 3, &eb);
+    T_CHECK(rc == STRATA_EINVAL_INPUT && strstr(eb.msg, "symbolic link"), "token symlink refused: %s", eb.msg);
+    T_CHECK(shm_ns_remove(rd, 3) == 0 && shm_ns_read(ns, sizeof ns, rd, "grp", 3, &eb) == -ENOENT, "token removed");
+    T_CHECK(shm_ns_remove(rd, 3) == 0, "removing an absent token is ok");
+
+    /* the group scan: this group's segments with a token, not another group's */
+    char a[96], b[96], c2[96];
+    snprintf(a, sizeof a, "/strata-tg%d-0123456789abcdef-arena-0", (int)getpid());
+    snprintf(b, sizeof b, "/strata-tg%d-arena-1", (int)getpid());
+    snprintf(c2, sizeof c2, "/strata-tg%d-x-0123456789abcdef-arena-0", (int)getpid());
+    char grp[32];
+    snprintf(grp, sizeof grp, "tg%d", (int)getpid());
+    for (int i = 0; i < 3; i++) {
+        int fd = shm_open(i == 0 ? a : i == 1 ? b : c2, O_RDWR | O_CREAT, 0600);
+        if (fd >= 0) close(fd);
+    }
+    T_CHECK(shm_remove_group(grp) == 2, "group scan removes its own two");
+    T_CHECK(shm_remove(c2) == 0, "another group's segment was left");
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", top);
+    T_CHECK(system(cmd) == 0, "cleanup");
+}
+
 static int s_write_file(const char *dir, const char *name, size_t n, uint64_t *rng)
 {
     char path[512];
@@ -143,9 +298,13 @@ static int s_write_file(const char *dir, const char *name, size_t n, uint64_t *r
 static int s_build(const strata_config_t *c, int part, arena_plan_t *p)
 {
     strata_errbuf_t eb = {{0}};
-    char name[SHM_NAME_MAX];
+    char name[SHM_NAME_MAX], ns[SHM_NS_MAX];
     shm_seg_t s;
-    arena_shm_name(name, sizeof name, c->name, c->prefetcher[part].node);
+    if (shm_ns_new(ns, sizeof ns, c->run_dir, c->name, c->prefetcher[part].node, &eb) < 0) {
+        fprintf(stderr, "build: %s\n", eb.msg);
+        return -1;
+    }
+    arena_shm_name(name, sizeof name, ns, c->prefetcher[part].node);
     if (arena_plan(p, c->model, part, c->n_prefetchers, c->prefetcher[part].node, &eb) < 0 ||
         shm_create(&s, name, p->seg_bytes, p->layout_hash, -1, &eb) < 0) {
         fprintf(stderr, "build: %s\n", eb.msg);
@@ -190,11 +349,17 @@ static void test_arena(uint64_t *rng)
     mkdir(strcat(strcpy((char[600]){0}, dir), "/subdir"), 0700); /* folders are skipped */
     s_write_file(dir, ".hidden", 10, rng);                         /* hidden files too */
 
+    char run[] = "/tmp/test_arena_run_XXXXXX";
+    T_CHECK(mkdtemp(run) != NULL, "mkdtemp run dir");
     char text[1024];
-    snprintf(text, sizeof text, "[group]\nname = t%d\nmodel = %s\n[prefetcher.0]\n[prefetcher.3]\n", (int)getpid(), dir);
+    snprintf(text, sizeof text, "[group]\nname = t%d\nmodel = %s\nrun_dir = %s\n[prefetcher.0]\n[prefetcher.3]\n", (int)getpid(), dir,
+             run);
     strata_config_t c;
     strata_errbuf_t eb = {{0}};
     T_CHECK(config_parse(&c, text, "arena.ini", &eb) == 0, "config: %s", eb.msg);
+    arena_set_t set;
+    int rc = arena_set_attach(&set, &c, &eb);
+    T_CHECK(rc == -ENOENT && strstr(eb.msg, "no token"), "no token yet: %d %s", rc, eb.msg);
 
     arena_plan_t p0, p1, p;
     T_CHECK(arena_plan(&p0, dir, 0, 2, 0, &eb) == 0 && arena_plan(&p1, dir, 1, 2, 3, &eb) == 0, "plan: %s", eb.msg);
@@ -217,8 +382,7 @@ static void test_arena(uint64_t *rng)
 
     /* build both arenas, attach as the executor would, compare every byte */
     T_CHECK(s_build(&c, 0, &p0) == 0 && s_build(&c, 1, &p1) == 0, "build arenas");
-    arena_set_t set;
-    int rc = arena_set_attach(&set, &c, &eb);
+    rc = arena_set_attach(&set, &c, &eb);
     T_CHECK(rc == 0 && set.n == 2, "attach set: %d %s", rc, eb.msg);
     if (rc == 0) {
         for (int i = 0; i < 7; i++) {
@@ -244,12 +408,15 @@ static void test_arena(uint64_t *rng)
     utimensat(AT_FDCWD, path, ts, 0);
     rc = arena_set_attach(&set, &c, &eb);
     T_CHECK(rc == STRATA_EVERSION && strstr(eb.msg, "layout hash"), "stale arena refused: %d %s", rc, eb.msg);
+    /* a run dir others may write names nothing: the attach is refused at once (final, exit 2) */
+    chmod(run, 0777);
+    rc = arena_set_attach(&set, &c, &eb);
+    T_CHECK(rc == STRATA_EINVAL_INPUT && strstr(eb.msg, run) && strstr(eb.msg, "mode 0777"), "run dir 0777: %d %s", rc, eb.msg);
+    chmod(run, 0700);
 
-    char prefix[96];
-    snprintf(prefix, sizeof prefix, "/strata-%s-", c.name);
-    T_CHECK(shm_remove_prefix(prefix) == 2, "remove arenas");
+    T_CHECK(shm_remove_group(c.name) == 2, "remove arenas");
     char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, run);
     T_CHECK(system(cmd) == 0, "cleanup");
 }
 
@@ -258,6 +425,8 @@ int main(void)
     uint64_t rng = t_seed();
     snprintf(s_prefix, sizeof s_prefix, "/strata-test%d-", (int)getpid());
     test_segment();
+    test_trust();
+    test_run_dir();
     test_arena(&rng);
     shm_remove_prefix(s_prefix);
     return t_done("test_shm");
