@@ -23,6 +23,8 @@
  *     remove the group's shm segments ("/strata-<group>-<token>-*", this user's only), their
  *     tokens and the ipc socket files, write the state "stopped" and exit 0. The whole stop
  *     fits in 5 s.
+ * The run dir (made 0700 if absent) is refused with exit 2 unless this user owns it and no
+ * other may write it: it holds the sockets, the state and the tokens that name the segments.
  * The state file run_dir/state.json (group_state.h) feeds `strata status`.
  *
  * Without --foreground the launcher detaches once the group is ready (or failed): the
@@ -577,6 +579,17 @@ static int s_mkdirs(const char *path)
     return 0;
 }
 
+/* Make the run dir (0700) if it is absent, and check the one there is (shm_check_run_dir):
+ * whoever may write it could take the group's sockets and state and choose its segment names,
+ * so one that another user owns or may write, or a symbolic link, is refused. */
+static int s_run_dir(const char *path, strata_errbuf_t *eb)
+{
+    int r = s_mkdirs(path);
+    if (r < 0) return strata_seterr(eb, r, "run dir %s: %s", path, strerror(-r));
+    r = shm_check_run_dir(path, eb);
+    return r == -ENOENT ? strata_seterr(eb, r, "run dir %s: vanished after mkdir", path) : r;
+}
+
 static char **s_make_env(const launcher_t *L)
 {
     static const char *const drop[] = {"NOTIFY_SOCKET=", "WATCHDOG_USEC=", "WATCHDOG_PID=", "LISTEN_FDS=", "LISTEN_PID=",
@@ -745,7 +758,12 @@ int cmd_up(int argc, char **argv)
     if (demo) {
         char rd[PATH_MAX], model_dir[PATH_MAX + 16], path[PATH_MAX + 16];
         if (!run_dir) run_dir = "/tmp/strata-demo";
-        if (s_mkdirs(run_dir) < 0 || !realpath(run_dir, rd)) {
+        if (s_run_dir(run_dir, &eb) < 0) {
+            fprintf(stderr, "strata up: %s\n", eb.msg);
+            rc = 2;
+            goto done;
+        }
+        if (!realpath(run_dir, rd)) {
             fprintf(stderr, "strata up: run dir %s: %s\n", run_dir, strerror(errno));
             goto done;
         }
@@ -828,9 +846,10 @@ int cmd_up(int argc, char **argv)
         if ((rc = s_find_bin(L, dirs[L->svc[i].stage], L->svc[i].exe, sizeof L->svc[i].exe))) goto done;
     rc = 1;
 
-    int r = s_mkdirs(L->cfg.run_dir);
+    int r = s_run_dir(L->cfg.run_dir, &eb);
     if (r < 0) {
-        fprintf(stderr, "strata up: run_dir %s: %s\n", L->cfg.run_dir, strerror(-r));
+        fprintf(stderr, "strata up: %s: [group] %s\n", L->config_path, eb.msg);
+        rc = 2;
         goto done;
     }
     int lock_fd = gs_lock(L->cfg.run_dir);

@@ -167,14 +167,17 @@ class Group:
     """A process group in a temp run dir. kind: 'fake' (real prefetcher, stand-in executor,
     scheduler, router) or 'real' (every real service)."""
 
-    def __init__(self, args, kind="fake", extra=None, fake_env=None, sections=None, user=None):
+    def __init__(self, args, kind="fake", extra=None, fake_env=None, sections=None, user=None, default_run_dir=False):
         _counter[0] += 1
         self.args = args
         self.user = user
         self.name = "t%dx%d" % (os.getpid(), _counter[0])
         self.dir = tempfile.mkdtemp(prefix="strata-%s-" % self.name)
-        self.run_dir = os.path.join(self.dir, "run")
-        os.mkdir(self.run_dir, 0o700)
+        # default_run_dir: the config names none, so it is the predictable /tmp/strata-<name>, made by up
+        self.default_run_dir = default_run_dir
+        self.run_dir = "/tmp/strata-" + self.name if default_run_dir else os.path.join(self.dir, "run")
+        if not default_run_dir:
+            os.mkdir(self.run_dir, 0o700)
         self.port = free_port()
         self.proc = None
         self.log_path = os.path.join(self.dir, "launcher.log")
@@ -205,7 +208,7 @@ class Group:
         self.model = model
         self.config = os.path.join(self.dir, "group.ini")
         sec = {
-            "group": {"name": self.name, "run_dir": self.run_dir, "model": model},
+            "group": dict({"name": self.name, "model": model}, **({} if default_run_dir else {"run_dir": self.run_dir})),
             "router": {"endpoint": "tcp://127.0.0.1:%d" % self.port, "cpus": ""},
             "launcher": {"restart_backoff_ms": "100", "restart_backoff_max_ms": "1000", "ready_timeout_s": "20"},
             "prefetcher.0": {"numa_node": "-1"},
@@ -321,6 +324,10 @@ class Group:
                 pass
         if getattr(self, "log", None):
             self.log.close()
+        if self.default_run_dir and os.path.islink(self.run_dir):
+            os.unlink(self.run_dir)
+        elif self.default_run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self):

@@ -15,6 +15,7 @@ import glob
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -196,6 +197,57 @@ def case_prefetcher_rebuild():
         assert new != path and not os.path.exists(path), (path, new)
         h = gl.shm_header(new)
         assert h["ready"] == 1 and h["layout_hash"] != 12345, h
+
+
+def case_run_dir_planted():
+    """An existing run dir is checked, not trusted. At the default /tmp/strata-<name>: a folder
+    of mode 0777 owned by another user (nobody; root only), as it was found holding a group's
+    sockets and state.json; one of mode 0777 that is ours; a symlink to a folder of ours. Each is
+    refused by strata up (and by the prefetcher alone, as systemd starts it) with exit 2 and
+    one line naming it and its owner or mode, and nothing is written into it. Once it is gone,
+    up makes it 0700 and the group starts."""
+    with gl.Group(A, default_run_dir=True) as g:
+        rd = g.run_dir
+        assert rd == "/tmp/strata-" + g.name and not os.path.lexists(rd), rd
+        elsewhere = os.path.join(g.dir, "elsewhere")
+        os.mkdir(elsewhere, 0o700)
+        variants = [("mode", "mode 0777"), ("symlink", "a symbolic link")]
+        if os.geteuid() == 0:
+            variants.insert(0, ("nobody", "owned by uid 65534 (nobody)"))
+        else:
+            print("  not root: the folder owned by another user is not tried")
+        for kind, want in variants:
+            if kind == "symlink":
+                os.symlink(elsewhere, rd)
+            else:
+                os.mkdir(rd)
+                os.chmod(rd, 0o777)
+                if kind == "nobody":
+                    os.chown(rd, 65534, 65534)
+            out = subprocess.run([A.strata, "up", "--config", g.config, "--bin-dir", g.bin_dir, "--foreground"], capture_output=True,
+                                 text=True, env=g.env, timeout=30)
+            lines = out.stderr.strip().splitlines()
+            assert out.returncode == 2 and len(lines) == 1 and rd in lines[0] and want in lines[0], (kind, out)
+            print("  %s: %s" % (kind, lines[0]))
+            pf = subprocess.run([A.prefetcher, "--config", g.config, "--node", "0"], capture_output=True, text=True, env=g.env,
+                                timeout=30)
+            assert pf.returncode == 2 and want in pf.stderr and len(pf.stderr.strip().splitlines()) == 1, (kind, pf)
+            target = elsewhere if kind == "symlink" else rd
+            assert not os.listdir(target), "%s: written into: %s" % (kind, os.listdir(target))
+            assert not gl.shm_segments(g.name), gl.shm_segments(g.name)
+            if kind == "symlink":
+                os.unlink(rd)
+            else:
+                os.rmdir(rd)
+        # the demo's --run-dir is checked the same way
+        os.chmod(elsewhere, 0o777)
+        out = subprocess.run([A.strata, "up", "--demo", "--run-dir", elsewhere, "--name", g.name, "--port", str(g.port)],
+                             capture_output=True, text=True, env=g.env, timeout=30)
+        assert out.returncode == 2 and "mode 0777" in out.stderr and elsewhere in out.stderr, out
+        assert not os.listdir(elsewhere), os.listdir(elsewhere)
+        g.start()
+        st = os.lstat(rd)
+        assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o700, oct(st.st_mode)
 
 
 def case_backoff():
