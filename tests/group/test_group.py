@@ -25,6 +25,12 @@ Cases:
                     answer identical; the restarted prefetcher serves jobs again
   cpu_experts_stop  SIGSTOP of one of them while 8 clients stream: no hang (bounded wait, then the
                     fallback), every answer identical; after SIGCONT it serves again
+  planted_arena     a live arena chowned to nobody with mode 0666 and its prefetcher killed, then
+                    nobody writing 1 MiB into it: refused, rebuilt under a new name, the answers
+                    unchanged (root: nobody through setpriv)
+  nonroot           the group as nobody, as the systemd units run it: its own 0700 / 0600 files,
+                    and names another user planted (the old fixed ones, and its own arena's once
+                    that is gone) refused without blocking it (root: setpriv)
 
 usage: test_group.py --strata BIN --prefetcher BIN --executor BIN --scheduler BIN --router BIN
                      --client-py DIR CASE...
@@ -32,6 +38,7 @@ usage: test_group.py --strata BIN --prefetcher BIN --executor BIN --scheduler BI
 import argparse
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -314,6 +321,124 @@ def case_cpu_experts_stop():
                 os.kill(stopped["pid"], signal.SIGCONT)
             except ProcessLookupError:
                 pass
+
+
+def uid_of(pid):
+    return int(gl.proc_status(pid, "Uid").split()[1])
+
+
+def as_nobody(code):
+    """Run python code as nobody; returns the CompletedProcess."""
+    return subprocess.run(gl.as_user("nobody") + [sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+
+
+def case_planted_arena():
+    """The probe, as it was found: a live group's arena chowned to nobody with mode 0666, its
+    prefetcher killed, then nobody writing 1 MiB of zeros over the weights in it. The restarted
+    prefetcher refuses the segment with a line naming it and its owner, leaves it as it is and
+    fills a new arena from the model files under a new token (a name nobody could have
+    guessed); the launcher moves the executor to it. So nobody's write lands in a segment no
+    process of the group maps: every answer stays as it was, and nobody cannot open the new
+    arena for writing. Before the start nobody had planted the fixed names older builds used:
+    the group never looks at them."""
+    gl.need_root("acting as a second uid (nobody)")
+    with gl.Group(A, kind="real") as g:
+        fixed = ["/dev/shm/strata-%s-arena-0" % g.name, "/dev/shm/strata-%s-ring-0" % g.name]
+        for p in fixed:
+            r = as_nobody("import os; fd = os.open(%r, os.O_CREAT | os.O_WRONLY, 0o666); os.fchmod(fd, 0o666); os.ftruncate(fd, 8 << 20)" % p)
+            assert r.returncode == 0, r
+        g.start()
+        want = {i: answer(g, p) for i, p in enumerate(PROMPTS[:3])}
+        arena = gl.arena_path(g)
+        assert arena and arena not in fixed, (arena, fixed)
+        assert all(os.stat(p).st_uid == 65534 and os.stat(p).st_size == 8 << 20 for p in fixed), "the planted files are untouched"
+        st = os.stat(arena)
+        assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o600, oct(st.st_mode)
+        pf, ex = g.svc("prefetcher.0")["pid"], g.svc("executor")["pid"]
+        os.chown(arena, 65534, 65534)
+        os.chmod(arena, 0o666)
+        os.kill(pf, signal.SIGKILL)
+        g.wait_svc("prefetcher.0", lambda s: s["pid"] not in (0, pf) and s["state"] == "ready")
+        e = g.wait_svc("executor", lambda s: s["pid"] not in (0, ex) and s["state"] == "ready", timeout=60)
+        log = g.read_log()
+        seg = arena[len("/dev/shm"):]
+        refused = [l for l in log.splitlines() if seg in l and "refused" in l]
+        assert refused and "owned by uid 65534 (nobody)" in refused[0], log
+        print("  " + refused[0].strip())
+        assert "reattached" not in log, "nothing was reattached"
+        new = gl.arena_path(g)
+        assert new != arena and ("arena %s: filled" % new[len("/dev/shm"):]) in log, (new, log)
+        st = os.stat(new)
+        assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o600, oct(st.st_mode)
+        assert os.stat(arena).st_uid == 65534, "the refused segment is left as it is"
+        m = maps(e["pid"])
+        assert any(new in l for l in m) and not any(arena in l for l in m), "the executor maps the new arena only"
+        # what the probe did next: 1 MiB of zeros from the first weight file's image on
+        off, _ = gl.arena_files(arena)["resident.bin"]
+        r = as_nobody("f = open(%r, 'r+b'); f.seek(%d); f.write(bytes(1 << 20)); f.close()" % (arena, off))
+        assert r.returncode == 0, r
+        with open(arena, "rb") as f:
+            f.seek(off)
+            assert f.read(1 << 20) == bytes(1 << 20), "nobody's write landed in the refused segment"
+        r = as_nobody("open(%r, 'r+b')" % new)
+        assert r.returncode != 0 and "Permission denied" in r.stderr, r
+        got = {i: answer(g, p) for i, p in enumerate(PROMPTS[:3])}
+        assert got == want, "the answers changed: %s" % {i: (want[i], got[i]) for i in got if got[i] != want[i]}
+        assert g.svc("executor")["restarts"] == 1 and g.svc("prefetcher.0")["restarts"] == 1
+
+
+def case_nonroot():
+    """The group as a non-root user, as the systemd units run it (nobody, through setpriv):
+    every process runs as that uid, and its run dir, token and segments are its own, 0700 and
+    0600. Names another user planted do not block it: root's files at the fixed names older
+    builds used, which nobody cannot unlink from the sticky /dev/shm (O_EXCL would refuse to
+    create them), are never looked at; and once the group's own arena is gone while its token
+    stays (after a reboot /dev/shm is empty, a run dir on disk is not), a file root plants at
+    that name is refused with a line naming it and its owner, left as it is, and the arena is
+    rebuilt under a new name. The answers do not change."""
+    gl.need_root("switching to nobody")
+    with gl.Group(A, kind="real", user="nobody") as g:
+        fixed = ["/dev/shm/strata-%s-arena-0" % g.name, "/dev/shm/strata-%s-ring-0" % g.name]
+        for p in fixed:
+            with open(p, "wb") as f:
+                f.write(b"planted")
+            os.chmod(p, 0o644)
+        g.start()
+        pids = g.pids()
+        assert all(uid_of(p) == 65534 for p in list(pids.values()) + [g.proc.pid]), {n: uid_of(p) for n, p in pids.items()}
+        want = answer(g, PROMPTS[0])
+        arena = gl.arena_path(g)
+        tok = os.path.join(g.run_dir, "shm-0.token")
+        for p, mode in [(g.run_dir, 0o700), (tok, 0o600), (arena, 0o600), (arena.replace("-arena-", "-ring-"), 0o600)]:
+            st = os.stat(p)
+            assert st.st_uid == 65534 and stat.S_IMODE(st.st_mode) == mode, (p, st.st_uid, oct(st.st_mode))
+        # the launcher dies; its services follow; arena and token stay
+        g.proc.kill()
+        g.proc.wait()
+        t0 = time.time()
+        while any(gl.alive(p) for p in pids.values()) and time.time() - t0 < 5:
+            time.sleep(0.02)
+        # /dev/shm emptied of the group's segments, the token kept; root plants the arena's name
+        for p in gl.shm_segments(g.name):
+            if os.stat(p).st_uid == 65534:
+                os.unlink(p)
+        with open(arena, "wb") as f:
+            f.write(b"planted")
+        os.chmod(arena, 0o644)
+        g.proc = None
+        g.start()
+        log = g.read_log()
+        refused = [l for l in log.splitlines() if arena[len("/dev/shm"):] in l and "refused" in l]
+        assert refused and "owned by uid 0 (root)" in refused[0], log
+        print("  " + refused[0].strip())
+        new = gl.arena_path(g)
+        assert new != arena and os.stat(new).st_uid == 65534, new
+        assert open(arena, "rb").read() == b"planted", "root's file is left as it is"
+        assert answer(g, PROMPTS[0]) == want
+        dt, rc = g.stop()
+        assert rc == 0, rc
+        left = gl.shm_segments(g.name)
+        assert sorted(left) == sorted(fixed + [arena]), "the group removed its own segments, no one else's: %s" % left
 
 
 def case_demo():

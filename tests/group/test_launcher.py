@@ -250,6 +250,29 @@ def case_run_dir_planted():
         assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o700, oct(st.st_mode)
 
 
+def case_prefetcher_remove():
+    """As systemd runs it: the prefetcher started alone fills its arena under a new token and
+    leaves arena, ring and token at a clean stop; --remove (the unit's ExecStopPost) drops all
+    three, and a second --remove finds nothing to do."""
+    with gl.Group(A) as g:
+        log = open(os.path.join(g.dir, "prefetcher.log"), "wb")
+        p = subprocess.Popen([A.prefetcher, "--config", g.config, "--node", "0"], stdout=log, stderr=subprocess.STDOUT, env=g.env)
+        t0 = time.time()
+        while time.time() - t0 < 20 and not os.path.exists(os.path.join(g.run_dir, "prefetcher-0.sock")):
+            time.sleep(0.02)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(10) == 0
+        log.close()
+        arena = gl.arena_path(g)
+        assert arena and gl.shm_header(arena)["ready"] == 1, (arena, gl.shm_segments(g.name))
+        assert sorted(gl.shm_segments(g.name)) == sorted([arena, arena.replace("-arena-", "-ring-")]), gl.shm_segments(g.name)
+        for _ in range(2):
+            out = subprocess.run([A.prefetcher, "--config", g.config, "--node", "0", "--remove"], capture_output=True, text=True,
+                                 env=g.env, timeout=30)
+            assert out.returncode == 0, out
+            assert not gl.shm_segments(g.name) and gl.token(g.run_dir) is None, (gl.shm_segments(g.name), out)
+
+
 def case_backoff():
     """A service that keeps crashing before ready is restarted with doubling delays up to the
     cap; the launcher gives up after ready_timeout_s with exit 1 and cleans up."""
