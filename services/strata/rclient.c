@@ -1,0 +1,271 @@
+/* rclient.c - a client connection to a group's router (see rclient.h). */
+#include "services/strata/rclient.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "proto/zmsg.h"
+
+struct rc_conn {
+    void *ctx, *sock;
+    void *mon;           /* PAIR receiving sock's monitor events */
+    int n_mon;           /* monitors made so far (each needs its own inproc name) */
+    const char *cmd;     /* the strata command, for messages */
+    char endpoint[512];
+    uint8_t identity[24];
+    size_t identity_len;
+    bool connected;
+    bool was_lost;       /* the connection dropped since it was last up */
+    bool back;           /* ... and came back: a stream in progress must resume */
+    double down_since;   /* 0 while connected */
+    msg_buf_t buf;
+    uint64_t next_id;    /* the next request's id */
+};
+
+static void s_close_socks(rc_conn_t *c)
+{
+    if (c->sock) {
+        zmq_socket_monitor(c->sock, NULL, 0);
+        zmq_close(c->sock);
+    }
+    if (c->mon) zmq_close(c->mon);
+    c->sock = c->mon = NULL;
+}
+
+/* Apply pending monitor events (each: a frame with uint16 event + uint32 value, then one
+ * with the endpoint). */
+static void s_events(rc_conn_t *c)
+{
+    for (;;) {
+        zmq_msg_t f;
+        zmq_msg_init(&f);
+        if (zmq_msg_recv(&f, c->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&f);
+            return;
+        }
+        uint16_t ev = 0;
+        if (zmq_msg_size(&f) >= 2) memcpy(&ev, zmq_msg_data(&f), 2);
+        while (zmq_msg_more(&f)) {
+            zmq_msg_close(&f);
+            zmq_msg_init(&f);
+            if (zmq_msg_recv(&f, c->mon, 0) < 0) break;
+        }
+        zmq_msg_close(&f);
+        if (ev == ZMQ_EVENT_CONNECTED) {
+            c->connected = true;
+            c->down_since = 0;
+            if (c->was_lost) {
+                c->was_lost = false;
+                c->back = true;
+            }
+        } else if (ev == ZMQ_EVENT_DISCONNECTED) {
+            c->connected = false;
+            c->was_lost = true;
+            c->down_since = strata_now();
+        }
+    }
+}
+
+static int s_connect(rc_conn_t *c)
+{
+    s_close_socks(c);
+    c->sock = zmq_socket(c->ctx, ZMQ_DEALER);
+    if (!c->sock) return STRATA_EZMQ;
+    char mon_ep[64];
+    snprintf(mon_ep, sizeof mon_ep, "inproc://client-monitor-%d", c->n_mon++);
+    if (zmq_socket_monitor(c->sock, mon_ep, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) < 0 ||
+        !(c->mon = zmq_socket(c->ctx, ZMQ_PAIR)) || zmq_connect(c->mon, mon_ep) < 0) {
+        cli_error(c->cmd, "cannot monitor the connection: %s", zmq_strerror(zmq_errno()));
+        return STRATA_EZMQ;
+    }
+    c->connected = c->was_lost = c->back = false;
+    c->down_since = strata_now();
+    int zero = 0, hb = 1000, hbt = 3000;
+    zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(c->sock, ZMQ_ROUTING_ID, c->identity, c->identity_len);
+    zmq_setsockopt(c->sock, ZMQ_HEARTBEAT_IVL, &hb, sizeof hb);
+    zmq_setsockopt(c->sock, ZMQ_HEARTBEAT_TIMEOUT, &hbt, sizeof hbt);
+    if (zmq_connect(c->sock, c->endpoint) < 0) {
+        cli_error(c->cmd, "cannot connect to %s: %s", c->endpoint, zmq_strerror(zmq_errno()));
+        return STRATA_EINVAL_INPUT;
+    }
+    return 0;
+}
+
+/* Exit code for an error reply: the request itself was bad (2) or the service could not
+ * serve it now (1). */
+static int s_error_exit(msg_errcode_t code)
+{
+    switch (code) {
+    case MSG_E_BUSY: case MSG_E_UNAVAILABLE: case MSG_E_INTERNAL: case MSG_E_SHUTTING_DOWN: case MSG_E_NOT_FOUND:
+        return 1;
+    default: return 2;
+    }
+}
+
+int rc_open(rc_conn_t **out, const char *cmd, const char *endpoint)
+{
+    *out = NULL;
+    rc_conn_t *c = calloc(1, sizeof *c);
+    if (!c) return 1;
+    c->cmd = cmd;
+    snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
+    /* a stable identity: printable, never starting with a zero byte */
+    uint8_t rnd[8] = {0};
+    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
+        uint64_t t = strata_now_ns() ^ (uint64_t)getpid();
+        memcpy(rnd, &t, 8);
+    }
+    c->identity_len = (size_t)snprintf((char *)c->identity, sizeof c->identity, "cli-%02x%02x%02x%02x%02x%02x%02x%02x",
+                                       rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+    c->next_id = ((uint64_t)rnd[0] << 24 | (uint64_t)rnd[1] << 16 | (uint64_t)rnd[2] << 8 | rnd[3]) + 1;
+    c->ctx = zmq_ctx_new();
+    if (!c->ctx) {
+        cli_error(cmd, "zmq_ctx_new failed");
+        rc_close(c);
+        return 1;
+    }
+    if (s_connect(c) < 0) {
+        rc_close(c);
+        return 2;
+    }
+    *out = c;
+    return 0;
+}
+
+void rc_close(rc_conn_t *c)
+{
+    if (!c) return;
+    s_close_socks(c);
+    if (c->ctx) zmq_ctx_term(c->ctx);
+    msg_buf_free(&c->buf);
+    free(c);
+}
+
+int rc_generate(rc_conn_t *c, const rc_req_t *q, const rc_cb_t *cb)
+{
+    int rc = 0, r;
+    msg_str_t stop_s[MSG_MAX_STOP];
+    const int n_stop = q->n_stop < MSG_MAX_STOP ? q->n_stop : MSG_MAX_STOP;
+    for (int i = 0; i < n_stop; i++) stop_s[i] = msg_str(q->stops[i]);
+    const uint64_t rid = c->next_id++;
+    const bool stream = q->stream;
+    const float timeout_s = q->timeout_s, resume_after = q->resume_after, gone_after = q->gone_after;
+    msg_t m;
+    msg_init(&m, MSG_GENERATE);
+    m.has_id = true;
+    m.id = rid;
+    if (q->prompt) m.u.generate.prompt = msg_str(q->prompt);
+    else {
+        m.u.generate.tokens = (int32_t *)q->tokens;
+        m.u.generate.n_tokens = q->n_tokens;
+    }
+    m.u.generate.max_tokens = (int32_t)q->max_tokens;
+    m.u.generate.samp.temperature = q->sp.temperature;
+    m.u.generate.samp.top_p = q->sp.top_p;
+    m.u.generate.samp.top_k = q->sp.top_k;
+    m.u.generate.samp.seed = q->sp.seed;
+    m.u.generate.ignore_eos = q->sp.ignore_eos;
+    m.u.generate.stop = stop_s;
+    m.u.generate.n_stop = n_stop;
+    m.u.generate.stream = stream;
+    if ((r = zmsg_send(c->sock, NULL, 0, &m, &c->buf, 0)) < 0) {
+        cli_error(c->cmd, "cannot send the request: %s", strata_strerror(r));
+        rc = r == STRATA_EINVAL_INPUT ? 2 : 1;
+        goto done;
+    }
+
+    int64_t have_tokens = 0, have_text = 0;
+    double t0 = strata_now(), last = t0;
+    int tries = 0;
+    for (;;) {
+        double now = strata_now();
+        if (now - t0 > timeout_s) {
+            cli_error(c->cmd, "no complete answer within %.1f s", timeout_s);
+            rc = 1;
+            goto done;
+        }
+        zmq_pollitem_t it[2] = {{c->sock, 0, ZMQ_POLLIN, 0}, {c->mon, 0, ZMQ_POLLIN, 0}};
+        int pr = zmq_poll(it, 2, 100);
+        if (pr < 0 && zmq_errno() != EINTR) {
+            cli_error(c->cmd, "zmq_poll: %s", zmq_strerror(zmq_errno()));
+            rc = 1;
+            goto done;
+        }
+        s_events(c);
+        if (c->down_since > 0 && strata_now() - c->down_since > gone_after) {
+            if (have_tokens) printf("\n");
+            cli_error(c->cmd, "unavailable: no router at %s (not reachable for %.1f s)", c->endpoint, gone_after);
+            rc = 1;
+            goto done;
+        }
+        bool back = c->back;
+        c->back = false;
+        if (back || !(it[0].revents & ZMQ_POLLIN)) {
+            if (back || strata_now() - last > resume_after) {
+                if (++tries > 10) {
+                    cli_error(c->cmd, "the router at %s does not answer", c->endpoint);
+                    rc = 1;
+                    goto done;
+                }
+                /* The connection is back after a loss (the router restarted), or the router
+                 * has been silent too long (then on a fresh connection): resume. */
+                if (!back && s_connect(c) < 0) { rc = 1; goto done; }
+                msg_t rs;
+                msg_init(&rs, MSG_RESUME);
+                rs.has_id = true;
+                rs.id = rid;
+                rs.u.resume.from = have_tokens;
+                rs.u.resume.text_from = have_text;
+                rs.u.resume.stop = stop_s;
+                rs.u.resume.n_stop = n_stop;
+                rs.u.resume.stream = stream;
+                zmsg_send(c->sock, NULL, 0, &rs, &c->buf, 0);
+                last = strata_now();
+            }
+            continue;
+        }
+        msg_t in;
+        msg_err_t err;
+        r = zmsg_recv(c->sock, MSG_FAM_REPLY, &in, &err, ZMQ_DONTWAIT);
+        if (r == -EAGAIN) continue;
+        if (r < 0) {
+            cli_error(c->cmd, "bad reply from the router: %s", err.text);
+            msg_free(&in);
+            rc = 1;
+            goto done;
+        }
+        last = strata_now();
+        c->down_since = 0; /* a reply proves the connection, whatever the monitor said */
+        if (!in.has_id || in.id != rid) { /* not ours (cannot happen with a fresh identity) */
+            msg_free(&in);
+            continue;
+        }
+        if (in.type == MSG_TOKEN) {
+            const msg_tokens_t *t = &in.u.tokens;
+            if (cb->on_tokens) cb->on_tokens(cb->ctx, t);
+            have_tokens = t->index + t->n_tokens;
+            have_text += (int64_t)t->text.len;
+            tries = 0;
+        } else if (in.type == MSG_DONE) {
+            if (cb->on_done) cb->on_done(cb->ctx, &in.u.done);
+            msg_free(&in);
+            break;
+        } else if (in.type == MSG_ERROR) {
+            if (have_tokens) printf("\n");
+            cli_error(c->cmd, "%s: %.*s", msg_errcode_name(in.u.error.code), (int)in.u.error.message.len,
+                      in.u.error.message.s);
+            rc = s_error_exit(in.u.error.code);
+            msg_free(&in);
+            goto done;
+        }
+        msg_free(&in);
+    }
+done:
+    return rc;
+}

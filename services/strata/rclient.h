@@ -1,0 +1,51 @@
+/* rclient.h - a ZeroMQ client of a group's router for the strata commands that talk to it
+ * (`strata client`, `strata chat`): one connection with a stable identity, generate requests
+ * over it, and their answers as they stream (protocol: proto/PROTOCOL.md).
+ *
+ * The connection is watched (a ZeroMQ socket monitor). If it drops in the middle of an answer
+ * (the router crashed) and comes back (the launcher restarted it), the request is resumed with
+ * what the caller has, so the answer continues where it stopped (or ends with the router's
+ * error, e.g. not_found). A router that is silent for resume_after seconds gets a resume on a
+ * fresh connection; one that accepts no connection for gone_after seconds ends the request
+ * with `unavailable`. */
+#ifndef STRATA_RCLIENT_H
+#define STRATA_RCLIENT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "proto/msg.h"
+#include "services/strata/cli_util.h"
+
+typedef struct rc_conn rc_conn_t;
+
+/* What one generate request asks. */
+typedef struct {
+    const char *prompt;            /* text, or NULL with tokens */
+    const int32_t *tokens;
+    int32_t n_tokens;
+    int64_t max_tokens;
+    sampler_params_t sp;
+    const char *const *stops;
+    int n_stop;
+    bool stream;
+    float timeout_s, resume_after, gone_after;
+} rc_req_t;
+
+/* How its answer comes back: each token frame as it arrives (stream), then the done frame. */
+typedef struct {
+    void (*on_tokens)(void *ctx, const msg_tokens_t *t);
+    void (*on_done)(void *ctx, const msg_done_t *d);
+    void *ctx;
+} rc_cb_t;
+
+/* Connect to the router at endpoint; cmd names the strata command in messages. *out NULL on
+ * failure (printed). Returns 0, or the exit code (1 runtime, 2 a bad endpoint). */
+int rc_open(rc_conn_t **out, const char *cmd, const char *endpoint);
+/* One request, to its end: 0, or the exit code after the printed error (1 timeout, busy,
+ * unavailable; 2 a request the router refused as invalid). */
+int rc_generate(rc_conn_t *c, const rc_req_t *q, const rc_cb_t *cb);
+/* Safe on NULL. */
+void rc_close(rc_conn_t *c);
+
+#endif
