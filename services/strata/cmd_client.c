@@ -15,24 +15,6 @@ static const char *const C = "client";
 
 #define DEFAULT_ENDPOINT "tcp://127.0.0.1:7757"
 
-/* Without --endpoint: the router of the one group this user runs (group_state.h), else the
- * default. 0, or 2 when several run (listed) or the group's config no longer parses. */
-static int s_find_endpoint(char *ep, size_t cap)
-{
-    gs_entry_t e;
-    int r = gs_find_one(C, &e);
-    if (r == 2) return 2;
-    if (r < 0) return 0;
-    strata_config_t *cfg = malloc(sizeof *cfg);
-    strata_errbuf_t eb = {{0}};
-    if (!cfg) return 1;
-    r = config_load(cfg, e.config, &eb);
-    if (r < 0) cli_error(C, "the running group '%s': %s", e.name, eb.msg);
-    else snprintf(ep, cap, "%s", cfg->router.endpoint);
-    free(cfg);
-    return r < 0 ? 2 : 0;
-}
-
 static void s_help(FILE *f)
 {
     fprintf(f,
@@ -157,7 +139,7 @@ int cmd_client(int argc, char **argv)
         return 2;
     }
     if (tokens_arg && (rc = cli_parse_tokens(C, "--tokens", tokens_arg, &tok, &n_tok))) return rc;
-    if (!endpoint_given && (rc = s_find_endpoint(endpoint, sizeof endpoint))) {
+    if (!endpoint_given && (rc = gs_find_router(C, endpoint, sizeof endpoint, NULL, 0))) {
         free(tok);
         return rc;
     }

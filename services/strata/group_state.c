@@ -244,3 +244,23 @@ int gs_find_one(const char *cmd, gs_entry_t *e)
     for (int i = 0; i < n && i < 16; i++) fprintf(stderr, "  %-20s --config %s\n", all[i].name, all[i].config);
     return 2;
 }
+
+int gs_find_router(const char *cmd, char *ep, size_t cap, char *model, size_t mcap)
+{
+    gs_entry_t e;
+    int r = gs_find_one(cmd, &e);
+    if (r == 2) return 2;
+    if (r < 0) return 0;
+    strata_config_t *c = malloc(sizeof *c);
+    strata_errbuf_t eb = {{0}};
+    if (!c) return 1;
+    r = config_load(c, e.config, &eb);
+    if (r < 0) {
+        fprintf(stderr, "strata %s: the running group '%s': %s\n", cmd, e.name, eb.msg);
+    } else {
+        snprintf(ep, cap, "%s", c->router.endpoint);
+        if (model) snprintf(model, mcap, "%s", c->model);
+    }
+    free(c);
+    return r < 0 ? 2 : 0;
+}

@@ -94,5 +94,9 @@ int gs_running(gs_entry_t *out, int max);
 /* With no --config / --demo: the one running group's entry into e, 0. Several: lists them on
  * stderr, "strata CMD: ..." and returns 2; none: returns -ENOENT (nothing printed). */
 int gs_find_one(const char *cmd, gs_entry_t *e);
+/* Without an endpoint given: the router endpoint of the one group this user runs into ep, and
+ * its model folder into model (may be NULL). 0 (ep untouched when none runs), 2 when several
+ * run (listed) or its config no longer parses (printed), 1 out of memory. */
+int gs_find_router(const char *cmd, char *ep, size_t cap, char *model, size_t mcap);
 
 #endif

@@ -11,6 +11,7 @@ int cmd_generate(int argc, char **argv);
 int cmd_pack(int argc, char **argv);
 int cmd_unpack(int argc, char **argv);
 int cmd_client(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 int cmd_up(int argc, char **argv);
 int cmd_status(int argc, char **argv);
 int cmd_down(int argc, char **argv);
@@ -25,6 +26,7 @@ static const strata_cmd_t s_cmds[] = {
     {"pack", cmd_pack, "quantize a model folder into a packed model (docs/PACKED_FORMAT.md)"},
     {"unpack", cmd_unpack, "a packed model back to an HF folder with F32 weights"},
     {"client", cmd_client, "send a prompt to a running group's router and stream the answer"},
+    {"chat", cmd_chat, "an interactive chat with a running group in the terminal"},
     {"up", cmd_up, "start the process group (launcher): --config FILE or --demo"},
     {"status", cmd_status, "pid, state, uptime and restarts of every service of a group"},
     {"down", cmd_down, "stop a group started by `strata up`"},
