@@ -35,7 +35,8 @@ class MockScheduler(threading.Thread):
         self.endpoint = endpoint
         self.tick = tick
         self.instance = int.from_bytes(os.urandom(7), "little") + 1
-        self.reqs = {}          # id -> dict
+        self.reqs = {}          # id -> dict, finished ones included (kept for resume)
+        self.live = {}          # id -> dict, the unfinished ones only (what a tick walks)
         self.cancels = []       # ids canceled (for assertions)
         self.submits = 0
         self.max_live = {}      # client routing id -> most requests live at once
@@ -82,6 +83,10 @@ class MockScheduler(threading.Thread):
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         sock.setsockopt(zmq.LINGER, 0)
+        # as the real scheduler: a burst of events must not hit the default HWM of 1000 (the
+        # send would fail with EAGAIN and the event would be dropped)
+        sock.setsockopt(zmq.SNDHWM, 100000)
+        sock.setsockopt(zmq.RCVHWM, 100000)
         sock.bind(self.endpoint)
         self.ready.set()
         next_tick = time.monotonic()
@@ -91,6 +96,7 @@ class MockScheduler(threading.Thread):
                     self._restart = False
                     self.instance += 1
                     self.reqs.clear()
+                    self.live.clear()
             if sock.poll(2):
                 frames = sock.recv_multipart()
                 self._handle(sock, frames[-1])
@@ -99,9 +105,7 @@ class MockScheduler(threading.Thread):
             if now < next_tick or self.paused:
                 continue
             next_tick = now + self.tick
-            for rid, r in list(self.reqs.items()):
-                if r["finish"]:
-                    continue
+            for rid, r in list(self.live.items()):
                 i = len(r["gen"])
                 if r["prompt"][0] == EOS_TRIGGER and i == 3 and r["seed"] != ECHO_SEED:
                     t = self.eos
@@ -114,6 +118,7 @@ class MockScheduler(threading.Thread):
                 elif len(r["gen"]) >= r["max_tokens"]:
                     r["finish"] = "length"
                 if r["finish"]:
+                    del self.live[rid]
                     self._done(sock, rid, r)
         sock.close(0)
 
@@ -132,7 +137,8 @@ class MockScheduler(threading.Thread):
             self.reqs[rid] = {"prompt": m["prompt"], "seed": m.get("seed", 0), "max_tokens": m["max_tokens"], "gen": [],
                               "finish": None, "cid": m["cid"], "client": m["client"],
                               "ignore_eos": m.get("ignore_eos", False)}
-            live = sum(1 for r in self.reqs.values() if not r["finish"] and r["client"] == m["client"])
+            self.live[rid] = self.reqs[rid]
+            live = sum(1 for r in self.live.values() if r["client"] == m["client"])
             self.max_live[m["client"]] = max(self.max_live.get(m["client"], 0), live)
         elif t == "cancel":
             self.cancels.append(rid)
@@ -141,6 +147,7 @@ class MockScheduler(threading.Thread):
                 self._send(sock, {"type": "error", "id": rid, "code": "not_found", "message": "unknown request"})
             elif not r["finish"]:
                 r["finish"] = "cancel"
+                del self.live[rid]
                 self._done(sock, rid, r)
         elif t == "resume":
             self.resumes.append((rid, m["from"]))
