@@ -5,6 +5,10 @@
  *                                \-> stop string matched: done(stop) to the client, cancel to
  *                                    the scheduler -> CLOSING until the scheduler's done
  *   resume   -> RESUMING (asked the scheduler for everything from token 0) -> LIVE ...
+ * A request resumed after a router restart was submitted by an earlier router, so this one
+ * does not know when (req_t.resumed): its done takes the scheduler's timings, which count
+ * from the submission. When such a request ends by a stop string, its done waits for the
+ * scheduler's answer to the cancel (done_pending), which carries them.
  * The router tracks, per request, how many generated tokens it has seen (n_gen). A tokens
  * event is placed by its index: indices below n_gen are duplicates (after a resume or a
  * resubmission) and are dropped; an index above n_gen means events were lost, and the router
@@ -67,7 +71,9 @@ typedef struct {
     rtok_stream_t *detok;          /* incremental detokenizer (NULL without a tokenizer) */
     char *all;                    /* stream=false: [all_len] the whole answer so far */
     size_t all_len, all_cap;
-    double t_recv, t_first, t_close;
+    double t_recv, t_first, t_close;  /* strata_now(): received here, first token here, closed */
+    bool resumed;                 /* submitted by an earlier router: t_recv and t_first are the resume's */
+    msg_finish_t done_pending;    /* resumed and CLOSING: the done the client still gets, or NONE */
 } req_t;
 
 typedef struct {
@@ -359,7 +365,11 @@ static int s_emit(router_t *r, req_t *q, int64_t i0, const int32_t *toks, int32_
     return 0;
 }
 
-static void s_send_done(router_t *r, req_t *q, msg_finish_t fin, int32_t prompt_tokens, double queue_ms)
+/* Send the client its done. sd: the scheduler's done, or NULL when it did not send one (a
+ * stop string, a cancel while it is down). The timings count from the request's first
+ * submission: from its arrival here for a request this router took, the scheduler's for a
+ * resumed one (from the router's own clocks only when the scheduler gave none). */
+static void s_send_done(router_t *r, req_t *q, msg_finish_t fin, const msg_done_t *sd)
 {
     double now = strata_now();
     msg_t m;
@@ -367,11 +377,16 @@ static void s_send_done(router_t *r, req_t *q, msg_finish_t fin, int32_t prompt_
     m.has_id = true;
     m.id = q->cid;
     m.u.done.finish = fin;
-    m.u.done.prompt_tokens = prompt_tokens;
+    m.u.done.prompt_tokens = sd ? sd->prompt_tokens : q->n_prompt;
     m.u.done.completion_tokens = (int32_t)q->n_gen;
-    m.u.done.queue_ms = queue_ms;
-    m.u.done.ttft_ms = q->t_first > 0 ? (q->t_first - q->t_recv) * 1e3 : 0;
-    m.u.done.total_ms = (now - q->t_recv) * 1e3;
+    m.u.done.queue_ms = sd ? sd->queue_ms : 0;
+    if (q->resumed && sd) {
+        m.u.done.ttft_ms = sd->ttft_ms;
+        m.u.done.total_ms = sd->total_ms;
+    } else {
+        m.u.done.ttft_ms = q->t_first > 0 ? (q->t_first - q->t_recv) * 1e3 : 0;
+        m.u.done.total_ms = (now - q->t_recv) * 1e3;
+    }
     if (!q->stream) {
         m.u.done.text.s = q->all ? q->all : "";
         m.u.done.text.len = q->all_len;
@@ -383,11 +398,22 @@ static void s_send_done(router_t *r, req_t *q, msg_finish_t fin, int32_t prompt_
     r->c[C_DONE]++;
 }
 
-/* A stop string matched: finish towards the client now, cancel at the scheduler. */
+/* A CLOSING request's done that waited for the scheduler's timings: send it now (sd: the
+ * scheduler's done, or NULL when none will come). */
+static void s_done_pending(router_t *r, req_t *q, const msg_done_t *sd)
+{
+    if (q->done_pending == MSG_FINISH_NONE) return;
+    s_send_done(r, q, q->done_pending, sd);
+    q->done_pending = MSG_FINISH_NONE;
+}
+
+/* A stop string matched: finish towards the client now, cancel at the scheduler. A resumed
+ * request's done waits for the scheduler's answer to the cancel, which has its timings. */
 static void s_stop_string(router_t *r, req_t *q)
 {
     r->c[C_STOP_STRINGS]++;
-    s_send_done(r, q, MSG_FINISH_STOP, q->n_prompt, 0);
+    if (q->resumed) q->done_pending = MSG_FINISH_STOP;
+    else s_send_done(r, q, MSG_FINISH_STOP, NULL);
     if (!q->cancel_sent) s_sched_simple(r, MSG_SCHED_CANCEL, q->id, 0);
     q->cancel_sent = true;
     q->state = RQ_CLOSING;
@@ -443,6 +469,7 @@ static void s_on_tokens(router_t *r, req_t *q, const msg_tokens_t *t)
 static void s_on_done(router_t *r, req_t *q, const msg_done_t *d)
 {
     if (q->state == RQ_CLOSING) {
+        s_done_pending(r, q, d);
         s_req_free(r, q);
         return;
     }
@@ -458,7 +485,7 @@ static void s_on_done(router_t *r, req_t *q, const msg_done_t *d)
         msg_finish_t fin = hit ? MSG_FINISH_STOP : d->finish;
         if (fin == MSG_FINISH_CANCEL) r->c[C_CANCELED]++;
         if (hit) r->c[C_STOP_STRINGS]++;
-        s_send_done(r, q, fin, d->prompt_tokens, d->queue_ms);
+        s_send_done(r, q, fin, d);
     }
     s_req_free(r, q);
 }
@@ -615,20 +642,26 @@ static void s_resume(router_t *r, const uint8_t *cl, size_t len, const msg_t *m)
     req_t *old = s_find(r, id);
     int32_t *prompt = NULL, n_prompt = 0, max_tokens = 0;
     msg_sampling_t samp = {0, 1, 0, 0};
-    bool ignore_eos = false;
+    bool ignore_eos = false, resumed = true;
+    double t_recv = 0, t_first = 0;
     if (old) {
         if (old->state == RQ_CLOSING) {
-            s_client_error(r, cl, len, true, cid, MSG_E_NOT_FOUND, "resume: request %llu has finished",
-                           (unsigned long long)cid);
+            if (old->done_pending != MSG_FINISH_NONE) s_done_pending(r, old, NULL); /* it has its answer */
+            else s_client_error(r, cl, len, true, cid, MSG_E_NOT_FOUND, "resume: request %llu has finished",
+                                (unsigned long long)cid);
             return;
         }
-        /* a live request re-attached (the client reconnected): keep what is needed to resubmit */
+        /* a live request re-attached (the client reconnected): keep what is needed to
+         * resubmit, and when it came */
         prompt = old->prompt;
         old->prompt = NULL;
         n_prompt = old->n_prompt;
         max_tokens = old->max_tokens;
         samp = old->samp;
         ignore_eos = old->ignore_eos;
+        resumed = old->resumed;
+        t_recv = old->t_recv;
+        t_first = old->t_first;
         s_req_free(r, old);
     } else if (s_busy(r, cl, len, cid)) {
         return;
@@ -646,6 +679,11 @@ static void s_resume(router_t *r, const uint8_t *cl, size_t len, const msg_t *m)
     q->ignore_eos = ignore_eos;
     q->skip_tokens = rs->from;
     q->skip_text = (uint64_t)rs->text_from;
+    q->resumed = resumed;
+    if (!resumed) {
+        q->t_recv = t_recv;
+        q->t_first = t_first;
+    }
     q->state = RQ_RESUMING;
     s_orphan_forget(r, id);
     s_insert(r, q);
@@ -662,7 +700,7 @@ static void s_cancel(router_t *r, const uint8_t *cl, size_t len, uint64_t cid)
     if (!s_sched_up(r, strata_now())) {
         /* nobody to ask: finish it here */
         r->c[C_CANCELED]++;
-        s_send_done(r, q, MSG_FINISH_CANCEL, q->n_prompt, 0);
+        s_send_done(r, q, MSG_FINISH_CANCEL, NULL);
         s_req_free(r, q);
         return;
     }
@@ -819,6 +857,7 @@ static void s_sched_restarted(router_t *r)
         req_t *q = r->slots[i].req;
         if (!q) continue;
         if (q->state == RQ_CLOSING) {
+            s_done_pending(r, q, NULL);
             s_req_free(r, q);
             i--; /* backward shift may have moved another entry into slot i */
             continue;
@@ -881,6 +920,7 @@ static void s_on_sched(router_t *r, const void *data, size_t size)
             if (q->state != RQ_CLOSING)
                 s_client_error(r, q->client, q->client_len, true, q->cid, m.u.error.code, "%.*s",
                                (int)m.u.error.message.len, m.u.error.message.s);
+            s_done_pending(r, q, NULL);
             s_req_free(r, q);
         } else if (m.has_id) {
             s_orphan_forget(r, m.id);
@@ -1029,9 +1069,13 @@ static void s_timers(router_t *r, double now)
             i++;
         }
     }
+    bool sched_up = s_sched_up(r, now);
     for (size_t i = 0; i < r->n_slots; i++) {
         req_t *q = r->slots[i].req;
-        if (q && q->state == RQ_CLOSING && now - q->t_close > CLOSING_TIMEOUT_S) {
+        if (!q || q->state != RQ_CLOSING) continue;
+        /* a done waiting for the scheduler's timings waits no longer than the scheduler lives */
+        if (!sched_up || now - q->t_close > CLOSING_TIMEOUT_S) s_done_pending(r, q, NULL);
+        if (now - q->t_close > CLOSING_TIMEOUT_S) {
             s_req_free(r, q);
             i--;
         }
@@ -1167,6 +1211,7 @@ int router_run(router_t *r, volatile sig_atomic_t *stop)
         if (!q) continue;
         if (q->state != RQ_CLOSING)
             s_client_error(r, q->client, q->client_len, true, q->cid, MSG_E_SHUTTING_DOWN, "the router is stopping");
+        s_done_pending(r, q, NULL);
         if (!q->cancel_sent) s_sched_simple(r, MSG_SCHED_CANCEL, q->id, 0);
         s_req_free(r, q);
         i--;

@@ -3,9 +3,11 @@
 
 Token i of a request is a pure function of (prompt, seed, i), like the real group's
 deterministic sampling; a prompt starting with token EOS_TRIGGER ends with eos after 3
-tokens; with seed ECHO_SEED the answer repeats the prompt's tokens (text tests). One token per live request every `tick` seconds. Finished requests are kept for
-resume. Knobs for tests: drop_every (drop every n-th tokens event: the router must notice
-the gap), restart() (new instance, all state lost), paused.
+tokens; with seed ECHO_SEED the answer repeats the prompt's tokens (text tests). One token
+per live request every `tick` seconds. Finished requests are kept for resume, and a cancel
+of one answers its done again. A done's timings count from the submission, as the real
+scheduler's do. Knobs for tests: drop_every (drop every n-th tokens event: the router must
+notice the gap), restart() (new instance, all state lost), paused.
 """
 import os
 import threading
@@ -73,9 +75,13 @@ class MockScheduler(threading.Thread):
         self._send(sock, {"type": "tokens", "id": rid, "index": index, "tokens": toks})
 
     def _done(self, sock, rid, r):
+        # timings from the request's submission here, as the real scheduler counts them
+        t0 = r["t_submit"]
+        ms = lambda t: max(0.0, (t - t0) * 1e3) if t else 0.0  # noqa: E731
         self._send(sock, {"type": "done", "id": rid, "finish_reason": r["finish"],
                           "usage": {"prompt_tokens": len(r["prompt"]), "completion_tokens": len(r["gen"])},
-                          "timings": {"queue_ms": 0.1, "ttft_ms": 1.0, "total_ms": 2.0}})
+                          "timings": {"queue_ms": ms(r["t_first"]), "ttft_ms": ms(r["t_first"]),
+                                      "total_ms": ms(r["t_done"])}})
 
     def run(self):
         ctx = zmq.Context.instance()
@@ -112,12 +118,15 @@ class MockScheduler(threading.Thread):
                 else:
                     t = token_at(r["prompt"], r["seed"], i, self.vocab)
                 r["gen"].append(t)
+                if r["t_first"] is None:
+                    r["t_first"] = time.monotonic()
                 self._tokens(sock, rid, i, [t])
                 if t == self.eos and not r["ignore_eos"]:
                     r["finish"] = "stop"
                 elif len(r["gen"]) >= r["max_tokens"]:
                     r["finish"] = "length"
                 if r["finish"]:
+                    r["t_done"] = time.monotonic()
                     del self.live[rid]
                     self._done(sock, rid, r)
         sock.close(0)
@@ -136,7 +145,8 @@ class MockScheduler(threading.Thread):
                 return
             self.reqs[rid] = {"prompt": m["prompt"], "seed": m.get("seed", 0), "max_tokens": m["max_tokens"], "gen": [],
                               "finish": None, "cid": m["cid"], "client": m["client"],
-                              "ignore_eos": m.get("ignore_eos", False)}
+                              "ignore_eos": m.get("ignore_eos", False), "t_submit": time.monotonic(),
+                              "t_first": None, "t_done": None}
             self.live[rid] = self.reqs[rid]
             live = sum(1 for r in self.live.values() if r["client"] == m["client"])
             self.max_live[m["client"]] = max(self.max_live.get(m["client"], 0), live)
@@ -145,9 +155,11 @@ class MockScheduler(threading.Thread):
             r = self.reqs.get(rid)
             if r is None:
                 self._send(sock, {"type": "error", "id": rid, "code": "not_found", "message": "unknown request"})
-            elif not r["finish"]:
-                r["finish"] = "cancel"
-                del self.live[rid]
+            else:
+                # a finished request's done again, as the real scheduler answers
+                if not r["finish"]:
+                    r["finish"], r["t_done"] = "cancel", time.monotonic()
+                    del self.live[rid]
                 self._done(sock, rid, r)
         elif t == "resume":
             self.resumes.append((rid, m["from"]))

@@ -11,7 +11,8 @@ Cases:
                 exactly `strata generate`'s; no service crashed or restarted
   router_crash  kill -9 of the router while 8 clients with stable identities stream: the
                 launcher restarts it, every client reconnects with its identity, sends
-                `resume`, and receives the rest; each answer equals `strata generate`'s
+                `resume`, and receives the rest; each answer equals `strata generate`'s,
+                and its done's timings count from the submission, not from the resume
 
 usage: test_group_router.py --strata BIN --prefetcher BIN --executor BIN --scheduler BIN
                             --router BIN --source DIR CASE...
@@ -165,14 +166,17 @@ def case_router_crash():
         ep = "tcp://127.0.0.1:%d" % g.port
         got = [[] for _ in range(n_clients)]
         errors = [None] * n_clients
+        dones, t_sent, t_end = [None] * n_clients, [0.0] * n_clients, [0.0] * n_clients
         started = threading.Barrier(n_clients + 1)
 
         def run(i):
             try:
                 with StrataClient(ep, identity=b"crash-client-%d" % i, timeout=120, resume_after=1.0) as c:
                     started.wait(30)
+                    t_sent[i] = time.monotonic()
                     for ev in c.generate(tokens=prompts[i], max_tokens=n_tokens, ignore_eos=True):
                         got[i].extend(ev["tokens"])
+                    t_end[i], dones[i] = time.monotonic(), c.last_done
             except Exception as e:  # noqa: BLE001 - reported below
                 errors[i] = e
 
@@ -185,6 +189,7 @@ def case_router_crash():
             time.sleep(0.002)
         before = [len(x) for x in got]
         old = g.svc("router")["pid"]
+        t_kill = time.monotonic()
         os.kill(old, signal.SIGKILL)
         g.wait_svc("router", lambda s: s["pid"] not in (0, old) and s["state"] == "ready", 30)
         for t in ts:
@@ -194,6 +199,14 @@ def case_router_crash():
         assert min(before) < n_tokens, "every answer finished before the kill; nothing was tested"
         for i in range(n_clients):
             assert got[i] == want[i], "client %d: %d tokens, differs from strata generate" % (i, len(got[i]))
+        for i in range(n_clients):
+            tm, lo, hi = dones[i]["timings"], (t_kill - t_sent[i]) * 1e3, (t_end[i] - t_sent[i]) * 1e3 + 5
+            assert lo <= tm["total_ms"] <= hi and 0 < tm["ttft_ms"] <= tm["total_ms"], \
+                "client %d: done timings %r do not count from the submission (%.0f ms to the kill, %.0f in all)" \
+                % (i, tm, lo, hi)
+            assert dones[i]["usage"] == {"prompt_tokens": len(prompts[i]), "completion_tokens": n_tokens}, dones[i]
+        print("  their done timings count from the submission: total_ms %s"
+              % ", ".join("%.0f" % d["timings"]["total_ms"] for d in dones))
         assert g.svc("router")["restarts"] == 1
         print("  all %d clients resumed and received their exact %d tokens" % (n_clients, n_tokens))
 

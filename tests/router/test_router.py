@@ -382,16 +382,30 @@ def test_resume(g, strata_bin):
     g.mock.tick = 0.02
     with g.client(resume_after=1.0, timeout=30) as c:
         toks, killed = [], False
+        t_sent = time.monotonic()
         for ev in c.generate(tokens=[50, 51, 52], max_tokens=60, seed=5):
+            if not toks:
+                t_first = time.monotonic()
             toks.extend(ev["tokens"])
             if len(toks) >= 10 and not killed:
                 killed = True
+                t_kill = time.monotonic()
                 g.proc.kill()
                 g.proc.wait()
                 time.sleep(0.3)
                 g.start_router()
+        t_done = time.monotonic()
         check(killed and toks == expected([50, 51, 52], 5, 60) and c.last_done["finish_reason"] == "length",
               "router kill -9: the client resumed and got every token exactly once (%d)" % len(toks))
+        # the done's timings count from the first submission, not from the resume (they used
+        # to: total_ms 0.46 for a stream of 370 ms)
+        tm = c.last_done["timings"]
+        check((t_kill - t_sent) * 1e3 <= tm["total_ms"] <= (t_done - t_sent) * 1e3 + 5
+              and 0 < tm["ttft_ms"] <= (t_first - t_sent) * 1e3 + 5 and tm["queue_ms"] <= tm["ttft_ms"]
+              and c.last_done["usage"]["prompt_tokens"] == 3,
+              "router kill -9: the resumed done counts from the submission (%r; %.0f ms to the kill, %.0f ms in all, "
+              "first token at %.0f ms)" % (c.last_done, (t_kill - t_sent) * 1e3, (t_done - t_sent) * 1e3,
+                                           (t_first - t_sent) * 1e3))
     # the same with `strata client`: it resumes when its connection comes back
     p = subprocess.Popen([strata_bin, "client", "--endpoint", g.endpoint, "--tokens", "55,56", "--max-tokens", "50",
                           "--ids"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -629,6 +643,27 @@ def test_text(g, strata_bin):
         got = "".join(full)
         check(killed and got == ref and ref.startswith(prompt) and c.last_done["finish_reason"] == "length",
               "router kill -9 mid-text: resumed text is exact (%d chars): %r vs %r %r" % (len(got), got, ref, c.last_done))
+        # the same, ending by a stop string that matches after the resume: the router finishes
+        # it, with the scheduler's timings (from the submission) and prompt size
+        full, killed = [], False
+        t_sent = time.monotonic()
+        for ev in c.generate(prompt, max_tokens=45, seed=ECHO_SEED, stop=["fox"]):
+            full.append(ev["text"])
+            if len("".join(full)) > 5 and not killed:
+                killed = True
+                t_kill = time.monotonic()
+                g.proc.kill()
+                g.proc.wait()
+                time.sleep(0.3)
+                g.start_router()
+        t_done = time.monotonic()
+        got, d = "".join(full), c.last_done
+        tm = d["timings"]
+        check(killed and got == prompt[:prompt.index("fox")] and d["finish_reason"] == "stop"
+              and (t_kill - t_sent) * 1e3 <= tm["total_ms"] <= (t_done - t_sent) * 1e3 + 5
+              and 0 < tm["ttft_ms"] <= tm["total_ms"] and d["usage"]["prompt_tokens"] > 0,
+              "router kill -9, then a stop string: text cut, done counts from the submission (%r, %r; %.0f ms to "
+              "the kill, %.0f ms in all)" % (got, d, (t_kill - t_sent) * 1e3, (t_done - t_sent) * 1e3))
     g.mock.tick = 0.005
 
     # strata client --prompt streams the text to stdout
