@@ -628,6 +628,64 @@ static const char *s_obj_type_name(const msgpack_object *o)
     return "?";
 }
 
+/* ---- numbers in error messages ---- */
+
+/* Text of number buffers: the longest is a uint64 or a %.17g double, with sign and NUL. */
+typedef struct {
+    char s[32];
+} numtext_t;
+
+/* v in the fewest significant digits (6 to 17) that read back as the same double, or as the
+ * same float when f32: 100.0001 stays 100.0001 instead of %g's 100, 1 stays 1. */
+static const char *s_fmt_double(double v, bool f32, numtext_t *t)
+{
+    if (!isfinite(v)) {
+        snprintf(t->s, sizeof t->s, "%s", isnan(v) ? "NaN" : v > 0 ? "inf" : "-inf");
+        return t->s;
+    }
+    for (int p = 6; p <= 17; p++) {
+        snprintf(t->s, sizeof t->s, "%.*g", p, v);
+        if (f32 ? strtof(t->s, NULL) == (float)v : strtod(t->s, NULL) == v) break;
+    }
+    return t->s;
+}
+
+/* A scalar as it came on the wire: integers exactly, floats as s_fmt_double (a float32 in
+ * float32 digits), anything else as its type. */
+static const char *s_fmt_given(const msgpack_object *o, numtext_t *t)
+{
+    switch (o->type) {
+    case MSGPACK_OBJECT_POSITIVE_INTEGER: snprintf(t->s, sizeof t->s, "%llu", (unsigned long long)o->via.u64); break;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER: snprintf(t->s, sizeof t->s, "%lld", (long long)o->via.i64); break;
+    case MSGPACK_OBJECT_FLOAT32: return s_fmt_double(o->via.f64, true, t);
+    case MSGPACK_OBJECT_FLOAT64: return s_fmt_double(o->via.f64, false, t);
+    default: snprintf(t->s, sizeof t->s, "%s", s_obj_type_name(o)); break;
+    }
+    return t->s;
+}
+
+/* A schema bound: integers exactly, the int64 maximum (stored as the double 2^63) as
+ * 2^63-1, other values as s_fmt_double. */
+static const char *s_fmt_bound(double b, numtext_t *t)
+{
+    if (b >= 9223372036854775807.0) snprintf(t->s, sizeof t->s, "2^63-1");
+    else if (b == floor(b) && fabs(b) < 9007199254740992.0) snprintf(t->s, sizeof t->s, "%.0f", b);
+    else s_fmt_double(b, false, t);
+    return t->s;
+}
+
+/* "[lo, hi]" ("(lo, hi]" with an exclusive lower bound) for error messages. */
+typedef struct {
+    char s[72];
+} rangetext_t;
+
+static const char *s_fmt_range(double lo, double hi, bool lo_excl, rangetext_t *t)
+{
+    numtext_t a, b;
+    snprintf(t->s, sizeof t->s, "%c%s, %s]", lo_excl ? '(' : '[', s_fmt_bound(lo, &a), s_fmt_bound(hi, &b));
+    return t->s;
+}
+
 /* A signed view of an integer object; false if not an integer or beyond int64. */
 static bool s_int(const msgpack_object *o, int64_t *v)
 {
@@ -722,6 +780,7 @@ static int s_decode_fields(dctx_t *d, const msgpack_object *map, const fdesc_t *
 static int s_decode_packed(dctx_t *d, const fdesc_t *f, const msgpack_object *o, char *body, const path_t *path)
 {
     char pb[192];
+    rangetext_t rt;
     size_t esz = f->kind == F_I32S ? 4 : 8;
     const unsigned char *p = (const unsigned char *)o->via.bin.ptr;
     size_t bytes = o->via.bin.size;
@@ -730,8 +789,8 @@ static int s_decode_packed(dctx_t *d, const fdesc_t *f, const msgpack_object *o,
                       f->name, bytes, esz);
     size_t n = bytes / esz;
     if ((double)n < f->lo || (double)n > f->hi)
-        return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': array must have [%.0f, %.0f] elements, got %zu", CTX,
-                      f->name, f->lo, f->hi, n);
+        return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': array must have %s elements, got %zu", CTX,
+                      f->name, s_fmt_range(f->lo, f->hi, false, &rt), n);
     int32_t *cnt = (int32_t *)(body + f->cnt);
     if ((f->flags & FL_SHCNT) && *cnt != 0 && *cnt != (int32_t)n)
         return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': length %zu differs from a sibling array's %d", CTX,
@@ -744,8 +803,8 @@ static int s_decode_packed(dctx_t *d, const fdesc_t *f, const msgpack_object *o,
         for (size_t i = 0; i < n; i++) {
             int32_t v = ((const int32_t *)arr)[i];
             if ((double)v < f->elo || (double)v > f->ehi)
-                return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s[%zu]': must be in [%.0f, %.0f]", CTX, f->name, i,
-                              f->elo, f->ehi);
+                return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s[%zu]': must be in %s, got %d", CTX, f->name, i,
+                              s_fmt_range(f->elo, f->ehi, false, &rt), v);
         }
     n = 0; /* done: skip the portable loop below */
 #endif
@@ -753,8 +812,8 @@ static int s_decode_packed(dctx_t *d, const fdesc_t *f, const msgpack_object *o,
         if (esz == 4) {
             int32_t v = (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
             if ((double)v < f->elo || (double)v > f->ehi)
-                return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s[%zu]': must be in [%.0f, %.0f]", CTX, f->name, i,
-                              f->elo, f->ehi);
+                return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s[%zu]': must be in %s, got %d", CTX, f->name, i,
+                              s_fmt_range(f->elo, f->ehi, false, &rt), v);
             ((int32_t *)arr)[i] = v;
         } else {
             uint64_t v = 0;
@@ -770,6 +829,8 @@ static int s_decode_packed(dctx_t *d, const fdesc_t *f, const msgpack_object *o,
 static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, char *body, const path_t *path)
 {
     char pb[192];
+    rangetext_t rt;
+    numtext_t nt;
     void *at = body + f->off;
     int64_t iv;
 #define WRONG() s_fail(d->err, MSG_E_WRONG_TYPE, "%s: field '%s': expected %s, got %s", CTX, f->name, \
@@ -785,13 +846,9 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
     case F_I64:
     case F_I32:
         if (!s_is_int(o)) return WRONG();
-        if (!s_int(o, &iv) || !s_in_range(f, (double)iv) || (f->kind == F_I32 && (iv < INT32_MIN || iv > INT32_MAX))) {
-            if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-                return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': must be in [%.0f, %.0f], got %llu", CTX,
-                              f->name, f->lo, f->hi, (unsigned long long)o->via.u64);
-            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': must be in [%.0f, %.0f], got %lld", CTX,
-                          f->name, f->lo, f->hi, (long long)o->via.i64);
-        }
+        if (!s_int(o, &iv) || !s_in_range(f, (double)iv) || (f->kind == F_I32 && (iv < INT32_MIN || iv > INT32_MAX)))
+            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': must be in %s, got %s", CTX, f->name,
+                          s_fmt_range(f->lo, f->hi, false, &rt), s_fmt_given(o, &nt));
         if (f->kind == F_I32) *(int32_t *)at = (int32_t)iv;
         else *(int64_t *)at = iv;
         return 0;
@@ -803,11 +860,16 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
         else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) v = (double)o->via.i64;
         else return WRONG();
         /* check the value as it will be stored: a double that rounds to 0 as a float must
-         * not pass an exclusive lower bound of 0 */
+         * not pass an exclusive lower bound of 0; the message gives the value as sent */
+        double given = v;
         if (f->kind == F_F32) v = (double)(float)v;
-        if (!s_in_range(f, v))
-            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': must be in %c%g, %g], got %g", CTX, f->name,
-                          (f->flags & FL_LOEX) ? '(' : '[', f->lo, f->hi, v);
+        if (!s_in_range(f, v)) {
+            numtext_t kept;
+            bool rounded = f->kind == F_F32 && s_in_range(f, given);
+            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': must be in %s, got %s%s%s%s", CTX, f->name,
+                          s_fmt_range(f->lo, f->hi, f->flags & FL_LOEX, &rt), s_fmt_given(o, &nt), rounded ? " (" : "",
+                          rounded ? s_fmt_double(v, true, &kept) : "", rounded ? " as a float32)" : "");
+        }
         if (f->kind == F_F32) *(float *)at = (float)v;
         else *(double *)at = v;
         return 0;
@@ -824,8 +886,8 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
         else if (f->kind == F_BIN && o->type == MSGPACK_OBJECT_BIN) { p = o->via.bin.ptr; n = o->via.bin.size; }
         else return WRONG();
         if ((double)n < f->lo || (double)n > f->hi)
-            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': length must be in [%.0f, %.0f], got %zu", CTX,
-                          f->name, f->lo, f->hi, n);
+            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': length must be in %s, got %zu", CTX,
+                          f->name, s_fmt_range(f->lo, f->hi, false, &rt), n);
         return s_copy_str(d, p, n, at);
     }
     case F_FINISH:
@@ -857,8 +919,8 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
         if (o->type != MSGPACK_OBJECT_ARRAY) return WRONG();
         uint32_t n = o->via.array.size;
         if ((double)n < f->lo || (double)n > f->hi)
-            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': %s must have [%.0f, %.0f] elements, got %u", CTX,
-                          f->name, "array", f->lo, f->hi, n);
+            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': array must have %s elements, got %u", CTX,
+                          f->name, s_fmt_range(f->lo, f->hi, false, &rt), n);
         int32_t *cnt = (int32_t *)(body + f->cnt);
         if ((f->flags & FL_SHCNT) && *cnt != 0 && *cnt != (int32_t)n)
             return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': length %u differs from a sibling array's %d",
@@ -874,8 +936,8 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
                     return s_fail(d->err, MSG_E_WRONG_TYPE, "%s: field '%s[%u]': expected an integer, got %s", CTX,
                                   f->name, i, s_obj_type_name(&e[i]));
                 if (!s_int(&e[i], &iv) || (double)iv < f->elo || (double)iv > f->ehi)
-                    return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s[%u]': must be in [%.0f, %.0f]", CTX,
-                                  f->name, i, f->elo, f->ehi);
+                    return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s[%u]': must be in %s, got %s", CTX,
+                                  f->name, i, s_fmt_range(f->elo, f->ehi, false, &rt), s_fmt_given(&e[i], &nt));
                 ((int32_t *)arr)[i] = (int32_t)iv;
             } else if (f->kind == F_U64S) {
                 if (e[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
@@ -888,8 +950,8 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
                                   f->name, i, s_obj_type_name(&e[i]));
                 size_t len = e[i].via.str.size;
                 if ((double)len < f->elo || (double)len > f->ehi)
-                    return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s[%u]': length must be in [%.0f, %.0f], got %zu",
-                                  CTX, f->name, i, f->elo, f->ehi, len);
+                    return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s[%u]': length must be in %s, got %zu",
+                                  CTX, f->name, i, s_fmt_range(f->elo, f->ehi, false, &rt), len);
                 int rc = s_copy_str(d, e[i].via.str.ptr, len, &((msg_str_t *)arr)[i]);
                 if (rc < 0) return rc;
             } else {
@@ -918,7 +980,8 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
                           s_safe_key(&o->via.map.ptr[rep].key, safe));
         }
         if ((double)n > f->hi)
-            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': at most %.0f entries, got %u", CTX, f->name, f->hi, n);
+            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': at most %s entries, got %u", CTX, f->name,
+                          s_fmt_bound(f->hi, &nt), n);
         msg_stat_t *items = s_alloc(d->m, sizeof(msg_stat_t) * (n ? n : 1));
         if (!items) return STRATA_ENOMEM;
         for (uint32_t i = 0; i < n; i++) {
@@ -1109,8 +1172,13 @@ int msg_decode(msg_family_t fam, const void *buf, size_t len, msg_t *m, msg_err_
         if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
             rc = s_fail(err, MSG_E_BAD_VERSION, "protocol version %llu is not supported (this is %d)",
                         (unsigned long long)v->via.u64, PROTO_VERSION);
-        else
-            rc = s_fail(err, MSG_E_BAD_VERSION, "field 'v' must be the integer %d", PROTO_VERSION);
+        else {
+            numtext_t nt;
+            rc = s_fail(err, MSG_E_BAD_VERSION, "field 'v' must be the integer %d, got %s", PROTO_VERSION,
+                        s_is_int(v) || v->type == MSGPACK_OBJECT_FLOAT32 || v->type == MSGPACK_OBJECT_FLOAT64
+                            ? s_fmt_given(v, &nt)
+                            : s_obj_type_name(v));
+        }
         goto fail;
     }
     const msgpack_object *ty = s_map_get(o, "type", &dup_ty);
@@ -1225,13 +1293,21 @@ static int s_encode_value(ectx_t *e, const fdesc_t *f, const char *body)
     }
     case F_F32: {
         float v = *(const float *)at;
-        if (!s_in_range(f, v)) return s_fail(&e->err, MSG_E_INVALID_PARAM, "%s: field '%s' out of range: %g", e->tname, f->name, v);
+        if (!s_in_range(f, v)) {
+            numtext_t t;
+            return s_fail(&e->err, MSG_E_INVALID_PARAM, "%s: field '%s' out of range: %s", e->tname, f->name,
+                          s_fmt_double(v, true, &t));
+        }
         PK(msgpack_pack_float(pk, v));
         return 0;
     }
     case F_F64: {
         double v = *(const double *)at;
-        if (!s_in_range(f, v)) return s_fail(&e->err, MSG_E_INVALID_PARAM, "%s: field '%s' out of range: %g", e->tname, f->name, v);
+        if (!s_in_range(f, v)) {
+            numtext_t t;
+            return s_fail(&e->err, MSG_E_INVALID_PARAM, "%s: field '%s' out of range: %s", e->tname, f->name,
+                          s_fmt_double(v, false, &t));
+        }
         PK(msgpack_pack_double(pk, v));
         return 0;
     }

@@ -685,6 +685,106 @@ static void test_repeated_keys(void)
     fprintf(stderr, "repeated keys: one message of each of %d types, %d variants refused\n", n, variants);
 }
 
+/* ---- values and ranges in error messages ---- */
+
+/* A generate (id 9, prompt "hi", max_tokens 4 unless key is max_tokens) with key set by
+ * pack(); expect code and want in the error text. */
+static void s_expect_gen(const char *key, void (*pack)(mb_t *, const void *), const void *arg, msg_errcode_t code,
+                         const char *want, const char *what)
+{
+    mb_t b;
+    mb_init(&b);
+    bool mt = !strcmp(key, "max_tokens");
+    mb_head(&b, mt ? 3 : 4, "generate");
+    mb_str(&b, "id"); msgpack_pack_uint64(&b.pk, 9);
+    mb_str(&b, "prompt"); mb_str(&b, "hi");
+    if (!mt) { mb_str(&b, "max_tokens"); msgpack_pack_int(&b.pk, 4); }
+    mb_str(&b, key);
+    pack(&b, arg);
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, code, want, what);
+    mb_free(&b);
+}
+static void s_pk_f64(mb_t *b, const void *a) { msgpack_pack_double(&b->pk, *(const double *)a); }
+static void s_pk_f32(mb_t *b, const void *a) { msgpack_pack_float(&b->pk, *(const float *)a); }
+static void s_pk_i64(mb_t *b, const void *a) { msgpack_pack_int64(&b->pk, *(const int64_t *)a); }
+static void s_pk_u64(mb_t *b, const void *a) { msgpack_pack_uint64(&b->pk, *(const uint64_t *)a); }
+static void s_pk_toks(mb_t *b, const void *a)
+{
+    msgpack_pack_array(&b->pk, 2);
+    msgpack_pack_int(&b->pk, 5);
+    msgpack_pack_int64(&b->pk, *(const int64_t *)a);
+}
+
+static void test_error_values(void)
+{
+    /* as found: 100.0001 was printed as "got 100" */
+    double d = 100.0001;
+    s_expect_gen("temperature", s_pk_f64, &d, MSG_E_INVALID_PARAM, "must be in [0, 100], got 100.0001", "temperature 100.0001");
+    float f = 100.0001f;
+    s_expect_gen("temperature", s_pk_f32, &f, MSG_E_INVALID_PARAM, "got 100.0001", "float32 temperature 100.0001");
+    d = 1.0000001;
+    s_expect_gen("top_p", s_pk_f64, &d, MSG_E_INVALID_PARAM, "must be in (0, 1], got 1.0000001", "top_p 1.0000001");
+    d = 1e-50; /* in range as a double, 0 as the float32 it is kept as */
+    s_expect_gen("top_p", s_pk_f64, &d, MSG_E_INVALID_PARAM, "got 1e-50 (0 as a float32)", "top_p 1e-50");
+    d = 123456789.5;
+    s_expect_gen("temperature", s_pk_f64, &d, MSG_E_INVALID_PARAM, "got 123456789.5", "temperature 123456789.5");
+    int64_t i = 1234567;
+    s_expect_gen("temperature", s_pk_i64, &i, MSG_E_INVALID_PARAM, "got 1234567", "integer temperature 1234567");
+    i = MSG_MAX_MAX_TOKENS + 1;
+    s_expect_gen("max_tokens", s_pk_i64, &i, MSG_E_INVALID_PARAM, "must be in [1, 1048576], got 1048577", "max_tokens 2^20+1");
+    uint64_t u = UINT64_MAX;
+    s_expect_gen("top_k", s_pk_u64, &u, MSG_E_INVALID_PARAM, "got 18446744073709551615", "top_k 2^64-1");
+    i = -7;
+    s_expect_gen("tokens", s_pk_toks, &i, MSG_E_INVALID_PARAM, "'tokens[1]': must be in [0, 2147483647], got -7", "token -7");
+    i = 1ll << 40;
+    s_expect_gen("tokens", s_pk_toks, &i, MSG_E_INVALID_PARAM, "got 1099511627776", "token 2^40");
+
+    /* as found: resume's `from` printed its range as [0, 9223372036854775808] (2^63) */
+    mb_t b;
+    int64_t froms[] = {-1, INT64_MIN};
+    const char *want[] = {"resume: field 'from': must be in [0, 2^63-1], got -1", "got -9223372036854775808"};
+    for (int k = 0; k < 2; k++) {
+        mb_init(&b);
+        mb_head(&b, 2, "resume");
+        mb_str(&b, "id"); msgpack_pack_uint64(&b.pk, 9);
+        mb_str(&b, "from"); msgpack_pack_int64(&b.pk, froms[k]);
+        s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, want[k], "resume from");
+        mb_free(&b);
+    }
+    mb_init(&b);
+    mb_head(&b, 2, "resume");
+    mb_str(&b, "id"); msgpack_pack_uint64(&b.pk, 9);
+    mb_str(&b, "from"); msgpack_pack_uint64(&b.pk, 1ull << 63);
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "[0, 2^63-1], got 9223372036854775808",
+                  "resume from 2^63");
+    mb_free(&b);
+    /* a packed element out of range names its value */
+    mb_init(&b);
+    mb_head(&b, 4, "step_tokens");
+    int32_t idx[2] = {3, -5}, tok[2] = {1, 2};
+    uint64_t rq[2] = {1, 2};
+    mb_str(&b, "reqs"); msgpack_pack_bin_with_body(&b.pk, rq, sizeof rq);
+    mb_str(&b, "index"); msgpack_pack_bin_with_body(&b.pk, idx, sizeof idx);
+    mb_str(&b, "tokens"); msgpack_pack_bin_with_body(&b.pk, tok, sizeof tok);
+    mb_str(&b, "id"); msgpack_pack_uint64(&b.pk, 1);
+    s_expect_fail(MSG_FAM_SCHED_OUT, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "'index[1]': must be in [0, 2147483647], got -5",
+                  "packed index -5");
+    mb_free(&b);
+    /* the version as given */
+    mb_init(&b);
+    msgpack_pack_map(&b.pk, 2);
+    mb_str(&b, "v"); msgpack_pack_double(&b.pk, 1.5);
+    mb_str(&b, "type"); mb_str(&b, "health");
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_BAD_VERSION, "must be the integer 1, got 1.5", "v 1.5");
+    mb_free(&b);
+    mb_init(&b);
+    msgpack_pack_map(&b.pk, 2);
+    mb_str(&b, "v"); msgpack_pack_int(&b.pk, -3);
+    mb_str(&b, "type"); mb_str(&b, "health");
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_BAD_VERSION, "got -3", "v -3");
+    mb_free(&b);
+}
+
 /* Random byte flips of valid frames: decode must never crash and must either succeed or
  * report a code; successes must re-encode. */
 static void test_mutations(uint64_t seed)
@@ -731,6 +831,7 @@ int main(void)
     test_roundtrips();
     test_bad_input();
     test_repeated_keys();
+    test_error_values();
     test_mutations(seed);
     T_CHECK(msg_request_id("a", 1, 1) != msg_request_id("a", 1, 2), "request ids differ by cid");
     T_CHECK(msg_request_id("a", 1, 1) != msg_request_id("b", 1, 1), "request ids differ by client");

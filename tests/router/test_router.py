@@ -202,6 +202,10 @@ def test_bad_input(g):
     expect_error(g, "max_tokens 2^40", pack(gen(max_tokens=1 << 40)), "invalid_param", "max_tokens")
     expect_error(g, "temperature 1e9", pack(gen(temperature=1e9)), "invalid_param", "temperature")
     expect_error(g, "temperature -1", pack(gen(temperature=-1.0)), "invalid_param", "temperature")
+    # the value as sent, not rounded: 100.0001 used to read "got 100"
+    expect_error(g, "temperature 100.0001", pack(gen(temperature=100.0001)), "invalid_param",
+                 "must be in [0, 100], got 100.0001")
+    expect_error(g, "top_p 1.0000001", pack(gen(top_p=1.0000001)), "invalid_param", "must be in (0, 1], got 1.0000001")
     expect_error(g, "temperature NaN", pack(gen(temperature=math.nan)), "invalid_param", "temperature")
     expect_error(g, "temperature inf", pack(gen(temperature=math.inf)), "invalid_param", "temperature")
     expect_error(g, "top_p 0", pack(gen(top_p=0.0)), "invalid_param", "top_p")
@@ -223,6 +227,9 @@ def test_bad_input(g):
     expect_error(g, "cancel of an unknown id", pack({"v": 1, "type": "cancel", "id": 123456}), "not_found", rid=123456)
     expect_error(g, "resume of an unknown id", pack({"v": 1, "type": "resume", "id": 99999, "from": 0}), "not_found",
                  rid=99999)
+    # a readable range: it used to read [0, 9223372036854775808]
+    expect_error(g, "resume from -1", pack({"v": 1, "type": "resume", "id": 9, "from": -1}), "invalid_param",
+                 "resume: field 'from': must be in [0, 2^63-1], got -1", rid=9)
     # a frame far over the limit is cut by libzmq (connection dropped, no reply)
     r = raw_reply(g, b"\xc4" + b"x" * 300000, timeout=1)
     check(r is None, "frame over ZMQ_MAXMSGSIZE: connection dropped without reply")
