@@ -11,7 +11,7 @@
 
 #include "proto/msg.h"
 
-static void fuzz_msg_one(msg_family_t fam, const uint8_t *data, size_t size)
+static inline void fuzz_msg_one(msg_family_t fam, const uint8_t *data, size_t size)
 {
     msg_t m, m2;
     msg_err_t err;
@@ -36,7 +36,7 @@ static void fuzz_msg_one(msg_family_t fam, const uint8_t *data, size_t size)
 }
 
 /* Targets with two directions: the first input byte picks one. */
-static void fuzz_msg_two(msg_family_t in, msg_family_t out, const uint8_t *data, size_t size)
+static inline void fuzz_msg_two(msg_family_t in, msg_family_t out, const uint8_t *data, size_t size)
 {
     if (size < 1) return;
     fuzz_msg_one((data[0] & 1) ? out : in, data + 1, size - 1);
