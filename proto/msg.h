@@ -281,7 +281,7 @@ typedef struct {
 /* status reply: prefetcher -> requester. */
 typedef struct {
     int32_t node;               /* NUMA node */
-    msg_str_t arena;            /* shm name, "/strata-<group>-arena-<N>" */
+    msg_str_t arena;            /* shm name, "/strata-<group>-<token>-arena-<N>" */
     uint64_t bytes;             /* arena size */
     msg_str_t state;            /* "filling", "ready" or "failed" */
     double fill_ms;             /* time the fill took (0 when the arena was reattached) */
