@@ -594,11 +594,11 @@ int main(int argc, char **argv)
 
     /* 1. ceilings */
     machine_t here = {.name = ""};
-    size_t gpu_total = 0;
 #ifdef STRATA_HAVE_CUDA
+    size_t gpu_total = 0;
     shared_probe_t shared = {0};
-#endif
     double t_probe = strata_now();
+#endif
     if (!o.no_probe) here.cpu_bw = roofline_cpu_membw(pool, (size_t)(o.probe_mib * 1048576.0), 5);
 #ifdef STRATA_HAVE_CUDA
     if (cuda) {
