@@ -18,7 +18,6 @@
 
 static const char *const C = "chat";
 
-#define DEFAULT_ENDPOINT "tcp://127.0.0.1:7757"
 #define HISTORY_MAX (1 << 20) /* bytes of conversation kept; beyond, the oldest turns go */
 
 static void s_help(FILE *f)
@@ -34,7 +33,7 @@ static void s_help(FILE *f)
             "it does not use. Without --endpoint it talks to the one group this user runs (as\n"
             "`strata client`), else to the one `strata up --demo` serves.\n"
             "\n"
-            "  --endpoint E        router endpoint (default: the running group's, or " DEFAULT_ENDPOINT ")\n"
+            "  --endpoint E        router endpoint (default: the running group's, or " RC_DEFAULT_ENDPOINT ")\n"
             "  --model DIR         the model folder, to look for its chat template (default: the\n"
             "                      running group's [group] model)\n"
             "  --max-tokens N      tokens an answer may take (default 128)\n"
@@ -122,7 +121,7 @@ int cmd_chat(int argc, char **argv)
     float timeout_s = 300.0f;
     sampler_params_t sp;
     sampler_params_default(&sp);
-    snprintf(endpoint, sizeof endpoint, "%s", DEFAULT_ENDPOINT);
+    snprintf(endpoint, sizeof endpoint, "%s", RC_DEFAULT_ENDPOINT);
     int r;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {

@@ -13,8 +13,6 @@
 
 static const char *const C = "client";
 
-#define DEFAULT_ENDPOINT "tcp://127.0.0.1:7757"
-
 static void s_help(FILE *f)
 {
     fprintf(f,
@@ -25,7 +23,7 @@ static void s_help(FILE *f)
             "`strata up` records; with several it lists them and exits 2), else the one\n"
             "`strata up --demo` serves.\n"
             "\n"
-            "  --endpoint E        router endpoint (default " DEFAULT_ENDPOINT ")\n"
+            "  --endpoint E        router endpoint (default " RC_DEFAULT_ENDPOINT ")\n"
             "  --prompt TEXT       prompt text (tokenized by the router)\n"
             "  --tokens IDS        prompt token ids instead, separated by commas or spaces\n"
             "  --max-tokens N      tokens to generate (default 16)\n"
@@ -88,7 +86,7 @@ int cmd_client(int argc, char **argv)
     char endpoint[512];
     int32_t *tok = NULL, n_tok = 0;
     int rc = 0, r;
-    snprintf(endpoint, sizeof endpoint, "%s", DEFAULT_ENDPOINT);
+    snprintf(endpoint, sizeof endpoint, "%s", RC_DEFAULT_ENDPOINT);
     bool endpoint_given = false;
 
     for (int i = 1; i < argc; i++) {

@@ -17,6 +17,10 @@
 #include "proto/msg.h"
 #include "services/strata/cli_util.h"
 
+/* The router endpoint `strata up --demo` serves, where a client with no endpoint and no running
+ * group of its user connects. */
+#define RC_DEFAULT_ENDPOINT "tcp://127.0.0.1:7757"
+
 typedef struct rc_conn rc_conn_t;
 
 /* What one generate request asks. */
