@@ -46,12 +46,15 @@ static uint64_t *s_box(const gpu_model_t *g, int k)
 
 int gcpu_probe(gpu_model_t *g)
 {
-    const model_config_t *c = &g->m->cfg;
-    int l0 = g->xc.moe_layer[0], rc;
+    /* slot 0 is copied again with what it holds (the fill put the first layer's experts in
+     * the first slots): another expert's bytes there would be computed under its name */
+    const xc_slot_t *s0 = &g->xc.slot[0];
+    const int l0 = s0->layer >= 0 ? s0->layer : g->xc.moe_layer[0], e0 = s0->layer >= 0 ? s0->expert : 0;
+    int rc;
     double best = 1e30;
     for (int i = 0; i < 3; i++) {
         double t0 = strata_now();
-        if ((rc = gslots_fill(g, 0, l0, i % c->n_experts, CUDA_STREAM_COMPUTE)) || (rc = cuda_sync(g->cx))) return rc;
+        if ((rc = gslots_fill(g, 0, l0, e0, CUDA_STREAM_COMPUTE)) || (rc = cuda_sync(g->cx))) return rc;
         double t = strata_now() - t0;
         if (t < best) best = t;
     }
@@ -176,7 +179,11 @@ int gcpu_post(gpu_model_t *g, int k, int n, const int32_t *idx)
     const int E = c->n_experts, K = c->top_k, H = c->hidden, l = g->xc.moe_layer[k];
     memset(g->cpu_t_post, 0, sizeof g->cpu_t_post);
     if (g->cpu_n == 0) {
-        __atomic_store_n(s_box(g, k), (uint64_t)1, __ATOMIC_RELEASE);
+        /* nothing to add: every token's flag off (the entry's last use may have set some, and
+         * h_cy holds that layer's sums), then the box */
+        uint64_t *box = s_box(g, k);
+        for (int t = 0; t < n; t++) box[1 + t] = 0;
+        __atomic_store_n(box, (uint64_t)1, __ATOMIC_RELEASE);
         return 0;
     }
     int rc = s_wait_flag(g, g->h_xflag + (size_t)(k % GPU_RING) * 8);
