@@ -313,7 +313,7 @@ fail:
 /* ------------------------------------------------------------------------------------------ */
 /* Side files: config.json and the tokenizer files travel with the weights.                   */
 
-static int s_copy_file(const char *src, const char *dst, bool required, uint32_t *crc_out, strata_errbuf_t *eb)
+int packed_copy_file(const char *src, const char *dst, bool required, uint32_t *crc_out, strata_errbuf_t *eb)
 {
     int rc = 0, in = -1, out = -1;
     unsigned char buf[65536];
@@ -368,11 +368,11 @@ int packed_copy_side_files(const char *src_dir, const char *dst_dir, uint32_t *c
     int rc;
     snprintf(a, sizeof a, "%s/config.json", src_dir);
     snprintf(b, sizeof b, "%s/config.json", dst_dir);
-    if ((rc = s_copy_file(a, b, true, config_crc, eb)) < 0) return rc;
+    if ((rc = packed_copy_file(a, b, true, config_crc, eb)) < 0) return rc;
     for (const char *const *sf = s_side_files; *sf; sf++) {
         snprintf(a, sizeof a, "%s/%s", src_dir, *sf);
         snprintf(b, sizeof b, "%s/%s", dst_dir, *sf);
-        if ((rc = s_copy_file(a, b, false, NULL, eb)) < 0) return rc;
+        if ((rc = packed_copy_file(a, b, false, NULL, eb)) < 0) return rc;
     }
     return 0;
 }

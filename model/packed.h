@@ -158,6 +158,10 @@ int packed_model_build(model_t *m, const packed_manifest_t *pm, const int32_t *i
 /* Re-read every weight file of the packed folder dir and compare size and crc32 with pm. */
 int packed_verify(const char *dir, const packed_manifest_t *pm, strata_errbuf_t *eb);
 
+/* Copy the file src to dst (created 0644, fdatasync'd); a missing src is an error when required,
+ * else nothing is done. *crc_out (if not NULL) gets the crc32 of the bytes copied. */
+int packed_copy_file(const char *src, const char *dst, bool required, uint32_t *crc_out, strata_errbuf_t *eb);
+
 /* Copy config.json (required) and the tokenizer/generation side files that exist from src_dir
  * to dst_dir; *config_crc (if not NULL) gets the crc32 of config.json. */
 int packed_copy_side_files(const char *src_dir, const char *dst_dir, uint32_t *config_crc, strata_errbuf_t *eb);

@@ -3,7 +3,8 @@
 set -euo pipefail
 PKGS=(build-essential meson ninja-build pkg-config clang
       libzmq3-dev libmsgpack-dev libuv1-dev libnuma-dev libjansson-dev libpcre2-dev libutf8proc-dev
-      libinih-dev libsystemd-dev zlib1g-dev python3 python3-zmq python3-msgpack python3-numpy gnuplot-nox)
+      libinih-dev libsystemd-dev zlib1g-dev python3 python3-zmq python3-msgpack python3-numpy gnuplot-nox
+      wamerican)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -1,4 +1,4 @@
-/* cmd_demo.c - `strata demo`: write the demo model (RANDOM weights) and optionally a config. */
+/* cmd_demo.c - `strata demo`: write the demo model (an HF copy and its packed form) and optionally a config. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,24 +10,22 @@
 static void s_help(FILE *f)
 {
     fprintf(f,
-            "usage: strata demo --out DIR [--seed S] [--config FILE --name NAME --run-dir RUN --port PORT]\n\n"
-            "Write the demo model: a tiny Mixtral-shaped model whose weights are RANDOM (its text is\n"
-            "gibberish), generated locally. DIR/hf is an HF folder (config.json, model.safetensors,\n"
-            "tokenizer.json: byte-level BPE, 256 byte tokens + %d merges + <s> </s>, vocab %d);\n"
-            "DIR/model is the same model packed (bf16). Nothing is written if DIR/model exists.\n"
-            "`strata up --demo` does this itself; tests and benchmarks use this command.\n\n"
+            "usage: strata demo --out DIR [--config FILE --name NAME --run-dir RUN --port PORT]\n\n"
+            "Write the demo model: a small Mixtral-shaped MoE (8 experts, top-2, a 4096-token byte-level\n"
+            "BPE) trained on English text, shipped in models/demo (its training script, corpus and licence\n"
+            "are named in models/demo/SOURCE.md). DIR/hf is a copy of that HF folder; DIR/model is the same\n"
+            "model packed (bf16, lossless). Nothing is written if DIR/model exists. The folder is found in\n"
+            "$STRATA_DEMO_MODEL, share/strata/demo-model beside the binary's bin/, the source tree, or the\n"
+            "install prefix. `strata up --demo` does this itself; tests and benchmarks use this command.\n\n"
             "  --out DIR       where to write hf/ and model/\n"
-            "  --seed S        weight seed (default %u)\n"
             "  --config FILE   also write a group config for DIR/model (needs --name, --run-dir, --port)\n"
             "  -h, --help      this help\n\n"
-            "Exit codes: 0 ok, 1 runtime failure, 2 usage.\n",
-            DEMO_MERGES, DEMO_VOCAB, DEMO_SEED);
+            "Exit codes: 0 ok, 1 runtime failure, 2 usage.\n");
 }
 
 int cmd_demo(int argc, char **argv)
 {
     const char *out = NULL, *config = NULL, *name = NULL, *run_dir = NULL;
-    unsigned long long seed = DEMO_SEED;
     long port = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -45,13 +43,7 @@ int cmd_demo(int argc, char **argv)
         else if (!strcmp(a, "--config")) config = v;
         else if (!strcmp(a, "--name")) name = v;
         else if (!strcmp(a, "--run-dir")) run_dir = v;
-        else if (!strcmp(a, "--seed")) {
-            seed = strtoull(v, &end, 0);
-            if (*end || !*v) {
-                fprintf(stderr, "strata demo: --seed '%s' is not a number\n", v);
-                return 2;
-            }
-        } else if (!strcmp(a, "--port")) {
+        else if (!strcmp(a, "--port")) {
             port = strtol(v, &end, 10);
             if (*end || port < 1 || port > 65535) {
                 fprintf(stderr, "strata demo: --port '%s' is not a port\n", v);
@@ -68,7 +60,7 @@ int cmd_demo(int argc, char **argv)
         return 2;
     }
     strata_errbuf_t eb = {{0}};
-    if (demo_model_write(out, seed, &eb) < 0) {
+    if (demo_model_write(out, &eb) < 0) {
         fprintf(stderr, "strata demo: %s\n", eb.msg);
         return 1;
     }

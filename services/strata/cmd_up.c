@@ -672,7 +672,7 @@ static void s_help(FILE *f)
             "exponential backoff (not on exit code 2). SIGTERM/SIGINT stops everything and removes\n"
             "the group's shm segments and ipc socket files. `strata status` shows the group.\n\n"
             "  --config FILE   group config (INI, see common/config.h and deploy/)\n"
-            "  --demo          generate the demo model (tiny, RANDOM weights) and its config under\n"
+            "  --demo          set up the demo model (small, trained on English) and its config under\n"
             "                  the run dir (default /tmp/strata-demo), then start that group; clients\n"
             "                  connect to tcp://127.0.0.1:7757 (the default of `strata client`)\n"
             "  --run-dir DIR   (--demo) run dir instead of /tmp/strata-demo\n"
@@ -772,8 +772,8 @@ int cmd_up(int argc, char **argv)
             goto done;
         }
         snprintf(model_dir, sizeof model_dir, "%s/model", rd);
-        fprintf(stderr, "strata up: demo model (tiny Mixtral shape, RANDOM weights) in %s\n", model_dir);
-        if (demo_model_write(rd, DEMO_SEED, &eb) < 0) {
+        fprintf(stderr, "strata up: demo model (a small Mixtral-shaped MoE trained on English) in %s\n", model_dir);
+        if (demo_model_write(rd, &eb) < 0) {
             fprintf(stderr, "strata up: demo model: %s\n", eb.msg);
             goto done;
         }
@@ -885,7 +885,7 @@ int cmd_up(int argc, char **argv)
                 printf("strata up: group '%s' ready (launcher pid %d). Status: strata status --config %s\n"
                        "Logs: %s/launcher.log, %s/logs/. Stop: strata down --config %s\n",
                        L->cfg.name, (int)child, L->config_path, L->cfg.run_dir, L->cfg.run_dir, L->config_path);
-                if (demo) printf("Try: strata client --prompt \"Hello\" --max-tokens 16   (the demo model's weights are random)\n");
+                if (demo) printf("Try: strata client --prompt \"Once upon a time\" --max-tokens 48\n");
                 rc = 0;
             } else {
                 fprintf(stderr, "strata up: group '%s' failed to start: %s (see %s/launcher.log)\n", L->cfg.name,

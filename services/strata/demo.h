@@ -1,41 +1,30 @@
-/* demo.h - the embedded demo: a tiny Mixtral-shaped model with RANDOM weights, generated
- * locally (no download), and the default config `strata up --demo` runs it with.
+/* demo.h - the demo: a small Mixtral-shaped MoE trained on English (models/demo: its training
+ * script, corpus source and licence are there), and the default config `strata up --demo`
+ * runs it with.
  *
- * demo_model_write(dir) writes two folders:
- *   dir/hf/     an HF checkpoint folder: config.json (MixtralForCausalLM), model.safetensors
- *               (bf16, transformers tensor names), tokenizer.json (byte-level BPE: 256 byte
- *               tokens, DEMO_MERGES merges, <s> and </s>; vocab == the model's vocab_size)
- *   dir/model/  the same model packed with the pack library (bf16, 2 MiB expert blocks), so
- *               both folders give identical outputs.
+ * The model ships as an HF folder, found by demo_model_find. demo_model_write(dir) writes:
+ *   dir/hf/     a copy of that folder (config.json, model.safetensors in bf16, tokenizer.json,
+ *               tokenizer_config.json, ...)
+ *   dir/model/  the same model packed with the pack library (bf16, lossless), so both folders
+ *               give identical outputs.
  * Each folder is written under a temporary name and renamed into place when complete.
- * The weights are plainly random: the text it produces is gibberish by construction.
  */
 #ifndef STRATA_DEMO_H
 #define STRATA_DEMO_H
 
-#include <stdint.h>
+#include <stddef.h>
 
 #include "common/strata.h"
 
-#define DEMO_SEED 20241129u
-#define DEMO_MERGES 30
-#define DEMO_VOCAB (256 + DEMO_MERGES + 2) /* bytes + merges + <s> + </s> */
-#define DEMO_HIDDEN 64
-#define DEMO_LAYERS 2
-#define DEMO_HEADS 4
-#define DEMO_KV_HEADS 2
-#define DEMO_HEAD_DIM 16
-#define DEMO_INTER 128
-#define DEMO_EXPERTS 4
-#define DEMO_TOP_K 2
-#define DEMO_CONTEXT 512
+/* Find the shipped demo model folder: $STRATA_DEMO_MODEL, else share/strata/demo-model beside
+ * the running binary's bin/ folder (an install or a bundle), else the source tree's models/demo,
+ * else the configured install folder. Writes its real path to out. Returns 0 or <0 with eb
+ * listing where it looked. */
+int demo_model_find(char *out, size_t cap, strata_errbuf_t *eb);
 
 /* Write dir/hf and dir/model (see above) unless dir/model already holds a packed model.
  * Returns 0 or <0 with eb naming the file. */
-int demo_model_write(const char *dir, uint64_t seed, strata_errbuf_t *eb);
-
-/* Write only the byte-level BPE tokenizer.json of the demo to path. */
-int demo_tokenizer_write(const char *path, strata_errbuf_t *eb);
+int demo_model_write(const char *dir, strata_errbuf_t *eb);
 
 /* Write the demo group config to path: group `name`, run_dir, model = model_dir, the default
  * client endpoint tcp://127.0.0.1:<port>, no cpu pinning (runs on any machine). */

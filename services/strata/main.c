@@ -31,7 +31,7 @@ static const strata_cmd_t s_cmds[] = {
     {"status", cmd_status, "pid, state, uptime and restarts of every service of a group"},
     {"down", cmd_down, "stop a group started by `strata up`"},
     {"pin", cmd_pin, "run a program pinned to cpus and a NUMA node (used by strata up)"},
-    {"demo", cmd_demo, "write the demo model (tiny, random weights) and a config"},
+    {"demo", cmd_demo, "write the demo model (small, trained on English) and a config"},
     {"tokenize", cmd_tokenize, "text to token ids (or back) with a tokenizer.json, line by line"},
     {"synth", cmd_synth, "write a packed model with random weights and a real model's shapes"},
     {"bench", cmd_bench, "load generator over the client protocol, with the roofline bound"},
