@@ -18,10 +18,14 @@
  *
  * The cost model. A miss copied costs copy_bytes at the link's rate (pcie_us_b, probed at
  * creation) behind the copies in flight; a miss on prefetcher d costs cpu_lat_us[d] once per job
- * plus its bytes, times 1 + GPU_CPU_ROW_COST per token beyond the first, at cpu_us_b[d], which
- * every answered job updates (an average over GPU_CPU_EMA jobs of its wall time less the fixed
- * cost). The misses with the most tokens go first, each to the side that finishes it sooner, so
- * both sides end together and the experts many tokens share stay on the GPU.
+ * plus its bytes, times 1 + GPU_CPU_ROW_COST per token beyond the first, at cpu_us_b[d]: the fixed
+ * cost and the rate are fitted by least squares to every answered job's wall time (s_fit). A
+ * share phi of the experts, fixed by a hash of (layer, expert) so that the window does not
+ * prefetch them (gcpu_leave), is the CPU's side: the share its prefetchers finish, fixed cost
+ * included, while the link moves the rest of what a layer moves on average (s_phi), none where
+ * a layer's copies take less than that fixed cost. The other misses, most tokens first, each go
+ * to the side that finishes it sooner, so both sides end together and the experts many tokens
+ * share stay on the GPU.
  *
  * Faults: a prefetcher that is down at the plan (moe_remote_t.rows NULL) gets no experts, so its
  * misses are copied until it is back; a job it fails or does not answer in time (the ring's
@@ -82,14 +86,54 @@ static bool s_cpu_side(int l, int e, int E, double phi)
     return (double)h < phi * 4294967296.0;
 }
 
-/* The CPU's side of the split: the share of the bytes to move that the prefetchers finish in the
- * time the link moves the rest, at the rates measured so far (every miss with ALL). */
-static double s_phi(const gpu_model_t *g)
+static int s_size_class(int n) { return n <= 1 ? 0 : n <= 4 ? 1 : 2; }
+
+/* The CPU's side of the split: the share x of the experts a layer moves (M of them, as averaged
+ * for steps of n tokens, each of B bytes in the model's unit) that the prefetchers finish, their fixed cost
+ * L once, in the time the link moves the rest: L + x M B c = (1 - x) M B p, with c and p the us
+ * per byte of the prefetchers together and of the link. Where one layer's copies take less than
+ * L (small experts at batch 1) that is none: a hand-off to the CPU would only add its latency
+ * to every layer. Every miss with ALL. */
+static double s_phi(const gpu_model_t *g, int n)
 {
     if (g->o.cpu_policy == GPU_CPU_ALL) return 1.0;
-    double rc = 0, rp = 1.0 / g->pcie_us_b;
-    for (int d = 0; d < g->o.remote->n_dest && d < GPU_CPU_DEST; d++) rc += 1.0 / g->cpu_us_b[d];
-    return rc / (rc + rp);
+    const model_config_t *c = &g->m->cfg;
+    double rc = 0, lat = 1e30;
+    for (int d = 0; d < g->o.remote->n_dest && d < GPU_CPU_DEST; d++) {
+        rc += 1.0 / g->cpu_us_b[d];
+        if (g->cpu_lat_us[d] < lat) lat = g->cpu_lat_us[d];
+    }
+    if (rc <= 0) return 0.0;
+    const double M = g->cpu_miss[s_size_class(n)], p = g->pcie_us_b, cu = 1.0 / rc;
+    const double tpe = (double)n * c->top_k / (c->n_experts > 0 ? c->n_experts : 1); /* tokens per expert */
+    const double B = (double)g->copy_bytes * (1.0 + GPU_CPU_ROW_COST * (tpe > 1 ? tpe - 1 : 0));
+    if (M <= 0) return p / (p + cu);
+    const double x = (M * B * p - lat) / (M * B * (p + cu));
+    return x < 0 ? 0 : x > 1 ? 1 : x;
+}
+
+/* One answered job of prefetcher d: bytes (the model's unit) in us of wall time, into the
+ * averages, then its fixed cost and rate by least squares over them (the jobs' sizes vary with
+ * the routing); with too little spread in sizes yet, the rate alone, the fixed cost kept. */
+static void s_fit(gpu_model_t *g, int d, double bytes, double us)
+{
+    double *f = g->cpu_fit[d];
+    const double w = f[0] == 0 ? 1.0 : GPU_CPU_EMA;
+    f[0] += w * (bytes - f[0]);
+    f[1] += w * (us - f[1]);
+    f[2] += w * (bytes * bytes - f[2]);
+    f[3] += w * (bytes * us - f[3]);
+    const double var = f[2] - f[0] * f[0], cov = f[3] - f[0] * f[1];
+    if (var > 0.01 * f[0] * f[0] && cov > 0) {
+        const double rate = cov / var, lat = f[1] - rate * f[0];
+        if (lat >= 0) {
+            g->cpu_us_b[d] = rate;
+            g->cpu_lat_us[d] = lat;
+            return;
+        }
+    }
+    const double rest = f[1] - g->cpu_lat_us[d];
+    g->cpu_us_b[d] = (rest > 1.0 ? rest : 1.0) / f[0];
 }
 
 void gcpu_plan(gpu_model_t *g, int l, int n, const int32_t *idx, const int32_t *misses, int nm)
@@ -99,7 +143,15 @@ void gcpu_plan(gpu_model_t *g, int l, int n, const int32_t *idx, const int32_t *
     const int E = c->n_experts, K = c->top_k;
     memset(g->cpu_dest, -1, (size_t)E);
     g->cpu_n = 0;
-    if (!gcpu_step(g, n) || nm == 0) return;
+    if (!gcpu_step(g, n)) return;
+    /* the experts moved since the last layer's plan: its prefetches, misses and CPU experts
+     * (the window prefetches most of a layer's experts before its routing is known: the misses
+     * alone would leave out what the link is busy with) */
+    const uint64_t moved = g->st.prefetches + g->st.misses + g->st.cpu_uses;
+    double *avg = &g->cpu_miss[s_size_class(n)];
+    if (g->cpu_moved && moved >= g->cpu_moved) *avg += (*avg == 0 ? 1.0 : 0.02) * ((double)(moved - g->cpu_moved) - *avg);
+    g->cpu_moved = moved;
+    if (nm == 0) return;
     const gpu_cpu_policy_t pol = g->o.cpu_policy;
     if (pol == GPU_CPU_STATIC && g->xc.moe_ord[l] >= g->cpu_static) return;
     const int8_t *own = r->owner + (size_t)l * E;
@@ -116,7 +168,7 @@ void gcpu_plan(gpu_model_t *g, int l, int n, const int32_t *idx, const int32_t *
     }
     double pcie = (double)xcache_inflight(&g->xc) * (double)g->copy_bytes * g->pcie_us_b, cpu[GPU_CPU_DEST];
     for (int d = 0; d < r->n_dest && d < GPU_CPU_DEST; d++) cpu[d] = g->cpu_lat_us[d];
-    const double phi = s_phi(g);
+    const double phi = s_phi(g, n);
     for (int i = 0; i < nm; i++) {
         const int e = ord[i], d = own[e];
         const double tp = pcie + (double)g->copy_bytes * g->pcie_us_b;
@@ -144,7 +196,7 @@ void gcpu_leave(gpu_model_t *g, int n)
     const moe_remote_t *r = g->o.remote;
     const int E = xc->n_experts;
     if (!gcpu_step(g, n) || g->o.cpu_policy == GPU_CPU_STATIC) return;
-    const double phi = s_phi(g);
+    const double phi = s_phi(g, n);
     for (int d = 0; d < xc->win_n; d++) {
         const int l = xc->moe_layer[xc->win_lo + d];
         uint8_t *pn = xc->pneed + (size_t)l * E;
@@ -254,10 +306,7 @@ int gcpu_finish(gpu_model_t *g, int k, int n, const int32_t *idx)
         if (g->cpu_t_post[d] == 0) continue;
         const float *out = NULL;
         if (g->cpu_t_post[d] > 0 && r->wait(r->ctx, d, &out) == 0) {
-            /* the job's wall time less its fixed cost, per byte, into the average */
-            double us = (strata_now() - g->cpu_t_post[d]) * 1e6 - g->cpu_lat_us[d];
-            double ub = (us > 1.0 ? us : 1.0) / g->cpu_bytes[d];
-            g->cpu_us_b[d] += GPU_CPU_EMA * (ub - g->cpu_us_b[d]);
+            s_fit(g, d, g->cpu_bytes[d], (strata_now() - g->cpu_t_post[d]) * 1e6);
         } else {
             s_compute_here(g, l, n, idx, d);
             out = g->cpu_fy;

@@ -155,7 +155,11 @@ struct gpu_model {
     int32_t cpu_static;          /* GPU_CPU_STATIC: MoE ordinals below this run on the CPU */
     double pcie_us_b;            /* the cost model's rates: us per byte over PCIe (probed at creation), */
     double cpu_us_b[GPU_CPU_DEST]; /* and on each prefetcher (measured per job, averaged), */
-    double cpu_lat_us[GPU_CPU_DEST]; /* its fixed cost per job */
+    double cpu_lat_us[GPU_CPU_DEST]; /* its fixed cost per job: both fitted to the jobs' times */
+    double cpu_fit[GPU_CPU_DEST][4]; /* averages over the answered jobs of bytes, us, bytes^2, bytes*us */
+    double cpu_miss[3];          /* experts a MoE layer moves (copied ahead or on a miss, or to the CPU),
+                                    averaged over layers, by step size (1, 2-4, more) */
+    uint64_t cpu_moved;          /* st.prefetches + st.misses + st.cpu_uses at the last plan */
     double cpu_t_post[GPU_CPU_DEST]; /* the current layer's job: posted at (strata_now), 0: none */
     double cpu_bytes[GPU_CPU_DEST];  /* its expert bytes x row factor (the model's unit) */
 
