@@ -4,8 +4,12 @@
  * `raise_exception` and `strftime_now`), by the C template engine in common/jinja.h.
  *
  * The template comes from dir/chat_template.jinja, else from "chat_template" in
- * dir/tokenizer_config.json (a string, or a list of {name, template}: the one named "default").
- * bos_token / eos_token come from tokenizer_config.json (a string or an AddedToken object).
+ * dir/tokenizer_config.json (a string, or a list of {name, template}: the one named "default"),
+ * else from "chat_template" in dir/chat_template.json. The special tokens (bos_token, eos_token,
+ * unk/sep/pad/cls/mask_token, additional_special_tokens) come from tokenizer_config.json (each a
+ * string or an AddedToken object; empty ones are left out, as tokenizer.special_tokens_map
+ * leaves them out). Variables at render: the special tokens, tools = None, documents = None,
+ * then extra_json's, then messages and add_generation_prompt.
  * A template that uses a construct the engine does not support is refused at load, with the
  * construct and its line named in the error. */
 #ifndef STRATA_CHAT_TEMPLATE_H

@@ -360,7 +360,7 @@ fail:
 
 static const char *const s_side_files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                                            "generation_config.json", "vocab.json", "merges.txt", "tokenizer.model",
-                                           NULL};
+                                           "chat_template.jinja", "chat_template.json", NULL};
 
 int packed_copy_side_files(const char *src_dir, const char *dst_dir, uint32_t *config_crc, strata_errbuf_t *eb)
 {
