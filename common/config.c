@@ -8,9 +8,15 @@
  */
 #include "common/config.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
 #include <ini.h>
 #include <limits.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,6 +77,16 @@ void config_defaults(strata_config_t *c)
     c->launcher.restart_backoff_max_ms = 10000;
     c->launcher.ready_timeout_s = 60;
     c->launcher.watchdog_s = 30;
+
+    c->http.enabled = false;
+    snprintf(c->http.host, sizeof c->http.host, "127.0.0.1");
+    c->http.port = 7758;
+    c->http.max_body_bytes = 4 << 20;
+    c->http.max_connections = 1024;
+    c->http.timeout_s = 30;
+    c->http.request_timeout_s = 600;
+    c->http.threads = 2;
+    c->http.place.numa_node = -1;
 }
 
 static int s_err(s_ctx_t *x, const char *section, const char *key, const char *fmt, ...)
@@ -137,6 +153,14 @@ static int s_endpoint(s_ctx_t *x, const char *sec, const char *key, const char *
             return s_err(x, sec, key, "'%s': the port must be a number in 1-65535, got '%s'", v, port);
     }
     return s_str(x, sec, key, v, dst, cap);
+}
+
+static int s_bool(s_ctx_t *x, const char *sec, const char *key, const char *v, bool *out)
+{
+    if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "1")) *out = true;
+    else if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "0")) *out = false;
+    else return s_err(x, sec, key, "'%s' must be true or false", v);
+    return 1;
 }
 
 static int s_place(s_ctx_t *x, const char *sec, const char *key, const char *v, config_placement_t *p, int *handled)
@@ -224,6 +248,11 @@ static int s_on_key(void *user, const char *sec, const char *key, const char *v)
         if (!strcmp(key, "max_frame_bytes")) return s_bytes(x, sec, key, v, 64, 1 << 30, &c->router.max_frame_bytes);
         if (!strcmp(key, "max_queue")) return s_int(x, sec, key, v, 1, 1000000, &c->router.max_queue);
         if (!strcmp(key, "max_inflight_per_client")) return s_int(x, sec, key, v, 1, 1000000, &c->router.max_inflight_per_client);
+        if (!strcmp(key, "curve_secret_key_file"))
+            return s_str(x, sec, key, v, c->router.curve_secret_key_file, sizeof c->router.curve_secret_key_file);
+        if (!strcmp(key, "curve_clients_file"))
+            return s_str(x, sec, key, v, c->router.curve_clients_file, sizeof c->router.curve_clients_file);
+        if (!strcmp(key, "insecure")) return s_bool(x, sec, key, v, &c->router.insecure);
         int r = s_place(x, sec, key, v, &c->router.place, &handled);
         if (handled) return r;
     } else if (!strcmp(sec, "scheduler")) {
@@ -276,8 +305,40 @@ static int s_on_key(void *user, const char *sec, const char *key, const char *v)
         if (!strcmp(key, "restart_backoff_max_ms")) return s_int(x, sec, key, v, 1, 3600000, &c->launcher.restart_backoff_max_ms);
         if (!strcmp(key, "ready_timeout_s")) return s_int(x, sec, key, v, 1, 86400, &c->launcher.ready_timeout_s);
         if (!strcmp(key, "watchdog_s")) return s_int(x, sec, key, v, 0, 86400, &c->launcher.watchdog_s);
+    } else if (!strcmp(sec, "http")) {
+        c->http.enabled = true;
+        if (!strcmp(key, "host")) {
+            if (!*v) return s_err(x, sec, key, "empty (use 127.0.0.1, ::1, 0.0.0.0 or a host name)");
+            for (const char *p = v; *p; p++)
+                if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' || *p == ':' ||
+                      *p == '-' || *p == '_' || *p == '%'))
+                    return s_err(x, sec, key, "'%s' is not an address or host name (no brackets, no port: port is its own key)", v);
+            return s_str(x, sec, key, v, c->http.host, sizeof c->http.host);
+        }
+        if (!strcmp(key, "port")) return s_int(x, sec, key, v, 1, 65535, &c->http.port);
+        if (!strcmp(key, "api_key")) {
+            for (const char *p = v; *p; p++)
+                if ((unsigned char)*p <= ' ' || (unsigned char)*p >= 0x7f)
+                    return s_err(x, sec, key, "must be printable ASCII without spaces");
+            return s_str(x, sec, key, v, c->http.api_key, sizeof c->http.api_key);
+        }
+        if (!strcmp(key, "api_key_file")) return s_str(x, sec, key, v, c->http.api_key_file, sizeof c->http.api_key_file);
+        if (!strcmp(key, "insecure")) return s_bool(x, sec, key, v, &c->http.insecure);
+        if (!strcmp(key, "max_body_bytes")) return s_bytes(x, sec, key, v, 1024, 1 << 30, &c->http.max_body_bytes);
+        if (!strcmp(key, "max_connections")) return s_int(x, sec, key, v, 1, 65536, &c->http.max_connections);
+        if (!strcmp(key, "timeout_s")) return s_int(x, sec, key, v, 1, 3600, &c->http.timeout_s);
+        if (!strcmp(key, "request_timeout_s")) return s_int(x, sec, key, v, 1, 86400, &c->http.request_timeout_s);
+        if (!strcmp(key, "model_name")) {
+            for (const char *p = v; *p; p++)
+                if ((unsigned char)*p < ' ' || *p == '"' || *p == '\\' || (unsigned char)*p == 0x7f)
+                    return s_err(x, sec, key, "may not hold quotes, backslashes or control characters");
+            return s_str(x, sec, key, v, c->http.model_name, sizeof c->http.model_name);
+        }
+        if (!strcmp(key, "threads")) return s_int(x, sec, key, v, 1, 64, &c->http.threads);
+        int r = s_place(x, sec, key, v, &c->http.place, &handled);
+        if (handled) return r;
     } else {
-        return s_err(x, sec, key, "unknown section [%s] (known: group router scheduler executor prefetcher.N launcher)", sec);
+        return s_err(x, sec, key, "unknown section [%s] (known: group router scheduler executor prefetcher.N launcher http)", sec);
     }
     return s_err(x, sec, key, "unknown key");
 }
@@ -313,6 +374,11 @@ static int s_finish(s_ctx_t *x, const char *name, strata_errbuf_t *eb)
         if ((size_t)snprintf(c->tokenizer, sizeof c->tokenizer, "%s/tokenizer.json", c->model) >= sizeof c->tokenizer)
             return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: [group] model: path too long to derive tokenizer", name);
     }
+    if (c->http.api_key[0] && c->http.api_key_file[0])
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: [http] api_key_file: give api_key or api_key_file, not both", name);
+    if (c->router.curve_clients_file[0] && !c->router.curve_secret_key_file[0])
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: [router] curve_clients_file: needs curve_secret_key_file (the router's own "
+                             "key, from `strata keygen`)", name);
     if (c->launcher.restart_backoff_max_ms < c->launcher.restart_backoff_ms)
         return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: [launcher] restart_backoff_max_ms: %d is less than restart_backoff_ms %d",
                              name, c->launcher.restart_backoff_max_ms, c->launcher.restart_backoff_ms);
@@ -381,6 +447,292 @@ int config_check_paths(const strata_config_t *c, const char *name, strata_errbuf
     return 0;
 }
 
+int config_check_http(const strata_config_t *c, const char *name, bool *loopback, strata_errbuf_t *eb)
+{
+    if (loopback) *loopback = true;
+    if (!c->http.enabled) return 0;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res = NULL;
+    int g = getaddrinfo(c->http.host, NULL, &hints, &res);
+    if (g != 0)
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: [http] host: cannot resolve '%s': %s", name, c->http.host, gai_strerror(g));
+    bool lo = true;
+    for (const struct addrinfo *a = res; a; a = a->ai_next) {
+        if (a->ai_family == AF_INET) {
+            const struct sockaddr_in *s4 = (const struct sockaddr_in *)a->ai_addr;
+            lo &= (ntohl(s4->sin_addr.s_addr) >> 24) == 127;
+        } else if (a->ai_family == AF_INET6) {
+            const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)a->ai_addr;
+            lo &= IN6_IS_ADDR_LOOPBACK(&s6->sin6_addr);
+        } else {
+            lo = false;
+        }
+    }
+    freeaddrinfo(res);
+    if (loopback) *loopback = lo;
+    if (!lo && !c->http.api_key[0] && !c->http.api_key_file[0] && !c->http.insecure)
+        return strata_seterr(eb, STRATA_EINVAL_INPUT,
+                             "%s: [http] host = %s is not a loopback address and no key is set: set api_key or api_key_file "
+                             "(clients then send 'Authorization: Bearer KEY'), or insecure = true to serve it to anyone who "
+                             "can reach it", name, c->http.host);
+    return 0;
+}
+
+/* Whether every address of host (an address, [an IPv6 address], *, a network interface or a
+ * name) is loopback. 0, or STRATA_EINVAL_INPUT when host is none of these. */
+static int s_host_loopback(const char *host, bool *lo)
+{
+    char h[256];
+    size_t n = strlen(host);
+    if (n >= sizeof h) return STRATA_EINVAL_INPUT;
+    memcpy(h, host, n + 1);
+    if (n >= 2 && h[0] == '[' && h[n - 1] == ']') {
+        memmove(h, h + 1, n - 2);
+        h[n - 2] = 0;
+    }
+    *lo = false;
+    if (!strcmp(h, "*")) return 0;
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, h, &a4) == 1) {
+        *lo = (ntohl(a4.s_addr) >> 24) == 127;
+        return 0;
+    }
+    if (inet_pton(AF_INET6, h, &a6) == 1) {
+        *lo = IN6_IS_ADDR_LOOPBACK(&a6) || (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
+        return 0;
+    }
+    /* ZeroMQ binds a network interface by name (tcp://eth0:7757): loopback if it is the
+     * loopback interface */
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) == 0) {
+        bool found = false, all_lo = true;
+        for (const struct ifaddrs *i = ifs; i; i = i->ifa_next)
+            if (i->ifa_name && !strcmp(i->ifa_name, h)) {
+                found = true;
+                all_lo &= (i->ifa_flags & IFF_LOOPBACK) != 0;
+            }
+        freeifaddrs(ifs);
+        if (found) {
+            *lo = all_lo;
+            return 0;
+        }
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (getaddrinfo(h, NULL, &hints, &res) != 0) return STRATA_EINVAL_INPUT;
+    bool all = true;
+    for (const struct addrinfo *a = res; a; a = a->ai_next) {
+        if (a->ai_family == AF_INET)
+            all &= (ntohl(((const struct sockaddr_in *)a->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+        else if (a->ai_family == AF_INET6)
+            all &= IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)a->ai_addr)->sin6_addr);
+        else
+            all = false;
+    }
+    freeaddrinfo(res);
+    *lo = all;
+    return 0;
+}
+
+int config_check_router(const strata_config_t *c, const char *name, bool *loopback, strata_errbuf_t *eb)
+{
+    if (loopback) *loopback = true;
+    const char *ep = c->router.endpoint;
+    if (strncmp(ep, "tcp://", 6)) return 0; /* ipc://: a socket file in a directory of this user's */
+    char host[256];
+    const char *colon = strrchr(ep + 6, ':');
+    size_t hl = colon ? (size_t)(colon - (ep + 6)) : strlen(ep + 6);
+    if (hl >= sizeof host)
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: [router] endpoint %s: host too long", name, ep);
+    memcpy(host, ep + 6, hl);
+    host[hl] = 0;
+    bool lo = false;
+    if (s_host_loopback(host, &lo) < 0)
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: [router] endpoint %s: '%s' is not an address, a network interface or "
+                             "a host name this host resolves", name, ep, host);
+    if (loopback) *loopback = lo;
+    if (!lo && !c->router.curve_secret_key_file[0] && !c->router.insecure)
+        return strata_seterr(eb, STRATA_EINVAL_INPUT,
+                             "%s: [router] endpoint = %s is not a loopback address and CURVE is not set up: set "
+                             "curve_secret_key_file (a secret key of `strata keygen`; clients then need its public key) and "
+                             "curve_clients_file (the public keys of the clients to serve), or insecure = true to serve it "
+                             "to anyone who can reach it", name, ep);
+    return 0;
+}
+
+/* ZeroMQ's Z85 alphabet (ZeroMQ RFC 32): character i has the value i. */
+static const char s_z85_chars[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
+
+int config_z85_key_ok(const char *s, size_t len)
+{
+    if (len != CONFIG_CURVE_KEY_LEN) return 0;
+    for (size_t g = 0; g < len; g += 5) {
+        uint64_t v = 0;
+        for (size_t i = g; i < g + 5; i++) {
+            const char *p = s[i] ? strchr(s_z85_chars, s[i]) : NULL;
+            if (!p) return 0;
+            v = v * 85 + (uint64_t)(p - s_z85_chars);
+        }
+        if (v > 0xffffffffu) return 0;
+    }
+    return 1;
+}
+
+/* Read a small file for the CURVE keys, checking the descriptor it was read from: secret, no
+ * other user may read it; else no other user may write it (owned by this user or root, not
+ * group- or world-writable). *out malloc'd, NUL-terminated. */
+static int s_read_trusted(const char *path, bool secret, const char *what, size_t max, char **out, strata_errbuf_t *eb)
+{
+    int rc = 0;
+    char *buf = NULL;
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s %s: %s", what, path, strerror(errno));
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > max) {
+        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s %s: not a regular file of at most %zu bytes", what, path, max);
+        goto fail;
+    }
+    if (secret && (st.st_mode & 077)) {
+        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s %s: mode %03o lets other users read it; chmod 600 it", what, path,
+                           (unsigned)(st.st_mode & 0777));
+        goto fail;
+    }
+    if (!secret && ((st.st_uid != geteuid() && st.st_uid != 0) || (st.st_mode & 022))) {
+        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s %s: owned by uid %u with mode %03o, so another user may change it; it must "
+                           "be this user's (uid %u) or root's and not writable by group or others", what, path,
+                           (unsigned)st.st_uid, (unsigned)(st.st_mode & 0777), (unsigned)geteuid());
+        goto fail;
+    }
+    buf = malloc((size_t)st.st_size + 1);
+    if (!buf) {
+        rc = STRATA_ENOMEM;
+        goto fail;
+    }
+    size_t got = 0;
+    while (got < (size_t)st.st_size) {
+        ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            rc = strata_seterr(eb, STRATA_EIO, "%s %s: read failed: %s", what, path, r < 0 ? strerror(errno) : "short read");
+            goto fail;
+        }
+        got += (size_t)r;
+    }
+    buf[got] = 0;
+    if (memchr(buf, 0, got)) {
+        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s %s: contains a NUL byte", what, path);
+        goto fail;
+    }
+    close(fd);
+    *out = buf;
+    return 0;
+fail:
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+/* The next line of *p (without its end of line, trailing blanks cut; leading blanks skipped):
+ * NULL at the end. Lines are cut in place. */
+static char *s_next_line(char **p)
+{
+    if (!**p) return NULL;
+    char *l = *p, *nl = strchr(l, '\n');
+    if (nl) {
+        *nl = 0;
+        *p = nl + 1;
+    } else {
+        *p = l + strlen(l);
+    }
+    while (*l == ' ' || *l == '\t') l++;
+    size_t n = strlen(l);
+    while (n && (l[n - 1] == ' ' || l[n - 1] == '\t' || l[n - 1] == '\r')) l[--n] = 0;
+    return l;
+}
+
+int config_read_curve_key(const char *path, bool secret, const char *what, char out[CONFIG_CURVE_KEY_LEN + 1], strata_errbuf_t *eb)
+{
+    char *text = NULL;
+    int rc = s_read_trusted(path, secret, what, 4096, &text, eb);
+    if (rc < 0) return rc;
+    size_t tl = strlen(text);
+    char *p = text, *l, *key = NULL;
+    int lineno = 0, keyline = 0;
+    while ((l = s_next_line(&p))) {
+        lineno++;
+        if (!*l || *l == '#') continue;
+        if (key) {
+            rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s %s:%d: a second key (the file holds one key; lines starting with '#' "
+                               "are comments)", what, path, lineno);
+            goto fail;
+        }
+        key = l;
+        keyline = lineno;
+    }
+    if (!key) {
+        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s %s: no key in it (one line of %d Z85 characters, as `strata keygen` writes)",
+                           what, path, CONFIG_CURVE_KEY_LEN);
+        goto fail;
+    }
+    if (!config_z85_key_ok(key, strlen(key))) {
+        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s %s:%d: not a CURVE key (%d Z85 characters, as `strata keygen` writes)", what,
+                           path, keyline, CONFIG_CURVE_KEY_LEN);
+        goto fail;
+    }
+    memcpy(out, key, CONFIG_CURVE_KEY_LEN + 1);
+fail:
+    explicit_bzero(text, tl);
+    free(text);
+    return rc;
+}
+
+int config_read_curve_clients(const char *path, config_curve_client_t **out, int *n_out, strata_errbuf_t *eb)
+{
+    *out = NULL;
+    *n_out = 0;
+    char *text = NULL;
+    int rc = s_read_trusted(path, false, "[router] curve_clients_file", 16u << 20, &text, eb);
+    if (rc < 0) return rc;
+    config_curve_client_t *v = NULL;
+    size_t cap = 0;
+    int n = 0, lineno = 0;
+    char *p = text, *l;
+    while ((l = s_next_line(&p))) {
+        lineno++;
+        if (!*l || *l == '#') continue;
+        size_t kl = strcspn(l, " \t");
+        if (!config_z85_key_ok(l, kl)) {
+            rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "[router] curve_clients_file %s:%d: not a public key (%d Z85 characters, "
+                               "then optionally a name)", path, lineno, CONFIG_CURVE_KEY_LEN);
+            goto fail;
+        }
+        if (n == CONFIG_MAX_CURVE_CLIENTS) {
+            rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "[router] curve_clients_file %s:%d: more than %d keys", path, lineno,
+                               CONFIG_MAX_CURVE_CLIENTS);
+            goto fail;
+        }
+        if (strata_grow(&v, &cap, (size_t)n, sizeof *v, 16) < 0) {
+            rc = STRATA_ENOMEM;
+            goto fail;
+        }
+        memcpy(v[n].key, l, CONFIG_CURVE_KEY_LEN);
+        v[n].key[CONFIG_CURVE_KEY_LEN] = 0;
+        const char *nm = l + kl;
+        while (*nm == ' ' || *nm == '\t') nm++;
+        snprintf(v[n].name, sizeof v[n].name, "%s", nm);
+        for (char *q = v[n].name; *q; q++)
+            if ((unsigned char)*q < ' ' || (unsigned char)*q == 0x7f) *q = '?';
+        n++;
+    }
+    free(text);
+    *out = v;
+    *n_out = n;
+    return 0;
+fail:
+    free(v);
+    free(text);
+    return rc;
+}
+
 int config_parse(strata_config_t *c, const char *text, const char *name, strata_errbuf_t *eb)
 {
     s_ctx_t x = {.c = c};
@@ -405,9 +757,10 @@ int config_parse(strata_config_t *c, const char *text, const char *name, strata_
                 size_t sl = (size_t)(close - q - 1);
                 memcpy(sec, q + 1, sl);
                 sec[sl] = 0;
-                static const char *known[] = {"group", "router", "scheduler", "executor", "launcher"};
+                static const char *known[] = {"group", "router", "scheduler", "executor", "launcher", "http"};
                 bool ok = false;
                 for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) ok |= !strcmp(sec, known[k]);
+                if (!strcmp(sec, "http")) c->http.enabled = true; /* an empty [http] serves with the defaults */
                 if (!ok && !strncmp(sec, "prefetcher.", 11)) {
                     int node = s_prefetcher_node(sec);
                     if (node < 0)
@@ -420,7 +773,7 @@ int config_parse(strata_config_t *c, const char *text, const char *name, strata_
                 }
                 if (!ok)
                     return strata_seterr(eb, STRATA_EINVAL_INPUT,
-                                         "%s:%d: [%s]: unknown section (known: group router scheduler executor prefetcher.N launcher)",
+                                         "%s:%d: [%s]: unknown section (known: group router scheduler executor prefetcher.N launcher http)",
                                          name, line, sec);
             }
         }

@@ -69,6 +69,7 @@ void msg_init(msg_t *m, msg_type_t type)
     case MSG_GENERATE:
         m->u.generate.samp.top_p = 1.0f;
         m->u.generate.stream = true;
+        m->u.generate.add_generation_prompt = true;
         break;
     case MSG_RESUME: m->u.resume.stream = true; break;
     case MSG_SUBMIT: m->u.submit.samp.top_p = 1.0f; break;
@@ -172,6 +173,8 @@ typedef enum {
     F_STATMAP,  /* msg_stats_t body: map name -> number */
     F_OBJ,      /* nested map whose fields (sub) live in the same body struct */
     F_OBJARR,   /* array of maps: pointer + count at cnt, element size esz, fields sub */
+    F_JSON,     /* msg_str_t of JSON text: a str (length lo..hi), or a msgpack array (map with FL_JSONMAP)
+                 * converted to JSON text; always sent as a str */
 } fkind_t;
 
 #define FL_REQ 1u   /* required */
@@ -182,6 +185,7 @@ typedef enum {
 #define FL_PACKED 32u /* F_I32S / F_U64S sent as one msgpack bin of little-endian values (the
                        * per-step arrays: one header instead of one object per element);
                        * a decoder also accepts the plain array form */
+#define FL_JSONMAP 64u /* F_JSON: the msgpack form is a map (else an array) */
 
 typedef struct fdesc fdesc_t;
 struct fdesc {
@@ -210,6 +214,9 @@ static const fdesc_t s_f_none[] = {END_FIELDS};
 
 static const fdesc_t s_f_generate[] = {
     {"prompt", F_STR, 0, offsetof(msg_generate_t, prompt), 0, 0, 1e18, 0, 0, NULL, 0},
+    {"messages", F_JSON, 0, offsetof(msg_generate_t, messages), 0, 2, 1e18, 0, 0, NULL, 0},
+    {"template_vars", F_JSON, FL_JSONMAP, offsetof(msg_generate_t, template_vars), 0, 2, 1e18, 0, 0, NULL, 0},
+    {"add_generation_prompt", F_BOOL, FL_DEF1, offsetof(msg_generate_t, add_generation_prompt), 0, 0, 0, 0, 0, NULL, 0},
     {"tokens", F_I32S, 0, offsetof(msg_generate_t, tokens), offsetof(msg_generate_t, n_tokens), 1, MSG_MAX_TOKENS_ARRAY, 0, I32MAX, NULL, 0},
     {"max_tokens", F_I32, FL_REQ, offsetof(msg_generate_t, max_tokens), 0, 1, MSG_MAX_MAX_TOKENS, 0, 0, NULL, 0},
     SAMPLING_FIELDS(msg_generate_t, samp),
@@ -471,9 +478,16 @@ static int s_check_type(msg_type_t t, const void *body, const char *ctx, msg_err
 {
     if (t == MSG_GENERATE) {
         const msg_generate_t *g = body;
-        if ((g->prompt.s != NULL) == (g->tokens != NULL))
-            return s_fail(err, g->prompt.s ? MSG_E_INVALID_PARAM : MSG_E_MISSING_FIELD,
-                          "%s: exactly one of 'prompt' and 'tokens' is required", ctx);
+        int given = (g->prompt.s != NULL) + (g->tokens != NULL) + (g->messages.s != NULL);
+        if (given != 1)
+            return s_fail(err, given ? MSG_E_INVALID_PARAM : MSG_E_MISSING_FIELD,
+                          "%s: exactly one of 'prompt', 'tokens' and 'messages' is required", ctx);
+        if (g->template_vars.s && !g->messages.s)
+            return s_fail(err, MSG_E_INVALID_PARAM, "%s: field 'template_vars': only with 'messages'", ctx);
+        if (g->messages.s && !s_utf8_valid((const unsigned char *)g->messages.s, g->messages.len))
+            return s_fail(err, MSG_E_INVALID_PARAM, "%s: field 'messages': not valid UTF-8", ctx);
+        if (g->template_vars.s && !s_utf8_valid((const unsigned char *)g->template_vars.s, g->template_vars.len))
+            return s_fail(err, MSG_E_INVALID_PARAM, "%s: field 'template_vars': not valid UTF-8", ctx);
         if (g->prompt.s && g->prompt.len == 0)
             return s_fail(err, MSG_E_INVALID_PARAM, "%s: field 'prompt': empty", ctx);
         if (g->prompt.s && !s_utf8_valid((const unsigned char *)g->prompt.s, g->prompt.len))
@@ -608,6 +622,7 @@ static const char *s_kind_name(fkind_t k)
     case F_STRS: return "an array of strings";
     case F_STATMAP: case F_OBJ: return "a map";
     case F_OBJARR: return "an array of maps";
+    case F_JSON: return "a string of JSON or an array or map";
     }
     return "?";
 }
@@ -826,6 +841,110 @@ static int s_decode_packed(dctx_t *d, const fdesc_t *f, const msgpack_object *o,
     return 0;
 }
 
+/* JSON text of a msgpack value (F_JSON), into a growing buffer. */
+typedef struct {
+    char *p;
+    size_t n, cap;
+} jbuf_t;
+
+static int s_jput(jbuf_t *b, const char *s, size_t n)
+{
+    if (b->cap - b->n < n + 1) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap - b->n < n + 1) cap *= 2;
+        char *np = realloc(b->p, cap);
+        if (!np) return STRATA_ENOMEM;
+        b->p = np;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+    return 0;
+}
+
+static int s_jstr(jbuf_t *b, const char *s, size_t n, char *why, size_t wn)
+{
+    if (!s_utf8_valid((const unsigned char *)s, n)) {
+        snprintf(why, wn, "a string is not valid UTF-8");
+        return STRATA_EINVAL_INPUT;
+    }
+    int rc = s_jput(b, "\"", 1);
+    size_t run = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            run++;
+            continue;
+        }
+        rc = s_jput(b, s + i - run, run);
+        run = 0;
+        char esc[8];
+        if (c == '"' || c == '\\') snprintf(esc, sizeof esc, "\\%c", c);
+        else if (c == '\n') snprintf(esc, sizeof esc, "\\n");
+        else if (c == '\t') snprintf(esc, sizeof esc, "\\t");
+        else if (c == '\r') snprintf(esc, sizeof esc, "\\r");
+        else snprintf(esc, sizeof esc, "\\u%04x", c);
+        if (rc == 0) rc = s_jput(b, esc, strlen(esc));
+    }
+    if (rc == 0) rc = s_jput(b, s + n - run, run);
+    return rc ? rc : s_jput(b, "\"", 1);
+}
+
+static int s_to_json(jbuf_t *b, const msgpack_object *o, int depth, char *why, size_t wn)
+{
+    char num[40];
+    int rc;
+    if (depth > MSG_MAX_JSON_DEPTH) {
+        snprintf(why, wn, "nested deeper than %d", MSG_MAX_JSON_DEPTH);
+        return STRATA_EINVAL_INPUT;
+    }
+    switch (o->type) {
+    case MSGPACK_OBJECT_NIL: return s_jput(b, "null", 4);
+    case MSGPACK_OBJECT_BOOLEAN: return o->via.boolean ? s_jput(b, "true", 4) : s_jput(b, "false", 5);
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        snprintf(num, sizeof num, "%llu", (unsigned long long)o->via.u64);
+        return s_jput(b, num, strlen(num));
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        snprintf(num, sizeof num, "%lld", (long long)o->via.i64);
+        return s_jput(b, num, strlen(num));
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64:
+        if (!isfinite(o->via.f64)) {
+            snprintf(why, wn, "a number is not finite (JSON has no NaN or infinity)");
+            return STRATA_EINVAL_INPUT;
+        }
+        snprintf(num, sizeof num, "%.17g", o->via.f64);
+        if (!strpbrk(num, ".eE")) strcat(num, ".0");
+        return s_jput(b, num, strlen(num));
+    case MSGPACK_OBJECT_STR: return s_jstr(b, o->via.str.ptr, o->via.str.size, why, wn);
+    case MSGPACK_OBJECT_ARRAY:
+        if ((rc = s_jput(b, "[", 1))) return rc;
+        for (uint32_t i = 0; i < o->via.array.size; i++) {
+            if (i && (rc = s_jput(b, ",", 1))) return rc;
+            if ((rc = s_to_json(b, &o->via.array.ptr[i], depth + 1, why, wn))) return rc;
+        }
+        return s_jput(b, "]", 1);
+    case MSGPACK_OBJECT_MAP:
+        if ((rc = s_jput(b, "{", 1))) return rc;
+        for (uint32_t i = 0; i < o->via.map.size; i++) {
+            const msgpack_object_kv *kv = &o->via.map.ptr[i];
+            if (kv->key.type != MSGPACK_OBJECT_STR) {
+                snprintf(why, wn, "a map key is not a string");
+                return STRATA_EINVAL_INPUT;
+            }
+            if (i && (rc = s_jput(b, ",", 1))) return rc;
+            if ((rc = s_jstr(b, kv->key.via.str.ptr, kv->key.via.str.size, why, wn)) || (rc = s_jput(b, ":", 1)) ||
+                (rc = s_to_json(b, &kv->val, depth + 1, why, wn)))
+                return rc;
+        }
+        return s_jput(b, "}", 1);
+    default:
+        snprintf(why, wn, "bin and ext values have no JSON form");
+        return STRATA_EINVAL_INPUT;
+    }
+}
+
 static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, char *body, const path_t *path)
 {
     char pb[192];
@@ -889,6 +1008,24 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
             return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': length must be in %s, got %zu", CTX,
                           f->name, s_fmt_range(f->lo, f->hi, false, &rt), n);
         return s_copy_str(d, p, n, at);
+    }
+    case F_JSON: {
+        if (o->type == MSGPACK_OBJECT_STR) {
+            size_t n = o->via.str.size;
+            if ((double)n < f->lo || (double)n > f->hi)
+                return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': length must be in %s, got %zu", CTX,
+                              f->name, s_fmt_range(f->lo, f->hi, false, &rt), n);
+            return s_copy_str(d, o->via.str.ptr, n, at);
+        }
+        if (o->type != ((f->flags & FL_JSONMAP) ? MSGPACK_OBJECT_MAP : MSGPACK_OBJECT_ARRAY)) return WRONG();
+        jbuf_t jb = {0};
+        char why[160] = "";
+        int rc = s_to_json(&jb, o, 0, why, sizeof why);
+        if (rc == 0) rc = s_copy_str(d, jb.p ? jb.p : "", jb.n, at);
+        free(jb.p);
+        if (rc == STRATA_EINVAL_INPUT)
+            return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': %s", CTX, f->name, why);
+        return rc;
     }
     case F_FINISH:
     case F_ERRCODE: {
@@ -1255,7 +1392,7 @@ static bool s_emitted(const fdesc_t *f, const char *body)
     bool req = f->flags & FL_REQ;
     double def = (f->flags & FL_DEF1) ? 1 : (f->flags & FL_DEFM1) ? -1 : 0;
     switch (f->kind) {
-    case F_STR: case F_BIN: return ((const msg_str_t *)at)->s != NULL;
+    case F_STR: case F_BIN: case F_JSON: return ((const msg_str_t *)at)->s != NULL;
     case F_I32S: case F_U64S: case F_STRS: case F_OBJARR: return req || *(const void *const *)at != NULL;
     case F_U64: return req || *(const uint64_t *)at != 0;
     case F_I64: return req || (double)*(const int64_t *)at != def;
@@ -1313,7 +1450,8 @@ static int s_encode_value(ectx_t *e, const fdesc_t *f, const char *body)
     }
     case F_BOOL: PK(*(const bool *)at ? msgpack_pack_true(pk) : msgpack_pack_false(pk)); return 0;
     case F_STR:
-    case F_BIN: {
+    case F_BIN:
+    case F_JSON: {
         const msg_str_t *s = at;
         if ((double)s->len < f->lo || (double)s->len > f->hi)
             return s_fail(&e->err, MSG_E_INVALID_PARAM, "%s: field '%s': bad length %zu", e->tname, f->name, s->len);

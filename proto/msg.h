@@ -34,6 +34,7 @@
 #define MSG_MAX_STEP_SEQS 4096         /* sequences in one step plan */
 #define MSG_MAX_STATS 1024             /* entries in a stats reply */
 #define MSG_MAX_DEPTH 16               /* msgpack nesting accepted by decoders */
+#define MSG_MAX_JSON_DEPTH 12          /* nesting of a messages / template_vars value given as msgpack */
 
 typedef enum {
     MSG_FAM_CLIENT = 0,   /* client -> router */
@@ -134,9 +135,15 @@ typedef struct {
     uint64_t seed;
 } msg_sampling_t;
 
-/* generate: exactly one of prompt / tokens. */
+/* generate: exactly one of prompt / tokens / messages. */
 typedef struct {
     msg_str_t prompt;           /* UTF-8 text, or absent */
+    msg_str_t messages;         /* chat: JSON text of an array of message objects, which the router renders
+                                   with the model's chat template into the prompt; on the wire a str of
+                                   JSON or a msgpack array (decoded to JSON text); or absent */
+    msg_str_t template_vars;    /* chat only: JSON text of an object of further template variables (tools,
+                                   enable_thinking, ...); a str of JSON or a msgpack map on the wire; or absent */
+    bool add_generation_prompt; /* chat only: default true */
     const int32_t *tokens;      /* [n_tokens] token ids >= 0, or NULL */
     int32_t n_tokens;
     int32_t max_tokens;         /* [1, MSG_MAX_MAX_TOKENS]; required */

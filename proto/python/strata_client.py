@@ -15,6 +15,15 @@ connection is back, so the answer continues where it stopped; if the router cann
 it, a StrataError with code "not_found" is raised. If no router accepts the connection for
 `gone_after` seconds (the group was stopped), any call raises StrataError "unavailable"
 instead of waiting for its timeout.
+
+A router with ZeroMQ CURVE ([router] curve_secret_key_file) needs its public key, and one with
+[router] curve_clients_file a client keypair whose public key it lists; both are files as
+`strata keygen PREFIX` writes them (PREFIX.key public, PREFIX.secret secret, Z85):
+
+    c = StrataClient("tcp://host:7757", curve_server_key="router.key", curve_client_key="me.secret")
+
+A client whose key the router refuses gets no connection: its calls end with "unavailable" or
+a timeout.
 """
 
 import itertools
@@ -67,12 +76,42 @@ def decode(frame):
     return m
 
 
+def read_key_file(path, secret=False):
+    """The key of a key file of `strata keygen` (one line of 40 Z85 characters; '#' lines and
+    blank lines are ignored), as bytes. secret: the file must not be readable by other users."""
+    keys = []
+    with open(path, "rb") as f:
+        if secret and os.fstat(f.fileno()).st_mode & 0o077:
+            raise ValueError("%s: other users may read this secret key; chmod 600 it" % path)
+        for line in f.read().decode("ascii").splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                keys.append(line)
+    if len(keys) != 1 or len(keys[0]) != 40:
+        raise ValueError("%s: not a key file (one line of 40 Z85 characters, as `strata keygen` writes)" % path)
+    return keys[0].encode("ascii")
+
+
 class StrataClient:
-    """One connection to a router. Not thread-safe: use one client per thread."""
+    """One connection to a router. Not thread-safe: use one client per thread.
+
+    curve_server_key: the router's public key file (CURVE); curve_client_key: this client's
+    secret key file (without it, a keypair made here, which a router with curve_clients_file
+    refuses)."""
 
     def __init__(self, endpoint=DEFAULT_ENDPOINT, identity=None, timeout=60.0, resume_after=5.0,
-                 resume_tries=10, gone_after=3.0, context=None):
+                 resume_tries=10, gone_after=3.0, context=None, curve_server_key=None, curve_client_key=None):
         self.endpoint = endpoint
+        self._curve = None
+        if curve_server_key:
+            if curve_client_key:
+                secret = read_key_file(curve_client_key, secret=True)
+                public = zmq.curve_public(secret)
+            else:
+                public, secret = zmq.curve_keypair()
+            self._curve = (read_key_file(curve_server_key), public, secret)
+        elif curve_client_key:
+            raise ValueError("curve_client_key needs curve_server_key (the router's public key file)")
         self.identity = identity or ("py-" + os.urandom(8).hex()).encode()
         if self.identity[:1] == b"\0":
             raise ValueError("identity must not start with a zero byte")
@@ -100,6 +139,8 @@ class StrataClient:
         # Let ZeroMQ's I/O thread keep reading while the application does not: otherwise the
         # router's heartbeats stall behind queued replies and it drops this connection.
         s.setsockopt(zmq.RCVHWM, 100000)
+        if self._curve:
+            s.curve_serverkey, s.curve_publickey, s.curve_secretkey = self._curve
         self._mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._connected = False
         self._down_since = time.monotonic()

@@ -17,6 +17,10 @@ static void s_usage(FILE *f)
             "The process group's front door: takes client requests (ZeroMQ ROUTER at [router] endpoint,\n"
             "msgpack, see proto/PROTOCOL.md), validates and tokenizes them, forwards them to the scheduler\n"
             "([scheduler] endpoint) and streams the answers back.\n\n"
+            "With [router] curve_secret_key_file (a secret key of `strata keygen`) the client endpoint\n"
+            "is ZeroMQ CURVE; with curve_clients_file too, only the clients whose public keys it lists\n"
+            "may connect. An endpoint that is not loopback needs curve_secret_key_file, unless\n"
+            "[router] insecure = true (then every start logs a warning).\n\n"
             "  --config FILE   the group config (INI, common/config.h)\n"
             "  --help          this text\n\n"
             "Exit codes: 0 clean stop (SIGTERM/SIGINT), 1 runtime failure, 2 bad config or usage.\n");
@@ -32,11 +36,19 @@ int main(int argc, char **argv)
     mallopt(M_ARENA_MAX, 1);
 #endif
     static strata_config_t cfg;
-    int rc = service_init(argc, argv, "router", s_usage, &cfg, NULL);
+    const char *cfg_path = NULL;
+    int rc = service_init(argc, argv, "router", s_usage, &cfg, &cfg_path);
     if (rc != SERVICE_RUN) return rc;
+    strata_errbuf_t eb = {{0}};
+    bool loopback = true;
+    if (config_check_router(&cfg, cfg_path, &loopback, &eb) < 0) {
+        log_error("%s", eb.msg);
+        return SERVICE_EXIT_CONFIG;
+    }
+    if (!loopback && !cfg.router.curve_secret_key_file[0])
+        log_warn("[router] insecure = true: serving %s without CURVE to anyone who can reach it", cfg.router.endpoint);
     volatile sig_atomic_t *stop = service_signals();
     router_t *r = NULL;
-    strata_errbuf_t eb = {{0}};
     rc = router_create(&cfg, &r, &eb);
     if (rc < 0) {
         log_error("%s", eb.msg[0] ? eb.msg : strata_strerror(rc));

@@ -25,9 +25,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
+#include "common/chat_template.h"
 #include "common/notify.h"
 #include "proto/msg.h"
 #include "proto/zmsg.h"
@@ -49,6 +52,30 @@
 #define TRIM_SLACK (1u << 20)     /* resident free bytes the allocator may keep before the router trims */
 
 typedef enum { RQ_LIVE = 0, RQ_RESUMING, RQ_CLOSING } rq_state_t;
+
+/* Latency histograms (stats router.hist.NAME.le.BOUND: cumulative counts; .sum in seconds; .count),
+ * which strata-http's /metrics shows as Prometheus histograms. Bounds in seconds. */
+#define HIST_NB 15
+static const double s_hist_bounds[HIST_NB] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+enum { H_TTFT = 0, H_ITL, H_QUEUE, H_E2E, H_COUNT };
+static const char *const s_hist_names[H_COUNT] = {"ttft_s", "itl_s", "queue_s", "e2e_s"};
+typedef struct {
+    uint64_t b[HIST_NB];          /* observations <= s_hist_bounds[i] (not cumulative) */
+    uint64_t count;
+    double sum;                   /* seconds */
+} hist_t;
+
+static void s_observe(hist_t *h, double v)
+{
+    if (!(v >= 0)) return;
+    for (int i = 0; i < HIST_NB; i++)
+        if (v <= s_hist_bounds[i]) {
+            h->b[i]++;
+            break;
+        }
+    h->count++;
+    h->sum += v;
+}
 
 typedef struct {
     uint64_t id;                  /* internal id = msg_request_id(...) */
@@ -72,6 +99,7 @@ typedef struct {
     char *all;                    /* stream=false: [all_len] the whole answer so far */
     size_t all_len, all_cap;
     double t_recv, t_first, t_close;  /* strata_now(): received here, first token here, closed */
+    double t_last;                /* strata_now() of the last token event (inter-token latency) */
     bool resumed;                 /* submitted by an earlier router: t_recv and t_first are the resume's */
     msg_finish_t done_pending;    /* resumed and CLOSING: the done the client still gets, or NONE */
 } req_t;
@@ -99,13 +127,13 @@ typedef struct {
 enum {
     C_FRAMES, C_GENERATE, C_DONE, C_ERRORS, C_BUSY, C_CANCELED, C_CLIENT_GONE, C_RESUMES, C_TOO_LARGE,
     C_BAD_REQUEST, C_TOKENS_OUT, C_BYTES_IN, C_BYTES_OUT, C_STOP_STRINGS, C_RESUBMITS, C_ORPHANS_CANCELED,
-    C_SCHED_SEND_FAIL, C_CLIENT_SEND_FAIL, C_MALLOC_TRIMS, C_COUNT
+    C_SCHED_SEND_FAIL, C_CLIENT_SEND_FAIL, C_MALLOC_TRIMS, C_CHAT_RENDERED, C_COUNT
 };
 static const char *const s_counter_names[C_COUNT] = {
     "router.frames", "router.generate", "router.done", "router.errors", "router.busy", "router.canceled",
     "router.client_gone", "router.resumes", "router.too_large", "router.bad_request", "router.tokens_out",
     "router.bytes_in", "router.bytes_out", "router.stop_strings", "router.resubmits", "router.orphans_canceled",
-    "router.sched_send_fail", "router.client_send_fail", "router.malloc_trims",
+    "router.sched_send_fail", "router.client_send_fail", "router.malloc_trims", "router.chat_rendered",
 };
 
 struct router {
@@ -113,9 +141,18 @@ struct router {
     void *zctx;
     void *cli;                    /* ROUTER, clients */
     void *sch;                    /* DEALER, scheduler */
+    void *zap;                    /* REP at inproc://zeromq.zap.01: CURVE client keys (curve_clients_file), or NULL */
+    config_curve_client_t *clients; /* [n_clients] the keys zap accepts, besides own_pub */
+    int n_clients;
+    struct stat clients_st;       /* curve_clients_file when it was read: a change reloads it */
+    bool clients_gone;            /* ... and it is not there now (warned once) */
+    char own_pub[CONFIG_CURVE_KEY_LEN + 1]; /* the router's public key (Z85): the group's own services connect with it */
+    uint64_t zap_refused;         /* handshakes refused since the last warning */
+    double t_zap_warn;
     msg_buf_t buf;
     uint8_t salt[8];              /* mixed into ids of clients without a stable identity */
     rtok_t *tok;
+    chat_template_t *tmpl;        /* the model's chat template, NULL when it has none */
 
     slot_t *slots;                /* [n_slots], open addressing, linear probing */
     size_t n_slots;
@@ -138,6 +175,8 @@ struct router {
     size_t rss_over;              /* s_trim: resident bytes beyond those in use, after the last trim */
 
     uint64_t c[C_COUNT];
+    hist_t hist[H_COUNT];
+    char hist_keys[H_COUNT][HIST_NB + 2][48];  /* the stats names of the histograms */
 };
 
 /* ---- request table ---- */
@@ -396,6 +435,11 @@ static void s_send_done(router_t *r, req_t *q, msg_finish_t fin, const msg_done_
     }
     if (s_to_client(r, q->client, q->client_len, &m) < 0) r->c[C_CLIENT_GONE]++;
     r->c[C_DONE]++;
+    if (fin != MSG_FINISH_CANCEL) {
+        if (m.u.done.completion_tokens > 0 && m.u.done.ttft_ms > 0) s_observe(&r->hist[H_TTFT], m.u.done.ttft_ms * 1e-3);
+        if (sd) s_observe(&r->hist[H_QUEUE], m.u.done.queue_ms * 1e-3);
+        s_observe(&r->hist[H_E2E], m.u.done.total_ms * 1e-3);
+    }
 }
 
 /* A CLOSING request's done that waited for the scheduler's timings: send it now (sd: the
@@ -450,7 +494,11 @@ static void s_on_tokens(router_t *r, req_t *q, const msg_tokens_t *t)
     int64_t i0 = q->n_gen;
     memcpy(q->gen + q->n_gen, nt, (size_t)n * sizeof *nt);
     q->n_gen += n;
-    if (q->t_first == 0) q->t_first = strata_now();
+    double now = strata_now();
+    if (q->t_first == 0) q->t_first = now;
+    else if (q->t_last > 0)
+        for (int32_t i = 0; i < n; i++) s_observe(&r->hist[H_ITL], (now - q->t_last) / n);
+    q->t_last = now;
     for (int32_t i = 0; i < n; i++) {
         if (nt[i] == r->eos_id && !q->ignore_eos) continue; /* eos ends the answer; it has no text */
         if (q->detok) {
@@ -536,6 +584,49 @@ static int32_t s_max_context(const router_t *r)
     return mc;
 }
 
+/* A chat request's prompt: its messages rendered with the model's chat template, tokenized
+ * without added special tokens (the template writes them). 0 with *ids ([*n], malloc'd), or -1
+ * after answering the client. */
+static int s_render_chat(router_t *r, const uint8_t *cl, size_t len, uint64_t cid, const msg_generate_t *g, int32_t **ids,
+                         int32_t *n)
+{
+    if (!r->tok) {
+        s_client_error(r, cl, len, true, cid, MSG_E_INVALID_PARAM,
+                       "generate: field 'messages': this router has no tokenizer loaded; send 'tokens'");
+        return -1;
+    }
+    if (!r->tmpl) {
+        s_client_error(r, cl, len, true, cid, MSG_E_INVALID_PARAM,
+                       "generate: field 'messages': the model has no chat template (chat_template.jinja or tokenizer_config.json); "
+                       "send 'prompt'");
+        return -1;
+    }
+    char *text = NULL;
+    strata_errbuf_t eb = {{0}};
+    int rc = chat_template_render(r->tmpl, g->messages.s, g->template_vars.s, g->add_generation_prompt, (int64_t)time(NULL), &text,
+                                  &eb);
+    if (rc < 0) {
+        s_client_error(r, cl, len, true, cid, MSG_E_INVALID_PARAM, "generate: field 'messages': the chat template: %s",
+                       eb.msg[0] ? eb.msg : strata_strerror(rc));
+        return -1;
+    }
+    r->c[C_CHAT_RENDERED]++;
+    rc = rtok_encode_chat(r->tok, text, strlen(text), ids, n);
+    free(text);
+    if (rc < 0) {
+        s_client_error(r, cl, len, true, cid, MSG_E_INVALID_PARAM, "generate: field 'messages': cannot tokenize the rendered chat: %s",
+                       strata_strerror(rc));
+        return -1;
+    }
+    if (*n == 0) {
+        free(*ids);
+        *ids = NULL;
+        s_client_error(r, cl, len, true, cid, MSG_E_INVALID_PARAM, "generate: field 'messages': the chat template rendered no tokens");
+        return -1;
+    }
+    return 0;
+}
+
 static void s_generate(router_t *r, const uint8_t *cl, size_t len, const msg_t *m)
 {
     const msg_generate_t *g = &m->u.generate;
@@ -571,6 +662,8 @@ static void s_generate(router_t *r, const uint8_t *cl, size_t len, const msg_t *
         if (!ids) goto nomem;
         memcpy(ids, g->tokens, (size_t)g->n_tokens * sizeof *ids);
         n = g->n_tokens;
+    } else if (g->messages.s) {
+        if (s_render_chat(r, cl, len, cid, g, &ids, &n) < 0) return;
     } else {
         if (!r->tok) {
             s_client_error(r, cl, len, true, cid, MSG_E_INVALID_PARAM,
@@ -744,7 +837,7 @@ static void s_models(router_t *r, const uint8_t *cl, size_t len, const msg_t *in
 static void s_stats_reply(router_t *r, const uint8_t *cl, size_t len, bool has_id, uint64_t id, const msg_stats_t *sched)
 {
     int n_s = sched ? sched->n : 0;
-    msg_stat_t *items = calloc((size_t)(C_COUNT + 4 + n_s), sizeof *items);
+    msg_stat_t *items = calloc((size_t)(C_COUNT + 4 + H_COUNT * (HIST_NB + 2) + n_s), sizeof *items);
     char(*names)[160] = calloc((size_t)(n_s ? n_s : 1), sizeof *names);
     if (!items || !names) goto out;
     int k = 0;
@@ -754,6 +847,15 @@ static void s_stats_reply(router_t *r, const uint8_t *cl, size_t len, bool has_i
     items[k++] = (msg_stat_t){msg_str("router.uptime_s"), now - r->t_start};
     items[k++] = (msg_stat_t){msg_str("router.scheduler_up"), r->have_hello && s_sched_up(r, now)};
     items[k++] = (msg_stat_t){msg_str("router.orphans"), r->n_orphans};
+    for (int h = 0; h < H_COUNT; h++) {
+        uint64_t cum = 0;
+        for (int i = 0; i < HIST_NB; i++) {
+            cum += r->hist[h].b[i];
+            items[k++] = (msg_stat_t){msg_str(r->hist_keys[h][i]), (double)cum};
+        }
+        items[k++] = (msg_stat_t){msg_str(r->hist_keys[h][HIST_NB]), r->hist[h].sum};
+        items[k++] = (msg_stat_t){msg_str(r->hist_keys[h][HIST_NB + 1]), (double)r->hist[h].count};
+    }
     for (int i = 0; i < n_s && k < MSG_MAX_STATS; i++) {
         int l = snprintf(names[i], sizeof names[i], "scheduler.%.*s", (int)sched->items[i].name.len, sched->items[i].name.s);
         if (l <= 0 || l > 128) continue;
@@ -1082,6 +1184,145 @@ static void s_timers(router_t *r, double now)
     }
 }
 
+/* ---- CURVE: the client endpoint's keys and the ZAP handler ---- */
+
+/* Read curve_clients_file again if it changed since the last read (an edit takes effect at the
+ * next handshake, without a restart). A file that cannot be read now keeps the keys read before,
+ * with a warning, so a half-done edit does not lock every client out. */
+static void s_zap_reload(router_t *r)
+{
+    const char *path = r->cfg->router.curve_clients_file;
+    struct stat st;
+    if (stat(path, &st) < 0) {
+        if (!r->clients_gone) log_warn("[router] curve_clients_file %s: %s; keeping the %d keys read before", path, strerror(errno),
+                                       r->n_clients);
+        r->clients_gone = true;
+        return;
+    }
+    r->clients_gone = false;
+    if (st.st_ino == r->clients_st.st_ino && st.st_dev == r->clients_st.st_dev && st.st_size == r->clients_st.st_size &&
+        st.st_mtim.tv_sec == r->clients_st.st_mtim.tv_sec && st.st_mtim.tv_nsec == r->clients_st.st_mtim.tv_nsec)
+        return;
+    r->clients_st = st; /* also when it cannot be read: read again at its next change */
+    config_curve_client_t *v = NULL;
+    int n = 0;
+    strata_errbuf_t eb = {{0}};
+    if (config_read_curve_clients(path, &v, &n, &eb) < 0) {
+        log_warn("%s; keeping the %d keys read before", eb.msg, r->n_clients);
+        return;
+    }
+    free(r->clients);
+    r->clients = v;
+    r->n_clients = n;
+    log_info("[router] curve_clients_file %s: %d client key%s", path, n, n == 1 ? "" : "s");
+}
+
+/* One ZAP request (ZeroMQ RFC 27: version, request id, domain, address, routing id, mechanism,
+ * then the client's 32-byte public key for CURVE), answered 200 for a key of curve_clients_file
+ * or the router's own, else 400. libzmq holds the handshake until the answer. 1 (answered), 0
+ * (no request waiting) or -errno. */
+static int s_zap_serve(router_t *r)
+{
+    zmq_msg_t f[8];
+    int n = 0;
+    for (;;) {
+        zmq_msg_init(&f[n]);
+        if (zmq_msg_recv(&f[n], r->zap, n ? 0 : ZMQ_DONTWAIT) < 0) {
+            int e = zmq_errno();
+            zmq_msg_close(&f[n]);
+            for (int i = 0; i < n; i++) zmq_msg_close(&f[i]);
+            return e == EAGAIN || e == EINTR ? 0 : -e;
+        }
+        bool more = zmq_msg_more(&f[n]);
+        if (n < 7) n++;
+        else zmq_msg_close(&f[n]); /* more frames than RFC 27 has: drained, the request refused */
+        if (!more) break;
+    }
+    char key[CONFIG_CURVE_KEY_LEN + 1] = "", addr[64] = "";
+    bool ok = false;
+    const char *who = NULL;
+    if (n == 7 && zmq_msg_size(&f[5]) == 5 && !memcmp(zmq_msg_data(&f[5]), "CURVE", 5) && zmq_msg_size(&f[6]) == 32 &&
+        zmq_z85_encode(key, zmq_msg_data(&f[6]), 32)) {
+        snprintf(addr, sizeof addr, "%.*s", (int)(zmq_msg_size(&f[3]) < 63 ? zmq_msg_size(&f[3]) : 63), (char *)zmq_msg_data(&f[3]));
+        if (!strcmp(key, r->own_pub)) {
+            ok = true;
+            who = "the router's own key";
+        } else {
+            s_zap_reload(r);
+            for (int i = 0; i < r->n_clients && !ok; i++)
+                if (!strcmp(key, r->clients[i].key)) {
+                    ok = true;
+                    who = r->clients[i].name;
+                }
+        }
+    }
+    const char *code = ok ? "200" : "400", *text = ok ? "OK" : "client key not in curve_clients_file";
+    const void *rid = n >= 2 ? zmq_msg_data(&f[1]) : "";
+    size_t rid_len = n >= 2 ? zmq_msg_size(&f[1]) : 0;
+    int rc = 0;
+    if (zmq_send(r->zap, "1.0", 3, ZMQ_SNDMORE) < 0 || zmq_send(r->zap, rid, rid_len, ZMQ_SNDMORE) < 0 ||
+        zmq_send(r->zap, code, 3, ZMQ_SNDMORE) < 0 || zmq_send(r->zap, text, strlen(text), ZMQ_SNDMORE) < 0 ||
+        zmq_send(r->zap, ok ? key : "", ok ? CONFIG_CURVE_KEY_LEN : 0, ZMQ_SNDMORE) < 0 || zmq_send(r->zap, "", 0, 0) < 0)
+        rc = -zmq_errno();
+    for (int i = 0; i < n; i++) zmq_msg_close(&f[i]);
+    if (ok) {
+        log_debug("CURVE client %s%s%s%s accepted", key, who && *who ? " (" : "", who ? who : "", who && *who ? ")" : "");
+    } else {
+        /* warn at most once a second: a client retrying with a wrong key reconnects often */
+        r->zap_refused++;
+        double now = strata_now();
+        if (now - r->t_zap_warn >= 1.0) {
+            log_warn("refused %llu CURVE handshake%s; the last from %s, key %s: not in [router] curve_clients_file",
+                     (unsigned long long)r->zap_refused, r->zap_refused == 1 ? "" : "s", addr[0] ? addr : "?", key[0] ? key : "?");
+            r->zap_refused = 0;
+            r->t_zap_warn = now;
+        }
+    }
+    return rc == 0 || rc == -EINTR || rc == -EAGAIN ? 1 : rc;
+}
+
+/* The client socket as a CURVE server with the key of curve_secret_key_file; with
+ * curve_clients_file, the ZAP handler that accepts only its keys, bound before the client
+ * endpoint so that no handshake happens without it (libzmq lets every key in when no handler
+ * is bound). */
+static int s_curve_setup(router_t *r, strata_errbuf_t *eb)
+{
+    const strata_config_t *cfg = r->cfg;
+    char sec[CONFIG_CURVE_KEY_LEN + 1];
+    int rc = config_read_curve_key(cfg->router.curve_secret_key_file, true, "[router] curve_secret_key_file", sec, eb);
+    if (rc < 0) return rc;
+    if (zmq_curve_public(r->own_pub, sec) < 0) {
+        explicit_bzero(sec, sizeof sec);
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "[router] curve_secret_key_file %s: not a CURVE secret key: %s",
+                             cfg->router.curve_secret_key_file, zmq_strerror(zmq_errno()));
+    }
+    if (cfg->router.curve_clients_file[0]) {
+        rc = config_read_curve_clients(cfg->router.curve_clients_file, &r->clients, &r->n_clients, eb);
+        if (rc < 0) goto out;
+        stat(cfg->router.curve_clients_file, &r->clients_st);
+        if (!(r->zap = zmq_socket(r->zctx, ZMQ_REP)) || zmq_setsockopt(r->zap, ZMQ_LINGER, &(int){0}, sizeof(int)) < 0 ||
+            zmq_bind(r->zap, "inproc://zeromq.zap.01") < 0) {
+            rc = strata_seterr(eb, STRATA_EZMQ, "router: the ZAP handler: %s", zmq_strerror(zmq_errno()));
+            goto out;
+        }
+    }
+    if (zmq_setsockopt(r->cli, ZMQ_CURVE_SERVER, &(int){1}, sizeof(int)) < 0 ||
+        zmq_setsockopt(r->cli, ZMQ_CURVE_SECRETKEY, sec, CONFIG_CURVE_KEY_LEN) < 0 ||
+        zmq_setsockopt(r->cli, ZMQ_ZAP_DOMAIN, "strata", 6) < 0) {
+        rc = strata_seterr(eb, STRATA_EZMQ, "router: CURVE socket options: %s", zmq_strerror(zmq_errno()));
+        goto out;
+    }
+    if (r->zap)
+        log_info("CURVE on %s: public key %s; %d client key%s of %s accepted, and this key", cfg->router.endpoint, r->own_pub,
+                 r->n_clients, r->n_clients == 1 ? "" : "s", cfg->router.curve_clients_file);
+    else
+        log_warn("CURVE on %s: public key %s; no [router] curve_clients_file, so any client that has this public key may "
+                 "connect", cfg->router.endpoint, r->own_pub);
+out:
+    explicit_bzero(sec, sizeof sec);
+    return rc;
+}
+
 /* ---- life cycle ---- */
 
 static int s_setopt_int(void *s, int opt, int v) { return zmq_setsockopt(s, opt, &v, sizeof v); }
@@ -1094,6 +1335,12 @@ int router_create(const strata_config_t *cfg, router_t **out, strata_errbuf_t *e
     r->cfg = cfg;
     r->eos_id = -1;
     r->t_start = strata_now();
+    for (int h = 0; h < H_COUNT; h++) {
+        for (int i = 0; i < HIST_NB; i++)
+            snprintf(r->hist_keys[h][i], sizeof r->hist_keys[h][i], "router.hist.%s.le.%g", s_hist_names[h], s_hist_bounds[i]);
+        snprintf(r->hist_keys[h][HIST_NB], sizeof r->hist_keys[h][HIST_NB], "router.hist.%s.sum", s_hist_names[h]);
+        snprintf(r->hist_keys[h][HIST_NB + 1], sizeof r->hist_keys[h][HIST_NB + 1], "router.hist.%s.count", s_hist_names[h]);
+    }
     if (getrandom(r->salt, sizeof r->salt, 0) != (ssize_t)sizeof r->salt) memcpy(r->salt, &r->t_start, 8);
     size_t want = 4 * ((size_t)cfg->router.max_queue + 16);
     r->n_slots = 64;
@@ -1108,6 +1355,16 @@ int router_create(const strata_config_t *cfg, router_t **out, strata_errbuf_t *e
         } else {
             log_warn("tokenizer %s not readable; only token-id prompts are accepted", cfg->tokenizer);
         }
+    }
+    /* the chat template: a template the engine cannot render is a bad model folder (exit 2),
+     * named with its construct and line, not a surprise at the first chat request */
+    if (cfg->model[0]) {
+        rc = chat_template_load(cfg->model, &r->tmpl, eb);
+        if (rc < 0) {
+            rc = STRATA_EINVAL_INPUT;
+            goto fail;
+        }
+        if (r->tmpl) log_info("chat template of %s loaded", cfg->model);
     }
 
     r->zctx = zmq_ctx_new();
@@ -1129,6 +1386,7 @@ int router_create(const strata_config_t *cfg, router_t **out, strata_errbuf_t *e
         rc = strata_seterr(eb, STRATA_EZMQ, "router: socket options: %s", zmq_strerror(zmq_errno()));
         goto fail;
     }
+    if (cfg->router.curve_secret_key_file[0] && (rc = s_curve_setup(r, eb)) < 0) goto fail;
     if (zmq_bind(r->cli, cfg->router.endpoint) < 0) {
         /* a malformed endpoint is a config error; a busy port may clear on a restart */
         int e = zmq_errno();
@@ -1160,15 +1418,18 @@ void router_destroy(router_t *r)
     free(r->slots);
     if (r->cli) zmq_close(r->cli);
     if (r->sch) zmq_close(r->sch);
+    if (r->zap) zmq_close(r->zap);
     if (r->zctx) zmq_ctx_term(r->zctx);
+    free(r->clients);
     rtok_close(r->tok);
+    chat_template_free(r->tmpl);
     msg_buf_free(&r->buf);
     free(r);
 }
 
 int router_run(router_t *r, volatile sig_atomic_t *stop)
 {
-    zmq_pollitem_t items[2] = {{r->cli, 0, ZMQ_POLLIN, 0}, {r->sch, 0, ZMQ_POLLIN, 0}};
+    zmq_pollitem_t items[3] = {{r->cli, 0, ZMQ_POLLIN, 0}, {r->sch, 0, ZMQ_POLLIN, 0}, {r->zap, 0, ZMQ_POLLIN, 0}};
     bool ready = false;
     log_info("serving clients on %s; scheduler at %s", r->cfg->router.endpoint, r->cfg->scheduler.endpoint);
     while (!*stop) {
@@ -1179,10 +1440,19 @@ int router_run(router_t *r, volatile sig_atomic_t *stop)
             notify_ready();
             ready = true;
         }
-        int n = zmq_poll(items, 2, 50);
+        int n = zmq_poll(items, r->zap ? 3 : 2, 50);
         if (n < 0 && zmq_errno() != EINTR) {
             log_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
             return STRATA_EZMQ;
+        }
+        /* handshakes first: a client's connection waits on its answer */
+        while (r->zap) {
+            int zr = s_zap_serve(r);
+            if (zr < 0) {
+                log_error("ZAP handler: %s", zmq_strerror(-zr));
+                return STRATA_EZMQ;
+            }
+            if (zr == 0) break;
         }
         /* Alternate bounded batches so that a client flooding requests cannot starve the
          * token stream of the others. */

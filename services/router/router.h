@@ -1,8 +1,10 @@
 /* router.h - the front door of the process group (see proto/PROTOCOL.md).
  *
- * One thread, one zmq_poll loop over two sockets:
+ * One thread, one zmq_poll loop over three sockets:
  *   - a ROUTER socket bound at [router] endpoint for clients (DEALER, stable identities);
- *   - a DEALER socket (routing id "router") connected to the scheduler's ROUTER.
+ *   - a DEALER socket (routing id "router") connected to the scheduler's ROUTER;
+ *   - with CURVE, a REP socket at inproc://zeromq.zap.01 answering ZeroMQ's ZAP requests
+ *     against the allow-list of client keys.
  * For each client request it validates the message against the schema and the config's
  * limits, tokenizes the prompt, submits it to the scheduler, and streams the scheduler's
  * tokens back as detokenized text with stop strings applied. The scheduler owns request

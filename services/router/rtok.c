@@ -33,10 +33,10 @@ void rtok_close(rtok_t *t)
     free(t);
 }
 
-int rtok_encode_prompt(rtok_t *t, const char *text, size_t len, int32_t **ids, int32_t *n)
+static int s_encode(rtok_t *t, const char *text, size_t len, bool add_special, int32_t **ids, int32_t *n)
 {
     size_t nn = 0;
-    int rc = tok_encode(t->tok, text, len, true, ids, &nn);
+    int rc = tok_encode(t->tok, text, len, add_special, ids, &nn);
     if (rc < 0) return rc;
     if (nn > INT32_MAX) {
         free(*ids);
@@ -45,6 +45,16 @@ int rtok_encode_prompt(rtok_t *t, const char *text, size_t len, int32_t **ids, i
     }
     *n = (int32_t)nn;
     return 0;
+}
+
+int rtok_encode_prompt(rtok_t *t, const char *text, size_t len, int32_t **ids, int32_t *n)
+{
+    return s_encode(t, text, len, true, ids, n);
+}
+
+int rtok_encode_chat(rtok_t *t, const char *text, size_t len, int32_t **ids, int32_t *n)
+{
+    return s_encode(t, text, len, false, ids, n);
 }
 
 rtok_stream_t *rtok_stream_new(rtok_t *t)

@@ -19,6 +19,9 @@ void rtok_close(rtok_t *t);
 /* Tokenize a prompt (UTF-8, len bytes) as the model expects it (bos added when the
  * tokenizer says so). *ids is malloc'd ([*n]). 0 or <0. */
 int rtok_encode_prompt(rtok_t *t, const char *text, size_t len, int32_t **ids, int32_t *n);
+/* Tokenize a rendered chat template: no special tokens added (the template wrote them), as
+ * transformers' apply_chat_template(tokenize=True) does. 0 or <0. */
+int rtok_encode_chat(rtok_t *t, const char *text, size_t len, int32_t **ids, int32_t *n);
 /* Incremental detokenizer for one answer. NULL on out of memory. */
 rtok_stream_t *rtok_stream_new(rtok_t *t);
 /* Bytes that token id adds to the text (*bytes valid until the next call; may be 0 bytes,

@@ -116,6 +116,10 @@ static void s_help(FILE *f)
             "\n"
             "  --model DIR        packed model folder (e.g. from `strata synth`)\n"
             "  --endpoint E       use the running group at router endpoint E instead of starting one\n"
+            "  --curve-server-key FILE  with --endpoint: connect with ZeroMQ CURVE to a router whose public\n"
+            "                     key is in FILE (`strata keygen`'s PREFIX.key; default $STRATA_CURVE_SERVER_KEY)\n"
+            "  --curve-client-key FILE  this client's secret key file (PREFIX.secret, mode 0600; default\n"
+            "                     $STRATA_CURVE_CLIENT_KEY; without one, a keypair made for the run)\n"
             "  --backend B        cpu (default) or cuda (started group)\n"
             "  --gpu-mem BYTES    executor GPU budget, K/M/G suffixes (started group; default 0)\n"
             "  --threads T        executor CPU threads (started group; default 0 = all)\n"
@@ -161,6 +165,7 @@ static void s_help(FILE *f)
 
 typedef struct {
     const char *model, *endpoint_arg, *backend, *json, *results, *plot, *run_dir_arg;
+    const char *curve_server_key, *curve_client_key; /* key files for a CURVE router, NULL = plaintext */
     const char *expert_path; /* the started group's [executor] expert_path, NULL = not written (auto) */
     int cpu_moe_layers;      /* its cpu_moe_layers, 0 = not written */
     int prefetchers;        /* [prefetcher.K] sections of the started group, 1..CONFIG_MAX_PREFETCHERS */
@@ -465,6 +470,8 @@ typedef struct {
     msg_buf_t buf;
     uint64_t ctl_id;
     int32_t vocab, max_context;
+    /* CURVE: the router's public key and this client's keypair (Z85); "" = plaintext */
+    char curve_server[CONFIG_CURVE_KEY_LEN + 1], curve_pub[CONFIG_CURVE_KEY_LEN + 1], curve_sec[CONFIG_CURVE_KEY_LEN + 1];
 } s_conn_t;
 
 static void *s_socket(s_conn_t *cn, const char *endpoint, const char *ident)
@@ -476,7 +483,10 @@ static void *s_socket(s_conn_t *cn, const char *endpoint, const char *ident)
     zmq_setsockopt(s, ZMQ_ROUTING_ID, ident, strlen(ident));
     zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &hb, sizeof hb);
     zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &hbt, sizeof hbt);
-    if (zmq_connect(s, endpoint) < 0) {
+    if ((cn->curve_server[0] && (zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, cn->curve_server, CONFIG_CURVE_KEY_LEN) < 0 ||
+                                 zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, cn->curve_pub, CONFIG_CURVE_KEY_LEN) < 0 ||
+                                 zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, cn->curve_sec, CONFIG_CURVE_KEY_LEN) < 0)) ||
+        zmq_connect(s, endpoint) < 0) {
         zmq_close(s);
         return NULL;
     }
@@ -989,6 +999,12 @@ int cmd_bench(int argc, char **argv)
         } else if ((r = cli_opt(C, argc, argv, &i, "--endpoint", &v))) {
             if (r < 0) return 2;
             o.endpoint_arg = v;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--curve-server-key", &v))) {
+            if (r < 0) return 2;
+            o.curve_server_key = v;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--curve-client-key", &v))) {
+            if (r < 0) return 2;
+            o.curve_client_key = v;
         } else if ((r = cli_opt(C, argc, argv, &i, "--backend", &v))) {
             if (r < 0) return 2;
             if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
@@ -1076,6 +1092,19 @@ int cmd_bench(int argc, char **argv)
         cli_error(C, "give --model DIR (and/or --endpoint E) (see --help)");
         return 2;
     }
+    if (!o.curve_server_key && getenv("STRATA_CURVE_SERVER_KEY") && *getenv("STRATA_CURVE_SERVER_KEY"))
+        o.curve_server_key = getenv("STRATA_CURVE_SERVER_KEY");
+    if (!o.curve_client_key && getenv("STRATA_CURVE_CLIENT_KEY") && *getenv("STRATA_CURVE_CLIENT_KEY"))
+        o.curve_client_key = getenv("STRATA_CURVE_CLIENT_KEY");
+    if ((o.curve_server_key || o.curve_client_key) && !o.endpoint_arg) {
+        cli_error(C, "--curve-server-key and --curve-client-key (or STRATA_CURVE_*) are for --endpoint: the group bench "
+                     "starts listens on loopback without CURVE");
+        return 2;
+    }
+    if (o.curve_client_key && !o.curve_server_key) {
+        cli_error(C, "--curve-client-key needs --curve-server-key (the router's public key file)");
+        return 2;
+    }
     double lv[MAX_LEVELS];
     if (rate_s) {
         o.open_loop = true;
@@ -1158,6 +1187,20 @@ int cmd_bench(int argc, char **argv)
     if (!endpoint) {
         if ((rc = s_group_start(&o, &g, max_conc))) goto done;
         endpoint = g.endpoint;
+    }
+    if (o.curve_server_key) {
+        strata_errbuf_t keb = {{0}};
+        if (config_read_curve_key(o.curve_server_key, false, "--curve-server-key", cn.curve_server, &keb) < 0 ||
+            (o.curve_client_key && config_read_curve_key(o.curve_client_key, true, "--curve-client-key", cn.curve_sec, &keb) < 0)) {
+            cli_error(C, "%s", keb.msg);
+            rc = 2;
+            goto done;
+        }
+        if (o.curve_client_key ? zmq_curve_public(cn.curve_pub, cn.curve_sec) < 0 : zmq_curve_keypair(cn.curve_pub, cn.curve_sec) < 0) {
+            cli_error(C, "CURVE keys: %s", zmq_strerror(zmq_errno()));
+            rc = 2;
+            goto done;
+        }
     }
     cn.ctx = zmq_ctx_new();
     cn.n_cl = max_conc > OPEN_SOCKETS ? max_conc : OPEN_SOCKETS;
@@ -1397,6 +1440,7 @@ done:
     free(cn.cl);
     msg_buf_free(&cn.buf);
     if (cn.ctx) zmq_ctx_term(cn.ctx);
+    explicit_bzero(cn.curve_sec, sizeof cn.curve_sec);
     if (g.started) {
         if (o.keep) {
             fprintf(stderr, "bench: the group keeps running: strata down --config %s\n", g.config);

@@ -2,10 +2,14 @@
  * over rclient.h's connection: each line typed is a turn, the answer streams as it comes, and
  * the turns so far are the next turn's context until /reset.
  *
- * Chat templates are not rendered by this build (no template engine yet), so every turn is a
- * completion: the conversation is kept as plain text (each turn's line, then the answer), which
- * the model continues. The model folder is looked at once to say so: whether it ships a chat
- * template (chat_template.jinja, or chat_template in tokenizer_config.json) that is not used. */
+ * The conversation is kept twice: as chat messages (a JSON array of {role, content}) and as
+ * plain text (each turn's line, then the answer). A model with a chat template gets the
+ * messages, which the router renders with the template (PROTOCOL.md, "Chat"); this command
+ * never renders one itself. A model without one gets the text as a completion, which the model
+ * continues. Which of the two is decided once: by the model folder when it is known here
+ * (--model, or the running group's [group] model: chat_template.jinja, or chat_template in
+ * tokenizer_config.json), else by the first turn, sent as a chat: the router's "no chat
+ * template" refusal switches the chat to text, said once, and the turn is sent again as text. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,19 +32,24 @@ static void s_help(FILE *f)
             "Chat with a running group in the terminal: each line is a turn, the answer streams\n"
             "as it comes, and the conversation so far is the context of the next turn. Commands:\n"
             "/reset forgets the conversation, /help lists the commands, /quit or Ctrl-D ends.\n"
-            "This build does not render chat templates: every turn is a completion of the\n"
-            "conversation's text, and the chat says at the start whether the model ships a template\n"
-            "it does not use. Without --endpoint it talks to the one group this user runs (as\n"
-            "`strata client`), else to the one `strata up --demo` serves.\n"
+            "When the model has a chat template, the conversation goes to the router as chat\n"
+            "messages, which it renders with the template; without one (said once) every turn is\n"
+            "a completion of the conversation's text. Without --endpoint it talks to the one group\n"
+            "this user runs (as `strata client`), else to the one `strata up --demo` serves.\n"
             "\n"
             "  --endpoint E        router endpoint (default: the running group's, or " RC_DEFAULT_ENDPOINT ")\n"
             "  --model DIR         the model folder, to look for its chat template (default: the\n"
-            "                      running group's [group] model)\n"
+            "                      running group's [group] model; with neither, the first turn\n"
+            "                      asks the router)\n"
             "  --max-tokens N      tokens an answer may take (default 128)\n"
             "%s"
             "  --stats             print finish reason, usage and timings after each answer\n"
             "  --timeout S         give up on an answer after S seconds (default 300)\n"
             "  -h, --help          this help\n"
+            "\n"
+            "A router that serves CURVE (a non-loopback endpoint): the key files in the environment,\n"
+            "STRATA_CURVE_SERVER_KEY (its public key) and STRATA_CURVE_CLIENT_KEY (this client's\n"
+            "secret key file, from `strata keygen`); a group of this user is found with its keys.\n"
             "\n"
             "Exit codes: 0 ended (Ctrl-D, /quit), 1 runtime failure, 2 bad usage.\n",
             cli_sampling_help);
@@ -59,12 +68,22 @@ static bool s_has_template(const char *dir)
     return has;
 }
 
-/* The conversation: text, growing; a turn's answer is appended as it streams. */
+/* Growing text. */
 typedef struct {
     char *s;
     size_t len, cap;
-    bool stats;
 } s_hist_t;
+
+/* The conversation: its text, growing (a turn's answer is appended as it streams), and its
+ * messages, with the answer of the turn in progress apart until it is complete. */
+typedef struct {
+    s_hist_t h;          /* the conversation as text */
+    s_hist_t answer;     /* the answer of the turn in progress */
+    json_t *msgs;        /* [{role, content}], the complete turns and the pending user line */
+    size_t msgs_bytes;   /* content bytes in msgs */
+    bool stats;
+    bool no_template;    /* the router refused a chat: the model has no chat template */
+} s_conv_t;
 
 static int s_append(s_hist_t *h, const char *p, size_t n)
 {
@@ -94,20 +113,64 @@ static void s_trim(s_hist_t *h)
     h->len -= cut;
 }
 
+/* Drop the oldest turns (a user message and what follows it up to the next) until the messages'
+ * content is at most HISTORY_MAX bytes; the last user message stays. */
+static void s_trim_msgs(s_conv_t *v)
+{
+    while (v->msgs_bytes > HISTORY_MAX && json_array_size(v->msgs) > 1) {
+        do {
+            v->msgs_bytes -= strlen(json_string_value(json_object_get(json_array_get(v->msgs, 0), "content")));
+            json_array_remove(v->msgs, 0);
+        } while (json_array_size(v->msgs) > 1 &&
+                 strcmp(json_string_value(json_object_get(json_array_get(v->msgs, 0), "role")), "user"));
+    }
+}
+
+/* Append {role, content: text[0..n)} to the messages. Returns 0, or -1 (text not UTF-8, or no memory). */
+static int s_add_msg(s_conv_t *v, const char *role, const char *text, size_t n)
+{
+    json_t *content = json_stringn(text, n);
+    json_t *m = content ? json_pack("{s:s, s:o}", "role", role, "content", content) : NULL;
+    if (!m || json_array_append_new(v->msgs, m) < 0) return -1;
+    v->msgs_bytes += n;
+    return 0;
+}
+
+/* Remove the last message (a turn that failed). */
+static void s_pop_msg(s_conv_t *v)
+{
+    size_t n = json_array_size(v->msgs);
+    if (!n) return;
+    v->msgs_bytes -= strlen(json_string_value(json_object_get(json_array_get(v->msgs, n - 1), "content")));
+    json_array_remove(v->msgs, n - 1);
+}
+
 static void s_on_tokens(void *ctx, const msg_tokens_t *t)
 {
-    s_hist_t *h = ctx;
+    s_conv_t *v = ctx;
     fwrite(t->text.s, 1, t->text.len, stdout);
     fflush(stdout);
-    (void)s_append(h, t->text.s, t->text.len);
+    (void)s_append(&v->h, t->text.s, t->text.len);
+    (void)s_append(&v->answer, t->text.s, t->text.len);
+}
+
+/* The router's "no chat template" refusal is taken over (the turn goes again as text); any
+ * other error is printed by rc_generate. */
+static bool s_on_error(void *ctx, const msg_error_t *e)
+{
+    s_conv_t *v = ctx;
+    if (e->code != MSG_E_INVALID_PARAM || !e->message.s || !memmem(e->message.s, e->message.len, "no chat template", 16))
+        return false;
+    v->no_template = true;
+    return true;
 }
 
 static void s_on_done(void *ctx, const msg_done_t *d)
 {
-    s_hist_t *h = ctx;
+    s_conv_t *v = ctx;
     printf("\n");
     fflush(stdout);
-    if (h->stats)
+    if (v->stats)
         fprintf(stderr, "finish=%s prompt_tokens=%d completion_tokens=%d ttft_ms=%.2f total_ms=%.2f\n", msg_finish_name(d->finish),
                 d->prompt_tokens, d->completion_tokens, d->ttft_ms, d->total_ms);
 }
@@ -150,16 +213,31 @@ int cmd_chat(int argc, char **argv)
     }
     if (!endpoint_given && (r = gs_find_router(C, endpoint, sizeof endpoint, model, sizeof model))) return r;
     if (model_arg) snprintf(model, sizeof model, "%s", model_arg);
-    if (model[0])
-        fprintf(stderr, "strata chat: %s %s; each turn continues the conversation's text. /help for the commands.\n", model,
-                s_has_template(model) ? "ships a chat template, which this build does not render"
-                                      : "has no chat template");
-    else fprintf(stderr, "strata chat: no chat template is used; each turn continues the conversation's text.\n");
+    /* chat: the conversation goes as messages (the router renders them); else as text */
+    bool chat = true;
+    if (model[0]) {
+        chat = s_has_template(model);
+        if (chat)
+            fprintf(stderr, "strata chat: %s has a chat template; the router renders each turn with it. /help for the commands.\n",
+                    model);
+        else
+            fprintf(stderr, "strata chat: %s has no chat template; each turn continues the conversation's text. /help for the commands.\n",
+                    model);
+    } else {
+        fprintf(stderr, "strata chat: each turn goes to the router as chat messages, rendered with the model's chat template "
+                        "(if it has none, the first turn says so). /help for the commands.\n");
+    }
 
     rc_conn_t *c = NULL;
     int rc = rc_open(&c, C, endpoint);
     if (rc) return rc;
-    s_hist_t h = {.stats = stats};
+    s_conv_t cv = {.stats = stats, .msgs = json_array()};
+    s_hist_t *const h = &cv.h;
+    if (!cv.msgs) {
+        cli_error(C, "out of memory");
+        rc_close(c);
+        return 1;
+    }
     const bool tty = isatty(STDIN_FILENO);
     char *line = NULL;
     size_t lcap = 0;
@@ -177,8 +255,10 @@ int cmd_chat(int argc, char **argv)
         if (n == 0) continue;
         if (!strcmp(line, "/quit") || !strcmp(line, "/exit")) break;
         if (!strcmp(line, "/reset")) {
-            h.len = 0;
-            if (h.s) h.s[0] = 0;
+            h->len = 0;
+            if (h->s) h->s[0] = 0;
+            json_array_clear(cv.msgs);
+            cv.msgs_bytes = 0;
             printf("(the conversation is forgotten)\n");
             continue;
         }
@@ -190,20 +270,56 @@ int cmd_chat(int argc, char **argv)
             printf("unknown command %s (/help)\n", line);
             continue;
         }
-        if ((h.len && s_append(&h, "\n", 1)) || s_append(&h, line, (size_t)n) || s_append(&h, "\n", 1)) {
+        if (memchr(line, 0, (size_t)n)) {
+            printf("(a line with a NUL byte is not sent)\n");
+            continue;
+        }
+        s_trim(h);
+        const size_t h_len0 = h->len;
+        if ((h->len && s_append(h, "\n", 1)) || s_append(h, line, (size_t)n) || s_append(h, "\n", 1)) {
             cli_error(C, "out of memory");
             rc = 1;
             break;
         }
-        s_trim(&h);
-        const rc_req_t q = {.prompt = h.s, .max_tokens = max_tokens, .sp = sp, .stream = true, .timeout_s = timeout_s,
+        cv.answer.len = 0;
+        const rc_cb_t cb = {s_on_tokens, s_on_done, &cv, s_on_error};
+        if (chat) {
+            if (s_add_msg(&cv, "user", line, (size_t)n) < 0) {
+                printf("(the line is not valid UTF-8 and is not sent)\n");
+                continue;
+            }
+            s_trim_msgs(&cv);
+            char *js = json_dumps(cv.msgs, JSON_COMPACT);
+            if (!js) {
+                cli_error(C, "out of memory");
+                rc = 1;
+                break;
+            }
+            const rc_req_t q = {.messages = js, .add_generation_prompt = true, .max_tokens = max_tokens, .sp = sp,
+                                .stream = true, .timeout_s = timeout_s, .resume_after = 5.0f, .gone_after = 3.0f};
+            /* a refused or failed turn is reported, it leaves no trace, and the chat goes on */
+            int r2 = rc_generate(c, &q, &cb);
+            free(js);
+            if (!r2 && s_append(&cv.answer, "", 0) == 0 && s_add_msg(&cv, "assistant", cv.answer.s, cv.answer.len) == 0)
+                continue;
+            s_pop_msg(&cv);
+            if (!cv.no_template) {
+                if (h->len >= h_len0) h->s[h->len = h_len0] = 0; /* nor in the text */
+                continue;
+            }
+            /* the router says the model has no chat template: text from now on, this turn too */
+            chat = false;
+            fprintf(stderr, "strata chat: the model has no chat template; each turn continues the conversation's text.\n");
+        }
+        s_trim(h);
+        const rc_req_t q = {.prompt = h->s, .max_tokens = max_tokens, .sp = sp, .stream = true, .timeout_s = timeout_s,
                             .resume_after = 5.0f, .gone_after = 3.0f};
-        const rc_cb_t cb = {s_on_tokens, s_on_done, &h};
-        /* a refused or failed turn is reported and the chat goes on */
         (void)rc_generate(c, &q, &cb);
     }
     free(line);
-    free(h.s);
+    free(h->s);
+    free(cv.answer.s);
+    json_decref(cv.msgs);
     rc_close(c);
     return rc;
 }

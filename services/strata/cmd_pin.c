@@ -111,13 +111,14 @@ int cmd_pin(int argc, char **argv)
         if (!strcmp(service, "router")) q = &c.router.place;
         else if (!strcmp(service, "scheduler")) q = &c.scheduler.place;
         else if (!strcmp(service, "executor")) q = &c.executor.place;
+        else if (!strcmp(service, "http") && c.http.enabled) q = &c.http.place;
         for (int k = 0; k < c.n_prefetchers && !q; k++) {
             char nm[32];
             snprintf(nm, sizeof nm, "prefetcher.%d", c.prefetcher[k].node);
             if (!strcmp(service, nm)) q = &c.prefetcher[k].place;
         }
         if (!q) {
-            fprintf(stderr, "strata pin: %s: no service '%s' (router, scheduler, executor, prefetcher.N)\n", config, service);
+            fprintf(stderr, "strata pin: %s: no service '%s' (router, scheduler, executor, prefetcher.N, http with an [http] section)\n", config, service);
             return 2;
         }
         p = *q;

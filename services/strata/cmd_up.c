@@ -1,8 +1,9 @@
 /* cmd_up.c - `strata up`: the launcher of the process group (DESIGN.md "Processes").
  *
  * One libuv loop supervises the services:
- *   - start order: every prefetcher (in parallel), then the executor, the scheduler and the
- *     router; each stage starts once every service of the earlier stages reported READY=1.
+ *   - start order: every prefetcher (in parallel), then the executor, the scheduler, the
+ *     router and, when the config has an [http] section, strata-http; each stage starts once
+ *     every service of the earlier stages reported READY=1.
  *   - each service runs as `strata pin --cpus C --numa N --parent LAUNCHER -- BIN --config F`
  *     (cmd_pin.c says why), so its affinity and memory policy are in place before its first
  *     instruction, and it gets SIGTERM if the launcher dies.
@@ -38,12 +39,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <uv.h>
 
+#include "common/chat_template.h"
 #include "common/config.h"
 #include "common/notify.h"
 #include "common/placement.h"
@@ -70,9 +75,9 @@ struct launcher;
 
 typedef struct {
     struct launcher *L;
-    char name[32];              /* "prefetcher.0", "executor", "scheduler", "router" */
+    char name[32];              /* "prefetcher.0", "executor", "scheduler", "router", "http" */
     char exe[PATH_MAX];
-    int stage;                  /* start order: 0 prefetchers, 1 executor, 2 scheduler, 3 router */
+    int stage;                  /* start order: 0 prefetchers, 1 executor, 2 scheduler, 3 router, 4 http */
     int node;                   /* prefetcher node, else -1 */
     config_placement_t place;
     uv_process_t proc;
@@ -102,6 +107,7 @@ typedef struct launcher {
     svc_t svc[GS_MAX_SVC];
     int n_svc;
     int stage;                  /* highest stage started */
+    int last_stage;             /* the last stage: 3, or 4 with strata-http */
     g_state_t state;
     int exit_code;
     int notify_fd;
@@ -199,7 +205,7 @@ static void s_advance(launcher_t *L)
     for (;;) {
         for (int i = 0; i < L->n_svc; i++)
             if (L->svc[i].stage <= L->stage && L->svc[i].state != SV_READY) return;
-        if (L->stage == 3) break;
+        if (L->stage == L->last_stage) break;
         L->stage++;
         for (int i = 0; i < L->n_svc; i++)
             if (L->svc[i].stage == L->stage) s_spawn(&L->svc[i]);
@@ -537,6 +543,29 @@ static void s_on_signal(uv_signal_t *h, int signum)
 
 /* ---- setup --------------------------------------------------------------------------- */
 
+/* A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick), or -1. */
+static int s_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    int port = -1;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &al) == 0) port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+/* Append the demo's [http] section (127.0.0.1:port, no key) to its config at path. */
+static int s_demo_http(const char *path, int port, strata_errbuf_t *eb)
+{
+    FILE *f = fopen(path, "a");
+    if (!f) return strata_seterr(eb, -errno, "%s: %s", path, strerror(errno));
+    fprintf(f, "\n[http]\n; strata-http: the OpenAI API, on loopback only (no key)\nhost = 127.0.0.1\nport = %d\ncpus =\n", port);
+    if (fclose(f) != 0) return strata_seterr(eb, STRATA_EIO, "%s: write failed", path);
+    return 0;
+}
+
 /* Find BIN ("strata-router") for service dir SVC ("router"). */
 static int s_find_bin(const launcher_t *L, const char *svc, char *out, size_t cap)
 {
@@ -659,32 +688,44 @@ static void s_print_config(const strata_config_t *c, const char *path)
                c->prefetcher[i].threads, c->prefetcher[i].place.cpus, c->prefetcher[i].place.numa_node);
     printf("[launcher]\nrestart_backoff_ms = %d\nrestart_backoff_max_ms = %d\nready_timeout_s = %d\nwatchdog_s = %d\n",
            c->launcher.restart_backoff_ms, c->launcher.restart_backoff_max_ms, c->launcher.ready_timeout_s, c->launcher.watchdog_s);
+    if (c->http.enabled)
+        printf("[http]\nhost = %s\nport = %d\napi_key = %s\napi_key_file = %s\ninsecure = %s\nmax_body_bytes = %lld\n"
+               "max_connections = %d\ntimeout_s = %d\nrequest_timeout_s = %d\nmodel_name = %s\nthreads = %d\ncpus = %s\n"
+               "numa_node = %d\n",
+               c->http.host, c->http.port, c->http.api_key[0] ? "(set)" : "", c->http.api_key_file, c->http.insecure ? "true" : "false",
+               (long long)c->http.max_body_bytes, c->http.max_connections, c->http.timeout_s, c->http.request_timeout_s,
+               c->http.model_name, c->http.threads, c->http.place.cpus, c->http.place.numa_node);
 }
 
 static void s_help(FILE *f)
 {
     fprintf(f,
             "usage: strata up --config FILE [--foreground] [--bin-dir DIR] [--check]\n"
-            "       strata up --demo [--run-dir DIR] [--name NAME] [--port PORT] [--foreground]\n\n"
+            "       strata up --demo [--run-dir DIR] [--name NAME] [--port PORT] [--http-port PORT] [--foreground]\n\n"
             "Start the process group of FILE: prefetchers (one per [prefetcher.N]), executor,\n"
-            "scheduler, router, in that order, each pinned to its cpus and NUMA node, each counted\n"
+            "scheduler, router and, with an [http] section, strata-http (the OpenAI-compatible HTTP\n"
+            "service), in that order, each pinned to its cpus and NUMA node, each counted\n"
             "as started when it reports READY=1 (sd_notify). Crashed services are restarted with\n"
             "exponential backoff (not on exit code 2). SIGTERM/SIGINT stops everything and removes\n"
             "the group's shm segments and ipc socket files. `strata status` shows the group.\n\n"
             "  --config FILE   group config (INI, see common/config.h and deploy/)\n"
             "  --demo          set up the demo model (small, trained on English) and its config under\n"
             "                  the run dir (default /tmp/strata-demo), then start that group; clients\n"
-            "                  connect to tcp://127.0.0.1:7757 (the default of `strata client`)\n"
+            "                  connect to tcp://127.0.0.1:7757 (the default of `strata client`), HTTP\n"
+            "                  clients (OpenAI API) to http://127.0.0.1:7758/v1\n"
             "  --run-dir DIR   (--demo) run dir instead of /tmp/strata-demo\n"
             "  --name NAME     (--demo) group name instead of demo\n"
             "  --port PORT     (--demo) client port instead of 7757\n"
+            "  --http-port PORT (--demo) HTTP port instead of 7758; with --port and without it, a\n"
+            "                  free port the kernel picks (the ready line names it)\n"
             "  --foreground    stay attached and log here; otherwise detach once the group is ready\n"
             "                  (logs: RUN_DIR/launcher.log, RUN_DIR/logs/SERVICE.log)\n"
             "  --bin-dir DIR   where the strata-* service binaries are (default: next to strata)\n"
             "  --check         only check FILE and print the resolved config (defaults filled in): its\n"
             "                  syntax and values, the cpus and NUMA nodes on this machine, the ipc\n"
-            "                  directories, and the model folder (manifest or config.json, every\n"
-            "                  weight file at its size); exit 2 with the cause on any of them\n"
+            "                  directories, the model folder (manifest or config.json, every\n"
+            "                  weight file at its size) and its chat template; exit 2 with the cause\n"
+            "                  on any of them\n"
             "  -h, --help      this help\n\n"
             "Exit codes: 0 group stopped cleanly (foreground) or started (detached); 1 runtime\n"
             "failure; 2 bad config, model or usage, found by up or by a service that exited 2 (its\n"
@@ -696,7 +737,7 @@ int cmd_up(int argc, char **argv)
     int rc = 1;
     const char *config = NULL, *run_dir = NULL, *name = "demo", *bin_dir = NULL;
     bool demo = false, fg = false, check = false;
-    long port = 7757;
+    long port = 7757, http_port = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -716,6 +757,13 @@ int cmd_up(int argc, char **argv)
             name = argv[++i];
         } else if (i + 1 < argc && !strcmp(a, "--bin-dir")) {
             bin_dir = argv[++i];
+        } else if (i + 1 < argc && !strcmp(a, "--http-port")) {
+            char *end;
+            http_port = strtol(argv[++i], &end, 10);
+            if (*end || http_port < 1 || http_port > 65535) {
+                fprintf(stderr, "strata up: --http-port '%s' is not a port number\n", argv[i]);
+                return 2;
+            }
         } else if (i + 1 < argc && !strcmp(a, "--port")) {
             char *end;
             port = strtol(argv[++i], &end, 10);
@@ -734,8 +782,8 @@ int cmd_up(int argc, char **argv)
         s_help(stderr);
         return 2;
     }
-    if (!demo && (run_dir || port != 7757 || strcmp(name, "demo"))) {
-        fprintf(stderr, "strata up: --run-dir, --name and --port go with --demo\n");
+    if (!demo && (run_dir || port != 7757 || http_port || strcmp(name, "demo"))) {
+        fprintf(stderr, "strata up: --run-dir, --name, --port and --http-port go with --demo\n");
         return 2;
     }
     launcher_t *L = calloc(1, sizeof *L);
@@ -782,6 +830,13 @@ int cmd_up(int argc, char **argv)
             fprintf(stderr, "strata up: demo config: %s\n", eb.msg);
             goto done;
         }
+        /* the demo serves the OpenAI API too: 7758 beside the default router port, else the
+         * port asked for, else (a router port was chosen, as parallel tests do) a free one */
+        if (!http_port) http_port = port == 7757 ? 7758 : s_free_port();
+        if (http_port <= 0 || s_demo_http(path, (int)http_port, &eb) < 0) {
+            fprintf(stderr, "strata up: demo config: %s\n", http_port <= 0 ? "no free port for HTTP" : eb.msg);
+            goto done;
+        }
         s_cpy(L->config_path, sizeof L->config_path, path);
     } else if (!realpath(config, L->config_path)) {
         fprintf(stderr, "strata up: %s: %s\n", config, strerror(errno));
@@ -801,6 +856,11 @@ int cmd_up(int argc, char **argv)
     s_add(L, "executor", 1, -1, &L->cfg.executor.place);
     s_add(L, "scheduler", 2, -1, &L->cfg.scheduler.place);
     s_add(L, "router", 3, -1, &L->cfg.router.place);
+    L->last_stage = 3;
+    if (L->cfg.http.enabled) {
+        s_add(L, "http", 4, -1, &L->cfg.http.place);
+        L->last_stage = 4;
+    }
     /* every placement must be possible on this machine: check now, not in a restart loop */
     {
         cpu_set_t allowed;
@@ -829,19 +889,32 @@ int cmd_up(int argc, char **argv)
             }
         }
     }
-    /* the rest that no restart can fix, before anything starts: ipc directories, the model
+    /* the rest that no restart can fix, before anything starts: ipc directories, the
+     * listeners' protection (a non-loopback bind needs keys or insecure), the model
      * folder (its manifest or config.json, every weight file at its size) */
-    if (config_check_paths(&L->cfg, L->config_path, &eb) < 0 || model_check(L->cfg.model, &eb) < 0) {
+    if (config_check_paths(&L->cfg, L->config_path, &eb) < 0 || config_check_http(&L->cfg, L->config_path, NULL, &eb) < 0 ||
+        config_check_router(&L->cfg, L->config_path, NULL, &eb) < 0 ||
+        model_check(L->cfg.model, &eb) < 0) {
         fprintf(stderr, "strata up: %s: %s\n", L->config_path, eb.msg);
         rc = 2;
         goto done;
+    }
+    /* the chat template the router will render (it refuses one the engine cannot render, too) */
+    {
+        chat_template_t *tmpl = NULL;
+        if (chat_template_load(L->cfg.model, &tmpl, &eb) < 0) {
+            fprintf(stderr, "strata up: %s: [group] model: %s\n", L->config_path, eb.msg);
+            rc = 2;
+            goto done;
+        }
+        chat_template_free(tmpl);
     }
     if (check) {
         s_print_config(&L->cfg, L->config_path);
         rc = 0;
         goto done;
     }
-    static const char *const dirs[] = {"prefetcher", "executor", "scheduler", "router"};
+    static const char *const dirs[] = {"prefetcher", "executor", "scheduler", "router", "http"};
     for (int i = 0; i < L->n_svc; i++)
         if ((rc = s_find_bin(L, dirs[L->svc[i].stage], L->svc[i].exe, sizeof L->svc[i].exe))) goto done;
     rc = 1;
@@ -885,6 +958,9 @@ int cmd_up(int argc, char **argv)
                 printf("strata up: group '%s' ready (launcher pid %d). Status: strata status --config %s\n"
                        "Logs: %s/launcher.log, %s/logs/. Stop: strata down --config %s\n",
                        L->cfg.name, (int)child, L->config_path, L->cfg.run_dir, L->cfg.run_dir, L->config_path);
+                if (L->cfg.http.enabled)
+                    printf("OpenAI API: http://%s%s%s:%d/v1\n", strchr(L->cfg.http.host, ':') ? "[" : "", L->cfg.http.host,
+                           strchr(L->cfg.http.host, ':') ? "]" : "", L->cfg.http.port);
                 if (demo) printf("Try: strata client --prompt \"Once upon a time\" --max-tokens 48\n");
                 rc = 0;
             } else {

@@ -19,10 +19,10 @@
 
 #include "common/config.h"
 
-#define GS_MAX_SVC (3 + CONFIG_MAX_PREFETCHERS)
+#define GS_MAX_SVC (4 + CONFIG_MAX_PREFETCHERS) /* prefetchers, executor, scheduler, router, http */
 
 typedef struct {
-    char name[32];          /* "prefetcher.0", "executor", "scheduler", "router" */
+    char name[32];          /* "prefetcher.0", "executor", "scheduler", "router", "http" */
     pid_t pid;              /* 0 when not running */
     char state[16];         /* idle starting ready backoff stopping exited failed */
     double started_unix;    /* current process's spawn time, 0 if none */

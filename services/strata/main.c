@@ -20,6 +20,7 @@ int cmd_demo(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_keygen(int argc, char **argv);
 static const strata_cmd_t s_cmds[] = {
     {"eval", cmd_eval, "logits of every position of a token sequence, to a file"},
     {"generate", cmd_generate, "sample token ids after a prompt of token ids"},
@@ -35,6 +36,7 @@ static const strata_cmd_t s_cmds[] = {
     {"tokenize", cmd_tokenize, "text to token ids (or back) with a tokenizer.json, line by line"},
     {"synth", cmd_synth, "write a packed model with random weights and a real model's shapes"},
     {"bench", cmd_bench, "load generator over the client protocol, with the roofline bound"},
+    {"keygen", cmd_keygen, "write a ZeroMQ CURVE keypair (Z85 files) for the router and its clients"},
     {NULL, NULL, NULL},
 };
 

@@ -9,7 +9,9 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "common/config.h"
 #include "proto/zmsg.h"
+#include "services/strata/group_state.h"
 
 struct rc_conn {
     void *ctx, *sock;
@@ -17,6 +19,8 @@ struct rc_conn {
     int n_mon;           /* monitors made so far (each needs its own inproc name) */
     const char *cmd;     /* the strata command, for messages */
     char endpoint[512];
+    /* CURVE (s_curve_keys): the router's public key and this client's keypair, Z85; "" = plaintext */
+    char curve_server[CONFIG_CURVE_KEY_LEN + 1], curve_pub[CONFIG_CURVE_KEY_LEN + 1], curve_sec[CONFIG_CURVE_KEY_LEN + 1];
     uint8_t identity[24];
     size_t identity_len;
     bool connected;
@@ -90,6 +94,12 @@ static int s_connect(rc_conn_t *c)
     zmq_setsockopt(c->sock, ZMQ_ROUTING_ID, c->identity, c->identity_len);
     zmq_setsockopt(c->sock, ZMQ_HEARTBEAT_IVL, &hb, sizeof hb);
     zmq_setsockopt(c->sock, ZMQ_HEARTBEAT_TIMEOUT, &hbt, sizeof hbt);
+    if (c->curve_server[0] && (zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, c->curve_server, CONFIG_CURVE_KEY_LEN) < 0 ||
+                               zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, c->curve_pub, CONFIG_CURVE_KEY_LEN) < 0 ||
+                               zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, c->curve_sec, CONFIG_CURVE_KEY_LEN) < 0)) {
+        cli_error(c->cmd, "CURVE socket options: %s", zmq_strerror(zmq_errno()));
+        return STRATA_EINVAL_INPUT;
+    }
     if (zmq_connect(c->sock, c->endpoint) < 0) {
         cli_error(c->cmd, "cannot connect to %s: %s", c->endpoint, zmq_strerror(zmq_errno()));
         return STRATA_EINVAL_INPUT;
@@ -108,6 +118,53 @@ static int s_error_exit(msg_errcode_t code)
     }
 }
 
+/* The CURVE keys to connect with. From the environment: STRATA_CURVE_SERVER_KEY (a file with the
+ * router's public key, as `strata keygen` writes it) and STRATA_CURVE_CLIENT_KEY (this client's
+ * secret key file; without it, a keypair made now, which a router with curve_clients_file
+ * refuses). Else, from a group of this user's running at this endpoint with [router]
+ * curve_secret_key_file: the router's own keypair, as the group's services connect. Else none.
+ * 0, or the exit code after the printed error. */
+static int s_curve_keys(rc_conn_t *c)
+{
+    strata_errbuf_t eb = {{0}};
+    const char *srv = getenv("STRATA_CURVE_SERVER_KEY"), *cli = getenv("STRATA_CURVE_CLIENT_KEY");
+    if (srv && *srv) {
+        if (config_read_curve_key(srv, false, "STRATA_CURVE_SERVER_KEY", c->curve_server, &eb) < 0 ||
+            (cli && *cli && config_read_curve_key(cli, true, "STRATA_CURVE_CLIENT_KEY", c->curve_sec, &eb) < 0)) {
+            cli_error(c->cmd, "%s", eb.msg);
+            return 2;
+        }
+        if (cli && *cli ? zmq_curve_public(c->curve_pub, c->curve_sec) < 0 : zmq_curve_keypair(c->curve_pub, c->curve_sec) < 0) {
+            cli_error(c->cmd, "CURVE keys: %s", zmq_strerror(zmq_errno()));
+            return 2;
+        }
+        return 0;
+    }
+    if (cli && *cli) {
+        cli_error(c->cmd, "STRATA_CURVE_CLIENT_KEY is set but STRATA_CURVE_SERVER_KEY (the router's public key file) is not");
+        return 2;
+    }
+    gs_entry_t all[16];
+    int n = gs_running(all, 16);
+    strata_config_t *cfg = n > 0 ? malloc(sizeof *cfg) : NULL;
+    int rc = 0;
+    for (int i = 0; cfg && i < n && i < 16; i++) {
+        if (config_load(cfg, all[i].config, &eb) < 0 || strcmp(cfg->router.endpoint, c->endpoint) ||
+            !cfg->router.curve_secret_key_file[0])
+            continue;
+        if (config_read_curve_key(cfg->router.curve_secret_key_file, true, "[router] curve_secret_key_file", c->curve_sec, &eb) < 0 ||
+            zmq_curve_public(c->curve_pub, c->curve_sec) < 0) {
+            cli_error(c->cmd, "the running group '%s': %s", all[i].name, eb.msg[0] ? eb.msg : "not a CURVE secret key");
+            rc = 2;
+            break;
+        }
+        memcpy(c->curve_server, c->curve_pub, sizeof c->curve_server);
+        break;
+    }
+    free(cfg);
+    return rc;
+}
+
 int rc_open(rc_conn_t **out, const char *cmd, const char *endpoint)
 {
     *out = NULL;
@@ -124,6 +181,11 @@ int rc_open(rc_conn_t **out, const char *cmd, const char *endpoint)
     c->identity_len = (size_t)snprintf((char *)c->identity, sizeof c->identity, "cli-%02x%02x%02x%02x%02x%02x%02x%02x",
                                        rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
     c->next_id = ((uint64_t)rnd[0] << 24 | (uint64_t)rnd[1] << 16 | (uint64_t)rnd[2] << 8 | rnd[3]) + 1;
+    int kr = s_curve_keys(c);
+    if (kr) {
+        rc_close(c);
+        return kr;
+    }
     c->ctx = zmq_ctx_new();
     if (!c->ctx) {
         cli_error(cmd, "zmq_ctx_new failed");
@@ -144,6 +206,7 @@ void rc_close(rc_conn_t *c)
     s_close_socks(c);
     if (c->ctx) zmq_ctx_term(c->ctx);
     msg_buf_free(&c->buf);
+    explicit_bzero(c->curve_sec, sizeof c->curve_sec);
     free(c);
 }
 
@@ -160,7 +223,11 @@ int rc_generate(rc_conn_t *c, const rc_req_t *q, const rc_cb_t *cb)
     msg_init(&m, MSG_GENERATE);
     m.has_id = true;
     m.id = rid;
-    if (q->prompt) m.u.generate.prompt = msg_str(q->prompt);
+    if (q->messages) {
+        m.u.generate.messages = msg_str(q->messages);
+        if (q->template_vars) m.u.generate.template_vars = msg_str(q->template_vars);
+        m.u.generate.add_generation_prompt = q->add_generation_prompt;
+    } else if (q->prompt) m.u.generate.prompt = msg_str(q->prompt);
     else {
         m.u.generate.tokens = (int32_t *)q->tokens;
         m.u.generate.n_tokens = q->n_tokens;
@@ -257,9 +324,11 @@ int rc_generate(rc_conn_t *c, const rc_req_t *q, const rc_cb_t *cb)
             msg_free(&in);
             break;
         } else if (in.type == MSG_ERROR) {
-            if (have_tokens) printf("\n");
-            cli_error(c->cmd, "%s: %.*s", msg_errcode_name(in.u.error.code), (int)in.u.error.message.len,
-                      in.u.error.message.s);
+            if (!cb->on_error || !cb->on_error(cb->ctx, &in.u.error)) {
+                if (have_tokens) printf("\n");
+                cli_error(c->cmd, "%s: %.*s", msg_errcode_name(in.u.error.code), (int)in.u.error.message.len,
+                          in.u.error.message.s);
+            }
             rc = s_error_exit(in.u.error.code);
             msg_free(&in);
             goto done;

@@ -25,9 +25,13 @@ typedef struct rc_conn rc_conn_t;
 
 /* What one generate request asks. */
 typedef struct {
-    const char *prompt;            /* text, or NULL with tokens */
+    const char *prompt;            /* text, or NULL with tokens or messages */
     const int32_t *tokens;
     int32_t n_tokens;
+    const char *messages;          /* chat: JSON text of an array of message objects, which the router
+                                      renders with the model's chat template; or NULL */
+    const char *template_vars;     /* chat: JSON text of an object of further template variables, or NULL */
+    bool add_generation_prompt;    /* chat: passed to the template (a zeroed rc_req_t says false) */
     int64_t max_tokens;
     sampler_params_t sp;
     const char *const *stops;
@@ -41,6 +45,9 @@ typedef struct {
     void (*on_tokens)(void *ctx, const msg_tokens_t *t);
     void (*on_done)(void *ctx, const msg_done_t *d);
     void *ctx;
+    /* NULL, or called with the router's error reply: true takes it over (rc_generate prints
+     * nothing and still returns its exit code), false lets rc_generate print it. */
+    bool (*on_error)(void *ctx, const msg_error_t *e);
 } rc_cb_t;
 
 /* Connect to the router at endpoint; cmd names the strata command in messages. *out NULL on

@@ -21,6 +21,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (strnlen(c.run_dir, sizeof c.run_dir) == sizeof c.run_dir) abort();
         if (strnlen(c.executor.endpoint, sizeof c.executor.endpoint) == sizeof c.executor.endpoint) abort();
         if (c.launcher.restart_backoff_max_ms < c.launcher.restart_backoff_ms) abort();
+        if (c.http.port < 1 || c.http.port > 65535 || !c.http.host[0] || c.http.max_connections < 1) abort();
+        if (strnlen(c.http.api_key, sizeof c.http.api_key) == sizeof c.http.api_key) abort();
+        if (c.http.api_key[0] && c.http.api_key_file[0]) abort();
     } else if (!eb.msg[0]) {
         abort(); /* every error carries a message */
     }

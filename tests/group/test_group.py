@@ -453,7 +453,7 @@ def case_demo():
                               "8"], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out
         st = subprocess.run([A.strata, "status", "--demo", "--run-dir", d], capture_output=True, text=True)
-        assert st.returncode == 0 and st.stdout.count(" ready ") == 4, st.stdout
+        assert st.returncode == 0 and st.stdout.count(" ready ") == 5, st.stdout  # prefetcher, executor, scheduler, router, http
         dn = subprocess.run([A.strata, "down", "--demo", "--run-dir", d], capture_output=True, text=True, timeout=30)
         assert dn.returncode == 0, dn
         assert not gl.shm_segments(name)

@@ -825,9 +825,87 @@ static void test_mutations(uint64_t seed)
     msg_buf_free(&b2);
 }
 
+/* generate with messages: a str of JSON kept as it is; a msgpack array and map turned into JSON
+ * text; exactly one of prompt / tokens / messages; template_vars only with messages. */
+static void test_chat(void)
+{
+    msg_t m, d;
+    msg_err_t err;
+    msg_init(&m, MSG_GENERATE);
+    m.has_id = true;
+    m.id = 3;
+    m.u.generate.messages = msg_str("[{\"role\":\"user\",\"content\":\"hi\"}]");
+    m.u.generate.template_vars = msg_str("{\"enable_thinking\":false}");
+    m.u.generate.add_generation_prompt = false;
+    m.u.generate.max_tokens = 4;
+    s_roundtrip(&m, &d, "chat generate");
+    T_CHECK(d.u.generate.messages.s && !strcmp(d.u.generate.messages.s, m.u.generate.messages.s), "messages kept");
+    T_CHECK(!d.u.generate.add_generation_prompt && d.u.generate.template_vars.s, "chat fields");
+    msg_free(&d);
+
+    mb_t b;
+    mb_init(&b);
+    mb_head(&b, 4, "generate");
+    mb_str(&b, "id"); msgpack_pack_uint64(&b.pk, 8);
+    mb_str(&b, "max_tokens"); msgpack_pack_int(&b.pk, 4);
+    mb_str(&b, "messages");
+    msgpack_pack_array(&b.pk, 1);
+    msgpack_pack_map(&b.pk, 3);
+    mb_str(&b, "role"); mb_str(&b, "user");
+    mb_str(&b, "content"); mb_str(&b, "say \"x\"\n\x01");
+    mb_str(&b, "n"); msgpack_pack_array(&b.pk, 4);
+    msgpack_pack_int(&b.pk, -3); msgpack_pack_double(&b.pk, 0.5); msgpack_pack_true(&b.pk); msgpack_pack_nil(&b.pk);
+    mb_str(&b, "template_vars");
+    msgpack_pack_map(&b.pk, 1);
+    mb_str(&b, "tools"); msgpack_pack_array(&b.pk, 0);
+    T_CHECK(msg_decode(MSG_FAM_CLIENT, b.sb.data, b.sb.size, &d, &err) == 0, "msgpack messages: %s", err.text);
+    T_CHECK(d.u.generate.messages.s &&
+            !strcmp(d.u.generate.messages.s, "[{\"role\":\"user\",\"content\":\"say \\\"x\\\"\\n\\u0001\",\"n\":[-3,0.5,true,null]}]"),
+            "messages as JSON: %s", d.u.generate.messages.s ? d.u.generate.messages.s : "(none)");
+    T_CHECK(d.u.generate.template_vars.s && !strcmp(d.u.generate.template_vars.s, "{\"tools\":[]}"), "template_vars as JSON");
+    T_CHECK(d.u.generate.add_generation_prompt, "add_generation_prompt defaults to true");
+    msg_free(&d);
+    mb_free(&b);
+
+    mb_init(&b);
+    mb_head(&b, 4, "generate");
+    mb_str(&b, "id"); msgpack_pack_uint64(&b.pk, 9);
+    mb_str(&b, "max_tokens"); msgpack_pack_int(&b.pk, 4);
+    mb_str(&b, "prompt"); mb_str(&b, "p");
+    mb_str(&b, "messages"); mb_str(&b, "[]");
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "exactly one", "prompt and messages");
+    mb_free(&b);
+
+    mb_init(&b);
+    mb_head(&b, 3, "generate");
+    mb_str(&b, "id"); msgpack_pack_uint64(&b.pk, 10);
+    mb_str(&b, "max_tokens"); msgpack_pack_int(&b.pk, 4);
+    mb_str(&b, "messages"); msgpack_pack_array(&b.pk, 1); msgpack_pack_bin_with_body(&b.pk, "x", 1);
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "bin", "bin in messages");
+    mb_free(&b);
+
+    mb_init(&b);
+    mb_head(&b, 3, "generate");
+    mb_str(&b, "id"); msgpack_pack_uint64(&b.pk, 11);
+    mb_str(&b, "max_tokens"); msgpack_pack_int(&b.pk, 4);
+    mb_str(&b, "messages"); msgpack_pack_map(&b.pk, 0);
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_WRONG_TYPE, "messages", "a map as messages");
+    mb_free(&b);
+
+    mb_init(&b);
+    mb_head(&b, 4, "generate");
+    mb_str(&b, "id"); msgpack_pack_uint64(&b.pk, 12);
+    mb_str(&b, "max_tokens"); msgpack_pack_int(&b.pk, 4);
+    mb_str(&b, "prompt"); mb_str(&b, "p");
+    mb_str(&b, "template_vars"); mb_str(&b, "{}");
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "only with", "template_vars without messages");
+    mb_free(&b);
+}
+
 int main(void)
 {
     uint64_t seed = t_seed();
+    test_chat();
     test_roundtrips();
     test_bad_input();
     test_repeated_keys();

@@ -1,0 +1,771 @@
+/* bridge.c - the ZeroMQ side of strata-http: one thread, DEALER sockets to the router, the
+ * router's events turned into each call's output (see http.h).
+ *
+ * Sockets. The router limits the requests one client identity has in flight
+ * ([router] max_inflight_per_client), and to it strata-http is one client per socket, so the
+ * bridge opens ceil(max_connections / max_inflight_per_client) sockets (at most BRIDGE_MAX_SOCKS),
+ * each with its own identity, random per process start, and puts each request on the one with
+ * the fewest in flight. Identities are stable while the process lives, so after a router restart
+ * (seen as its uptime going back) every open request is resumed from what it has received, as
+ * `strata client` does (PROTOCOL.md "Resume").
+ *
+ * Locking. One mutex (b->mu) guards every call, the submit queue, the hash of open calls and the
+ * router info. The thread takes it to apply each event; MHD_resume_connection is called with it
+ * held, which is safe: libmicrohttpd never calls the access handler or the content reader with a
+ * lock that MHD_resume_connection takes. Nothing blocks while it is held. */
+#include <errno.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "proto/zmsg.h"
+#include "services/http/http.h"
+
+#define BRIDGE_MAX_SOCKS 64
+#define INFO_EVERY_S 0.5
+#define INFO_STALE_S 3.0
+#define INTERNAL_ID (1ull << 63)   /* ids of the bridge's own health / models requests */
+#define POLL_MS 50
+
+struct bridge {
+    const strata_config_t *cfg;
+    char endpoint[300];
+    void *zctx;
+    void *socks[BRIDGE_MAX_SOCKS];
+    int inflight[BRIDGE_MAX_SOCKS];
+    int n_socks;
+    int efd;                      /* eventfd: new work for the thread */
+    pthread_t th;
+    bool started;
+    atomic_bool stop;
+    atomic_bool dead;             /* the thread ended on an error */
+    pthread_mutex_t mu;
+    hcall_t *q_head, *q_tail;     /* submitted, not yet sent */
+    uint64_t *cancels;            /* [n_cancels] ids to cancel, with their sockets */
+    int *cancel_socks;
+    size_t n_cancels, cap_cancels;
+    hcall_t **hash;               /* [n_hash] chains of open calls by id */
+    size_t n_hash;
+    uint64_t next_id;
+    bridge_info_t info;
+    double t_info_rx, t_info_tx;
+    bool resume_all;              /* the router restarted: resume every open call */
+    bool closing;                 /* bridge_shutdown: calls are refused, not suspended */
+    msg_buf_t buf;
+};
+
+hmetrics_t g_hm;
+
+/* ---- calls ---- */
+
+hcall_t *hcall_new(hcall_kind_t kind)
+{
+    hcall_t *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->kind = kind;
+    c->refs = 1;
+    c->fd = -1;
+    return c;
+}
+
+static void s_call_free(hcall_t *c)
+{
+    msg_buf_free(&c->frame);
+    for (int i = 0; i < c->n_stop; i++) free(c->stop[i]);
+    for (int i = 0; i < c->n_stats; i++) free(c->stat_names[i]);
+    free(c->stat_names);
+    free(c->stat_vals);
+    free(c->out);
+    free(c);
+}
+
+/* Drop a reference with the mutex held. */
+static void s_unref(hcall_t *c)
+{
+    STRATA_ASSERT(c->refs > 0);
+    if (--c->refs == 0) s_call_free(c);
+}
+
+void hcall_release(bridge_t *b, hcall_t *c)
+{
+    if (!c) return;
+    pthread_mutex_lock(&b->mu);
+    s_unref(c);
+    pthread_mutex_unlock(&b->mu);
+}
+
+void bridge_lock(bridge_t *b) { pthread_mutex_lock(&b->mu); }
+void bridge_unlock(bridge_t *b) { pthread_mutex_unlock(&b->mu); }
+
+void bridge_suspend_locked(bridge_t *b, hcall_t *c)
+{
+    (void)b;
+    c->suspended = true;
+    MHD_suspend_connection(c->conn);
+}
+
+/* Let the connection go on (it has output, an answer or an error). */
+static void s_wake(hcall_t *c)
+{
+    if (!c->suspended) return;
+    c->suspended = false;
+    MHD_resume_connection(c->conn);
+}
+
+static size_t s_bucket(const bridge_t *b, uint64_t id) { return (size_t)(id * 0x9E3779B97F4A7C15ull) & (b->n_hash - 1); }
+
+static hcall_t *s_find(const bridge_t *b, uint64_t id)
+{
+    for (hcall_t *c = b->hash[s_bucket(b, id)]; c; c = c->next)
+        if (c->id == id) return c;
+    return NULL;
+}
+
+/* Remove c from the open calls and drop the bridge's reference (a call still in the submit
+ * queue keeps it until s_flush takes it off the queue). */
+static void s_close(bridge_t *b, hcall_t *c)
+{
+    if (c->closed) return;
+    hcall_t **pp = &b->hash[s_bucket(b, c->id)];
+    while (*pp && *pp != c) pp = &(*pp)->next;
+    STRATA_ASSERT(*pp == c);
+    *pp = c->next;
+    c->next = NULL;
+    c->closed = true;
+    b->inflight[c->sock]--;
+    if (!c->queued) s_unref(c);
+}
+
+static void s_wakeup(bridge_t *b)
+{
+    uint64_t one = 1;
+    (void)!write(b->efd, &one, sizeof one);
+}
+
+uint64_t bridge_next_id(bridge_t *b)
+{
+    pthread_mutex_lock(&b->mu);
+    uint64_t id = b->next_id++;
+    if (b->next_id & INTERNAL_ID) b->next_id = 1;
+    pthread_mutex_unlock(&b->mu);
+    return id;
+}
+
+void bridge_submit(bridge_t *b, hcall_t *c, struct MHD_Connection *conn, int fd)
+{
+    pthread_mutex_lock(&b->mu);
+    if (b->closing) { /* not suspended: the access handler runs again and answers the error */
+        herr_set(&c->err, 503, "server_error", NULL, "service_unavailable", "strata-http is stopping");
+        c->failed = c->finished = c->closed = true;
+        pthread_mutex_unlock(&b->mu);
+        return;
+    }
+    int best = 0;
+    for (int i = 1; i < b->n_socks; i++)
+        if (b->inflight[i] < b->inflight[best]) best = i;
+    c->sock = best;
+    b->inflight[best]++;
+    c->refs++; /* the bridge's */
+    c->conn = conn;
+    c->fd = fd;
+    c->watch_fd = fd >= 0;
+    c->queued = true;
+    c->t_submit = strata_now();
+    size_t h = s_bucket(b, c->id);
+    c->next = b->hash[h];
+    b->hash[h] = c;
+    c->qnext = NULL;
+    if (b->q_tail) b->q_tail->qnext = c;
+    else b->q_head = c;
+    b->q_tail = c;
+    bridge_suspend_locked(b, c);
+    pthread_mutex_unlock(&b->mu);
+    s_wakeup(b);
+}
+
+static void s_cancel_locked(bridge_t *b, hcall_t *c)
+{
+    if (strata_grow(&b->cancels, &b->cap_cancels, b->n_cancels, sizeof *b->cancels, 64) < 0) return;
+    size_t cap = b->cap_cancels;
+    int *ns = realloc(b->cancel_socks, cap * sizeof *ns);
+    if (!ns) return;
+    b->cancel_socks = ns;
+    b->cancels[b->n_cancels] = c->id;
+    b->cancel_socks[b->n_cancels++] = c->sock;
+}
+
+void bridge_abandon(bridge_t *b, hcall_t *c)
+{
+    pthread_mutex_lock(&b->mu);
+    bool open = !c->closed;
+    if (open && !c->finished) {
+        c->client_gone = true;
+        c->finished = true;
+        if (c->kind == HC_GENERATE) {
+            atomic_fetch_add_explicit(&g_hm.client_gone, 1, memory_order_relaxed);
+            s_cancel_locked(b, c);
+        }
+    }
+    if (open) s_close(b, c);
+    pthread_mutex_unlock(&b->mu);
+    s_wakeup(b);
+}
+
+void bridge_info(bridge_t *b, bridge_info_t *out)
+{
+    pthread_mutex_lock(&b->mu);
+    *out = b->info;
+    out->reachable = b->t_info_rx > 0 && strata_now() - b->t_info_rx < INFO_STALE_S;
+    if (!out->reachable) out->ok = false;
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* ---- output ---- */
+
+static int s_out(hcall_t *c, const char *p, size_t n)
+{
+    if (c->out_off == c->out_len) c->out_off = c->out_len = 0;
+    if (c->out_cap - c->out_len < n + 1) {
+        size_t cap = c->out_cap ? c->out_cap : 1024;
+        while (cap - c->out_len < n + 1) cap *= 2;
+        char *no = realloc(c->out, cap);
+        if (!no) return STRATA_ENOMEM;
+        c->out = no;
+        c->out_cap = cap;
+    }
+    memcpy(c->out + c->out_len, p, n);
+    c->out_len += n;
+    c->out[c->out_len] = 0;
+    return 0;
+}
+
+/* Add "data: JSON\n\n" for o (its reference is taken). */
+static void s_sse(hcall_t *c, json_t *o)
+{
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (!s) return;
+    s_out(c, "data: ", 6);
+    s_out(c, s, strlen(s));
+    s_out(c, "\n\n", 2);
+    free(s);
+}
+
+static json_t *s_text(const char *t, size_t n)
+{
+    json_t *s = json_stringn(t ? t : "", t ? n : 0);
+    return s ? s : json_string("\xEF\xBF\xBD");
+}
+
+static const char *s_finish_name(msg_finish_t f) { return f == MSG_FINISH_LENGTH ? "length" : "stop"; }
+
+static json_t *s_usage(const hcall_t *c)
+{
+    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", (json_int_t)c->prompt_tokens, "completion_tokens",
+                     (json_int_t)c->completion_tokens, "total_tokens", (json_int_t)c->prompt_tokens + c->completion_tokens);
+}
+
+/* One streamed chunk: text (or NULL) and the finish reason (or NULL). */
+static void s_chunk(hcall_t *c, const char *text, size_t n, const char *finish)
+{
+    json_t *choice;
+    if (c->api == HREQ_CHAT) {
+        json_t *delta = json_object();
+        if (!c->role_sent) {
+            json_object_set_new(delta, "role", json_string("assistant"));
+            if (!text) text = "", n = 0;
+            c->role_sent = true;
+        }
+        if (text) json_object_set_new(delta, "content", s_text(text, n));
+        choice = json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "delta", delta, "logprobs", "finish_reason",
+                           finish ? json_string(finish) : json_null());
+    } else {
+        choice = json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "text", s_text(text, n), "logprobs", "finish_reason",
+                           finish ? json_string(finish) : json_null());
+    }
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", c->resp_id, "object",
+                          c->api == HREQ_CHAT ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)c->created,
+                          "model", c->model, "choices", choice);
+    if (o && c->include_usage) json_object_set_new(o, "usage", json_null());
+    s_sse(c, o);
+}
+
+static void s_stream_end(hcall_t *c)
+{
+    if (c->api == HREQ_CHAT && !c->role_sent) s_chunk(c, NULL, 0, NULL);
+    s_chunk(c, NULL, 0, s_finish_name(c->finish));
+    if (c->include_usage)
+        s_sse(c, json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", c->resp_id, "object",
+                           c->api == HREQ_CHAT ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)c->created,
+                           "model", c->model, "choices", "usage", s_usage(c)));
+    s_out(c, "data: [DONE]\n\n", 14);
+}
+
+/* The whole answer of a request that did not stream. */
+static void s_body(hcall_t *c, const char *text, size_t n)
+{
+    json_t *choice;
+    if (c->api == HREQ_CHAT)
+        choice = json_pack("{s:i, s:{s:s, s:o}, s:n, s:s}", "index", 0, "message", "role", "assistant", "content", s_text(text, n),
+                           "logprobs", "finish_reason", s_finish_name(c->finish));
+    else
+        choice = json_pack("{s:i, s:o, s:n, s:s}", "index", 0, "text", s_text(text, n), "logprobs", "finish_reason",
+                           s_finish_name(c->finish));
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", c->resp_id, "object",
+                          c->api == HREQ_CHAT ? "chat.completion" : "text_completion", "created", (json_int_t)c->created, "model",
+                          c->model, "choices", choice, "usage", s_usage(c));
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    c->out_len = c->out_off = 0;
+    if (s) s_out(c, s, strlen(s));
+    else herr_set(&c->err, 500, "server_error", NULL, NULL, "out of memory"), c->failed = true;
+    free(s);
+}
+
+/* The request ended with an error: an HTTP error if nothing was sent yet, else an error event
+ * and the end of the stream (as vLLM does). */
+static void s_fail(bridge_t *b, hcall_t *c, const herr_t *e)
+{
+    if (c->started && c->stream) {
+        char *j = herr_json(e);
+        if (j) {
+            s_out(c, "data: ", 6);
+            s_out(c, j, strlen(j));
+            s_out(c, "\n\n", 2);
+            free(j);
+        }
+        s_out(c, "data: [DONE]\n\n", 14);
+    } else {
+        c->err = *e;
+        c->failed = true;
+    }
+    c->finished = true;
+    s_wake(c);
+    s_close(b, c);
+}
+
+/* ---- router events ---- */
+
+static void s_on_generate_event(bridge_t *b, hcall_t *c, const msg_t *m)
+{
+    if (m->type == MSG_TOKEN) {
+        const msg_tokens_t *t = &m->u.tokens;
+        if (t->index + t->n_tokens > c->n_tokens) c->n_tokens = t->index + t->n_tokens;
+        c->n_text += (int64_t)t->text.len;
+        if (c->t_first == 0) c->t_first = strata_now();
+        if (!c->stream) return;
+        if (t->text.len) s_chunk(c, t->text.s, t->text.len, NULL);
+        else if (c->api == HREQ_CHAT && !c->role_sent) s_chunk(c, NULL, 0, NULL);
+        else return;
+        c->started = true;
+        s_wake(c);
+    } else if (m->type == MSG_DONE) {
+        const msg_done_t *d = &m->u.done;
+        c->finish = d->finish;
+        c->prompt_tokens = d->prompt_tokens;
+        c->completion_tokens = d->completion_tokens;
+        atomic_fetch_add_explicit(&g_hm.prompt_tokens, (uint64_t)d->prompt_tokens, memory_order_relaxed);
+        atomic_fetch_add_explicit(&g_hm.completion_tokens, (uint64_t)d->completion_tokens, memory_order_relaxed);
+        if (c->stream) {
+            s_stream_end(c);
+            c->started = true;
+        } else {
+            s_body(c, d->text.s, d->text.len);
+        }
+        c->finished = true;
+        s_wake(c);
+        s_close(b, c);
+    } else if (m->type == MSG_ERROR) {
+        herr_t e;
+        herr_from_router(&e, m->u.error.code, m->u.error.message.s ? m->u.error.message.s : "", c->api);
+        s_fail(b, c, &e);
+    }
+}
+
+static void s_on_stats(bridge_t *b, hcall_t *c, const msg_stats_t *st)
+{
+    c->stat_names = calloc((size_t)(st->n ? st->n : 1), sizeof *c->stat_names);
+    c->stat_vals = calloc((size_t)(st->n ? st->n : 1), sizeof *c->stat_vals);
+    if (c->stat_names && c->stat_vals)
+        for (int i = 0; i < st->n; i++) {
+            if (!(c->stat_names[c->n_stats] = strndup(st->items[i].name.s, st->items[i].name.len))) break;
+            c->stat_vals[c->n_stats++] = st->items[i].value;
+        }
+    c->finished = true;
+    s_wake(c);
+    s_close(b, c);
+}
+
+static void s_on_msg(bridge_t *b, const msg_t *m)
+{
+    double now = strata_now();
+    if (m->type == MSG_HEALTH_REPLY) {
+        const msg_health_t *h = &m->u.health;
+        if (b->t_info_rx > 0 && h->uptime_s + 1.0 < b->info.uptime_s) b->resume_all = true; /* a new router */
+        b->t_info_rx = now;
+        b->info.ok = h->status.s && !strcmp(h->status.s, "ok") && h->scheduler;
+        b->info.uptime_s = h->uptime_s;
+        return;
+    }
+    if (m->type == MSG_MODELS_REPLY) {
+        if (m->u.models.n > 0) {
+            const msg_model_t *md = &m->u.models.models[0];
+            snprintf(b->info.model, sizeof b->info.model, "%.*s", (int)md->name.len, md->name.s);
+            b->info.vocab = md->vocab;
+            b->info.max_context = md->max_context;
+        }
+        return;
+    }
+    if (!m->has_id || (m->id & INTERNAL_ID)) {
+        if (m->type == MSG_ERROR && m->u.error.code != MSG_E_UNAVAILABLE)
+            log_warn("router: %s: %s", msg_errcode_name(m->u.error.code), m->u.error.message.s ? m->u.error.message.s : "");
+        return;
+    }
+    hcall_t *c = s_find(b, m->id);
+    if (!c || c->finished) return; /* a request this process has let go */
+    if (c->kind == HC_STATS) {
+        if (m->type == MSG_STATS_REPLY) s_on_stats(b, c, &m->u.stats);
+        else if (m->type == MSG_ERROR) {
+            herr_t e;
+            herr_from_router(&e, m->u.error.code, m->u.error.message.s ? m->u.error.message.s : "", HREQ_COMPLETION);
+            s_fail(b, c, &e);
+        }
+        return;
+    }
+    s_on_generate_event(b, c, m);
+}
+
+/* ---- the thread ---- */
+
+static int s_send_simple(bridge_t *b, int sock, msg_type_t type, uint64_t id)
+{
+    msg_t m;
+    msg_init(&m, type);
+    m.has_id = true;
+    m.id = id;
+    return zmsg_send(b->socks[sock], NULL, 0, &m, &b->buf, ZMQ_DONTWAIT);
+}
+
+/* Send what was submitted and the cancels (the mutex is held). */
+static void s_flush(bridge_t *b)
+{
+    for (hcall_t *c = b->q_head, *n; c; c = n) {
+        n = c->qnext;
+        c->qnext = NULL;
+        c->queued = false;
+        if (c->closed) { /* ended before it went out */
+            s_unref(c);
+            continue;
+        }
+        if (zmq_send(b->socks[c->sock], c->frame.data, c->frame.size, ZMQ_DONTWAIT) < 0) {
+            herr_t e;
+            herr_set(&e, 503, "server_error", NULL, "service_unavailable", "the router at %s is not accepting requests (%s)",
+                     b->endpoint, zmq_strerror(zmq_errno()));
+            s_fail(b, c, &e);
+            continue;
+        }
+        c->sent = true;
+    }
+    b->q_head = b->q_tail = NULL;
+    for (size_t i = 0; i < b->n_cancels; i++) s_send_simple(b, b->cancel_socks[i], MSG_CANCEL, b->cancels[i]);
+    b->n_cancels = 0;
+}
+
+/* After a router restart: resume every open request from what it has. */
+static void s_resume_all(bridge_t *b)
+{
+    for (size_t h = 0; h < b->n_hash; h++)
+        for (hcall_t *c = b->hash[h]; c; c = c->next) {
+            if (!c->sent || c->finished) continue;
+            if (c->kind == HC_STATS) continue;
+            msg_str_t stops[MSG_MAX_STOP];
+            for (int i = 0; i < c->n_stop; i++) stops[i] = msg_str(c->stop[i]);
+            msg_t m;
+            msg_init(&m, MSG_RESUME);
+            m.has_id = true;
+            m.id = c->id;
+            m.u.resume.from = c->stream ? c->n_tokens : 0;
+            m.u.resume.text_from = c->stream ? c->n_text : 0;
+            m.u.resume.stop = stops;
+            m.u.resume.n_stop = c->n_stop;
+            m.u.resume.stream = c->stream;
+            if (zmsg_send(b->socks[c->sock], NULL, 0, &m, &b->buf, ZMQ_DONTWAIT) == 0)
+                atomic_fetch_add_explicit(&g_hm.router_resumes, 1, memory_order_relaxed);
+        }
+}
+
+/* Deadlines (request_timeout_s, and 2 s for a stats request). */
+static void s_deadlines(bridge_t *b, double now)
+{
+    for (size_t h = 0; h < b->n_hash; h++)
+        for (hcall_t *c = b->hash[h], *n; c; c = n) {
+            n = c->next;
+            if (c->finished || now < c->deadline) continue;
+            herr_t e;
+            if (c->kind == HC_GENERATE) {
+                atomic_fetch_add_explicit(&g_hm.timeouts, 1, memory_order_relaxed);
+                s_cancel_locked(b, c);
+                herr_set(&e, 504, "server_error", NULL, "timeout", "the request took longer than [http] request_timeout_s = %d s",
+                         b->cfg->http.request_timeout_s);
+            } else {
+                herr_set(&e, 503, "server_error", NULL, "service_unavailable", "the router did not answer 'stats' in time");
+            }
+            s_fail(b, c, &e);
+        }
+}
+
+/* A client whose connection is suspended has closed it: cancel its request. */
+static void s_check_fd(bridge_t *b, hcall_t *c)
+{
+    char ch;
+    ssize_t k = recv(c->fd, &ch, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (k > 0) {
+        c->watch_fd = false; /* the next request, pipelined: libmicrohttpd reads it later */
+        return;
+    }
+    if (k < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    c->client_gone = true;
+    c->finished = true;
+    if (c->kind == HC_GENERATE) {
+        atomic_fetch_add_explicit(&g_hm.client_gone, 1, memory_order_relaxed);
+        s_cancel_locked(b, c);
+    }
+    s_wake(c);
+    s_close(b, c);
+}
+
+static void *s_thread(void *arg)
+{
+    bridge_t *b = arg;
+    size_t cap = (size_t)b->n_socks + 1 + (size_t)b->cfg->http.max_connections;
+    zmq_pollitem_t *items = calloc(cap, sizeof *items);
+    uint64_t *watch_ids = calloc(cap, sizeof *watch_ids);
+    if (!items || !watch_ids) {
+        log_error("bridge: out of memory");
+        free(items);
+        free(watch_ids);
+        atomic_store(&b->dead, true);
+        return NULL;
+    }
+    double t_deadline = 0;
+    while (!atomic_load(&b->stop)) {
+        double now = strata_now();
+        pthread_mutex_lock(&b->mu);
+        s_flush(b);
+        if (b->resume_all) {
+            b->resume_all = false;
+            log_warn("the router restarted: resuming the requests in flight");
+            s_resume_all(b);
+        }
+        if (now - t_deadline > 0.1) {
+            s_deadlines(b, now);
+            t_deadline = now;
+        }
+        size_t n = 0;
+        for (int i = 0; i < b->n_socks; i++) items[n++] = (zmq_pollitem_t){b->socks[i], 0, ZMQ_POLLIN, 0};
+        items[n++] = (zmq_pollitem_t){NULL, b->efd, ZMQ_POLLIN, 0};
+        size_t first_fd = n;
+        for (size_t h = 0; h < b->n_hash && n < cap; h++)
+            for (hcall_t *c = b->hash[h]; c && n < cap; c = c->next)
+                if (c->suspended && c->watch_fd && !c->finished) {
+                    watch_ids[n - first_fd] = c->id;
+                    items[n++] = (zmq_pollitem_t){NULL, c->fd, ZMQ_POLLIN, 0};
+                }
+        pthread_mutex_unlock(&b->mu);
+        if (now - b->t_info_tx >= INFO_EVERY_S) {
+            s_send_simple(b, 0, MSG_HEALTH, INTERNAL_ID | 1);
+            s_send_simple(b, 0, MSG_MODELS, INTERNAL_ID | 2);
+            b->t_info_tx = now;
+        }
+        int pr = zmq_poll(items, (int)n, POLL_MS);
+        if (pr < 0 && zmq_errno() != EINTR) {
+            log_error("bridge: zmq_poll: %s", zmq_strerror(zmq_errno()));
+            break;
+        }
+        if (pr <= 0) continue;
+        if (items[b->n_socks].revents & ZMQ_POLLIN) {
+            uint64_t v;
+            (void)!read(b->efd, &v, sizeof v);
+        }
+        for (int i = 0; i < b->n_socks; i++) {
+            if (!(items[i].revents & ZMQ_POLLIN)) continue;
+            for (int k = 0; k < 1024; k++) {
+                msg_t m;
+                msg_err_t err;
+                int r = zmsg_recv(b->socks[i], MSG_FAM_REPLY, &m, &err, ZMQ_DONTWAIT);
+                if (r == -EAGAIN) {
+                    msg_free(&m);
+                    break;
+                }
+                if (r < 0) {
+                    log_warn("bridge: bad reply from the router: %s", err.text);
+                } else {
+                    pthread_mutex_lock(&b->mu);
+                    s_on_msg(b, &m);
+                    pthread_mutex_unlock(&b->mu);
+                }
+                msg_free(&m);
+            }
+        }
+        pthread_mutex_lock(&b->mu);
+        for (size_t i = first_fd; i < n; i++) {
+            if (!(items[i].revents & (ZMQ_POLLIN | ZMQ_POLLERR))) continue;
+            hcall_t *c = s_find(b, watch_ids[i - first_fd]);
+            /* still the same connection, still suspended (else libmicrohttpd owns the socket again) */
+            if (c && c->suspended && c->watch_fd && c->fd == items[i].fd && !c->finished) s_check_fd(b, c);
+        }
+        pthread_mutex_unlock(&b->mu);
+    }
+    free(items);
+    free(watch_ids);
+    if (!atomic_load(&b->stop)) atomic_store(&b->dead, true);
+    return NULL;
+}
+
+bool bridge_dead(bridge_t *b) { return atomic_load(&b->dead); }
+
+/* ---- life cycle ---- */
+
+/* The router's endpoint as a client reaches it: a wildcard host becomes loopback. */
+static void s_endpoint(const char *ep, char *out, size_t cap)
+{
+    if (!strncmp(ep, "tcp://*:", 8)) snprintf(out, cap, "tcp://127.0.0.1:%s", ep + 8);
+    else if (!strncmp(ep, "tcp://0.0.0.0:", 14)) snprintf(out, cap, "tcp://127.0.0.1:%s", ep + 14);
+    else if (!strncmp(ep, "tcp://[::]:", 11)) snprintf(out, cap, "tcp://[::1]:%s", ep + 11);
+    else snprintf(out, cap, "%s", ep);
+}
+
+int bridge_create(const strata_config_t *cfg, bridge_t **out, strata_errbuf_t *eb)
+{
+    int rc = 0;
+    bridge_t *b = calloc(1, sizeof *b);
+    if (!b) return STRATA_ENOMEM;
+    b->cfg = cfg;
+    b->efd = -1;
+    pthread_mutex_init(&b->mu, NULL);
+    s_endpoint(cfg->router.endpoint, b->endpoint, sizeof b->endpoint);
+    b->n_hash = 64;
+    while (b->n_hash < 2 * (size_t)cfg->http.max_connections) b->n_hash *= 2;
+    b->hash = calloc(b->n_hash, sizeof *b->hash);
+    if (!b->hash) { rc = STRATA_ENOMEM; goto fail; }
+    uint8_t rnd[8] = {0};
+    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
+        uint64_t t = strata_now_ns() ^ (uint64_t)getpid();
+        memcpy(rnd, &t, 8);
+    }
+    memcpy(&b->next_id, rnd, 4);
+    b->next_id = (b->next_id & 0xffffffffu) + 1;
+    int per = cfg->router.max_inflight_per_client;
+    b->n_socks = (cfg->http.max_connections + per - 1) / per;
+    if (b->n_socks < 1) b->n_socks = 1;
+    if (b->n_socks > BRIDGE_MAX_SOCKS) b->n_socks = BRIDGE_MAX_SOCKS;
+    if ((b->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
+        rc = strata_seterr(eb, -errno, "eventfd: %s", strerror(errno));
+        goto fail;
+    }
+    /* a router with CURVE: connect with its own keypair, which it always accepts (the group's own
+     * services read its secret key; no other client can) */
+    char sec[CONFIG_CURVE_KEY_LEN + 1] = "", pub[CONFIG_CURVE_KEY_LEN + 1] = "";
+    if (cfg->router.curve_secret_key_file[0]) {
+        if ((rc = config_read_curve_key(cfg->router.curve_secret_key_file, true, "[router] curve_secret_key_file", sec, eb)) < 0)
+            goto fail;
+        if (zmq_curve_public(pub, sec) < 0) {
+            rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "[router] curve_secret_key_file %s: not a CURVE secret key",
+                               cfg->router.curve_secret_key_file);
+            goto fail;
+        }
+    }
+    if (!(b->zctx = zmq_ctx_new())) { rc = STRATA_EZMQ; goto fail; }
+    zmq_ctx_set(b->zctx, ZMQ_MAX_SOCKETS, b->n_socks + 16);
+    for (int i = 0; i < b->n_socks; i++) {
+        void *s = zmq_socket(b->zctx, ZMQ_DEALER);
+        if (!s) { rc = strata_seterr(eb, STRATA_EZMQ, "zmq_socket: %s", zmq_strerror(zmq_errno())); goto fail; }
+        b->socks[i] = s;
+        char ident[48];
+        int il = snprintf(ident, sizeof ident, "http-%02x%02x%02x%02x%02x%02x%02x%02x-%d", rnd[0], rnd[1], rnd[2], rnd[3], rnd[4],
+                          rnd[5], rnd[6], rnd[7], i);
+        int zero = 0, hb = 1000, hbt = 3000, hwm = 100000;
+        zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+        zmq_setsockopt(s, ZMQ_ROUTING_ID, ident, (size_t)il);
+        zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &hb, sizeof hb);
+        zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &hbt, sizeof hbt);
+        zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
+        zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
+        if (sec[0] && (zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, pub, CONFIG_CURVE_KEY_LEN) < 0 ||
+                       zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, pub, CONFIG_CURVE_KEY_LEN) < 0 ||
+                       zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, sec, CONFIG_CURVE_KEY_LEN) < 0)) {
+            rc = strata_seterr(eb, STRATA_EZMQ, "CURVE socket options: %s", zmq_strerror(zmq_errno()));
+            goto fail;
+        }
+        if (zmq_connect(s, b->endpoint) < 0) {
+            rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "cannot connect to the router at %s: %s", b->endpoint, zmq_strerror(zmq_errno()));
+            goto fail;
+        }
+    }
+    if (pthread_create(&b->th, NULL, s_thread, b) != 0) {
+        rc = strata_seterr(eb, STRATA_ENOMEM, "cannot start the bridge thread");
+        goto fail;
+    }
+    b->started = true;
+    explicit_bzero(sec, sizeof sec);
+    log_info("router at %s, over %d socket%s%s", b->endpoint, b->n_socks, b->n_socks == 1 ? "" : "s", pub[0] ? ", CURVE" : "");
+    *out = b;
+    return 0;
+fail:
+    explicit_bzero(sec, sizeof sec);
+    bridge_destroy(b);
+    return rc;
+}
+
+void bridge_shutdown(bridge_t *b)
+{
+    if (!b || b->closing) return;
+    if (b->started) {
+        atomic_store(&b->stop, true);
+        s_wakeup(b);
+        pthread_join(b->th, NULL);
+        b->started = false;
+    }
+    /* cancel what is still open upstream, and let every connection finish */
+    pthread_mutex_lock(&b->mu);
+    b->closing = true;
+    for (hcall_t *c = b->q_head, *n; c; c = n) { /* never sent: nothing to cancel */
+        n = c->qnext;
+        c->queued = false;
+        if (c->closed) s_unref(c);
+    }
+    b->q_head = b->q_tail = NULL;
+    for (size_t h = 0; b->hash && h < b->n_hash; h++)
+        while (b->hash[h]) {
+            hcall_t *c = b->hash[h];
+            if (c->sent && !c->finished && c->kind == HC_GENERATE) s_send_simple(b, c->sock, MSG_CANCEL, c->id);
+            herr_t e;
+            herr_set(&e, 503, "server_error", NULL, "service_unavailable", "strata-http is stopping");
+            s_fail(b, c, &e);
+        }
+    pthread_mutex_unlock(&b->mu);
+}
+
+void bridge_destroy(bridge_t *b)
+{
+    if (!b) return;
+    bridge_shutdown(b);
+    for (int i = 0; i < b->n_socks; i++)
+        if (b->socks[i]) zmq_close(b->socks[i]);
+    if (b->zctx) zmq_ctx_term(b->zctx);
+    if (b->efd >= 0) close(b->efd);
+    free(b->hash);
+    free(b->cancels);
+    free(b->cancel_socks);
+    msg_buf_free(&b->buf);
+    pthread_mutex_destroy(&b->mu);
+    free(b);
+}
