@@ -10,6 +10,7 @@
 #include <utf8proc.h>
 
 #include "common/jinja_int.h"
+#include "common/tok_int.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* arena */
@@ -101,30 +102,7 @@ int jerr_oom(jctx_t *c, int line)
 
 bool ju8_valid(const char *s, size_t n)
 {
-    const unsigned char *p = (const unsigned char *)s;
-    for (size_t i = 0; i < n;) {
-        unsigned c = p[i];
-        size_t need;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        if (c >= 0xC2 && c <= 0xDF) need = 2;
-        else if (c == 0xE0) { need = 3; lo = 0xA0; }
-        else if (c >= 0xE1 && c <= 0xEC) need = 3;
-        else if (c == 0xED) { need = 3; hi = 0x9F; }
-        else if (c >= 0xEE && c <= 0xEF) need = 3;
-        else if (c == 0xF0) { need = 4; lo = 0x90; }
-        else if (c >= 0xF1 && c <= 0xF3) need = 4;
-        else if (c == 0xF4) { need = 4; hi = 0x8F; }
-        else return false;
-        if (i + need > n) return false;
-        for (size_t k = 1; k < need; k++)
-            if (p[i + k] < (k == 1 ? lo : 0x80) || p[i + k] > (k == 1 ? hi : 0xBF)) return false;
-        i += need;
-    }
-    return true;
+    return tk_utf8_valid_prefix((const unsigned char *)s, n) == n; /* the tokenizer's strict check */
 }
 
 size_t ju8_count(const char *s, size_t n)
