@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Install the build and test dependencies on Debian 12 / Ubuntu 24.04 (idempotent).
+#   usage: scripts/deps.sh [--no-pypi]   (--no-pypi: Debian packages only, for scripts/demo)
 set -euo pipefail
 PKGS=(build-essential meson ninja-build pkg-config clang
       libzmq3-dev libmsgpack-dev libuv1-dev libnuma-dev libjansson-dev libpcre2-dev libutf8proc-dev
@@ -19,7 +20,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 # The HTTP tests drive strata-http with OpenAI's own Python SDK, which Debian does not package:
 # from PyPI, for the system python3 the tests run under.
-if ! /usr/bin/python3 -c 'import openai' 2>/dev/null; then
+if [ "${1:-}" != --no-pypi ] && ! /usr/bin/python3 -c 'import openai' 2>/dev/null; then
     echo "deps: installing the openai Python package (PyPI)" >&2
     $SUDO /usr/bin/python3 -m pip install -q --break-system-packages openai >/dev/null
 fi
