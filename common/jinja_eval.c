@@ -491,7 +491,7 @@ static int s_slice(jctx_t *c, int line, jv_t obj, const jv_t *sv, jv_t *out)
 
 static double s_num(jv_t v) { return v.kind == JV_FLOAT ? v.u.f : (double)v.u.i; }
 
-static int s_markup_escape(jctx_t *c, const jstr_t *s, jbuf_t *b)
+int jv_markup_escape(jctx_t *c, const jstr_t *s, jbuf_t *b)
 {
     for (size_t i = 0; i < s->len; i++) {
         const char *e = NULL;
@@ -557,8 +557,8 @@ int jeval_binop(jctx_t *c, int line, int op, jv_t a, jv_t b, jv_t *out)
             jbuf_t buf = {0};
             bool ma = a.flags & JVF_MARKUP, mb = b.flags & JVF_MARKUP;
             if (ma != mb) {
-                if (ma ? jb_put(c, &buf, a.u.s->p, a.u.s->len) : s_markup_escape(c, a.u.s, &buf)) return -1;
-                if (mb ? jb_put(c, &buf, b.u.s->p, b.u.s->len) : s_markup_escape(c, b.u.s, &buf)) return -1;
+                if (ma ? jb_put(c, &buf, a.u.s->p, a.u.s->len) : jv_markup_escape(c, a.u.s, &buf)) return -1;
+                if (mb ? jb_put(c, &buf, b.u.s->p, b.u.s->len) : jv_markup_escape(c, b.u.s, &buf)) return -1;
             } else if (jb_put(c, &buf, a.u.s->p, a.u.s->len) || jb_put(c, &buf, b.u.s->p, b.u.s->len)) {
                 return -1;
             }

@@ -362,6 +362,25 @@ static int s_parse_int(jctx_t *c, int line, const jstr_t *s, int64_t base, int64
 }
 
 /* float(s) as Python parses it: 1 ok, 0 ValueError. */
+/* Digits from p[*i] into tmp at *k, single underscores allowed between two digits (Python's
+ * float() literal). Returns the digits taken, or -1 at a misplaced underscore. */
+static int s_digit_run(const char *p, size_t n, size_t *i, char *tmp, size_t *k)
+{
+    int nd = 0;
+    bool prev = false;
+    for (; *i < n && (s_isdigit(p[*i]) || p[*i] == '_'); (*i)++) {
+        if (p[*i] == '_') {
+            if (!prev || *i + 1 >= n || !s_isdigit(p[*i + 1])) return -1;
+            prev = false;
+            continue;
+        }
+        tmp[(*k)++] = p[*i];
+        nd++;
+        prev = true;
+    }
+    return nd;
+}
+
 static int s_parse_float(jctx_t *c, int line, const jstr_t *s, double *out)
 {
     size_t a = 0, b = s->len;
@@ -394,50 +413,21 @@ static int s_parse_float(jctx_t *c, int line, const jstr_t *s, double *out)
         return 1;
     }
     /* digits [. digits] [e [sign] digits], with single underscores between digits */
-    int nd = 0;
-    bool prev = false;
-    for (; i < n && (s_isdigit(p[i]) || p[i] == '_'); i++) {
-        if (p[i] == '_') {
-            if (!prev || i + 1 >= n || !s_isdigit(p[i + 1])) return 0;
-            prev = false;
-            continue;
-        }
-        tmp[k++] = p[i];
-        nd++;
-        prev = true;
-    }
+    int nd = s_digit_run(p, n, &i, tmp, &k);
+    if (nd < 0) return 0;
     if (i < n && p[i] == '.') {
         tmp[k++] = p[i++];
-        prev = false;
-        for (; i < n && (s_isdigit(p[i]) || p[i] == '_'); i++) {
-            if (p[i] == '_') {
-                if (!prev || i + 1 >= n || !s_isdigit(p[i + 1])) return 0;
-                prev = false;
-                continue;
-            }
-            tmp[k++] = p[i];
-            nd++;
-            prev = true;
-        }
+        const int nf = s_digit_run(p, n, &i, tmp, &k);
+        if (nf < 0) return 0;
+        nd += nf;
     }
     if (!nd) return 0;
     if (i < n && (p[i] | 0x20) == 'e') {
         tmp[k++] = 'e';
         i++;
         if (i < n && (p[i] == '+' || p[i] == '-')) tmp[k++] = p[i++];
-        int ne = 0;
-        prev = false;
-        for (; i < n && (s_isdigit(p[i]) || p[i] == '_'); i++) {
-            if (p[i] == '_') {
-                if (!prev || i + 1 >= n || !s_isdigit(p[i + 1])) return 0;
-                prev = false;
-                continue;
-            }
-            tmp[k++] = p[i];
-            ne++;
-            prev = true;
-        }
-        if (!ne) return 0;
+        const int ne = s_digit_run(p, n, &i, tmp, &k);
+        if (ne <= 0) return 0;
     }
     if (i != n) return 0;
     tmp[k] = 0;
@@ -556,17 +546,7 @@ static int f_escape(jctx_t *c, int line, jv_t v, jargs_t *a, jv_t *out)
     jstr_t *s = jv_strv(c, line, v);
     if (!s) return -1;
     jbuf_t b = {0};
-    for (size_t i = 0; i < s->len; i++) {
-        const char *e = NULL;
-        switch (s->p[i]) {
-        case '&': e = "&amp;"; break;
-        case '<': e = "&lt;"; break;
-        case '>': e = "&gt;"; break;
-        case '"': e = "&#34;"; break;
-        case '\'': e = "&#39;"; break;
-        }
-        if (e ? jb_put(c, &b, e, strlen(e)) : jb_putc(c, &b, s->p[i])) return -1;
-    }
+    if (jv_markup_escape(c, s, &b)) return -1;
     jstr_t *r = jb_str(c, &b);
     if (!r) return -1;
     *out = jv_str(r);

@@ -220,6 +220,8 @@ int jb_put(jctx_t *c, jbuf_t *b, const char *p, size_t n);
 int jb_putc(jctx_t *c, jbuf_t *b, char ch);
 int jb_printf(jctx_t *c, jbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 jstr_t *jb_str(jctx_t *c, jbuf_t *b); /* the buffer as a string (no copy) */
+/* s HTML-escaped as jinja2's escape (markupsafe) does it: & < > " ' */
+int jv_markup_escape(jctx_t *c, const jstr_t *s, jbuf_t *b);
 
 /* Containers. */
 jlist_t *jl_new(jctx_t *c, size_t cap);

@@ -1097,15 +1097,16 @@ static jnode_t *s_not(P *p)
     return s_compare(p);
 }
 
-static jnode_t *s_and(P *p)
+/* `a word b word c ...` as left-nested nodes of kind (E_AND, E_OR), operands from next. */
+static jnode_t *s_bool_chain(P *p, const char *word, int kind, jnode_t *(*next)(P *))
 {
     int line = s_cur(p)->line;
-    jnode_t *l = s_not(p);
-    while (l && s_is_name(p, "and")) {
+    jnode_t *l = next(p);
+    while (l && s_is_name(p, word)) {
         s_next(p);
-        jnode_t *r = s_not(p);
+        jnode_t *r = next(p);
         if (!r) return NULL;
-        jnode_t *n = s_node(p, E_AND, line);
+        jnode_t *n = s_node(p, kind, line);
         if (!n) return NULL;
         n->a = l;
         n->b = r;
@@ -1115,23 +1116,9 @@ static jnode_t *s_and(P *p)
     return l;
 }
 
-static jnode_t *s_or(P *p)
-{
-    int line = s_cur(p)->line;
-    jnode_t *l = s_and(p);
-    while (l && s_is_name(p, "or")) {
-        s_next(p);
-        jnode_t *r = s_and(p);
-        if (!r) return NULL;
-        jnode_t *n = s_node(p, E_OR, line);
-        if (!n) return NULL;
-        n->a = l;
-        n->b = r;
-        l = n;
-        line = s_cur(p)->line;
-    }
-    return l;
-}
+static jnode_t *s_and(P *p) { return s_bool_chain(p, "and", E_AND, s_not); }
+
+static jnode_t *s_or(P *p) { return s_bool_chain(p, "or", E_OR, s_and); }
 
 static jnode_t *s_condexpr(P *p)
 {

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "common/jinja.h"
+#include "tests/fuzz/fuzz_utf8.h"
 
 static const jinja_limits_t s_lim = {
     .max_output = 1u << 20,
@@ -49,33 +50,6 @@ static const char s_walker[] =
 
 static jinja_template_t *s_walker_t;
 
-static bool s_valid_utf8(const unsigned char *p, size_t n)
-{
-    for (size_t i = 0; i < n;) {
-        unsigned c = p[i];
-        size_t need;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        if (c >= 0xC2 && c <= 0xDF) need = 2;
-        else if (c == 0xE0) { need = 3; lo = 0xA0; }
-        else if (c >= 0xE1 && c <= 0xEC) need = 3;
-        else if (c == 0xED) { need = 3; hi = 0x9F; }
-        else if (c >= 0xEE && c <= 0xEF) need = 3;
-        else if (c == 0xF0) { need = 4; lo = 0x90; }
-        else if (c >= 0xF1 && c <= 0xF3) need = 4;
-        else if (c == 0xF4) { need = 4; hi = 0x8F; }
-        else return false;
-        if (i + need > n) return false;
-        for (size_t k = 1; k < need; k++)
-            if (p[i + k] < (k == 1 ? lo : 0x80) || p[i + k] > (k == 1 ? hi : 0xBF)) return false;
-        i += need;
-    }
-    return true;
-}
-
 /* Render t with c; returns the output or NULL (error checked). */
 static char *s_render(const jinja_template_t *t, jinja_ctx_t *c, size_t *n)
 {
@@ -86,7 +60,7 @@ static char *s_render(const jinja_template_t *t, jinja_ctx_t *c, size_t *n)
         if (out || !eb.msg[0]) abort();
         return NULL;
     }
-    if (!out || out[*n] || *n > s_lim.max_output || !s_valid_utf8((const unsigned char *)out, *n)) abort();
+    if (!out || out[*n] || *n > s_lim.max_output || !fuzz_valid_utf8((const unsigned char *)out, *n)) abort();
     return out;
 }
 

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "common/tokenizer.h"
+#include "tests/fuzz/fuzz_utf8.h"
 
 static const char *const s_names[] = {"bl_qwen2",   "bl_olmoe", "bl_llama3", "sp_llama",
                                       "sp_mistral", "sp_meta",  "bert_bpe",  "suffix_bpe"};
@@ -30,40 +31,13 @@ static const char s_builtin[] =
     "\"content\":\" \"},{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"},{\"type\":\"Strip\",\"content\":\" \","
     "\"start\":1,\"stop\":0}]},\"added_tokens\":[{\"id\":0,\"content\":\"<s>\",\"special\":true}]}";
 
-static bool s_valid_utf8(const unsigned char *p, size_t n)
-{
-    for (size_t i = 0; i < n;) {
-        unsigned c = p[i];
-        size_t need;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        if (c >= 0xC2 && c <= 0xDF) need = 2;
-        else if (c == 0xE0) { need = 3; lo = 0xA0; }
-        else if (c >= 0xE1 && c <= 0xEC) need = 3;
-        else if (c == 0xED) { need = 3; hi = 0x9F; }
-        else if (c >= 0xEE && c <= 0xEF) need = 3;
-        else if (c == 0xF0) { need = 4; lo = 0x90; }
-        else if (c >= 0xF1 && c <= 0xF3) need = 4;
-        else if (c == 0xF4) { need = 4; hi = 0x8F; }
-        else return false;
-        if (i + need > n) return false;
-        for (size_t k = 1; k < need; k++)
-            if (p[i + k] < (k == 1 ? lo : 0x80) || p[i + k] > (k == 1 ? hi : 0xBF)) return false;
-        i += need;
-    }
-    return true;
-}
-
 /* Batch decode, and the stream: same bytes, valid UTF-8 piece by piece. */
 static void s_decode_both(const tok_t *tok, const int32_t *ids, size_t n, bool skip)
 {
     char *full = NULL;
     size_t fn = 0;
     if (tok_decode(tok, ids, n, skip, &full, &fn)) abort();
-    if (!s_valid_utf8((const unsigned char *)full, fn) || full[fn]) abort();
+    if (!fuzz_valid_utf8((const unsigned char *)full, fn) || full[fn]) abort();
     tok_stream_t *st = NULL;
     if (tok_stream_new(tok, skip, &st)) abort();
     size_t at = 0;
@@ -71,7 +45,7 @@ static void s_decode_both(const tok_t *tok, const int32_t *ids, size_t n, bool s
         const char *p;
         size_t pn;
         if (i < n ? tok_stream_push(st, ids[i], &p, &pn) : tok_stream_flush(st, &p, &pn)) abort();
-        if (!s_valid_utf8((const unsigned char *)p, pn)) abort();
+        if (!fuzz_valid_utf8((const unsigned char *)p, pn)) abort();
         if (at + pn > fn || memcmp(full + at, p, pn)) abort();
         at += pn;
     }
