@@ -43,7 +43,8 @@ def main():
         assert all(isinstance(row["ttft_added_ms"][q], float) for q in ("p50", "p99")), row["ttft_added_ms"]
         for path in ("http", "zmq"):
             assert row["ttft_ms"][path]["n"] == row["streams_per_path"] and row["ttft_ms"][path]["p50"] > 0, row["ttft_ms"]
-            assert row["tpot_ms"][path]["n"] > 0 and row["tpot_ms"][path]["p50"] > 0, row["tpot_ms"]
+            # tokens that reach a busy client together share one poll's stamp: a gap of 0 is a real figure
+            assert row["tpot_ms"][path]["n"] > 0 and row["tpot_ms"][path]["p50"] >= 0, row["tpot_ms"]
         assert sum(row["step_offsets"].values()) == row["streams_per_path"], row["step_offsets"]
         assert set(row["meets_targets"]) == set(doc["targets"]), row["meets_targets"]
     print("test_http_overhead_smoke: ok (%s)" % "; ".join("%d streams: %.1f us, %.3f ms" % (
