@@ -63,20 +63,37 @@ void cpu_rope(float *x, int n, int n_heads, int head_dim, int rot_dim, const int
 
 /* Causal attention of one query token over paged KV.
  * q[n_heads][head_dim]; k_cache, v_cache: one layer, [n_blocks][n_kv_heads][block_size][head_dim];
- * the token attends to positions 0..n_ctx-1 of its sequence, whose blocks are block_table[].
- * GQA: head h reads kv head h / (n_heads / n_kv_heads). out[n_heads][head_dim]. scratch >= n_ctx floats. */
+ * the token attends to positions ctx_start..n_ctx-1 of its sequence (ctx_start > 0: a sliding
+ * window), whose blocks are block_table[] (block b holds positions b*block_size..; blocks wholly
+ * before ctx_start are never read). GQA: head h reads kv head h / (n_heads / n_kv_heads).
+ * sinks: NULL, or [n_heads] learned logits (gpt-oss) that join each head's softmax as one more
+ * column with no value: p_j = exp(s_j - m) / (sum_i exp(s_i - m) + exp(sink - m)), m the max
+ * over the scores and the sink. out[n_heads][head_dim]. scratch >= n_ctx floats. */
 void cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                   const int32_t *block_table, int n_ctx, int n_heads, int n_kv_heads, int head_dim,
-                   int block_size, float scale, float *scratch);
+                   const int32_t *block_table, int ctx_start, int n_ctx, int n_heads, int n_kv_heads,
+                   int head_dim, int block_size, float scale, const float *sinks, float *scratch);
 
 /* Gate: probs = softmax(logits[n_experts]); pick top_k (ties to lower index);
  * if renorm, weights sum to 1. Writes idx[top_k], weight[top_k]. */
 void cpu_gate_topk(const float *logits, int n_experts, int top_k, bool renorm, int32_t *idx, float *weight);
 
-/* SwiGLU FFN for n tokens through one expert: out[n][hidden] = down(silu(gate(x)) * up(x)).
- * scratch >= 2*n*inter floats. If accumulate, out += scale[t] * result (scale may be NULL = 1). */
+/* What an FFN adds to plain SwiGLU. NULL (or all zero) is plain: h = silu(g) * u with
+ * g = gate(x), u = up(x). With biases, g, u and the output get them added. clamped is
+ * gpt-oss's activation: g = min(g, limit), u = clamp(u, -limit, limit),
+ * h = (u + 1) * g * sigmoid(alpha * g). */
+typedef struct {
+    const float *gate_bias, *up_bias; /* [inter] or NULL */
+    const float *down_bias;           /* [hidden] or NULL */
+    bool clamped;
+    float limit, alpha;
+} cpu_ffn_opts_t;
+
+/* SwiGLU FFN for n tokens through one expert: out[n][hidden] = down(act(gate(x), up(x))),
+ * act per opts (NULL: silu(g) * u). scratch >= 2*n*inter floats. If accumulate,
+ * out += scale[t] * result (scale may be NULL = 1). */
 void cpu_ffn_swiglu(tpool_t *pool, float *out, const float *x, int n, const qmat_t *gate, const qmat_t *up,
-                    const qmat_t *down, float *scratch, const float *scale, bool accumulate);
+                    const qmat_t *down, const cpu_ffn_opts_t *opts, float *scratch, const float *scale,
+                    bool accumulate);
 
 /* One FFN of cpu_ffn_swiglu_many. */
 typedef struct {
@@ -84,6 +101,7 @@ typedef struct {
     float *out;      /* [n][down->rows], overwritten */
     int n;
     const qmat_t *gate, *up, *down;
+    const cpu_ffn_opts_t *opts; /* NULL: plain SwiGLU */
 } cpu_ffn_item_t;
 #define CPU_FFN_MANY_MAX 64
 /* out_i = down_i(silu(gate_i(x_i)) * up_i(x_i)) for every item (n_items <= CPU_FFN_MANY_MAX),
