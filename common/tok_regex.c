@@ -13,6 +13,10 @@
  *       Onig: Unicode properties (punct is P and S)    PCRE2: mostly ASCII-minded
  *   \uHHHH  Onig only                        -> \x{HHHH}
  *   (?m)    Onig: dot matches newline        -> (?s)
+ *   Unicode version  tokenizers 0.23.3's Onig has Unicode 16.0, PCRE2 10.42 14.0, utf8proc 2.8
+ *       15.0: the code points assigned since 14.0 (s_ucd_new, s_ucd_new_sc) are added to the
+ *       \p{category}, \p{Script}, \d, \w and POSIX classes that hold them, and to the
+ *       hand-written matchers' classes (not to a negated class inside [...])
  * and ^ / $ always match at line boundaries in Onig (PCRE2_MULTILINE). Inside a character
  * class the negated forms (\S \W \H) keep PCRE2's meaning, which is close. The search loop
  * reproduces Onig's find_iter: an empty match right where the previous match ended is
@@ -32,6 +36,248 @@
 
 static int s_put(tk_buf_t *b, const char *s) { return tk_buf_put(b, s, strlen(s)); }
 
+/* Code points unassigned in Unicode 14.0 (PCRE2 10.42's tables) that the Oniguruma of
+ * tokenizers 0.23.3 (Unicode 16.0) assigns, with its general category: [lo, hi], ascending and
+ * disjoint. Written by tests/tokenizer/gen_ucd_table.py from the library's own answers; with a
+ * newer PCRE2 or utf8proc they change nothing (the same code points, the same categories).
+ * U+1171E, Mn in 14.0 and Mc in 16.0, is not patched (both are \p{M}). */
+static const struct s_ucd_range {
+    uint32_t lo, hi;
+    char cat[3];
+} s_ucd_new[] = {
+/* BEGIN gen_ucd_table.py */
+    {0x00897, 0x00897, "Mn"},
+    {0x00CF3, 0x00CF3, "Mc"},
+    {0x00ECE, 0x00ECE, "Mn"},
+    {0x01B4E, 0x01B4F, "Po"},
+    {0x01B7F, 0x01B7F, "Po"},
+    {0x01C89, 0x01C89, "Lu"},
+    {0x01C8A, 0x01C8A, "Ll"},
+    {0x02427, 0x02429, "So"},
+    {0x02FFC, 0x02FFF, "So"},
+    {0x031E4, 0x031E5, "So"},
+    {0x031EF, 0x031EF, "So"},
+    {0x0A7CB, 0x0A7CC, "Lu"},
+    {0x0A7CD, 0x0A7CD, "Ll"},
+    {0x0A7DA, 0x0A7DA, "Lu"},
+    {0x0A7DB, 0x0A7DB, "Ll"},
+    {0x0A7DC, 0x0A7DC, "Lu"},
+    {0x105C0, 0x105F3, "Lo"},
+    {0x10D40, 0x10D49, "Nd"},
+    {0x10D4A, 0x10D4D, "Lo"},
+    {0x10D4E, 0x10D4E, "Lm"},
+    {0x10D4F, 0x10D4F, "Lo"},
+    {0x10D50, 0x10D65, "Lu"},
+    {0x10D69, 0x10D6D, "Mn"},
+    {0x10D6E, 0x10D6E, "Pd"},
+    {0x10D6F, 0x10D6F, "Lm"},
+    {0x10D70, 0x10D85, "Ll"},
+    {0x10D8E, 0x10D8F, "Sm"},
+    {0x10EC2, 0x10EC4, "Lo"},
+    {0x10EFC, 0x10EFF, "Mn"},
+    {0x1123F, 0x11240, "Lo"},
+    {0x11241, 0x11241, "Mn"},
+    {0x11380, 0x11389, "Lo"},
+    {0x1138B, 0x1138B, "Lo"},
+    {0x1138E, 0x1138E, "Lo"},
+    {0x11390, 0x113B5, "Lo"},
+    {0x113B7, 0x113B7, "Lo"},
+    {0x113B8, 0x113BA, "Mc"},
+    {0x113BB, 0x113C0, "Mn"},
+    {0x113C2, 0x113C2, "Mc"},
+    {0x113C5, 0x113C5, "Mc"},
+    {0x113C7, 0x113CA, "Mc"},
+    {0x113CC, 0x113CD, "Mc"},
+    {0x113CE, 0x113CE, "Mn"},
+    {0x113CF, 0x113CF, "Mc"},
+    {0x113D0, 0x113D0, "Mn"},
+    {0x113D1, 0x113D1, "Lo"},
+    {0x113D2, 0x113D2, "Mn"},
+    {0x113D3, 0x113D3, "Lo"},
+    {0x113D4, 0x113D5, "Po"},
+    {0x113D7, 0x113D8, "Po"},
+    {0x113E1, 0x113E2, "Mn"},
+    {0x116D0, 0x116E3, "Nd"},
+    {0x11B00, 0x11B09, "Po"},
+    {0x11BC0, 0x11BE0, "Lo"},
+    {0x11BE1, 0x11BE1, "Po"},
+    {0x11BF0, 0x11BF9, "Nd"},
+    {0x11F00, 0x11F01, "Mn"},
+    {0x11F02, 0x11F02, "Lo"},
+    {0x11F03, 0x11F03, "Mc"},
+    {0x11F04, 0x11F10, "Lo"},
+    {0x11F12, 0x11F33, "Lo"},
+    {0x11F34, 0x11F35, "Mc"},
+    {0x11F36, 0x11F3A, "Mn"},
+    {0x11F3E, 0x11F3F, "Mc"},
+    {0x11F40, 0x11F40, "Mn"},
+    {0x11F41, 0x11F41, "Mc"},
+    {0x11F42, 0x11F42, "Mn"},
+    {0x11F43, 0x11F4F, "Po"},
+    {0x11F50, 0x11F59, "Nd"},
+    {0x11F5A, 0x11F5A, "Mn"},
+    {0x1342F, 0x1342F, "Lo"},
+    {0x13439, 0x1343F, "Cf"},
+    {0x13440, 0x13440, "Mn"},
+    {0x13441, 0x13446, "Lo"},
+    {0x13447, 0x13455, "Mn"},
+    {0x13460, 0x143FA, "Lo"},
+    {0x16100, 0x1611D, "Lo"},
+    {0x1611E, 0x16129, "Mn"},
+    {0x1612A, 0x1612C, "Mc"},
+    {0x1612D, 0x1612F, "Mn"},
+    {0x16130, 0x16139, "Nd"},
+    {0x16D40, 0x16D42, "Lm"},
+    {0x16D43, 0x16D6A, "Lo"},
+    {0x16D6B, 0x16D6C, "Lm"},
+    {0x16D6D, 0x16D6F, "Po"},
+    {0x16D70, 0x16D79, "Nd"},
+    {0x18CFF, 0x18CFF, "Lo"},
+    {0x1B132, 0x1B132, "Lo"},
+    {0x1B155, 0x1B155, "Lo"},
+    {0x1CC00, 0x1CCEF, "So"},
+    {0x1CCF0, 0x1CCF9, "Nd"},
+    {0x1CD00, 0x1CEB3, "So"},
+    {0x1D2C0, 0x1D2D3, "No"},
+    {0x1DF25, 0x1DF2A, "Ll"},
+    {0x1E030, 0x1E06D, "Lm"},
+    {0x1E08F, 0x1E08F, "Mn"},
+    {0x1E4D0, 0x1E4EA, "Lo"},
+    {0x1E4EB, 0x1E4EB, "Lm"},
+    {0x1E4EC, 0x1E4EF, "Mn"},
+    {0x1E4F0, 0x1E4F9, "Nd"},
+    {0x1E5D0, 0x1E5ED, "Lo"},
+    {0x1E5EE, 0x1E5EF, "Mn"},
+    {0x1E5F0, 0x1E5F0, "Lo"},
+    {0x1E5F1, 0x1E5FA, "Nd"},
+    {0x1E5FF, 0x1E5FF, "Po"},
+    {0x1F6DC, 0x1F6DC, "So"},
+    {0x1F774, 0x1F776, "So"},
+    {0x1F77B, 0x1F77F, "So"},
+    {0x1F7D9, 0x1F7D9, "So"},
+    {0x1F8B2, 0x1F8BB, "So"},
+    {0x1F8C0, 0x1F8C1, "So"},
+    {0x1FA75, 0x1FA77, "So"},
+    {0x1FA87, 0x1FA89, "So"},
+    {0x1FA8F, 0x1FA8F, "So"},
+    {0x1FAAD, 0x1FAAF, "So"},
+    {0x1FABB, 0x1FABF, "So"},
+    {0x1FAC6, 0x1FAC6, "So"},
+    {0x1FACE, 0x1FACF, "So"},
+    {0x1FADA, 0x1FADC, "So"},
+    {0x1FADF, 0x1FADF, "So"},
+    {0x1FAE8, 0x1FAE9, "So"},
+    {0x1FAF7, 0x1FAF8, "So"},
+    {0x1FBCB, 0x1FBEF, "So"},
+    {0x2B739, 0x2B739, "Lo"},
+    {0x2EBF0, 0x2EE5D, "Lo"},
+    {0x31350, 0x323AF, "Lo"},
+/* END gen_ucd_table.py */
+};
+#define UCD_NEW_N (sizeof s_ucd_new / sizeof s_ucd_new[0])
+
+/* Those of them in the scripts tokenizer patterns name (\p{Han} ...), with the script. */
+static const struct s_ucd_sc_range {
+    uint32_t lo, hi;
+    char sc[12];
+} s_ucd_new_sc[] = {
+/* BEGIN gen_ucd_table.py scripts */
+    {0x00897, 0x00897, "Arabic"},
+    {0x01C89, 0x01C8A, "Cyrillic"},
+    {0x0A7CB, 0x0A7CD, "Latin"},
+    {0x0A7DA, 0x0A7DC, "Latin"},
+    {0x10EC2, 0x10EC4, "Arabic"},
+    {0x10EFC, 0x10EFF, "Arabic"},
+    {0x11B00, 0x11B09, "Devanagari"},
+    {0x1B132, 0x1B132, "Hiragana"},
+    {0x1B155, 0x1B155, "Katakana"},
+    {0x1DF25, 0x1DF2A, "Latin"},
+    {0x1E030, 0x1E06D, "Cyrillic"},
+    {0x1E08F, 0x1E08F, "Cyrillic"},
+    {0x2B739, 0x2B739, "Han"},
+    {0x2EBF0, 0x2EE5D, "Han"},
+    {0x31350, 0x323AF, "Han"},
+/* END gen_ucd_table.py scripts */
+};
+
+/* Whether general category cat ("Lo") is in the class name ("L", "Lo", "L&"/"LC"). */
+static bool s_cat_in(const char *cat, const char *name, size_t n)
+{
+    if (n == 1) return cat[0] == name[0];
+    if (n == 2 && (!memcmp(name, "L&", 2) || !memcmp(name, "LC", 2)))
+        return cat[0] == 'L' && (cat[1] == 'u' || cat[1] == 'l' || cat[1] == 't');
+    return n == 2 && cat[0] == name[0] && cat[1] == name[1];
+}
+
+/* Append "\x{lo}-\x{hi}" for the s_ucd_new ranges in any of the classes names[] (NULL-ended). */
+static int s_put_new(tk_buf_t *out, const char *const *names)
+{
+    for (size_t r = 0; r < UCD_NEW_N; r++)
+        for (const char *const *nm = names; *nm; nm++)
+            if (s_cat_in(s_ucd_new[r].cat, *nm, strlen(*nm))) {
+                char tmp[40];
+                snprintf(tmp, sizeof tmp, "\\x{%X}-\\x{%X}", s_ucd_new[r].lo, s_ucd_new[r].hi);
+                if (s_put(out, tmp)) return STRATA_ENOMEM;
+                break;
+            }
+    return 0;
+}
+
+/* Whether any s_ucd_new range is in class name (n bytes). */
+static bool s_has_new(const char *name, size_t n)
+{
+    for (size_t r = 0; r < UCD_NEW_N; r++)
+        if (s_cat_in(s_ucd_new[r].cat, name, n)) return true;
+    return false;
+}
+
+/* Append "\x{lo}-\x{hi}" for the s_ucd_new_sc ranges of script name (n bytes); *any tells
+ * whether there are some (out may be NULL to only ask). */
+static int s_put_new_sc(tk_buf_t *out, const char *name, size_t n, bool *any)
+{
+    *any = false;
+    for (size_t r = 0; r < sizeof s_ucd_new_sc / sizeof s_ucd_new_sc[0]; r++)
+        if (strlen(s_ucd_new_sc[r].sc) == n && !memcmp(s_ucd_new_sc[r].sc, name, n)) {
+            *any = true;
+            char tmp[40];
+            snprintf(tmp, sizeof tmp, "\\x{%X}-\\x{%X}", s_ucd_new_sc[r].lo, s_ucd_new_sc[r].hi);
+            if (out && s_put(out, tmp)) return STRATA_ENOMEM;
+        }
+    return 0;
+}
+
+/* General category ("Lo") of a code point unassigned in Unicode 14.0 that the library's
+ * Unicode 16.0 assigns (s_ucd_new), else NULL. tok_util.c's character classes use it too. */
+const char *tk_ucd_new_cat(uint32_t c)
+{
+    size_t lo = 0, hi = UCD_NEW_N;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (c < s_ucd_new[mid].lo) hi = mid;
+        else if (c > s_ucd_new[mid].hi) lo = mid + 1;
+        else return s_ucd_new[mid].cat;
+    }
+    return NULL;
+}
+
+/* Onig's \w as a class body: UWORD (latin1: WORD_CLASS) and the new letters, marks, digits. */
+static int s_put_word(tk_buf_t *out, bool latin1)
+{
+    static const char *const word[] = {"L", "M", "Nd", "Nl", "Pc", NULL};
+    if (s_put(out, latin1 ? WORD_CLASS : UWORD)) return STRATA_ENOMEM;
+    return s_put_new(out, word);
+}
+
+/* The strings of parts (NULL-ended) in turn, an empty one standing for the \w class body. */
+static int s_put_with_word(tk_buf_t *out, const char *const *parts)
+{
+    for (const char *const *p = parts; *p; p++) {
+        int rc = **p ? s_put(out, *p) : s_put_word(out, true);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 static int s_hexval(char c)
 {
     if (c >= '0' && c <= '9') return c - '0';
@@ -42,8 +288,9 @@ static int s_hexval(char c)
 
 /* \p{NAME} / \P{NAME}: a name PCRE2 reads as a script means Script in Onig but
  * Script_Extensions in PCRE2, so it becomes sc:NAME; general categories and binary
- * properties stay. */
-static int s_property(tk_buf_t *out, char pp, const char *name, size_t n)
+ * properties stay, and a general category gets the s_ucd_new ranges it holds (but not a
+ * negated one inside a class, which PCRE2 cannot subtract from). */
+static int s_property(tk_buf_t *out, char pp, const char *name, size_t n, bool in_class)
 {
     static const char *const keep[] = {
         "L", "Lu", "Ll", "Lt", "Lm", "Lo", "L&", "LC", "M", "Mn", "Mc", "Me", "N", "Nd", "Nl", "No", "P", "Pc",
@@ -68,6 +315,21 @@ static int s_property(tk_buf_t *out, char pp, const char *name, size_t n)
         script = c != NULL;
         pcre2_code_free(c);
     }
+    bool neg = (pp == 'P') != (nm != name), sc_new = false;
+    if (script) s_put_new_sc(NULL, nm, nn, &sc_new);
+    /* the C categories hold the unassigned code points, which PCRE2 cannot take out */
+    bool cat_new = !script && nn <= 2 && nm[0] != 'C' && nm[0] != 'Z' && s_has_new(nm, nn);
+    if ((cat_new || sc_new) && !(in_class && neg)) {
+        char one[3] = {0};
+        memcpy(one, nm, nn < 2 ? nn : 2);
+        const char *const names[] = {one, NULL};
+        bool any;
+        if (s_put(out, in_class ? "" : neg ? "[^" : "[") || s_put(out, script ? "\\p{sc:" : "\\p{") ||
+            tk_buf_put(out, nm, nn) || s_put(out, "}") ||
+            (script ? s_put_new_sc(out, nm, nn, &any) : s_put_new(out, names)) || s_put(out, in_class ? "" : "]"))
+            return STRATA_ENOMEM;
+        return 0;
+    }
     char head[4] = {'\\', pp, '{', 0};
     if (s_put(out, head)) return STRATA_ENOMEM;
     if (script && (tk_buf_put(out, name, n - nn) || s_put(out, "sc:"))) return STRATA_ENOMEM;
@@ -88,31 +350,50 @@ static int s_translate(const char *p, size_t n, tk_buf_t *out)
             switch (d) {
             case 's': rc = s_put(out, in_class ? WS_CLASS : "[" WS_CLASS "]"); break;
             case 'S': rc = s_put(out, in_class ? "\\S" : "[^" WS_CLASS "]"); break;
-            case 'w': rc = s_put(out, in_class ? UWORD : "[" WORD_CLASS "]"); break;
-            case 'b':
-                rc = s_put(out, in_class ? "\\b"
-                                         : "(?:(?<=[" WORD_CLASS "])(?![" WORD_CLASS "])|(?<![" WORD_CLASS
-                                           "])(?=[" WORD_CLASS "]))");
+            case 'w': {
+                static const char *const w[] = {"[", "", "]", NULL};
+                rc = in_class ? s_put_word(out, false) : s_put_with_word(out, w);
                 break;
-            case 'B':
-                rc = s_put(out, in_class ? "\\B"
-                                         : "(?:(?<=[" WORD_CLASS "])(?=[" WORD_CLASS "])|(?<![" WORD_CLASS
-                                           "])(?![" WORD_CLASS "]))");
+            }
+            case 'b': {
+                static const char *const b[] = {"(?:(?<=[", "", "])(?![", "", "])|(?<![", "", "])(?=[", "",
+                                                "]))", NULL};
+                rc = in_class ? s_put(out, "\\b") : s_put_with_word(out, b);
                 break;
+            }
+            case 'B': {
+                static const char *const b[] = {"(?:(?<=[", "", "])(?=[", "", "])|(?<![", "", "])(?![", "",
+                                                "]))", NULL};
+                rc = in_class ? s_put(out, "\\B") : s_put_with_word(out, b);
+                break;
+            }
             case 'p':
             case 'P':
                 if (i + 1 < n && p[i + 1] == '{') {
                     const char *close = memchr(p + i + 2, '}', n - i - 2);
                     if (close) {
                         size_t nl = (size_t)(close - (p + i + 2));
-                        rc = s_property(out, d, p + i + 2, nl);
+                        rc = s_property(out, d, p + i + 2, nl, in_class);
                         i += nl + 2;
                         break;
                     }
                 }
                 rc = tk_buf_put(out, d == 'p' ? "\\p" : "\\P", 2);
                 break;
-            case 'W': rc = s_put(out, in_class ? "\\W" : "[^" WORD_CLASS "]"); break;
+            case 'd':
+            case 'D': { /* Onig's \d is Nd, with the new digits */
+                static const char *const nd[] = {"Nd", NULL};
+                if (in_class && d == 'D') rc = s_put(out, "\\D");
+                else if (s_put(out, in_class ? "\\d" : d == 'd' ? "[\\d" : "[^\\d") || s_put_new(out, nd) ||
+                         s_put(out, in_class ? "" : "]"))
+                    rc = STRATA_ENOMEM;
+                break;
+            }
+            case 'W': {
+                static const char *const w[] = {"[^", "", "]", NULL};
+                rc = in_class ? s_put(out, "\\W") : s_put_with_word(out, w);
+                break;
+            }
             case 'h': rc = s_put(out, in_class ? HEX_CLASS : "[" HEX_CLASS "]"); break;
             case 'H': rc = s_put(out, in_class ? "\\H" : "[^" HEX_CLASS "]"); break;
             case 'u':
@@ -146,10 +427,11 @@ static int s_translate(const char *p, size_t n, tk_buf_t *out)
         }
         if (in_class && c == '[' && i + 1 < n && p[i + 1] == ':') {
             /* POSIX class [:name:]: the Unicode meaning Onig gives it, else copied through */
-            static const char *const posix[][2] = {
-                {"[:punct:]", "\\p{P}\\p{S}"}, {"[:alpha:]", "\\p{Alphabetic}"}, {"[:space:]", WS_CLASS},
-                {"[:word:]", WORD_CLASS}, {"[:alnum:]", "\\p{Alphabetic}\\p{Nd}"}, {"[:digit:]", "\\p{Nd}"},
-                {"[:upper:]", "\\p{Uppercase}"}, {"[:lower:]", "\\p{Lowercase}"},
+            static const char *const posix[][4] = { /* name, class body, new code points in */
+                {"[:punct:]", "\\p{P}\\p{S}", "P", "S"}, {"[:alpha:]", "\\p{Alphabetic}", "L", "Nl"},
+                {"[:space:]", WS_CLASS}, {"[:word:]", ""}, {"[:alnum:]", "\\p{Alphabetic}\\p{Nd}", "L", "N"},
+                {"[:digit:]", "\\p{Nd}", "Nd"}, {"[:upper:]", "\\p{Uppercase}", "Lu"},
+                {"[:lower:]", "\\p{Lowercase}", "Ll"},
             };
             const char *end = NULL;
             for (size_t j = i + 2; j + 1 < n; j++)
@@ -159,10 +441,14 @@ static int s_translate(const char *p, size_t n, tk_buf_t *out)
                 }
             if (end) {
                 size_t len = (size_t)(end - (p + i));
-                const char *rep = NULL;
+                const char *const *rep = NULL;
                 for (size_t k = 0; k < sizeof posix / sizeof posix[0]; k++)
-                    if (strlen(posix[k][0]) == len && !memcmp(p + i, posix[k][0], len)) rep = posix[k][1];
-                if (rep ? s_put(out, rep) : tk_buf_put(out, p + i, len)) return STRATA_ENOMEM;
+                    if (strlen(posix[k][0]) == len && !memcmp(p + i, posix[k][0], len)) rep = posix[k];
+                const char *const extra[] = {rep ? rep[2] : NULL, rep && rep[2] ? rep[3] : NULL, NULL};
+                int rc = !rep ? tk_buf_put(out, p + i, len)
+                         : !*rep[1] ? s_put_word(out, true)
+                                    : s_put(out, rep[1]) || s_put_new(out, extra);
+                if (rc) return STRATA_ENOMEM;
                 i = (size_t)(end - p) - 1;
                 continue;
             }
@@ -257,8 +543,8 @@ void tk_re_free(tk_re_t *re)
 }
 
 /* ---------------------------------------------------------------- hand-written matchers
- * Classes as the translated regex sees them: L = \p{L}, N = \p{N}, S = \s (U+0009-000D,
- * U+0085, Z*). Every char is L, N, S or "other", and each pattern matches at every position,
+ * Classes as the translated regex sees them: L = \p{L}, N = \p{N} (both with s_ucd_new),
+ * S = \s (U+0009-000D, U+0085, Z*). Every char is L, N, S or "other", and each pattern matches at every position,
  * so the matches cover the subject with no gaps; a matcher returns the end of the match at i,
  * taking the alternatives in order, with the backtracking the regex engine would do. */
 enum { CL_L = 1, CL_N = 2, CL_S = 4 };
@@ -290,6 +576,10 @@ static inline int s_class(uint32_t c)
     case UTF8PROC_CATEGORY_ZS:
     case UTF8PROC_CATEGORY_ZL:
     case UTF8PROC_CATEGORY_ZP: return CL_S;
+    case UTF8PROC_CATEGORY_CN: { /* assigned since utf8proc's Unicode version? */
+        const char *cat = tk_ucd_new_cat(c);
+        return !cat ? 0 : cat[0] == 'L' ? CL_L : cat[0] == 'N' ? CL_N : 0;
+    }
     default: return 0;
     }
 }

@@ -17,9 +17,9 @@
 #include "common/tokenizer.h"
 #include "tests/fuzz/fuzz_utf8.h"
 
-static const char *const s_names[] = {"bl_qwen2",   "bl_olmoe", "bl_llama3", "sp_llama",
-                                      "sp_mistral", "sp_meta",  "bert_bpe",  "suffix_bpe"};
-static tok_t *s_tok[8];
+static const char *const s_names[] = {"bl_qwen2", "bl_olmoe", "bl_llama3",  "sp_llama", "sp_mistral",
+                                      "sp_meta",  "bert_bpe", "suffix_bpe", "bl_o200k"};
+static tok_t *s_tok[sizeof s_names / sizeof s_names[0]];
 static int s_ntok;
 
 static const char s_builtin[] =

@@ -30,14 +30,16 @@ import gen_fixtures as gf  # noqa: E402
 
 REGEXES = [r"\s+", r"\p{N}", r"\p{N}{1,3}", r"[aeiou]", r"(?i)the", r"\w+", r"\W", r"\d+", r"\h+", r"^a", r"b$",
            r"x*", r"(?=a)", r"\b", r"[^\s\p{L}]+", r"\p{Lu}\p{Ll}*", r"'s|'t", r".", r"\S+", r"\s", r"[\s\p{P}]",
-           r"(?m).b", r"\u00e9", r"[[:punct:]]", r"\p{Han}+", gf.QWEN2, gf.LLAMA3,
+           r"(?m).b", r"\u00e9", r"[[:punct:]]", r"\p{Han}+", gf.QWEN2, gf.LLAMA3, gf.O200K, r"[[:alnum:]]+",
+           r"\p{Lo}+", r"[^\p{L}\s]+", r"\P{L}+", r"\B.",
            "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"]
 STRINGS = [" ", "\u2581", "ab", "", "\n", "e", "the", "\u00e9"]
 BEHAVIORS = ["Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"]
 SCHEMES = ["always", "first", "never"]
 SOUP = (" \t\n\r\u00a0\u2003\u3000\u180e\u200b\u200d'\".,!?-_()[]<>$%0123456789aAbBeEsStTxX\u00e9\u0301\u0308"
         "\u00c5\u212b\u017f\u0130\u03a3\u4e2d\u6587\u3042\u0905\u093f\u0663\u00b2\u216b\u00bd\u2581\u0120"
-        "\U0001F600\U0001F44D\U0001F3FD\ufb01\ufffd")
+        "\U0001F600\U0001F44D\U0001F3FD\ufb01\ufffd"
+        "\U00031350\U0002EBF0\U00013460\U0001CCF0\U00011F50\U0001E4D0")  # letters, digits of Unicode 15-16
 
 
 def pattern(rng):

@@ -2,10 +2,11 @@
 """Make the tokenizer fixtures with the Hugging Face `tokenizers` library.
 
     python3 -m venv /tmp/tokvenv && /tmp/tokvenv/bin/pip install tokenizers
-    /tmp/tokvenv/bin/python tests/tokenizer/gen_fixtures.py [OUT_DIR]
+    /tmp/tokvenv/bin/python tests/tokenizer/gen_fixtures.py [--keep] [OUT_DIR]
 
 Trains small tokenizers of the styles Strata must read (byte-level BPE with Qwen2's,
-GPT-2's and Llama 3's pre-tokenizer regexes; SentencePiece-style BPE with byte fallback,
+GPT-2's and Llama 3's pre-tokenizer regexes, and gpt-oss's layout with the o200k regex and
+the harmony specials; SentencePiece-style BPE with byte fallback,
 Llama/Mixtral's normalizer form, the current Mistral form (Metaspace "first", no split) and a
 Metaspace form with split pieces; BPE with a continuing-subword prefix
 and one with an end-of-word suffix) on tests/tokenizer/prose.txt plus a few multilingual
@@ -18,8 +19,11 @@ lines, and writes for each, under OUT_DIR (default tests/tokenizer/fixtures):
                           library round-trips the line; and random id sequences with their
                           decodes
 and corpus.json: the test corpus, each line as hex bytes (some are not valid UTF-8; the
-reference reads them as bytes.decode("utf-8", "replace")). Deterministic for a given
-tokenizers version (recorded in corpus.json).
+reference reads them as bytes.decode("utf-8", "replace")). The byte-level ones are
+deterministic for a given tokenizers version (recorded in corpus.json); the trainers with
+limit_alphabet break ties between equally rare characters differently run to run, so --keep
+reads every NAME/tokenizer.json already in OUT_DIR instead of training it again and only
+writes the expected outputs (what to run after a change to the corpus).
 """
 import json
 import os
@@ -31,12 +35,30 @@ from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normaliz
                         pre_tokenizers, processors, trainers)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "fixtures")
+KEEP = "--keep" in sys.argv[1:]
+_args = [a for a in sys.argv[1:] if a != "--keep"]
+OUT = _args[0] if _args else os.path.join(HERE, "fixtures")
 
 QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# o200k_base / o200k_harmony (gpt-oss), as tiktoken_ext/openai_public.py joins it
+O200K = "|".join([
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+])
+# gpt-oss's specials (GptOssConverter): the harmony names, <|reserved_N|> between them
+HARMONY = ["<|startoftext|>", "<|endoftext|>", "<|reserved_200000|>", "<|reserved_200001|>", "<|return|>",
+           "<|constrain|>", "<|reserved_200004|>", "<|channel|>", "<|start|>", "<|end|>", "<|message|>",
+           "<|reserved_200009|>", "<|reserved_200010|>", "<|reserved_200011|>", "<|call|>", "<|reserved_200013|>",
+           "<|reserved_200014|>", "<|reserved_200015|>", "<|reserved_200016|>", "<|reserved_200017|>",
+           "<|endofprompt|>"]
 
 MULTI = [
     "中文字符测试，这是一个简单的句子。我们喜欢学习新的语言。",
@@ -48,6 +70,19 @@ MULTI = [
     "int main(void) { int x = 42; if (x > 0) { return x; } return -1; }",
     "The year 2024 had 366 days; 3.14159, 2,718,281 and 1e-9 are numbers.",
     "😀 😃 😄 👍 🎉 emoji are fun 🙂",
+]
+# more scripts and shapes for the o200k-style fixture (its pattern treats case and marks apart)
+MULTI_O200K = [
+    "السلام عليكم ورحمة الله. هذه جملة عربية قصيرة، وفيها أرقام ١٢٣ و٤٥٦.",
+    "हिन्दी में एक छोटा वाक्य है। यह परीक्षण के लिए है, और इसमें मात्राएँ हैं।",
+    "ภาษาไทยเขียนติดกันโดยไม่มีช่องว่างระหว่างคำ และมีวรรณยุกต์",
+    "Ελληνικά: Η ΓΛΩΣΣΑ ΕΊΝΑΙ ΩΡΑΊΑ. Русский: МОСКВА — столица России.",
+    "Tiếng Việt có nhiều dấu: Người Việt Nam rất hiếu khách.",
+    "HTTPServer XMLHttpRequest getElementById parseJSON IOError McDonald's O'Neill'S",
+    "WE'LL SEE. They'RE here, it'S fine; YOU'VE GOT IT, I'D SAY, I'M OK.",
+    "path/to/file.txt ./src/*.c https://example.com/a/b?c=d 1/2/3 a//b ,/ ;//",
+    "中文，日本語、한국어。混合テキストと English words 与数字 12345。",
+    "emoji 👩‍💻 🇯🇵 ✅ 🤔🤔 and marks e\u0301 o\u0308 n\u0303 \u1e9b\u0323",
 ]
 
 # ---------------------------------------------------------------- corpus
@@ -138,6 +173,20 @@ CORPUS = [
     "<0x41> literal byte token text",
     "Ġhello Ċnewline",
     "don't stop 'til 'tis",
+    # the o200k pattern: case runs, marks, contractions after any case, slashes after punctuation
+    "HELLO'S WORLD'LL Hello'S hELLO'll McDONALD'S O'NEIL'd",
+    "XMLHttpRequest HTTPServer getHTTPResponseCode iPhone eBay ABCdef ABC'S",
+    "\u01c4\u01c5\u01c6 titlecase \u01c5ungla \u1f88\u1f89 \u02b0\u02b2 modifier \u3005\u3006",
+    "A\u0301B\u0301c\u0301 \u0301\u0301 lone marks \u0915\u094d\u0937 \u0e01\u0e34\u0e48",
+    "a/b ./c ../d e// f/ /g .// -/- !/\n?/\r\n,/\n/",
+    "x  \r\n\r\n  y\t\r\n\tz \n \n w   \n",
+    "\uff11\uff12\uff13\uff14 fullwidth \u0661\u0662\u0663\u0664 1234567 12.345.678",
+    "<|start|>user<|message|>What is 2+2?<|end|><|start|>assistant<|channel|>final<|message|>4<|return|>",
+    "<|startoftext|><|start|>assistant<|channel|>analysis<|message|>think<|end|><|call|><|constrain|>json",
+    "<|reserved_200000|> <|endofprompt|> <|endoftext|>tail",
+    # letters and digits newer than PCRE2's / utf8proc's tables (CJK Ext H, Egyptian Ext-A, outlined
+    # and Kawi digits): a letter to the library, so the contraction stays whole
+    "x\U00031350's \U00013460ABC'S \U0001CCF0\U0001CCF1\U0001CCF2\U0001CCF3 \U00011F50\U00011F51 \U0002EBF0\U0002EBF1!",
 ]
 PROSE = open(os.path.join(HERE, "prose.txt"), encoding="utf-8").read()
 _paras = [p.replace("\n", " ") for p in PROSE.split("\n\n") if len(p) > 200]
@@ -289,6 +338,23 @@ def prefix_suffix(name):
     return json.loads(tok.to_str())
 
 
+def o200k_style():
+    """gpt-oss's layout (transformers' GptOssConverter) on a small trained vocabulary: BPE with
+    ignore_merges, no normalizer, the o200k Split then ByteLevel(use_regex=False), ByteLevel
+    decoder and post-processor, the 21 harmony specials right after the vocabulary."""
+    tok = Tokenizer(models.BPE(fuse_unk=False, ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(O200K), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tr = trainers.BpeTrainer(vocab_size=3000, special_tokens=[], show_progress=False,
+                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(train_text() + MULTI_O200K * 3, tr)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in HARMONY])
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    return json.loads(tok.to_str())
+
+
 def build_all():
     return {
         "bl_qwen2": byte_level("bl_qwen2", QWEN2, None),
@@ -299,6 +365,7 @@ def build_all():
         "sp_meta": sentencepiece("sp_meta"),
         "bert_bpe": prefix_suffix("bert_bpe"),
         "suffix_bpe": prefix_suffix("suffix_bpe"),
+        "bl_o200k": o200k_style(),
     }
 
 
@@ -327,22 +394,33 @@ def expected(tok, lines, rng):
     return out
 
 
+def write_corpus(out, names, lines):
+    with open(os.path.join(out, "corpus.json"), "w") as f:
+        json.dump({"tokenizers_version": tokenizers.__version__, "tokenizers": list(names),
+                   "lines": [l.hex() for l in lines]}, f, indent=0)
+        f.write("\n")
+
+
+def write_expected(d, tok, lines, rng):
+    with open(os.path.join(d, "expected.json"), "w") as f:
+        json.dump(expected(tok, lines, rng), f, separators=(",", ":"))
+        f.write("\n")
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     lines = [as_bytes(x) for x in CORPUS]
     built = build_all()
-    with open(os.path.join(OUT, "corpus.json"), "w") as f:
-        json.dump({"tokenizers_version": tokenizers.__version__, "tokenizers": list(built),
-                   "lines": [l.hex() for l in lines]}, f, indent=0)
-        f.write("\n")
+    write_corpus(OUT, built, lines)
     rng = random.Random(1234)
     for name, j in built.items():
         d = os.path.join(OUT, name)
         os.makedirs(d, exist_ok=True)
         path = os.path.join(d, "tokenizer.json")
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(j, f, ensure_ascii=False, separators=(",", ":"))
-            f.write("\n")
+        if not (KEEP and os.path.exists(path)):
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(j, f, ensure_ascii=False, separators=(",", ":"))
+                f.write("\n")
         tok = Tokenizer.from_file(path)
         if name == "sp_llama":
             with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
@@ -353,9 +431,7 @@ def main():
                                                     "2": {"content": "</s>", "special": True}}},
                           f, indent=1)
                 f.write("\n")
-        with open(os.path.join(d, "expected.json"), "w") as f:
-            json.dump(expected(tok, lines, rng), f, separators=(",", ":"))
-            f.write("\n")
+        write_expected(d, tok, lines, rng)
         print(name, tok.get_vocab_size(), "tokens")
 
 

@@ -1,7 +1,8 @@
 /* test_tok_regex.c - the hand-written pre-tokenizer matchers (GPT-2, Qwen2, Llama 3 patterns)
  * give exactly PCRE2's matches of the same regex, on random strings (STRATA_SEED) built from
  * the characters where the alternatives differ: spaces of every kind, newlines, letters,
- * digits of several scripts, apostrophes and contraction letters, marks, emoji. */
+ * digits of several scripts, apostrophes and contraction letters, marks, emoji, letters and
+ * digits newer than PCRE2's and utf8proc's Unicode tables (common/tok_regex.c's s_ucd_new). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@ static const uint32_t s_pool[] = {
     'V', 'm', 'M', 'l', 'L', 'd', 'D', 0x17F, 0xE9, 0x3B1, 0x416, 0x4E2D, 0x6587, 0xAC00, 0x5D0, 0x627,
     '0', '1', '9', 0x663, 0xB2, 0x216B, 0xBD, 0x2460, '\'', '\'', '\'', '"', '.', ',', '!', '?', '-', '_',
     '(', '$', '<', '>', '/', 0x2019, 0x301, 0x308, 0x200D, 0x1F600, 0x1F44D, 0x1F3FD, 0xFFFD, 0x0, 0x7F,
+    0x31350, 0x2EBF0, 0x13460, 0x1C89, 0x1CCF0, 0x11F50, 0x1E4D0, 0x323B0, /* new in Unicode 15-16, unassigned */
 };
 
 static const char s_n1[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
