@@ -7,7 +7,8 @@
  *    cpu_matmul at n tokens (--tokens, default 1; and the fused cpu_ffn_swiglu) over all of
  *    them in turn, the way decode walks through the active experts of many layers. The
  *    figure is weight bytes (data + scales) read per second; the ratio is figure / bound.
- *    --act q8 gives INT4 its int8-activation path (CPU_ACT_Q8), --isa picks the kernels.
+ *    --act q8 gives INT4 and MXFP4 their int8-activation path (CPU_ACT_Q8), --isa picks the
+ *    kernels. --group is INT4's; MXFP4's blocks are always 32.
  * Prints a table; --json FILE writes the same with the machine's name, cpu and threads.
  * GB/cpu-s is weight bytes per second of process CPU time, i.e. what one core streams while
  * it runs: on a machine shared with other work it shows the kernels' own speed (spinning
@@ -48,6 +49,7 @@ static size_t s_qbytes(const qmat_t *m)
 /* One quantized template per shape, copied into n_experts distinct buffers. */
 static int s_make_experts(wfmt_t fmt, int hidden, int inter, int group, int n_experts, expert_t *ex, void **blob)
 {
+    group = fmt == WF_INT4 ? group : fmt == WF_MXFP4 ? 32 : 0; /* MXFP4's blocks are always 32 */
     const int shapes[3][2] = {{inter, hidden}, {inter, hidden}, {hidden, inter}};
     qmat_t tmpl[2];
     void *td[2] = {0}, *ts[2] = {0};
@@ -66,7 +68,7 @@ static int s_make_experts(wfmt_t fmt, int hidden, int inter, int group, int n_ex
         rc = qmat_quantize(fmt, group, src, rows, cols, td[k], ts[k]);
         free(src);
         if (rc) return (int)rc;
-        tmpl[k] = (qmat_t){.fmt = fmt, .rows = rows, .cols = cols, .group = fmt == WF_INT4 ? group : 0,
+        tmpl[k] = (qmat_t){.fmt = fmt, .rows = rows, .cols = cols, .group = group,
                            .data = td[k], .scales = ts[k]};
     }
     for (int k = 0; k < 3; k++) per += s_qbytes(&tmpl[k == 2 ? 1 : 0]) + 128;
@@ -138,7 +140,7 @@ static void s_time(tpool_t *pool, expert_t *ex, int n_experts, int n, int kind, 
                     calls++;
                 }
             } else {
-                cpu_ffn_swiglu(pool, y, x, n, &ex[e].m[0], &ex[e].m[1], &ex[e].m[2], scratch, NULL, true);
+                cpu_ffn_swiglu(pool, y, x, n, &ex[e].m[0], &ex[e].m[1], &ex[e].m[2], NULL, scratch, NULL, true);
                 bytes += s_qbytes(&ex[e].m[0]) + s_qbytes(&ex[e].m[1]) + s_qbytes(&ex[e].m[2]);
                 calls++;
             }
@@ -163,12 +165,12 @@ static void s_usage(FILE *f)
             "  on Qwen3-30B-A3B expert shapes (or --hidden/--inter), and the ratio of the two.\n"
             "  --threads N     pool threads (default: STRATA_THREADS or all cpus)\n"
             "  --mb N          weight working set per format in MiB (default 512)\n"
-            "  --formats LIST  comma list of f32,bf16,int8,fp8,int4 (default all)\n"
+            "  --formats LIST  comma list of f32,bf16,int8,fp8,int4,mxfp4 (default all)\n"
             "  --group G       INT4 group size (default 32)\n"
             "  --hidden H --inter I   expert shape (default 2048, 768)\n"
             "  --seconds S     minimum time per measurement (default 2)\n"
             "  --tokens N      tokens per matmul (default 1; e.g. 14336x4096 Mixtral: --hidden 4096 --inter 14336)\n"
-            "  --act f32|q8    activations of INT4 matmuls (default: STRATA_CPU_ACT or f32)\n"
+            "  --act f32|q8    activations of INT4 and MXFP4 matmuls (default: STRATA_CPU_ACT or f32)\n"
             "  --isa ref|avx2|avx512|avx512vnni  force an ISA (default: the best this cpu has)\n"
             "  --json FILE     also write the results as JSON\n"
             "  --help\n");
@@ -178,7 +180,7 @@ int main(int argc, char **argv)
 {
     int threads = 0, mb = 512, group = 32, hidden = 2048, inter = 768, tokens = 1;
     double seconds = 2;
-    const char *json = NULL, *formats = "f32,bf16,int8,fp8,int4", *isa = NULL, *act = NULL;
+    const char *json = NULL, *formats = "f32,bf16,int8,fp8,int4,mxfp4", *isa = NULL, *act = NULL;
     static const struct option opts[] = {
         {"threads", required_argument, 0, 't'}, {"mb", required_argument, 0, 'm'},
         {"formats", required_argument, 0, 'f'}, {"group", required_argument, 0, 'g'},

@@ -6,7 +6,9 @@
  *   - informational or training-only (an explicit allow-list below): ignored;
  *   - unknown: an error naming it (STRATA_ALLOW_UNKNOWN_CONFIG=1 turns it into a warning).
  * Missing keys take the defaults of the transformers config class of the architecture, so a
- * config means here what it means to transformers.
+ * config means here what it means to transformers. Of generation_config.json only eos_token_id
+ * is read: it replaces config.json's stop set, as in transformers' generate()
+ * (model_config_apply_generation; model_config_load reads the file beside config.json).
  *
  * Absurd values (zero or negative sizes, a vocab of 2^40, top_k > n_experts, heads that do
  * not divide hidden, ...) are refused against the limits below, which are far above any
@@ -18,6 +20,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 
 #include "model/model.h"
 
@@ -57,6 +62,11 @@ static const char *const s_keys_qwen3[] = {"num_experts", "num_local_experts", "
                                            "norm_topk_prob", "mlp_only_layers", "attention_bias", NULL};
 static const char *const s_keys_olmoe[] = {"num_experts", "num_local_experts", "norm_topk_prob", "attention_bias",
                                            "clip_qkv", NULL};
+/* gpt-oss: swiglu_limit, experts_per_token and initial_context_length are in the shipped
+ * configs; transformers 5.x reads none of them (GptOssExperts hard-codes limit 7.0 and alpha
+ * 1.702), so they are checked against what it runs and otherwise informational. */
+static const char *const s_keys_gpt_oss[] = {"num_local_experts", "num_experts", "attention_bias", "swiglu_limit",
+                                             "experts_per_token", "initial_context_length", NULL};
 
 static const arch_desc_t s_archs[] = {
     {ARCH_MIXTRAL, "MixtralForCausalLM", "mixtral", s_keys_mixtral, 32000, 4096, 14336, 32, 32, 8, 131072, 2, 8,
@@ -67,6 +77,8 @@ static const arch_desc_t s_archs[] = {
      128, 768, 0, -1, -1, 1e-6, 1e4, true, true},
     {ARCH_OLMOE, "OlmoeForCausalLM", "olmoe", s_keys_olmoe, 50304, 2048, 2048, 16, 16, -1, 4096, 8, 64, 0, 0, -1,
      50279, 1e-5, 1e4, false, false},
+    {ARCH_GPT_OSS, "GptOssForCausalLM", "gpt_oss", s_keys_gpt_oss, 201088, 2880, 2880, 36, 64, 8, 131072, 4, 128, 0,
+     0, -1, -1, 1e-5, 150000, false, true},
 };
 
 /* Keys every architecture shares and that strata reads (handled in s_parse). */
@@ -170,7 +182,8 @@ static int s_bool(ctx_t *c, const char *key, bool def, bool *out)
     return 0;
 }
 
-/* A token id (or null -> -1) in [0, vocab). */
+/* A token id (or null -> -1) in [0, vocab): bos_token_id. A list takes its first id in the
+ * vocabulary (transformers reads a list for the eos ids; s_eos_ids reads those). */
 static int s_token(ctx_t *c, const char *key, int64_t def, int64_t vocab, int32_t *out)
 {
     json_t *v = json_object_get(c->root, key);
@@ -184,25 +197,85 @@ static int s_token(ctx_t *c, const char *key, int64_t def, int64_t vocab, int32_
         return 0;
     }
     if (json_is_array(v)) {
-        /* eos_token_id may list several ids; the model stops at the first one here. */
         size_t n = json_array_size(v);
         if (n == 0)
             return strata_seterr(c->eb, STRATA_EINVAL_INPUT, "%s: %s: empty list", c->path, key);
+        json_t *first = NULL;
         for (size_t i = 0; i < n; i++) {
             json_t *e = json_array_get(v, i);
-            if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= vocab)
-                return strata_seterr(c->eb, STRATA_EINVAL_INPUT, "%s: %s[%zu]: must be a token id in [0, %lld)",
-                                     c->path, key, i, (long long)vocab);
+            if (!json_is_integer(e) || json_integer_value(e) < 0)
+                return strata_seterr(c->eb, STRATA_EINVAL_INPUT, "%s: %s[%zu]: must be a token id", c->path, key, i);
+            if (json_integer_value(e) >= vocab)
+                log_warn("%s: %s[%zu]: %lld is outside the vocabulary (%lld); the model never emits it", c->path,
+                         key, i, (long long)json_integer_value(e), (long long)vocab);
+            else if (!first)
+                first = e;
         }
-        if (n > 1)
-            log_warn("%s: %s lists %zu ids; strata uses the first (%lld)", c->path, key, n,
-                     (long long)json_integer_value(json_array_get(v, 0)));
-        v = json_array_get(v, 0);
+        if (n > 1 && first)
+            log_warn("%s: %s lists %zu ids; strata uses the first in the vocabulary (%lld)", c->path, key, n,
+                     (long long)json_integer_value(first));
+        *out = first ? (int32_t)json_integer_value(first) : -1;
+        return 0;
     }
-    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab)
-        return strata_seterr(c->eb, STRATA_EINVAL_INPUT, "%s: %s: must be a token id in [0, %lld)", c->path, key,
-                             (long long)vocab);
+    if (!json_is_integer(v) || json_integer_value(v) < 0)
+        return strata_seterr(c->eb, STRATA_EINVAL_INPUT, "%s: %s: must be a token id", c->path, key);
+    if (json_integer_value(v) >= vocab) {
+        /* transformers warns and runs: the id can never be produced (or fed) */
+        log_warn("%s: %s: %lld is outside the vocabulary (%lld); ignored", c->path, key,
+                 (long long)json_integer_value(v), (long long)vocab);
+        *out = -1;
+        return 0;
+    }
     *out = (int32_t)json_integer_value(v);
+    return 0;
+}
+
+/* The stop set of eos_token_id's value v (config.json or generation_config.json: an id or a
+ * list; v not NULL and not null) into ids / *n, as transformers' generate() stops at any of them.
+ * Listed ids outside the vocabulary are dropped with a warning (transformers runs with them: the
+ * model can never emit them), repeats are dropped; more than MODEL_MAX_EOS listed, an empty list,
+ * or an entry that is not a token id is refused, naming it. */
+static int s_eos_ids(ctx_t *c, json_t *v, int64_t vocab, int32_t *ids, int32_t *n)
+{
+    const char *key = "eos_token_id";
+    const bool list = json_is_array(v);
+    const size_t len = list ? json_array_size(v) : 1;
+    *n = 0;
+    if (list && len == 0) return strata_seterr(c->eb, STRATA_EINVAL_INPUT, "%s: %s: empty list", c->path, key);
+    if (len > MODEL_MAX_EOS)
+        return strata_seterr(c->eb, STRATA_EUNSUPPORTED, "%s: %s: lists %zu ids; at most %d are supported", c->path,
+                             key, len, MODEL_MAX_EOS);
+    for (size_t i = 0; i < len; i++) {
+        json_t *e = list ? json_array_get(v, i) : v;
+        char at[32] = "";
+        if (list) snprintf(at, sizeof at, "[%zu]", i);
+        if (!json_is_integer(e) || json_integer_value(e) < 0)
+            return strata_seterr(c->eb, STRATA_EINVAL_INPUT, "%s: %s%s: must be a token id", c->path, key, at);
+        json_int_t id = json_integer_value(e);
+        if (id >= vocab) {
+            log_warn("%s: %s%s: %lld is outside the vocabulary (%lld); ignored, the model never emits it", c->path,
+                     key, at, (long long)id, (long long)vocab);
+            continue;
+        }
+        bool seen = false;
+        for (int32_t k = 0; k < *n && !seen; k++) seen = ids[k] == (int32_t)id;
+        if (!seen) ids[(*n)++] = (int32_t)id;
+    }
+    return 0;
+}
+
+/* cfg's stop set from config.json's eos_token_id (absent: the class default def). */
+static int s_eos(ctx_t *c, int64_t def, model_config_t *cfg)
+{
+    json_t *v = json_object_get(c->root, "eos_token_id");
+    cfg->n_eos = 0;
+    if (!v) {
+        if (def >= 0 && def < cfg->vocab) cfg->eos_ids[cfg->n_eos++] = (int32_t)def;
+    } else if (!json_is_null(v)) {
+        int rc = s_eos_ids(c, v, cfg->vocab, cfg->eos_ids, &cfg->n_eos);
+        if (rc < 0) return rc;
+    }
+    cfg->eos_id = cfg->n_eos ? cfg->eos_ids[0] : -1;
     return 0;
 }
 
@@ -405,8 +478,9 @@ static int s_rope(ctx_t *c, const arch_desc_t *a, model_config_t *cfg)
         }
         /* transformers 4.x replaces factor by max_position_embeddings / original_max_position_
          * embeddings when the latter is given; 5.x keeps factor. Refuse a config the two
-         * versions would run differently rather than pick one silently. */
-        if (somp && sf && fabs(factor - cfg->max_pos / omp) > 1e-9 * factor)
+         * versions would run differently rather than pick one silently; gpt-oss came with 5.x's
+         * semantics (factor wins). */
+        if (somp && sf && a->arch != ARCH_GPT_OSS && fabs(factor - cfg->max_pos / omp) > 1e-9 * factor)
             return strata_seterr(c->eb, STRATA_EUNSUPPORTED,
                                  "%s: %sfactor: %g disagrees with max_position_embeddings / "
                                  "original_max_position_embeddings = %g; transformers 4.x and 5.x run this "
@@ -490,7 +564,7 @@ static int s_arch(ctx_t *c, const arch_desc_t **out)
     }
     return strata_seterr(c->eb, STRATA_EUNSUPPORTED,
                          "%s: %s: '%.60s' is not supported (supported: MixtralForCausalLM, Qwen2MoeForCausalLM, "
-                         "Qwen3MoeForCausalLM, OlmoeForCausalLM)",
+                         "Qwen3MoeForCausalLM, OlmoeForCausalLM, GptOssForCausalLM)",
                          c->path, name ? "architectures" : "model_type", name ? name : json_string_value(mt));
 }
 
@@ -514,6 +588,187 @@ static int s_check_keys(ctx_t *c, const arch_desc_t *a)
     return 0;
 }
 
+/* Sliding windows (all but gpt-oss): they cannot be represented, so one that is active is
+ * refused. A window at least as long as max_position_embeddings never masks anything and is
+ * accepted. */
+static int s_no_windows(ctx_t *c, const arch_desc_t *a, model_config_t *cfg)
+{
+    int rc;
+    int64_t v;
+    bool use_sw = true;
+    if (a->has_use_sliding && (rc = s_bool(c, "use_sliding_window", false, &use_sw)) < 0) return rc;
+    if (a->has_use_sliding && (rc = s_int(c, "max_window_layers", 0, true, 0, INT32_MAX, &v)) < 0) return rc;
+    int64_t sw;
+    if ((rc = s_int(c, "sliding_window", 0, true, 0, INT64_MAX, &sw)) < 0) return rc;
+    if (use_sw && s_val(c, "sliding_window") && sw < cfg->max_pos)
+        return strata_seterr(c->eb, STRATA_EUNSUPPORTED,
+                             "%s: sliding_window: sliding-window attention (%lld tokens) is not supported",
+                             c->path, (long long)sw);
+    json_t *lt = s_val(c, "layer_types");
+    if (lt) {
+        if (!json_is_array(lt) || json_array_size(lt) != (size_t)cfg->n_layers)
+            return strata_seterr(c->eb, STRATA_EINVAL_INPUT, "%s: layer_types: must list one type per layer (%d)",
+                                 c->path, cfg->n_layers);
+        for (size_t i = 0; i < json_array_size(lt); i++) {
+            json_t *e = json_array_get(lt, i);
+            if (!json_is_string(e) || strcmp(json_string_value(e), "full_attention"))
+                return strata_seterr(c->eb, STRATA_EUNSUPPORTED,
+                                     "%s: layer_types[%zu]: only \"full_attention\" layers are supported", c->path, i);
+        }
+    }
+
+    return 0;
+}
+
+/* gpt-oss's attention layers: layer_types lists "sliding_attention" or "full_attention" per
+ * layer (default: sliding on even layers, as GptOssConfig), sliding_window the tokens a
+ * sliding layer sees, itself included (transformers' mask: kv_idx > q_idx - sliding_window);
+ * null means no window. */
+static int s_windows(ctx_t *c, model_config_t *cfg)
+{
+    int rc;
+    int64_t sw;
+    json_t *raw = json_object_get(c->root, "sliding_window");
+    if ((rc = s_int(c, "sliding_window", 128, true, 1, INT32_MAX, &sw)) < 0) return rc;
+    if (raw && json_is_null(raw)) sw = 0;
+    json_t *lt = s_val(c, "layer_types");
+    if (lt && (!json_is_array(lt) || json_array_size(lt) != (size_t)cfg->n_layers))
+        return strata_seterr(c->eb, STRATA_EINVAL_INPUT, "%s: layer_types: must list one type per layer (%d)", c->path,
+                             cfg->n_layers);
+    cfg->sliding_window = 0;
+    for (int i = 0; i < cfg->n_layers; i++) {
+        bool sliding = (i + 1) % 2 != 0;
+        if (lt) {
+            json_t *e = json_array_get(lt, (size_t)i);
+            const char *t = json_is_string(e) ? json_string_value(e) : "";
+            if (strcmp(t, "sliding_attention") && strcmp(t, "full_attention"))
+                return strata_seterr(c->eb, STRATA_EUNSUPPORTED,
+                                     "%s: layer_types[%d]: must be \"sliding_attention\" or \"full_attention\"",
+                                     c->path, i);
+            sliding = !strcmp(t, "sliding_attention");
+        }
+        /* a window as long as the context masks nothing: the layer is a full one */
+        cfg->layer_sliding[i] = sliding && sw > 0 && sw < cfg->max_pos;
+        if (cfg->layer_sliding[i]) cfg->sliding_window = (int32_t)sw;
+    }
+    return 0;
+}
+
+/* quantization_config: MXFP4 (gpt-oss's experts as shipped) is read as it is; every other
+ * method is refused by name. Which modules stay unquantized follows transformers'
+ * should_convert_module: a pattern of modules_to_not_convert excludes a module when it matches
+ * the module's name from the start as a regular expression, or ends it. Only gpt-oss's
+ * experts are ever quantized (transformers' Mxfp4HfQuantizer replaces GptOssExperts alone). */
+static int s_quant(ctx_t *c, const arch_desc_t *a, json_t *qc, model_config_t *cfg)
+{
+    if (!json_is_object(qc))
+        return strata_seterr(c->eb, STRATA_EINVAL_INPUT, "%s: quantization_config: must be an object", c->path);
+    json_t *qm = json_object_get(qc, "quant_method");
+    if (!json_is_string(qm))
+        return strata_seterr(c->eb, STRATA_EINVAL_INPUT, "%s: quantization_config.quant_method: must be a string",
+                             c->path);
+    const char *m = json_string_value(qm);
+    if (strcmp(m, "mxfp4"))
+        return strata_seterr(c->eb, STRATA_EUNSUPPORTED,
+                             "%s: quantization_config.quant_method: '%.40s' checkpoints are not supported "
+                             "(supported: mxfp4; a full-precision checkpoint can be quantized by `strata pack "
+                             "--format`)", c->path, m);
+    if (a->arch != ARCH_GPT_OSS)
+        return strata_seterr(c->eb, STRATA_EUNSUPPORTED,
+                             "%s: quantization_config.quant_method: mxfp4 checkpoints are read for "
+                             "GptOssForCausalLM only (transformers quantizes no other architecture's experts so)",
+                             c->path);
+    const char *k;
+    json_t *v;
+    json_object_foreach(qc, k, v) {
+        if (!strcmp(k, "quant_method") || !strcmp(k, "modules_to_not_convert") || !strcmp(k, "dequantize")) continue;
+        return strata_seterr(c->eb, STRATA_EUNSUPPORTED, "%s: quantization_config.%.60s: unknown field for mxfp4",
+                             c->path, k);
+    }
+    json_t *nc = json_object_get(qc, "modules_to_not_convert");
+    if (nc && !json_is_null(nc) && !json_is_array(nc))
+        return strata_seterr(c->eb, STRATA_EINVAL_INPUT,
+                             "%s: quantization_config.modules_to_not_convert: must be a list of names", c->path);
+    size_t n_re = nc && json_is_array(nc) ? json_array_size(nc) : 0;
+    if (n_re > 64)
+        return strata_seterr(c->eb, STRATA_EUNSUPPORTED,
+                             "%s: quantization_config.modules_to_not_convert: more than 64 patterns", c->path);
+    pcre2_code *re[64] = {0};
+    pcre2_match_data *md = NULL;
+    int rc = 0;
+    for (size_t i = 0; i < n_re; i++) {
+        json_t *e = json_array_get(nc, i);
+        if (!json_is_string(e)) {
+            rc = strata_seterr(c->eb, STRATA_EINVAL_INPUT,
+                               "%s: quantization_config.modules_to_not_convert[%zu]: must be a string", c->path, i);
+            goto out;
+        }
+        int err;
+        PCRE2_SIZE off;
+        re[i] = pcre2_compile((PCRE2_SPTR)json_string_value(e), PCRE2_ZERO_TERMINATED, PCRE2_ANCHORED, &err, &off,
+                              NULL);
+        if (!re[i]) {
+            rc = strata_seterr(c->eb, STRATA_EINVAL_INPUT,
+                               "%s: quantization_config.modules_to_not_convert[%zu]: not a regular expression "
+                               "(offset %zu)", c->path, i, (size_t)off);
+            goto out;
+        }
+    }
+    md = pcre2_match_data_create(8, NULL);
+    if (!md) {
+        rc = strata_seterr(c->eb, STRATA_ENOMEM, "%s: out of memory", c->path);
+        goto out;
+    }
+    for (int l = 0; l < cfg->n_layers; l++) {
+        char name[96];
+        int ln = snprintf(name, sizeof name, "model.layers.%d.mlp.experts", l);
+        bool keep = false;
+        for (size_t i = 0; i < n_re && !keep; i++) {
+            const char *p = json_string_value(json_array_get(nc, i));
+            size_t lp = strlen(p);
+            /* re.match(key + "\\.") matches only where re.match(key) does, so one test covers both */
+            keep = ((size_t)ln >= lp && !strcmp(name + ln - lp, p)) ||
+                   pcre2_match(re[i], (PCRE2_SPTR)name, (size_t)ln, 0, 0, md, NULL) >= 0;
+        }
+        cfg->experts_mxfp4[l] = !keep;
+    }
+out:
+    pcre2_match_data_free(md);
+    for (size_t i = 0; i < n_re; i++) pcre2_code_free(re[i]);
+    return rc;
+}
+
+/* gpt-oss's MoE: router and expert biases, and GptOssExperts' clamped SwiGLU (limit 7.0,
+ * alpha 1.702, hard-coded in transformers: a config's swiglu_limit does not change what
+ * transformers computes, so it does not here either, with a warning when it differs). */
+static int s_gpt_oss_moe(ctx_t *c, model_config_t *cfg)
+{
+    int rc;
+    cfg->router_bias = cfg->expert_bias = true;
+    cfg->ffn_act = FFN_ACT_GPT_OSS;
+    cfg->act_limit = 7.0f;
+    cfg->act_alpha = 1.702f;
+    if (s_val(c, "swiglu_limit")) {
+        double lim;
+        if ((rc = s_num_in(c, c->root, "", "swiglu_limit", 7.0, 0.0, true, 1e6, &lim)) < 0) return rc;
+        if (lim != 7.0)
+            log_warn("%s: swiglu_limit: %g differs from the 7.0 that transformers' GptOssExperts always uses; "
+                     "strata uses 7.0 too", c->path, lim);
+    }
+    if (s_val(c, "experts_per_token")) {
+        int64_t v;
+        if ((rc = s_int(c, "experts_per_token", cfg->top_k, true, 1, MAX_EXPERTS, &v)) < 0) return rc;
+        if (v != cfg->top_k)
+            log_warn("%s: experts_per_token (%lld) differs from num_experts_per_tok (%d); transformers routes to "
+                     "num_experts_per_tok, and so does strata", c->path, (long long)v, cfg->top_k);
+    }
+    if (s_val(c, "initial_context_length")) {
+        int64_t v;
+        if ((rc = s_int(c, "initial_context_length", 0, true, 1, MAX_POS, &v)) < 0) return rc;
+    }
+    return 0;
+}
+
 static int s_parse(ctx_t *c, model_config_t *cfg)
 {
     int rc;
@@ -526,9 +781,6 @@ static int s_parse(ctx_t *c, model_config_t *cfg)
     snprintf(cfg->arch_name, sizeof cfg->arch_name, "%s", a->arch_name);
 
     /* Fields that would change the network beyond what strata runs. */
-    if (s_val(c, "quantization_config"))
-        return strata_seterr(c->eb, STRATA_EUNSUPPORTED,
-                             "%s: quantization_config: pre-quantized checkpoints are not supported yet", c->path);
     bool b = false;
     if ((rc = s_bool(c, "is_encoder_decoder", false, &b)) < 0) return rc;
     if (b) return strata_seterr(c->eb, STRATA_EUNSUPPORTED, "%s: is_encoder_decoder: must be false", c->path);
@@ -598,7 +850,7 @@ static int s_parse(ctx_t *c, model_config_t *cfg)
     cfg->rms_eps = (float)eps;
     if ((rc = s_bool(c, "tie_word_embeddings", false, &cfg->tie_embeddings)) < 0) return rc;
     if ((rc = s_token(c, "bos_token_id", a->bos, cfg->vocab, &cfg->bos_id)) < 0) return rc;
-    if ((rc = s_token(c, "eos_token_id", a->eos, cfg->vocab, &cfg->eos_id)) < 0) return rc;
+    if ((rc = s_eos(c, a->eos, cfg)) < 0) return rc;
     json_t *pad = json_object_get(c->root, "pad_token_id");
     if (pad && !json_is_null(pad) && !json_is_integer(pad))
         return strata_seterr(c->eb, STRATA_EINVAL_INPUT, "%s: pad_token_id: must be an integer or null", c->path);
@@ -606,7 +858,11 @@ static int s_parse(ctx_t *c, model_config_t *cfg)
     /* Attention variants. */
     cfg->qkv_bias = cfg->o_bias = false;
     cfg->qk_norm = QK_NORM_NONE;
-    if (a->arch == ARCH_QWEN2_MOE) {
+    if (a->arch == ARCH_GPT_OSS) {
+        if ((rc = s_bool(c, "attention_bias", true, &cfg->qkv_bias)) < 0) return rc;
+        cfg->o_bias = cfg->qkv_bias;
+        cfg->attn_sinks = true;
+    } else if (a->arch == ARCH_QWEN2_MOE) {
         if ((rc = s_bool(c, "qkv_bias", true, &cfg->qkv_bias)) < 0) return rc;
     } else if (a->arch == ARCH_QWEN3_MOE || a->arch == ARCH_OLMOE) {
         if ((rc = s_bool(c, "attention_bias", false, &cfg->qkv_bias)) < 0) return rc;
@@ -617,33 +873,16 @@ static int s_parse(ctx_t *c, model_config_t *cfg)
         return strata_seterr(c->eb, STRATA_EUNSUPPORTED,
                              "%s: clip_qkv: clipping q/k/v is not supported (only null)", c->path);
 
-    /* Sliding windows cannot be represented: refuse one that is active. A window at least as
-     * long as max_position_embeddings never masks anything and is accepted. */
-    bool use_sw = true;
-    if (a->has_use_sliding && (rc = s_bool(c, "use_sliding_window", false, &use_sw)) < 0) return rc;
-    if (a->has_use_sliding && (rc = s_int(c, "max_window_layers", 0, true, 0, INT32_MAX, &v)) < 0) return rc;
-    int64_t sw;
-    if ((rc = s_int(c, "sliding_window", 0, true, 0, INT64_MAX, &sw)) < 0) return rc;
-    if (use_sw && s_val(c, "sliding_window") && sw < cfg->max_pos)
-        return strata_seterr(c->eb, STRATA_EUNSUPPORTED,
-                             "%s: sliding_window: sliding-window attention (%lld tokens) is not supported",
-                             c->path, (long long)sw);
-    json_t *lt = s_val(c, "layer_types");
-    if (lt) {
-        if (!json_is_array(lt) || json_array_size(lt) != (size_t)cfg->n_layers)
-            return strata_seterr(c->eb, STRATA_EINVAL_INPUT, "%s: layer_types: must list one type per layer (%d)",
-                                 c->path, cfg->n_layers);
-        for (size_t i = 0; i < json_array_size(lt); i++) {
-            json_t *e = json_array_get(lt, i);
-            if (!json_is_string(e) || strcmp(json_string_value(e), "full_attention"))
-                return strata_seterr(c->eb, STRATA_EUNSUPPORTED,
-                                     "%s: layer_types[%zu]: only \"full_attention\" layers are supported", c->path, i);
-        }
+    if (a->arch == ARCH_GPT_OSS) {
+        if ((rc = s_windows(c, cfg)) < 0) return rc;
+    } else if ((rc = s_no_windows(c, a, cfg)) < 0) {
+        return rc;
     }
 
     /* MoE. */
-    const char *ekey = a->arch == ARCH_MIXTRAL ? "num_local_experts" : "num_experts";
-    const char *ekey2 = a->arch == ARCH_QWEN2_MOE ? NULL : a->arch == ARCH_MIXTRAL ? "num_experts" : "num_local_experts";
+    const bool local = a->arch == ARCH_MIXTRAL || a->arch == ARCH_GPT_OSS; /* num_local_experts is the name */
+    const char *ekey = local ? "num_local_experts" : "num_experts";
+    const char *ekey2 = a->arch == ARCH_QWEN2_MOE ? NULL : local ? "num_experts" : "num_local_experts";
     int64_t ne, ne2;
     int64_t emin = (a->arch == ARCH_QWEN2_MOE || a->arch == ARCH_QWEN3_MOE) ? 0 : 1;
     if ((rc = s_int(c, ekey, a->experts, false, emin, MAX_EXPERTS, &ne)) < 0) return rc;
@@ -660,8 +899,12 @@ static int s_parse(ctx_t *c, model_config_t *cfg)
         return strata_seterr(c->eb, STRATA_EINVAL_INPUT, "%s: num_experts_per_tok: %lld exceeds %s (%lld)", c->path,
                              (long long)v, ekey, (long long)ne);
     cfg->top_k = ne ? (int32_t)v : 0;
-    cfg->norm_topk = a->arch == ARCH_MIXTRAL; /* Mixtral always renormalizes */
-    if (a->arch != ARCH_MIXTRAL && (rc = s_bool(c, "norm_topk_prob", false, &cfg->norm_topk)) < 0) return rc;
+    /* Mixtral always renormalizes; gpt-oss takes the softmax of the top-k logits, which is the
+     * same thing. */
+    cfg->norm_topk = a->arch == ARCH_MIXTRAL || a->arch == ARCH_GPT_OSS;
+    if (!cfg->norm_topk && (rc = s_bool(c, "norm_topk_prob", false, &cfg->norm_topk)) < 0) return rc;
+    cfg->ffn_act = FFN_ACT_SILU;
+    if (a->arch == ARCH_GPT_OSS && (rc = s_gpt_oss_moe(c, cfg)) < 0) return rc;
     if (a->arch == ARCH_MIXTRAL && s_val(c, "router_jitter_noise")) {
         double jn; /* training only, but it must be a sane number */
         if ((rc = s_num_in(c, c->root, "", "router_jitter_noise", 0, 0, false, 1e6, &jn)) < 0) return rc;
@@ -669,7 +912,7 @@ static int s_parse(ctx_t *c, model_config_t *cfg)
 
     cfg->shared_inter = 0;
     cfg->dense_inter = 0;
-    if (a->arch == ARCH_MIXTRAL || a->arch == ARCH_OLMOE) {
+    if (a->arch == ARCH_MIXTRAL || a->arch == ARCH_OLMOE || a->arch == ARCH_GPT_OSS) {
         cfg->moe_inter = (int32_t)inter;
         for (int i = 0; i < cfg->n_layers; i++) cfg->layer_sparse[i] = true;
     } else {
@@ -703,6 +946,15 @@ static int s_parse(ctx_t *c, model_config_t *cfg)
     }
     for (int i = cfg->n_layers; i < MAX_LAYERS; i++) cfg->layer_sparse[i] = false;
 
+    json_t *qc = s_val(c, "quantization_config"); /* after the layers are known */
+    if (qc && (rc = s_quant(c, a, qc, cfg)) < 0) return rc;
+    if (a->arch == ARCH_GPT_OSS && !s_val(c, "rope_scaling") && !s_val(c, "rope_parameters")) {
+        /* GptOssConfig's default: YaRN from a 4096-token original context */
+        json_t *d = json_pack("{s:s, s:f, s:f, s:f, s:b, s:i}", "rope_type", "yarn", "factor", 32.0, "beta_fast", 32.0,
+                              "beta_slow", 1.0, "truncate", 0, "original_max_position_embeddings", 4096);
+        if (!d || json_object_set_new(c->root, "rope_parameters", d) < 0)
+            return strata_seterr(c->eb, STRATA_ENOMEM, "%s: out of memory", c->path);
+    }
     if ((rc = s_rope(c, a, cfg)) < 0) return rc;
     /* Extreme but in-range scaling parameters must not yield unusable frequencies. */
     bool ok = isfinite(cfg->attn_factor) && cfg->attn_factor > 0;
@@ -740,33 +992,94 @@ fail:
     return rc;
 }
 
-/* Read and parse the config.json at path (at most 16 MB). 0 or <0 with eb set. */
-int model_config_load(model_config_t *cfg, const char *path, strata_errbuf_t *eb)
+/* generation_config.json text: its eos_token_id, when set, is cfg's stop set; see model.h. */
+int model_config_apply_generation(model_config_t *cfg, const char *json, size_t len, const char *name,
+                                  strata_errbuf_t *eb)
 {
     int rc = 0;
-    char *buf = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        rc = strata_seterr(eb, -errno, "%s: cannot open: %s", path, strerror(errno));
-        goto fail;
+    json_error_t jerr;
+    json_t *v;
+    int32_t ids[MODEL_MAX_EOS], n = 0;
+    ctx_t c = {name ? name : "generation_config.json", NULL, eb};
+    c.root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!c.root) {
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: JSON: %s (line %d, column %d)", c.path, jerr.text,
+                             jerr.line, jerr.column);
     }
-    buf = malloc(MAX_CONFIG_BYTES + 1);
-    if (!buf) {
+    if (!json_is_object(c.root)) {
+        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: not a JSON object", c.path);
+        goto out;
+    }
+    /* transformers: the generation config's eos_token_id is the stop set; without one (absent
+     * or null) the model config's stands */
+    if (!(v = s_val(&c, "eos_token_id"))) goto out;
+    if ((rc = s_eos_ids(&c, v, cfg->vocab, ids, &n)) < 0) goto out;
+    memcpy(cfg->eos_ids, ids, sizeof ids);
+    cfg->n_eos = n;
+    cfg->eos_id = n ? ids[0] : -1;
+out:
+    json_decref(c.root);
+    return rc;
+}
+
+/* Read the file at path (at most MAX_CONFIG_BYTES) into a malloc'd *buf of *n bytes. */
+static int s_read(const char *path, char **buf, size_t *n, strata_errbuf_t *eb)
+{
+    int rc = 0;
+    *buf = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return strata_seterr(eb, -errno, "%s: cannot open: %s", path, strerror(errno));
+    *buf = malloc(MAX_CONFIG_BYTES + 1);
+    if (!*buf) {
         rc = strata_seterr(eb, STRATA_ENOMEM, "%s: out of memory", path);
         goto fail;
     }
-    size_t n = fread(buf, 1, MAX_CONFIG_BYTES + 1, f);
+    *n = fread(*buf, 1, MAX_CONFIG_BYTES + 1, f);
     if (ferror(f)) {
         rc = strata_seterr(eb, STRATA_EIO, "%s: read error", path);
         goto fail;
     }
-    if (n > MAX_CONFIG_BYTES) {
+    if (*n > MAX_CONFIG_BYTES) {
         rc = strata_seterr(eb, STRATA_ETOOLARGE, "%s: larger than %d bytes", path, MAX_CONFIG_BYTES);
         goto fail;
     }
-    rc = model_config_parse(cfg, buf, n, path, eb);
+    fclose(f);
+    return 0;
 fail:
-    if (f) fclose(f);
+    fclose(f);
+    free(*buf);
+    *buf = NULL;
+    return rc;
+}
+
+/* Read and parse the config.json at path (at most 16 MB), then apply the generation_config.json
+ * in the same folder when there is one. 0 or <0 with eb set. */
+int model_config_load(model_config_t *cfg, const char *path, strata_errbuf_t *eb)
+{
+    int rc;
+    char *buf = NULL;
+    size_t n = 0;
+    char gpath[4200];
+    FILE *f;
+    if ((rc = s_read(path, &buf, &n, eb)) < 0) goto fail;
+    if ((rc = model_config_parse(cfg, buf, n, path, eb)) < 0) goto fail;
     free(buf);
+    buf = NULL;
+    const char *slash = strrchr(path, '/');
+    int dl = slash ? (int)(slash - path + 1) : 0;
+    if (snprintf(gpath, sizeof gpath, "%.*sgeneration_config.json", dl, path) >= (int)sizeof gpath) {
+        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: path too long", path);
+        goto fail;
+    }
+    f = fopen(gpath, "rb");
+    if (!f && errno == ENOENT) return 0; /* no generation config: config.json's ids stand */
+    if (f) fclose(f);
+    if ((rc = s_read(gpath, &buf, &n, eb)) < 0) goto fail;
+    if ((rc = model_config_apply_generation(cfg, buf, n, gpath, eb)) < 0) goto fail;
+    free(buf);
+    return 0;
+fail:
+    free(buf);
+    memset(cfg, 0, sizeof *cfg);
     return rc;
 }

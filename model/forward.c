@@ -2,7 +2,9 @@
  *
  * Per step: embed -> for each layer { h = x + attn(rmsnorm(x)); x = h + ffn(rmsnorm(h)) }
  * -> final rmsnorm -> lm_head for the rows that need logits. Semantics follow HF
- * transformers (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) in fp32.
+ * transformers (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, gpt-oss) in fp32. gpt-oss adds attention
+ * sinks, sliding-window layers (a token attends to the last sliding_window positions, itself
+ * included), a router bias, expert biases and its clamped SwiGLU.
  *
  * MoE layers group the step's tokens by expert: every expert with at least one routed token
  * runs once over its tokens (inputs gathered contiguous, outputs scatter-added with the gate
@@ -78,13 +80,15 @@ static int s_check_model(const model_t *m, int32_t *max_inter)
         const layer_t *L = &m->layers[l];
         if (L->wq.rows != qd || L->wq.cols != c->hidden || L->wk.rows != kd || L->wk.cols != c->hidden ||
             L->wv.rows != kd || L->wv.cols != c->hidden || L->wo.rows != c->hidden || L->wo.cols != qd ||
-            !L->attn_norm || !L->ffn_norm || (c->qk_norm != QK_NORM_NONE && (!L->q_norm || !L->k_norm))) {
+            !L->attn_norm || !L->ffn_norm || (c->qk_norm != QK_NORM_NONE && (!L->q_norm || !L->k_norm)) ||
+            (c->attn_sinks && !L->sinks)) {
             log_error("forward: layer %d attention weights do not match the config", l);
             return STRATA_EINVAL_INPUT;
         }
         if (c->layer_sparse[l]) {
             if (!L->experts || c->n_experts <= 0 || c->top_k <= 0 || c->top_k > c->n_experts ||
-                L->router.rows != c->n_experts || L->router.cols != c->hidden) {
+                L->router.rows != c->n_experts || L->router.cols != c->hidden || (c->router_bias && !L->router_b) ||
+                (c->expert_bias && (!L->egate_b || !L->eup_b || !L->edown_b))) {
                 log_error("forward: layer %d MoE weights do not match the config", l);
                 return STRATA_EINVAL_INPUT;
             }
@@ -210,6 +214,12 @@ int forward_set_remote(forward_ctx_t *f, const moe_remote_t *r)
     f->rx_e = f->rx_n = NULL;
     f->remote = NULL;
     if (!r || c->n_experts <= 0) return 0;
+    if (c->expert_bias || c->ffn_act != FFN_ACT_SILU) {
+        /* the prefetchers' expert jobs carry plain SwiGLU experts only */
+        log_warn("forward: %s's experts have biases or another activation; they all run in this process, not "
+                 "in the prefetchers", c->arch_name);
+        return 0;
+    }
     int fail = 0;
     size_t ne = (size_t)c->n_experts;
     f->posted = s_alloc(r->n_dest > 0 ? (size_t)r->n_dest : 1, 1, &fail);
@@ -295,10 +305,13 @@ static void s_attn_fn(void *ctx, int64_t i0, int64_t i1, int tid)
     size_t qd = (size_t)c->n_heads * c->head_dim;
     float scale = 1.0f / sqrtf((float)c->head_dim);
     float *scratch = f->att_scratch + (size_t)tid * (size_t)f->att_cap;
+    const int32_t win = c->layer_sliding[j->layer] ? c->sliding_window : 0;
+    const float *sinks = f->m->layers[j->layer].sinks;
     for (int64_t t = i0; t < i1; t++) {
         const int32_t *bt = j->b->block_tables[j->b->seq[t]];
-        cpu_attention(f->att + t * qd, f->q + t * qd, kl, vl, bt, j->b->pos[t] + 1, c->n_heads, c->n_kv_heads,
-                      c->head_dim, kv->block_size, scale, scratch);
+        int32_t n_ctx = j->b->pos[t] + 1, start = win > 0 && n_ctx > win ? n_ctx - win : 0;
+        cpu_attention(f->att + t * qd, f->q + t * qd, kl, vl, bt, start, n_ctx, c->n_heads, c->n_kv_heads,
+                      c->head_dim, kv->block_size, scale, sinks, scratch);
     }
 }
 
@@ -353,6 +366,19 @@ static void s_gather(const forward_ctx_t *f, float *dst, int32_t p0, int32_t cnt
     for (int32_t i = 0; i < cnt; i++) memcpy(dst + (size_t)i * H, f->xn + (size_t)f->e_tok[p0 + i] * H, H * sizeof(float));
 }
 
+/* What expert e of layer L adds to plain SwiGLU: its biases and the model's activation. */
+static cpu_ffn_opts_t s_expert_opts(const model_t *m, const layer_t *L, int e)
+{
+    const model_config_t *c = &m->cfg;
+    cpu_ffn_opts_t o = {.clamped = c->ffn_act == FFN_ACT_GPT_OSS, .limit = c->act_limit, .alpha = c->act_alpha};
+    if (c->expert_bias) {
+        o.gate_bias = L->egate_b + (size_t)e * c->moe_inter;
+        o.up_bias = L->eup_b + (size_t)e * c->moe_inter;
+        o.down_bias = L->edown_b + (size_t)e * c->hidden;
+    }
+    return o;
+}
+
 /* The experts of this layer marked in f->here, each over its tokens, outputs into f->yp at their
  * pair indices (the inputs gathered into f->xg in waves that fit its T rows). */
 static void s_run_here(forward_ctx_t *f, const layer_t *L)
@@ -361,6 +387,7 @@ static void s_run_here(forward_ctx_t *f, const layer_t *L)
     int H = c->hidden, ne = c->n_experts;
     for (int e = 0; e < ne;) {
         cpu_ffn_item_t items[CPU_FFN_MANY_MAX];
+        cpu_ffn_opts_t opts[CPU_FFN_MANY_MAX];
         int ni = 0;
         int32_t rows = 0;
         for (; e < ne && ni < CPU_FFN_MANY_MAX; e++) {
@@ -369,8 +396,12 @@ static void s_run_here(forward_ctx_t *f, const layer_t *L)
             if (rows + cnt > f->max_tokens) break; /* the next wave */
             s_gather(f, f->xg + (size_t)rows * H, p0, cnt);
             const ffn_t *E = &L->experts[e];
-            items[ni++] = (cpu_ffn_item_t){.x = f->xg + (size_t)rows * H, .out = f->yp + (size_t)p0 * H, .n = cnt,
-                                           .gate = &E->gate, .up = &E->up, .down = &E->down};
+            const bool ex = c->expert_bias || c->ffn_act != FFN_ACT_SILU;
+            if (ex) opts[ni] = s_expert_opts(f->m, L, e);
+            items[ni] = (cpu_ffn_item_t){.x = f->xg + (size_t)rows * H, .out = f->yp + (size_t)p0 * H, .n = cnt,
+                                         .gate = &E->gate, .up = &E->up, .down = &E->down,
+                                         .opts = ex ? &opts[ni] : NULL};
+            ni++;
             rows += cnt;
         }
         if (ni) cpu_ffn_swiglu_many(f->pool, items, ni, f->ffn_scratch);
@@ -449,7 +480,7 @@ static void s_moe(forward_ctx_t *f, int l, int n)
     bool renorm = c->norm_topk || c->arch == ARCH_MIXTRAL;
 
     /* the router, and Qwen2-MoE's shared-expert gate, in one dispatch */
-    const cpu_mm_item_t rg[2] = {{f->rlog, &L->router, NULL}, {f->sg, &L->shared_gate, NULL}};
+    const cpu_mm_item_t rg[2] = {{f->rlog, &L->router, L->router_b}, {f->sg, &L->shared_gate, NULL}};
     cpu_matmul_multi(f->pool, f->xn, n, rg, c->shared_inter > 0 ? 2 : 1);
     memset(f->e_off, 0, (size_t)(ne + 1) * sizeof(int32_t));
     for (int t = 0; t < n; t++) {
@@ -486,8 +517,8 @@ static void s_moe(forward_ctx_t *f, int l, int n)
     if (c->shared_inter > 0) {
         /* Qwen2-MoE: + sigmoid(x @ shared_gate^T) * shared_ffn(x) */
         for (int t = 0; t < n; t++) f->sg[t] = 1.0f / (1.0f + expf(-f->sg[t]));
-        cpu_ffn_swiglu(f->pool, f->y, f->xn, n, &L->shared.gate, &L->shared.up, &L->shared.down, f->ffn_scratch,
-                       f->sg, true);
+        cpu_ffn_swiglu(f->pool, f->y, f->xn, n, &L->shared.gate, &L->shared.up, &L->shared.down, NULL,
+                       f->ffn_scratch, f->sg, true);
     }
 }
 
@@ -501,8 +532,8 @@ static void s_ffn(forward_ctx_t *f, int l, int n)
     if (c->layer_sparse[l])
         s_moe(f, l, n);
     else
-        cpu_ffn_swiglu(f->pool, f->y, f->xn, n, &L->dense.gate, &L->dense.up, &L->dense.down, f->ffn_scratch, NULL,
-                       false);
+        cpu_ffn_swiglu(f->pool, f->y, f->xn, n, &L->dense.gate, &L->dense.up, &L->dense.down, NULL, f->ffn_scratch,
+                       NULL, false);
     for (size_t i = 0; i < (size_t)n * H; i++) f->x[i] += f->y[i];
 }
 

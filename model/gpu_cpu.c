@@ -282,7 +282,7 @@ static void s_compute_here(gpu_model_t *g, int l, int n, const int32_t *idx, int
         if (g->cpu_row[i] < 0 || g->cpu_dest[idx[i]] != d) continue;
         const ffn_t *x = &g->m->layers[l].experts[idx[i]];
         it[ni++] = (cpu_ffn_item_t){.x = g->h_xn + (size_t)(i / K) * H, .out = g->cpu_fy + (size_t)g->cpu_row[i] * H,
-                                    .n = 1, .gate = &x->gate, .up = &x->up, .down = &x->down};
+                                    .n = 1, .gate = &x->gate, .up = &x->up, .down = &x->down, .opts = NULL};
         g->st.cpu_local++;
         if (ni == CPU_FFN_MANY_MAX) {
             cpu_ffn_swiglu_many(NULL, it, ni, g->cpu_scr);

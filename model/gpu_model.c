@@ -691,6 +691,10 @@ int gpu_model_create(gpu_model_t **out, const model_t *m, const gpu_opts_t *o, s
     int rc;
     if (o->max_tokens <= 0 || o->kv_blocks <= 0 || o->block_size <= 0)
         return strata_seterr(eb, STRATA_EINVAL_INPUT, "gpu: max_tokens, kv_blocks and block_size must be positive");
+    if (c->attn_sinks || c->sliding_window > 0 || c->router_bias || c->expert_bias || c->ffn_act != FFN_ACT_SILU)
+        return strata_seterr(eb, STRATA_EUNSUPPORTED,
+                             "gpu: %s (attention sinks, sliding windows, biased experts) runs on the CPU backend "
+                             "only so far ([executor] backend = cpu)", c->arch_name);
     if (cuda_device_count() <= o->device)
         return strata_seterr(eb, STRATA_EUNSUPPORTED, "gpu: no CUDA device %d (found %d)", o->device, cuda_device_count());
     gpu_model_t *g = calloc(1, sizeof *g);

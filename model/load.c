@@ -20,6 +20,16 @@
  *     [out][in], so every expert is a contiguous slice and stays zero copy.
  * Mixtral's router is block_sparse_moe.gate (4.x) or mlp.gate (5.x renames it).
  *
+ * gpt-oss (GptOssExperts) keeps its experts fused and in x @ W layout: mlp.experts.gate_up_proj
+ * [E][hidden][2 inter] with gate and up interleaved on the last dim (even, odd), down_proj
+ * [E][inter][hidden], biases gate_up_proj_bias [E][2 inter] and down_proj_bias [E][hidden];
+ * these are transposed into owned Linear-layout matrices (BF16 stays BF16 bits). An MXFP4
+ * checkpoint (quantization_config quant_method mxfp4) ships *_blocks uint8 [E][rows][cols/32][16]
+ * and *_scales uint8 e8m0 [E][rows][cols/32] in Linear layout: down_proj is used in place, gate
+ * and up are the even and odd rows of gate_up_proj copied byte for byte (WF_MXFP4, never
+ * dequantized). Its router is mlp.router.{weight,bias}, and self_attn.sinks [n_heads] the
+ * attention sinks.
+ *
  * Every tensor the config needs must be present with the exact shape and a float dtype;
  * otherwise one error line names the file, the tensor and the expected shape. NaN or Inf
  * values produce a warning naming the tensor. Tensors the model does not use are logged and
@@ -352,9 +362,10 @@ static int s_scan(ld_t *L)
     return 0;
 }
 
-/* Look up name, check dtype (F32/BF16/F16) and shape; mark it used. *t = NULL when absent and
- * not required. */
-static int s_get(ld_t *L, const char *name, int ndim, const int64_t *shape, bool required, const st_tensor_t **out)
+/* Look up name, check dtype (F32/BF16/F16, or U8 when u8) and shape; mark it used. *t = NULL
+ * when absent and not required. U8 tensors (MXFP4 blocks and scales) are not NaN-scanned. */
+static int s_get_typed(ld_t *L, const char *name, int ndim, const int64_t *shape, bool required, bool u8,
+                       const st_tensor_t **out)
 {
     shard_t *sh = NULL;
     const st_tensor_t *t = s_lookup(L, name, &sh);
@@ -366,10 +377,9 @@ static int s_get(ld_t *L, const char *name, int ndim, const int64_t *shape, bool
         return strata_seterr(L->eb, STRATA_EINVAL_INPUT, "%s: tensor '%.200s' %s is missing%s (needed by the config)",
                              s_where(L), name, want, L->weight_map ? " from weight_map" : "");
     }
-    if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16)
-        return strata_seterr(L->eb, STRATA_EUNSUPPORTED,
-                             "%s: tensor '%.200s': dtype %s is not supported (F32, BF16 or F16)", st_path(sh->st),
-                             name, st_dtype_name(t->dtype));
+    if (u8 ? t->dtype != ST_U8 : (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16))
+        return strata_seterr(L->eb, STRATA_EUNSUPPORTED, "%s: tensor '%.200s': dtype %s is not supported (%s)",
+                             st_path(sh->st), name, st_dtype_name(t->dtype), u8 ? "MXFP4 needs U8" : "F32, BF16 or F16");
     bool ok = t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
     if (!ok) {
@@ -381,7 +391,9 @@ static int s_get(ld_t *L, const char *name, int ndim, const int64_t *shape, bool
                              st_path(sh->st), name, got, want);
     }
     size_t idx = (size_t)(t - st_tensor(sh->st, 0));
-    if (!sh->used[idx]) {
+    if (!sh->used[idx] && u8) {
+        sh->used[idx] = 1;
+    } else if (!sh->used[idx]) {
         sh->used[idx] = 1;
         if (L->n_scan == L->cap_scan) {
             size_t cap = L->cap_scan ? 2 * L->cap_scan : 256;
@@ -394,6 +406,11 @@ static int s_get(ld_t *L, const char *name, int ndim, const int64_t *shape, bool
     }
     *out = t;
     return 0;
+}
+
+static int s_get(ld_t *L, const char *name, int ndim, const int64_t *shape, bool required, const st_tensor_t **out)
+{
+    return s_get_typed(L, name, ndim, shape, required, false, out);
 }
 
 /* Elements [off, off+n) of t as an owned F32 buffer, or in place when t is aligned F32. */
@@ -531,6 +548,178 @@ static int s_experts(ld_t *L, int l, layer_t *ly, const char *moe)
     return 0;
 }
 
+/* ---- gpt-oss experts ------------------------------------------------------------------- */
+
+/* dst[r][c] = src[e][c][r * step + off] for the [rows][cols] matrix of expert e of t, whose
+ * slice e is [cols][src_cols] (x @ W layout, as GptOssExperts holds gate_up_proj and
+ * down_proj): transposed into HF Linear layout, BF16 kept as BF16 bits, F32 and F16 as F32. */
+static int s_transposed(ld_t *L, const st_tensor_t *t, int64_t e, int64_t rows, int64_t cols, int64_t src_cols,
+                        int step, int off, qmat_t *q)
+{
+    memset(q, 0, sizeof *q);
+    q->rows = (int32_t)rows;
+    q->cols = (int32_t)cols;
+    const size_t es = st_dtype_size(t->dtype);
+    const uint8_t *src = (const uint8_t *)t->data + (size_t)e * (size_t)cols * (size_t)src_cols * es;
+    const bool bf = t->dtype == ST_BF16;
+    void *buf = malloc((size_t)rows * (size_t)cols * (bf ? 2 : 4) + 1);
+    if (!buf || model_own_buffer(L->m, buf) < 0) {
+        free(buf);
+        return strata_seterr(L->eb, STRATA_ENOMEM, "%s: out of memory transposing '%.200s'", L->dir, t->name);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const size_t sc = (size_t)(r * step + off);
+        for (int64_t c = 0; c < cols; c++) {
+            const uint8_t *p = src + ((size_t)c * (size_t)src_cols + sc) * es;
+            size_t d = (size_t)r * (size_t)cols + (size_t)c;
+            if (bf) {
+                memcpy((uint16_t *)buf + d, p, 2);
+            } else if (t->dtype == ST_F32) {
+                memcpy((float *)buf + d, p, 4);
+            } else {
+                uint16_t h;
+                memcpy(&h, p, 2);
+                ((float *)buf)[d] = f16_to_f32(h);
+            }
+        }
+    }
+    q->fmt = bf ? WF_BF16 : WF_F32;
+    q->data = buf;
+    return 0;
+}
+
+/* An MXFP4 pair as the checkpoint ships it: <base>_blocks uint8 [E][rows][cols/32][16] and
+ * <base>_scales uint8 e8m0 [E][rows][cols/32]. A scale of 0xFF (NaN in the OCP spec) is refused. */
+static int s_mx_pair(ld_t *L, const char *base, int64_t E, int64_t rows, int64_t cols, const st_tensor_t **blk,
+                     const st_tensor_t **scl)
+{
+    char n[256];
+    int rc;
+    if (cols % 32)
+        return strata_seterr(L->eb, STRATA_EINVAL_INPUT, "%s: tensor '%.200s_blocks': %lld columns are not a multiple "
+                             "of the MXFP4 block (32)", s_where(L), base, (long long)cols);
+    int64_t sb[4] = {E, rows, cols / 32, 16}, ss[3] = {E, rows, cols / 32};
+    NAME(n, "%s_blocks", base);
+    if ((rc = s_get_typed(L, n, 4, sb, true, true, blk)) < 0) return rc;
+    NAME(n, "%s_scales", base);
+    if ((rc = s_get_typed(L, n, 3, ss, true, true, scl)) < 0) return rc;
+    if ((*blk)->dtype != ST_U8 || (*scl)->dtype != ST_U8)
+        return strata_seterr(L->eb, STRATA_EINVAL_INPUT, "%s: tensor '%.200s_%s': dtype %s, MXFP4 needs U8",
+                             s_where(L), base, (*blk)->dtype != ST_U8 ? "blocks" : "scales",
+                             st_dtype_name((*blk)->dtype != ST_U8 ? (*blk)->dtype : (*scl)->dtype));
+    const uint8_t *s = (*scl)->data;
+    for (size_t i = 0; i < (*scl)->nbytes; i++)
+        if (s[i] == 0xFF)
+            return strata_seterr(L->eb, STRATA_EINVAL_INPUT,
+                                 "%s: tensor '%.200s_scales': element %zu is 0xFF, NaN in the MXFP4 (e8m0) scale "
+                                 "format", s_where(L), base, i);
+    return 0;
+}
+
+/* Rows r*step + off (r < rows) of expert e of an MXFP4 pair, as a [rows][cols] WF_MXFP4 matrix:
+ * the bytes are the checkpoint's, bit for bit; a contiguous slice (step 1) is used in place. */
+static int s_mx_rows(ld_t *L, const st_tensor_t *blk, const st_tensor_t *scl, int64_t e, int64_t src_rows,
+                     int64_t rows, int64_t cols, int step, int off, qmat_t *q)
+{
+    memset(q, 0, sizeof *q);
+    q->fmt = WF_MXFP4;
+    q->rows = (int32_t)rows;
+    q->cols = (int32_t)cols;
+    q->group = 32;
+    const size_t rb = (size_t)cols / 2, rs = (size_t)cols / 32;
+    const uint8_t *b = (const uint8_t *)blk->data + (size_t)e * (size_t)src_rows * rb;
+    const uint8_t *s = (const uint8_t *)scl->data + (size_t)e * (size_t)src_rows * rs;
+    if (step == 1) {
+        q->data = b + (size_t)off * rb;
+        q->scales = s + (size_t)off * rs;
+        return 0;
+    }
+    uint8_t *db = malloc((size_t)rows * (rb + rs) + 1);
+    if (!db || model_own_buffer(L->m, db) < 0) {
+        free(db);
+        return strata_seterr(L->eb, STRATA_ENOMEM, "%s: out of memory copying '%.200s'", L->dir, blk->name);
+    }
+    uint8_t *ds = db + (size_t)rows * rb;
+    for (int64_t r = 0; r < rows; r++) {
+        memcpy(db + (size_t)r * rb, b + (size_t)(r * step + off) * rb, rb);
+        memcpy(ds + (size_t)r * rs, s + (size_t)(r * step + off) * rs, rs);
+    }
+    q->data = db;
+    q->scales = ds;
+    return 0;
+}
+
+/* Elements i*step + off of a [n][src_len] vector tensor, per row, as an owned F32 [n][len]. */
+static int s_vec_strided(ld_t *L, const st_tensor_t *t, int64_t n, int64_t src_len, int64_t len, int step, int off,
+                         float **out)
+{
+    float *all;
+    int rc = s_as_f32(L, t, 0, (size_t)(n * src_len), &all);
+    if (rc < 0) return rc;
+    float *f = malloc((size_t)(n * len) * sizeof *f + 1);
+    if (!f || model_own_buffer(L->m, f) < 0) {
+        free(f);
+        return strata_seterr(L->eb, STRATA_ENOMEM, "%s: out of memory converting '%.200s'", L->dir, t->name);
+    }
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t i = 0; i < len; i++) f[r * len + i] = all[r * src_len + i * step + off];
+    *out = f;
+    return 0;
+}
+
+/* GptOssExperts: gate_up_proj [E][hidden][2 inter], its last dim interleaving gate (even) and
+ * up (odd) columns, and down_proj [E][inter][hidden], both x @ W; or, with MXFP4
+ * (quantization_config), gate_up_proj_blocks/_scales [E][2 inter][hidden/32][16 | -] whose
+ * rows interleave gate and up the same way, and down_proj_blocks/_scales [E][hidden][inter/32].
+ * Biases gate_up_proj_bias [E][2 inter] (interleaved too) and down_proj_bias [E][hidden].
+ * Gate and up become separate [inter][hidden] matrices, down a [hidden][inter] one. */
+static int s_experts_gpt_oss(ld_t *L, int l, layer_t *ly)
+{
+    const model_config_t *c = &L->m->cfg;
+    const int64_t E = c->n_experts, H = c->hidden, I = c->moe_inter;
+    char n[256];
+    int rc;
+    const st_tensor_t *gub, *dnb;
+    int64_t s_gub[2] = {E, 2 * I}, s_dnb[2] = {E, H};
+    NAME(n, "model.layers.%d.mlp.experts.gate_up_proj_bias", l);
+    if ((rc = s_get(L, n, 2, s_gub, true, &gub)) < 0) return rc;
+    NAME(n, "model.layers.%d.mlp.experts.down_proj_bias", l);
+    if ((rc = s_get(L, n, 2, s_dnb, true, &dnb)) < 0) return rc;
+    if ((rc = s_vec_strided(L, gub, E, 2 * I, I, 2, 0, &ly->egate_b)) < 0 ||
+        (rc = s_vec_strided(L, gub, E, 2 * I, I, 2, 1, &ly->eup_b)) < 0 ||
+        (rc = s_vec_strided(L, dnb, E, H, H, 1, 0, &ly->edown_b)) < 0)
+        return rc;
+    if (c->experts_mxfp4[l]) {
+        const st_tensor_t *gb, *gs, *db, *ds;
+        NAME(n, "model.layers.%d.mlp.experts.gate_up_proj", l);
+        if ((rc = s_mx_pair(L, n, E, 2 * I, H, &gb, &gs)) < 0) return rc;
+        NAME(n, "model.layers.%d.mlp.experts.down_proj", l);
+        if ((rc = s_mx_pair(L, n, E, H, I, &db, &ds)) < 0) return rc;
+        for (int64_t e = 0; e < E; e++) {
+            ffn_t *f = &ly->experts[e];
+            if ((rc = s_mx_rows(L, gb, gs, e, 2 * I, I, H, 2, 0, &f->gate)) < 0 ||
+                (rc = s_mx_rows(L, gb, gs, e, 2 * I, I, H, 2, 1, &f->up)) < 0 ||
+                (rc = s_mx_rows(L, db, ds, e, H, H, I, 1, 0, &f->down)) < 0)
+                return rc;
+        }
+        return 0;
+    }
+    const st_tensor_t *gu, *dn;
+    int64_t s_gu[3] = {E, H, 2 * I}, s_dn[3] = {E, I, H};
+    NAME(n, "model.layers.%d.mlp.experts.gate_up_proj", l);
+    if ((rc = s_get(L, n, 3, s_gu, true, &gu)) < 0) return rc;
+    NAME(n, "model.layers.%d.mlp.experts.down_proj", l);
+    if ((rc = s_get(L, n, 3, s_dn, true, &dn)) < 0) return rc;
+    for (int64_t e = 0; e < E; e++) {
+        ffn_t *f = &ly->experts[e];
+        if ((rc = s_transposed(L, gu, e, I, H, 2 * I, 2, 0, &f->gate)) < 0 ||
+            (rc = s_transposed(L, gu, e, I, H, 2 * I, 2, 1, &f->up)) < 0 ||
+            (rc = s_transposed(L, dn, e, H, I, H, 1, 0, &f->down)) < 0)
+            return rc;
+    }
+    return 0;
+}
+
 static int s_layer(ld_t *L, int l)
 {
     const model_config_t *c = &L->m->cfg;
@@ -557,6 +746,10 @@ static int s_layer(ld_t *L, int l)
             if ((rc = s_vec(L, n, rows[i], true, b[i])) < 0) return rc;
         }
     }
+    if (c->attn_sinks) {
+        NAME(n, "model.layers.%d.self_attn.sinks", l);
+        if ((rc = s_vec(L, n, c->n_heads, true, &ly->sinks)) < 0) return rc;
+    }
     if (c->qk_norm != QK_NORM_NONE) {
         bool head = c->qk_norm == QK_NORM_HEAD;
         NAME(n, "model.layers.%d.self_attn.q_norm.weight", l);
@@ -575,6 +768,19 @@ static int s_layer(ld_t *L, int l)
     if (c->arch == ARCH_MIXTRAL) {
         NAME(n, "model.layers.%d.block_sparse_moe.gate.weight", l);
         if (s_lookup(L, n, &sh)) moe = "block_sparse_moe";
+    }
+    if (c->arch == ARCH_GPT_OSS) {
+        NAME(n, "model.layers.%d.mlp.router.weight", l);
+        if ((rc = s_mat(L, n, c->n_experts, H, true, &ly->router)) < 0) return rc;
+        NAME(n, "model.layers.%d.mlp.router.bias", l);
+        if ((rc = s_vec(L, n, c->n_experts, true, &ly->router_b)) < 0) return rc;
+        ly->experts = calloc((size_t)c->n_experts, sizeof *ly->experts);
+        if (!ly->experts || model_own_buffer(L->m, ly->experts) < 0) {
+            free(ly->experts);
+            ly->experts = NULL;
+            return strata_seterr(L->eb, STRATA_ENOMEM, "%s: out of memory", L->dir);
+        }
+        return s_experts_gpt_oss(L, l, ly);
     }
     NAME(n, "model.layers.%d.%s.gate.weight", l, moe);
     if ((rc = s_mat(L, n, c->n_experts, H, true, &ly->router)) < 0) return rc;

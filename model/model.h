@@ -16,7 +16,15 @@
 #include "kernels/cpu/qmat.h"
 #include "kernels/cpu/threadpool.h"
 
-typedef enum { ARCH_MIXTRAL = 0, ARCH_QWEN2_MOE = 1, ARCH_QWEN3_MOE = 2, ARCH_OLMOE = 3 } arch_t;
+typedef enum { ARCH_MIXTRAL = 0, ARCH_QWEN2_MOE = 1, ARCH_QWEN3_MOE = 2, ARCH_OLMOE = 3, ARCH_GPT_OSS = 4 } arch_t;
+
+/* Most end-of-sequence ids a model may list (model_config_t.eos_ids; the hello's eos_ids). */
+#define MODEL_MAX_EOS 16
+
+typedef enum {
+    FFN_ACT_SILU = 0,   /* h = silu(g) * u */
+    FFN_ACT_GPT_OSS = 1 /* g = min(g, limit), u = clamp(u, -limit, limit), h = (u + 1) * g * sigmoid(alpha g) */
+} ffn_act_t;
 
 typedef enum {
     QK_NORM_NONE = 0,
@@ -44,6 +52,9 @@ typedef struct {
     bool qkv_bias;
     bool o_bias;
     qk_norm_t qk_norm;
+    bool attn_sinks;          /* gpt-oss: a learned logit per head joins each softmax */
+    int32_t sliding_window;   /* tokens a sliding layer attends to (itself included); 0 = none */
+    bool layer_sliding[256];  /* [n_layers] true = the layer attends only to the last sliding_window */
     /* MoE */
     int32_t n_experts;
     int32_t top_k;
@@ -52,15 +63,43 @@ typedef struct {
     int32_t shared_inter;     /* shared expert intermediate size; 0 = none */
     int32_t dense_inter;      /* intermediate size of dense MLP layers */
     bool layer_sparse[256];   /* [n_layers] true = MoE layer, false = dense MLP */
+    bool router_bias;         /* gpt-oss: the router has a bias [n_experts] */
+    bool expert_bias;         /* gpt-oss: experts have gate/up/down biases */
+    ffn_act_t ffn_act;
+    float act_limit, act_alpha; /* FFN_ACT_GPT_OSS: 7.0 and 1.702 */
+    bool experts_mxfp4[256];  /* [n_layers] the checkpoint ships this layer's experts in MXFP4
+                               * (quantization_config quant_method mxfp4) */
     bool tie_embeddings;
-    int32_t bos_id, eos_id;   /* -1 if absent */
+    int32_t bos_id, eos_id;   /* -1 if absent; eos_id = eos_ids[0] */
+    /* The ids that end a generation, as transformers' generate() stops: eos_token_id of
+     * generation_config.json when the folder has one that sets it, else config.json's (an id or
+     * a list). Distinct, in [0, vocab), in the order listed; listed ids outside the vocabulary
+     * are dropped with a warning (the model can never emit them). */
+    int32_t n_eos;                  /* [0, MODEL_MAX_EOS] */
+    int32_t eos_ids[MODEL_MAX_EOS]; /* [n_eos] */
 } model_config_t;
 
-/* Parse config.json at path into c. Every field of a real config is honoured or refused:
+/* True when tok ends a generation: one of c->eos_ids. */
+static inline bool model_is_eos(const model_config_t *c, int32_t tok)
+{
+    for (int32_t i = 0; i < c->n_eos; i++)
+        if (c->eos_ids[i] == tok) return true;
+    return false;
+}
+
+/* Parse config.json at path into c, then the generation_config.json beside it when there is
+ * one (model_config_apply_generation). Every field of a real config is honoured or refused:
  * on error returns <0 and eb names the file and the field. */
 int model_config_load(model_config_t *c, const char *path, strata_errbuf_t *eb);
-/* Same, from a JSON text (for fuzzing and tests); `name` is used in messages. */
+/* Parse config.json text into c (for fuzzing, tests and the arenas, which then apply their
+ * generation_config.json themselves); `name` is used in messages. */
 int model_config_parse(model_config_t *c, const char *json, size_t len, const char *name, strata_errbuf_t *eb);
+/* Apply generation_config.json text to a parsed c: its eos_token_id (an id or a list of at most
+ * MODEL_MAX_EOS), when present and not null, replaces c's stop set (eos_id, eos_ids); other keys
+ * are a request's defaults and are not read. 0, or <0 with eb naming `name` and the field and c
+ * unchanged. */
+int model_config_apply_generation(model_config_t *c, const char *json, size_t len, const char *name,
+                                  strata_errbuf_t *eb);
 
 typedef struct {
     qmat_t gate, up, down; /* gate/up: [inter][hidden]; down: [hidden][inter] */
@@ -71,10 +110,14 @@ typedef struct {
     qmat_t wq, wk, wv, wo;       /* [n_heads*hd][hidden], [n_kv*hd][hidden] x2, [hidden][n_heads*hd] */
     float *bq, *bk, *bv, *bo;    /* biases or NULL */
     float *q_norm, *k_norm;      /* [head_dim] (HEAD) or [n_heads*hd] / [n_kv*hd] (FULL), or NULL */
+    float *sinks;                /* [n_heads] attention sink logits, or NULL */
     float *ffn_norm;             /* [hidden] */
     /* MoE layer */
     qmat_t router;               /* [n_experts][hidden], F32 */
+    float *router_b;             /* [n_experts] router bias, or NULL */
     ffn_t *experts;              /* [n_experts] */
+    float *egate_b, *eup_b;      /* [n_experts][moe_inter] expert gate / up biases, or NULL */
+    float *edown_b;              /* [n_experts][hidden] expert down biases, or NULL */
     ffn_t shared;                /* shared expert (if cfg.shared_inter) */
     qmat_t shared_gate;          /* [1][hidden] F32, sigmoid gate of the shared expert */
     /* dense layer */

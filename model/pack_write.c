@@ -66,6 +66,16 @@ static void s_pick_fmt(const packed_write_opts_t *o, const packed_slot_t *sl, wf
     default: f = o->fmt; break;
     }
     *group = 0;
+    if (f == WF_MXFP4) {
+        if (sl->cols % 32 == 0) {
+            *group = 32;
+        } else {
+            f = WF_INT8;
+            (*fallbacks)++;
+            log_debug("pack: %s [%d x %d] does not fit mxfp4 blocks of 32; stored as int8", sl->name, sl->rows,
+                      sl->cols);
+        }
+    }
     if (f == WF_INT4) {
         int32_t g = o->group;
         while (g >= 32 && sl->cols % g) g /= 2;
@@ -94,7 +104,7 @@ static int s_plan(const model_config_t *c, const packed_slot_t *slots, int32_t n
     pm->version = PACKED_VERSION;
     snprintf(pm->arch, sizeof pm->arch, "%s", c->arch_name);
     pm->fmt = o->fmt;
-    pm->group = o->fmt == WF_INT4 ? o->group : 0;
+    pm->group = o->fmt == WF_INT4 ? o->group : o->fmt == WF_MXFP4 ? 32 : 0;
     pm->attn_fmt = o->attn_fmt;
     pm->embed_fmt = o->embed_fmt;
     pm->alignment = o->alignment;
@@ -278,6 +288,17 @@ static int s_write_matrix(tpool_t *pool, s_out_t *out, const packed_tensor_t *t,
     if (!src || !src->data || src->rows != t->rows || src->cols != t->cols)
         return strata_seterr(eb, STRATA_EINVAL_INPUT, "source model: tensor '%s' is missing or not [%d, %d]", t->name,
                              t->rows, t->cols);
+    if (src->fmt == WF_MXFP4 && t->fmt == WF_MXFP4) {
+        /* the source is in the format asked (an MXFP4 checkpoint packed as mxfp4, say): its
+         * bytes are written as they are, never requantized */
+        S_TRY(s_out_pad(out, t->offset, eb));
+        S_TRY(s_out_write(out, src->data, t->bytes, eb));
+        if (t->scale_bytes) {
+            S_TRY(s_out_pad(out, t->scale_offset, eb));
+            S_TRY(s_out_write(out, src->scales, t->scale_bytes, eb));
+        }
+        return 0;
+    }
     if (t->scale_bytes) {
         scales = malloc(t->scale_bytes);
         if (!scales) return -ENOMEM;

@@ -92,9 +92,20 @@ int packed_slots(const model_config_t *c, model_t *m, packed_slot_t **out, int32
             s_add(&L, PC_NORM, l, -1, 1, 1, nq, NULL, QP(q_norm), "layers.%d.q_norm", l);
             s_add(&L, PC_NORM, l, -1, 1, 1, nkv, NULL, QP(k_norm), "layers.%d.k_norm", l);
         }
+        if (c->attn_sinks) s_add(&L, PC_BIAS, l, -1, 1, 1, c->n_heads, NULL, QP(sinks), "layers.%d.sinks", l);
         s_add(&L, PC_NORM, l, -1, 1, 1, H, NULL, QP(ffn_norm), "layers.%d.ffn_norm", l);
         if (c->layer_sparse[l]) {
             s_add(&L, PC_ROUTER, l, -1, 2, c->n_experts, H, QP(router), NULL, "layers.%d.router", l);
+            if (c->router_bias)
+                s_add(&L, PC_BIAS, l, -1, 1, 1, c->n_experts, NULL, QP(router_b), "layers.%d.router_bias", l);
+            if (c->expert_bias) {
+                /* every expert's biases of the layer, [n_experts][inter] / [n_experts][hidden]:
+                 * resident, indexed by expert, so an expert block holds matrices only */
+                const int EI = c->n_experts * c->moe_inter, EH = c->n_experts * H;
+                s_add(&L, PC_BIAS, l, -1, 1, 1, EI, NULL, QP(egate_b), "layers.%d.experts_gate_bias", l);
+                s_add(&L, PC_BIAS, l, -1, 1, 1, EI, NULL, QP(eup_b), "layers.%d.experts_up_bias", l);
+                s_add(&L, PC_BIAS, l, -1, 1, 1, EH, NULL, QP(edown_b), "layers.%d.experts_down_bias", l);
+            }
             for (int e = 0; e < c->n_experts; e++) {
                 ffn_t *x = (ly && ly->experts) ? &ly->experts[e] : NULL;
                 const int I = c->moe_inter;
@@ -573,7 +584,14 @@ int packed_manifest_check(const packed_manifest_t *pm, const model_config_t *c, 
                                name, found, t->name, wfmt_name(t->fmt), s_allowed_text(sl->cls));
             goto fail;
         }
-        if (t->fmt == WF_INT4) {
+        if (t->fmt == WF_MXFP4) {
+            if (t->group != 32 || t->cols % 32) {
+                rc = strata_seterr(eb, STRATA_EINVAL_INPUT,
+                                   "%s: field 'tensors[%d].group' of '%s' = %d must be 32 for mxfp4, with columns (%d) "
+                                   "a multiple of 32", name, found, t->name, t->group, t->cols);
+                goto fail;
+            }
+        } else if (t->fmt == WF_INT4) {
             if (t->group < 32 || t->group % 32 || t->cols % t->group) {
                 rc = strata_seterr(eb, STRATA_EINVAL_INPUT,
                                    "%s: field 'tensors[%d].group' of '%s' = %d must be a multiple of 32 dividing %d columns",
@@ -997,7 +1015,7 @@ int packed_model_build(model_t *m, const packed_manifest_t *pm, const int32_t *i
             q->fmt = t->fmt;
             q->rows = t->rows;
             q->cols = t->cols;
-            q->group = t->fmt == WF_INT4 ? t->group : 0;
+            q->group = t->fmt == WF_INT4 || t->fmt == WF_MXFP4 ? t->group : 0;
             q->data = base + t->offset;
             q->scales = t->scale_bytes ? base + t->scale_offset : NULL;
         } else {

@@ -190,27 +190,35 @@ static void s_multi_chunk(void *ctx, int64_t i0, int64_t i1, int tid)
     }
 }
 
-/* CPU_ACT_Q8: quantize the activations of every INT4 job (once per distinct x) into the
- * calling thread's S_BUF_Q8 buffer and point the jobs at them; for the VNNI kernel, packed in
- * its order (cpu_avx512vnni_q8_pack), through a row-order copy at the end of the buffer. */
+/* CPU_ACT_Q8: quantize the activations of every INT4 and MXFP4 job (once per distinct x and
+ * layout) into the calling thread's S_BUF_Q8 buffer and point the jobs at them. The VNNI
+ * kernel takes an INT4 job's activations packed in its order (cpu_avx512vnni_q8_pack), through
+ * a row-order copy at the end of the buffer; everything else reads them in row order. */
+static bool s_q8_fmt(wfmt_t fmt)
+{
+    return fmt == WF_INT4 || fmt == WF_MXFP4;
+}
+
 static void s_q8_prepare(mm_job_t *jobs, int n_jobs, bool vnni)
 {
     size_t need = 0, tmp = 0;
     for (int k = 0; k < n_jobs; k++)
-        if (jobs[k].w->fmt == WF_INT4) {
+        if (s_q8_fmt(jobs[k].w->fmt)) {
             const size_t nc = (size_t)jobs[k].n * jobs[k].w->cols;
             need += nc / 32 * (32 + 2 * sizeof(float));
-            if (vnni && nc > tmp) tmp = nc;
+            if (vnni && jobs[k].w->fmt == WF_INT4 && nc > tmp) tmp = nc;
         }
     if (!need) return;
     char *at = s_thread_buf(S_BUF_Q8, need + tmp);
     int8_t *rowq = (int8_t *)at + need; /* [n][cols] for the VNNI kernel's pack */
     for (int k = 0; k < n_jobs; k++) {
         mm_job_t *j = &jobs[k];
-        if (j->w->fmt != WF_INT4) continue;
+        if (!s_q8_fmt(j->w->fmt)) continue;
+        const bool pack = vnni && j->w->fmt == WF_INT4;
         const mm_job_t *same = NULL;
         for (int i = 0; i < k && !same; i++)
-            if (jobs[i].xq && jobs[i].x == j->x && jobs[i].ldx == j->ldx && jobs[i].n == j->n && jobs[i].w->cols == j->w->cols)
+            if (jobs[i].xq && jobs[i].x == j->x && jobs[i].ldx == j->ldx && jobs[i].n == j->n &&
+                jobs[i].w->cols == j->w->cols && (vnni && jobs[i].w->fmt == WF_INT4) == pack)
                 same = &jobs[i];
         if (same) {
             j->xq = same->xq, j->xd = same->xd, j->xs = same->xs;
@@ -221,9 +229,9 @@ static void s_q8_prepare(mm_job_t *jobs, int n_jobs, bool vnni)
         int32_t *s = (int32_t *)(at + nb * sizeof(float));
         int8_t *q = (int8_t *)(at + nb * 2 * sizeof(float));
         at += nb * (32 + 2 * sizeof(float));
-        cpu_q8_quantize(j->x, j->ldx, j->n, j->w->cols, vnni ? rowq : q, d, s);
+        cpu_q8_quantize(j->x, j->ldx, j->n, j->w->cols, pack ? rowq : q, d, s);
 #ifdef STRATA_CPU_AVX512_VNNI
-        if (vnni) cpu_avx512vnni_q8_pack(rowq, j->n, j->w->cols, q);
+        if (pack) cpu_avx512vnni_q8_pack(rowq, j->n, j->w->cols, q);
 #endif
         j->xq = q, j->xd = d, j->xs = s;
     }
@@ -247,8 +255,8 @@ static void s_run_jobs(tpool_t *pool, mm_job_t *jobs, int n_jobs)
 }
 
 void cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                   const int32_t *block_table, int n_ctx, int n_heads, int n_kv_heads, int head_dim,
-                   int block_size, float scale, float *scratch)
+                   const int32_t *block_table, int ctx_start, int n_ctx, int n_heads, int n_kv_heads,
+                   int head_dim, int block_size, float scale, const float *sinks, float *scratch)
 {
     attn_fn_t fn = cpu_ref_attention;
     switch (cpu_ops_init()) {
@@ -261,7 +269,8 @@ void cpu_attention(float *out, const float *q, const float *k_cache, const float
 #endif
     default: break;
     }
-    fn(out, q, k_cache, v_cache, block_table, n_ctx, n_heads, n_kv_heads, head_dim, block_size, scale, scratch);
+    fn(out, q, k_cache, v_cache, block_table, ctx_start, n_ctx, n_heads, n_kv_heads, head_dim, block_size, scale, sinks,
+       scratch);
 }
 
 void cpu_matmul(tpool_t *pool, float *y, const float *x, int n, const qmat_t *w, const float *bias)
@@ -271,13 +280,33 @@ void cpu_matmul(tpool_t *pool, float *y, const float *x, int n, const qmat_t *w,
     s_run_jobs(pool, &j, 1);
 }
 
+/* h = act(g, u) in place of g over cnt elements, per opts (contract in ops.h): plain SwiGLU
+ * silu(g) * u, or gpt-oss's clamped form. The biases are already in g and u (the gate and up
+ * jobs add them as their bias). NaN passes through both clamps, as torch.clamp's does. */
+static void s_ffn_act(float *g, const float *u, int64_t cnt, const cpu_ffn_opts_t *opts)
+{
+    if (!opts || !opts->clamped) {
+        for (int64_t e = 0; e < cnt; e++) g[e] = g[e] / (1.0f + expf(-g[e])) * u[e];
+        return;
+    }
+    const float lim = opts->limit, alpha = opts->alpha;
+    for (int64_t e = 0; e < cnt; e++) {
+        const float gv = g[e] > lim ? lim : g[e];
+        const float uv = u[e] > lim ? lim : u[e] < -lim ? -lim : u[e];
+        const float glu = gv / (1.0f + expf(-alpha * gv)); /* gate * sigmoid(alpha * gate) */
+        g[e] = (uv + 1.0f) * glu;
+    }
+}
+
 /* The FFNs of items (out_i = yscale_i * ffn_i(x_i), added to out_i if acc), gate/up of all in
- * one dispatch, then every down in one. */
+ * one dispatch, then every down in one. Each item's biases ride on its jobs' bias (mm_store
+ * adds the bias before the scale, so the down bias is scaled with the rest). */
 static void s_ffn_items(tpool_t *pool, const cpu_ffn_item_t *items, int n_items, float *scratch, const float *yscale,
                         bool acc)
 {
     STRATA_ASSERT(n_items >= 1 && n_items <= CPU_FFN_MANY_MAX);
     mm_job_t jobs[S_MAX_JOBS];
+    const cpu_ffn_opts_t *opts[CPU_FFN_MANY_MAX]; /* per job pair */
     float *at = scratch;
     int nj = 0;
     for (int i = 0; i < n_items; i++) {
@@ -285,18 +314,21 @@ static void s_ffn_items(tpool_t *pool, const cpu_ffn_item_t *items, int n_items,
         if (it->n <= 0) continue;
         const int inter = it->gate->rows;
         STRATA_ASSERT(it->up->rows == inter && it->up->cols == it->gate->cols && it->down->cols == inter);
+        const cpu_ffn_opts_t *o = it->opts;
         float *g = at, *u = at + (int64_t)it->n * inter; /* [n][inter] each */
         at += (int64_t)2 * it->n * inter;
-        jobs[nj++] = (mm_job_t){.w = it->gate, .x = it->x, .y = g, .n = it->n, .ldx = it->gate->cols, .ldy = inter};
-        jobs[nj++] = (mm_job_t){.w = it->up, .x = it->x, .y = u, .n = it->n, .ldx = it->up->cols, .ldy = inter};
+        opts[nj / 2] = o;
+        jobs[nj++] = (mm_job_t){.w = it->gate, .x = it->x, .y = g, .n = it->n, .ldx = it->gate->cols, .ldy = inter,
+                                .bias = o ? o->gate_bias : NULL};
+        jobs[nj++] = (mm_job_t){.w = it->up, .x = it->x, .y = u, .n = it->n, .ldx = it->up->cols, .ldy = inter,
+                                .bias = o ? o->up_bias : NULL};
     }
     if (!nj) return;
     s_run_jobs(pool, jobs, nj);
     int nd = 0;
     for (int k = 0; k < nj; k += 2) {
         float *g = jobs[k].y, *u = jobs[k + 1].y;
-        const int64_t cnt = (int64_t)jobs[k].n * jobs[k].ldy;
-        for (int64_t e = 0; e < cnt; e++) g[e] = g[e] / (1.0f + expf(-g[e])) * u[e];
+        s_ffn_act(g, u, (int64_t)jobs[k].n * jobs[k].ldy, opts[k / 2]);
         jobs[nd++] = (mm_job_t){.w = NULL, .x = g, .n = jobs[k].n, .ldx = jobs[k].ldy};
     }
     for (int i = 0, d = 0; i < n_items; i++) {
@@ -304,7 +336,7 @@ static void s_ffn_items(tpool_t *pool, const cpu_ffn_item_t *items, int n_items,
         if (it->n <= 0) continue;
         mm_job_t *j = &jobs[d++];
         *j = (mm_job_t){.w = it->down, .x = j->x, .y = it->out, .n = it->n, .ldx = j->ldx, .ldy = it->down->rows,
-                        .yscale = yscale, .acc = acc};
+                        .bias = it->opts ? it->opts->down_bias : NULL, .yscale = yscale, .acc = acc};
     }
     s_run_jobs(pool, jobs, nd);
 }
@@ -325,10 +357,11 @@ void cpu_matmul_multi(tpool_t *pool, const float *x, int n, const cpu_mm_item_t 
 }
 
 void cpu_ffn_swiglu(tpool_t *pool, float *out, const float *x, int n, const qmat_t *gate, const qmat_t *up,
-                    const qmat_t *down, float *scratch, const float *scale, bool accumulate)
+                    const qmat_t *down, const cpu_ffn_opts_t *opts, float *scratch, const float *scale,
+                    bool accumulate)
 {
     if (n <= 0) return;
-    const cpu_ffn_item_t it = {.x = x, .out = out, .n = n, .gate = gate, .up = up, .down = down};
+    const cpu_ffn_item_t it = {.x = x, .out = out, .n = n, .gate = gate, .up = up, .down = down, .opts = opts};
     s_ffn_items(pool, &it, 1, scratch, scale, accumulate);
 }
 

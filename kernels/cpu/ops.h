@@ -25,14 +25,16 @@ cpu_isa_t cpu_ops_set_isa(cpu_isa_t isa);
 /* "ref", "avx2", "avx512", "avx512vnni" (the STRATA_CPU_ISA names). */
 const char *cpu_isa_name(cpu_isa_t isa);
 
-/* How INT4 matmuls treat their activations (process-wide, like the ISA):
+/* How INT4 and MXFP4 matmuls treat their activations (process-wide, like the ISA):
  *   CPU_ACT_F32 (default): fp32 times the exactly dequantized weights, the reference
  *     semantics every other format has (packed == unpacked to fp32 rounding);
  *   CPU_ACT_Q8: each token's x is quantized to int8 in blocks of 32 columns, exactly as the
  *     GPU's integer path does (scale amax/127, round to nearest even, the block sum for the
- *     int4 offset), and dotted in integers. About 3x less ALU work per weight, so batch-1
- *     decode can reach the memory bound on cores too slow to convert nibbles to fp32 at that
- *     rate; costs the int8 rounding of x (~1e-2 relative per matmul).
+ *     int4 offset), and dotted in integers (MXFP4: twice its e2m1 values, integers in
+ *     [-12, 12]). About 3x less ALU work per weight, so batch-1 decode can reach the memory
+ *     bound on cores too slow to convert nibbles to fp32 at that rate; costs the int8
+ *     rounding of x (~1e-2 relative per matmul). The result is the exactly dequantized
+ *     weights dotted with x' = xq * xd, to fp32 summation error. Other formats ignore it.
  * STRATA_CPU_ACT=f32|q8 sets the starting value. */
 typedef enum { CPU_ACT_F32 = 0, CPU_ACT_Q8 = 1 } cpu_act_t;
 cpu_act_t cpu_ops_act(void);
@@ -104,7 +106,8 @@ typedef struct {
     const cpu_ffn_opts_t *opts; /* NULL: plain SwiGLU */
 } cpu_ffn_item_t;
 #define CPU_FFN_MANY_MAX 64
-/* out_i = down_i(silu(gate_i(x_i)) * up_i(x_i)) for every item (n_items <= CPU_FFN_MANY_MAX),
+/* out_i = down_i(act(gate_i(x_i), up_i(x_i))), act and biases per opts_i, for every item
+ * (n_items <= CPU_FFN_MANY_MAX),
  * e.g. the active experts of a MoE layer, in two pool dispatches in all (every gate and up,
  * then every down) instead of two per item: at decode each matrix is a few microseconds of
  * work, so dispatch and barrier cost would otherwise rival it on many threads. Each out_i is

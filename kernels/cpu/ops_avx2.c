@@ -18,6 +18,10 @@
  *         high nibbles of 16 bytes, so two masks give both halves in column order; nibble
  *         - 8 as int8, sign-extend, convert. The group scale multiplies each 32-column
  *         partial dot.
+ *   MXFP4: the same lookup kernel as INT4 with e2m1 tables; the low nibbles hold the even
+ *         columns and the high ones the odd, so the permutation of x that s_fused makes
+ *         folds that de-interleave in too (once per token, not per weight). The e8m0 scale
+ *         of each block becomes fp32 by a shift (e8m0_to_f32) and multiplies its partial dot.
  * More than 4 tokens (prefill, expert batches): each row is dequantized once into an
  * L1-resident fp32 buffer and multiplied into the tokens 4 at a time, in token blocks
  * sized so the block's activations stay in L2.
@@ -44,6 +48,7 @@ ALWAYS float s_hsum(__m256 v)
 typedef struct {
     const void *p;        /* row data */
     const uint16_t *sc;   /* INT4: fp16 scales of this row [cols / group] */
+    const uint8_t *e8;    /* MXFP4: e8m0 scales of this row [cols / 32] */
     int group;            /* INT4 */
 } s_row_t;
 
@@ -144,21 +149,32 @@ ALWAYS __m256 s_int4_scale(const s_row_t *rw, int b, int gshift)
     return _mm256_set1_ps(_cvtsh_ss(rw->sc[b >> gshift]));
 }
 
-/* INT4 decode kernel. Converting nibbles with vpmovsxbd + vcvtdq2ps is bound by the
+/* INT4 and MXFP4 decode kernel. Converting nibbles with vpmovsxbd + vcvtdq2ps is bound by the
  * conversion port on Zen-class cores; a table lookup is cheaper: every value q - 8 in
  * [-8, 7] is a float whose low two bytes are zero (a bf16), so two pshufb lookups give its
  * bytes 3 and 2 and an unpack pairs them into 16-bit high halves. Those become floats
  * without more shuffles: a 32-bit shift left by 16 gives the even columns, a mask of the
  * high halves the odd ones, so the activations come permuted to match (each 8 columns as
  * [0 2 4 6 1 3 5 7], made once per call in s_fused). All in 128-bit registers: a 256-bit
- * op is two on those cores. Exact: the same values as (float)(q - 8). */
-ALWAYS void s_int4_block(const uint8_t *p, int c, const float *x, int64_t ldx, int T, __m128 *acc, __m128 d)
+ * op is two on those cores. Exact: the same values as (float)(q - 8). Every e2m1 value
+ * (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives) is a bf16 as well, so MXFP4 takes the same
+ * path with its own tables; there "column" below means the kernel's order (low nibbles, then
+ * high ones), which s_fused maps to the even and odd columns. */
+ALWAYS void s_lut_block(wfmt_t fmt, const uint8_t *p, int c, const float *x, int64_t ldx, int T, __m128 *acc,
+                        __m128 d)
 {
-    const __m128i lut3 = _mm_setr_epi8((char)0xC1, (char)0xC0, (char)0xC0, (char)0xC0, (char)0xC0, (char)0xC0,
-                                       (char)0xC0, (char)0xBF, 0x00, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40);
-    const __m128i lut2 = _mm_setr_epi8(0x00, (char)0xE0, (char)0xC0, (char)0xA0, (char)0x80, 0x40, 0x00,
-                                       (char)0x80, 0x00, (char)0x80, 0x00, 0x40, (char)0x80, (char)0xA0,
-                                       (char)0xC0, (char)0xE0);
+    /* bytes 3 and 2 of the fp32 of each nibble: INT4 (q - 8), MXFP4 e2m1 (qmat.c's table) */
+    const __m128i lut3 = fmt == WF_INT4
+                             ? _mm_setr_epi8((char)0xC1, (char)0xC0, (char)0xC0, (char)0xC0, (char)0xC0, (char)0xC0,
+                                             (char)0xC0, (char)0xBF, 0x00, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40)
+                             : _mm_setr_epi8(0x00, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, (char)0x80, (char)0xBF,
+                                             (char)0xBF, (char)0xBF, (char)0xC0, (char)0xC0, (char)0xC0, (char)0xC0);
+    const __m128i lut2 = fmt == WF_INT4
+                             ? _mm_setr_epi8(0x00, (char)0xE0, (char)0xC0, (char)0xA0, (char)0x80, 0x40, 0x00,
+                                             (char)0x80, 0x00, (char)0x80, 0x00, 0x40, (char)0x80, (char)0xA0,
+                                             (char)0xC0, (char)0xE0)
+                             : _mm_setr_epi8(0x00, 0x00, (char)0x80, (char)0xC0, 0x00, 0x40, (char)0x80, (char)0xC0,
+                                             0x00, 0x00, (char)0x80, (char)0xC0, 0x00, 0x40, (char)0x80, (char)0xC0);
     const __m128i m = _mm_set1_epi8(0x0f), hm = _mm_set1_epi32((int)0xFFFF0000);
     __m128i b = _mm_loadu_si128((const __m128i *)(p + c / 2));
     __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
@@ -183,24 +199,45 @@ ALWAYS void s_int4_block(const uint8_t *p, int c, const float *x, int64_t ldx, i
     }
 }
 
-ALWAYS void s_int4_row_dots(const s_row_t *rw, int cols, const float *x, int64_t ldx, int T, float *out)
+/* The fp32 scales of a row's INT4 groups or MXFP4 blocks into dsc[cols / group + 8]; returns
+ * log2(group / 32), the shift from a block index to its scale's. */
+ALWAYS int s_lut_scales(wfmt_t fmt, const s_row_t *rw, int cols, float *dsc)
+{
+    int g = 0;
+    if (fmt == WF_MXFP4) { /* e8m0_to_f32, 8 at a time: e << 23, with 0x00400000 or-ed in for 0 and 0xFF */
+        const int nb = cols / 32;
+        const __m256i z = _mm256_setzero_si256(), ff = _mm256_set1_epi32(0xFF), half = _mm256_set1_epi32(0x00400000);
+        for (; g + 8 <= nb; g += 8) {
+            const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rw->e8 + g)));
+            const __m256i sp = _mm256_or_si256(_mm256_cmpeq_epi32(e, z), _mm256_cmpeq_epi32(e, ff));
+            _mm256_storeu_ps(dsc + g, _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(e, 23),
+                                                                          _mm256_and_si256(sp, half))));
+        }
+        for (; g < nb; g++) dsc[g] = e8m0_to_f32(rw->e8[g]);
+        return 0;
+    }
+    const int ng = cols / rw->group;
+    for (; g + 8 <= ng; g += 8) _mm256_storeu_ps(dsc + g, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rw->sc + g))));
+    for (; g < ng; g++) dsc[g] = _cvtsh_ss(rw->sc[g]);
+    return __builtin_ctz((unsigned)rw->group / 32);
+}
+
+ALWAYS void s_lut_row_dots(wfmt_t fmt, const s_row_t *rw, int cols, const float *x, int64_t ldx, int T, float *out)
 {
     __m128 a0[4], a1[4];
     for (int t = 0; t < T; t++) a0[t] = a1[t] = _mm_setzero_ps();
     const uint8_t *p = rw->p;
-    const int nb = cols / 32, gshift = __builtin_ctz((unsigned)rw->group / 32), ng = cols / rw->group;
+    const int nb = cols / 32;
     /* the row's scales in fp32 up front: a broadcast from memory is a plain load, where a
      * per-block convert + broadcast would add to the shuffle port the lookups already load */
-    float dsc[ng + 8];
-    int g = 0;
-    for (; g + 8 <= ng; g += 8) _mm256_storeu_ps(dsc + g, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rw->sc + g))));
-    for (; g < ng; g++) dsc[g] = _cvtsh_ss(rw->sc[g]);
+    float dsc[nb + 8];
+    const int gshift = s_lut_scales(fmt, rw, cols, dsc);
     int b = 0;
     for (; b + 2 <= nb; b += 2) {
-        s_int4_block(p, b * 32, x, ldx, T, a0, _mm_broadcast_ss(dsc + (b >> gshift)));
-        s_int4_block(p, b * 32 + 32, x, ldx, T, a1, _mm_broadcast_ss(dsc + ((b + 1) >> gshift)));
+        s_lut_block(fmt, p, b * 32, x, ldx, T, a0, _mm_broadcast_ss(dsc + (b >> gshift)));
+        s_lut_block(fmt, p, b * 32 + 32, x, ldx, T, a1, _mm_broadcast_ss(dsc + ((b + 1) >> gshift)));
     }
-    if (b < nb) s_int4_block(p, b * 32, x, ldx, T, a0, _mm_broadcast_ss(dsc + (b >> gshift)));
+    if (b < nb) s_lut_block(fmt, p, b * 32, x, ldx, T, a0, _mm_broadcast_ss(dsc + (b >> gshift)));
     for (int t = 0; t < T; t++) {
         __m128 a = _mm_add_ps(a0[t], a1[t]);
         a = _mm_add_ps(a, _mm_movehl_ps(a, a));
@@ -261,16 +298,20 @@ ALWAYS void s_row_view(const qmat_t *w, int32_t r, s_row_t *rw, float *rscale)
         rw->sc = (const uint16_t *)w->scales + r * (cols / w->group);
         rw->group = w->group;
         break;
+    case WF_MXFP4:
+        rw->p = (const uint8_t *)w->data + r * (cols / 2);
+        rw->e8 = (const uint8_t *)w->scales + r * (cols / 32);
+        break;
     default: STRATA_ASSERT(!"format");
     }
 }
 
 /* out[T] for tokens [t0, t0 + T) of row rw (xp: the permuted activations of the token block
- * starting at tb, for INT4). */
+ * starting at tb, for INT4 and MXFP4). */
 ALWAYS void s_slice(const mm_job_t *j, wfmt_t fmt, const s_row_t *rw, const float *xp, int tb, int t0, int T, float *out)
 {
     const int cols = j->w->cols;
-    if (fmt == WF_INT4) s_int4_row_dots(rw, cols, xp + (int64_t)(t0 - tb) * cols, cols, T, out);
+    if (fmt == WF_INT4 || fmt == WF_MXFP4) s_lut_row_dots(fmt, rw, cols, xp + (int64_t)(t0 - tb) * cols, cols, T, out);
     else s_row_dots(fmt, rw, cols, j->x + (int64_t)t0 * j->ldx, j->ldx, T, out);
 }
 
@@ -286,13 +327,33 @@ ALWAYS void s_fused(const mm_job_t *j, wfmt_t fmt, int32_t r0, int32_t r1)
     for (int tb = 0; tb < j->n; tb += tbk) {
         const int te = tb + tbk < j->n ? tb + tbk : j->n;
         float *xp = NULL;
-        if (fmt == WF_INT4) { /* x with each 8 columns as [0 2 4 6 1 3 5 7], see s_int4_block */
+        if (fmt == WF_INT4) { /* x with each 8 columns as [0 2 4 6 1 3 5 7], see s_lut_block */
             xp = cpu_row_buf((size_t)(te - tb) * w->cols);
             const __m256i perm = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
             for (int t = tb; t < te; t++)
                 for (int c = 0; c < w->cols; c += 8)
                     _mm256_storeu_ps(xp + (int64_t)(t - tb) * w->cols + c,
                                      _mm256_permutevar8x32_ps(_mm256_loadu_ps(j->x + (int64_t)t * j->ldx + c), perm));
+        } else if (fmt == WF_MXFP4) {
+            /* s_lut_block's order for a block: low nibbles (columns 0, 2, .., 30), then high ones
+             * (1, 3, .., 31), each 8 as [0 2 4 6 1 3 5 7]; so per 32 columns
+             *   0 4 8 12 2 6 10 14 | 16 20 24 28 18 22 26 30 | 1 5 9 13 3 7 11 15 | 17 21 25 29 19 23 27 31:
+             * shufps picks the even (odd) columns of two vectors, per 128-bit lane, and a permute
+             * puts them in that order. */
+            xp = cpu_row_buf((size_t)(te - tb) * w->cols);
+            const __m256i perm = _mm256_setr_epi32(0, 4, 2, 6, 1, 5, 3, 7);
+            for (int t = tb; t < te; t++)
+                for (int c = 0; c < w->cols; c += 32) {
+                    const float *xt = j->x + (int64_t)t * j->ldx + c;
+                    float *o = xp + (int64_t)(t - tb) * w->cols + c;
+                    const __m256 a0 = _mm256_loadu_ps(xt), a1 = _mm256_loadu_ps(xt + 8);
+                    const __m256 a2 = _mm256_loadu_ps(xt + 16), a3 = _mm256_loadu_ps(xt + 24);
+                    const __m256 v[4] = {_mm256_shuffle_ps(a0, a1, _MM_SHUFFLE(2, 0, 2, 0)),  /* even */
+                                         _mm256_shuffle_ps(a2, a3, _MM_SHUFFLE(2, 0, 2, 0)),
+                                         _mm256_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1)),  /* odd */
+                                         _mm256_shuffle_ps(a2, a3, _MM_SHUFFLE(3, 1, 3, 1))};
+                    for (int k = 0; k < 4; k++) _mm256_storeu_ps(o + 8 * k, _mm256_permutevar8x32_ps(v[k], perm));
+                }
         }
         for (int32_t r = r0; r < r1; r++) {
             s_row_t rw = {0};

@@ -10,6 +10,11 @@
  *         and make the row's outputs NaN, as in the reference.
  *   INT4: low nibbles of the 16 bytes are columns 0..15 and high nibbles 16..31 (the
  *         Q4_0 order), so each half sign-extends straight to one vector after - 8.
+ *   MXFP4: the 16 bytes zero-extend to 16 int32 indices; vpermps reads only an index's low 4
+ *         bits, so it looks the low nibbles up in a 16-float e2m1 table as they are, and the
+ *         high ones after a shift by 4. Those are the even and the odd columns of the block,
+ *         so s_fused de-interleaves x to match, once per token: each 32 columns as the 16 even
+ *         then the 16 odd. The block's e8m0 scale multiplies its partial dot, like INT4's.
  * More than 4 tokens: dequantize each row once into an fp32 buffer, then 4 tokens at a
  * time, in token blocks whose activations stay in L2.
  */
@@ -25,10 +30,12 @@
 typedef struct {
     const void *p;        /* row data */
     const uint16_t *sc;   /* INT4: fp16 scales of this row [cols / group] */
+    const uint8_t *e8;    /* MXFP4: e8m0 scales of this row [cols / 32] */
     int group;            /* INT4 */
 } s_row_t;
 
-/* Columns [c, c+32) as two fp32 vectors (cols c..c+15, c+16..c+31). */
+/* Columns [c, c+32) as two fp32 vectors (cols c..c+15, c+16..c+31; MXFP4: the even columns,
+ * then the odd ones). */
 ALWAYS void s_load32(wfmt_t fmt, const s_row_t *rw, int c, __m512 w[2], __mmask16 *nan)
 {
     switch (fmt) {
@@ -73,6 +80,14 @@ ALWAYS void s_load32(wfmt_t fmt, const s_row_t *rw, int c, __m512 w[2], __mmask1
         w[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi));
         break;
     }
+    case WF_MXFP4: {
+        const __m512 lut = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
+                                          -2.0f, -3.0f, -4.0f, -6.0f); /* e2m1 by nibble */
+        const __m512i i = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((const uint8_t *)rw->p + c / 2)));
+        w[0] = _mm512_permutexvar_ps(i, lut);
+        w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(i, 4), lut);
+        break;
+    }
     default:
         STRATA_ASSERT(!"format");
     }
@@ -91,8 +106,8 @@ ALWAYS float s_load1(wfmt_t fmt, const s_row_t *rw, int c)
 }
 
 /* Multiply-accumulate columns [c, c+32) into T tokens: non-INT4 into acc0 (cols 0-15) and
- * acc1 (16-31); INT4 forms the block's dot first and adds it times the group scale d to
- * acc0. */
+ * acc1 (16-31); INT4 and MXFP4 form the block's dot first and add it times the block's scale d
+ * to acc0. */
 ALWAYS void s_block(wfmt_t fmt, const s_row_t *rw, int c, const float *x, int64_t ldx, int T, __m512 *acc0,
                     __m512 *acc1, __m512 d, __mmask16 *nan)
 {
@@ -100,7 +115,7 @@ ALWAYS void s_block(wfmt_t fmt, const s_row_t *rw, int c, const float *x, int64_
     s_load32(fmt, rw, c, w, nan);
     for (int t = 0; t < T; t++) {
         const float *xt = x + t * ldx + c;
-        if (fmt == WF_INT4) {
+        if (fmt == WF_INT4 || fmt == WF_MXFP4) {
             __m512 s = _mm512_mul_ps(w[0], _mm512_loadu_ps(xt));
             s = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xt + 16), s);
             acc0[t] = _mm512_fmadd_ps(s, d, acc0[t]);
@@ -111,9 +126,10 @@ ALWAYS void s_block(wfmt_t fmt, const s_row_t *rw, int c, const float *x, int64_
     }
 }
 
-ALWAYS __m512 s_int4_scale(const s_row_t *rw, int b, int gshift)
+/* The scale of 32-column block b (INT4: gshift = log2(group / 32)) as a vector. */
+ALWAYS __m512 s_block_scale(wfmt_t fmt, const s_row_t *rw, int b, int gshift)
 {
-    return _mm512_set1_ps(_cvtsh_ss(rw->sc[b >> gshift]));
+    return _mm512_set1_ps(fmt == WF_MXFP4 ? e8m0_to_f32(rw->e8[b]) : _cvtsh_ss(rw->sc[b >> gshift]));
 }
 
 /* out[t] = dot(row, x[t]) for T (1..4) tokens, in the units of s_load32. Blocks go in
@@ -127,19 +143,20 @@ ALWAYS void s_row_dots(wfmt_t fmt, const s_row_t *rw, int cols, const float *x, 
     const int gshift = fmt == WF_INT4 ? __builtin_ctz((unsigned)rw->group / 32) : 0;
     const __m512 one = _mm512_set1_ps(1.0f);
     int b = 0;
+    const bool scaled = fmt == WF_INT4 || fmt == WF_MXFP4; /* a scale per block */
     for (; b + 2 <= nb; b += 2) {
-        if (fmt == WF_INT4) {
-            s_block(fmt, rw, b * 32, x, ldx, T, a0, a1, s_int4_scale(rw, b, gshift), &nan);
-            s_block(fmt, rw, b * 32 + 32, x, ldx, T, a1, a0, s_int4_scale(rw, b + 1, gshift), &nan);
+        if (scaled) {
+            s_block(fmt, rw, b * 32, x, ldx, T, a0, a1, s_block_scale(fmt, rw, b, gshift), &nan);
+            s_block(fmt, rw, b * 32 + 32, x, ldx, T, a1, a0, s_block_scale(fmt, rw, b + 1, gshift), &nan);
         } else {
             s_block(fmt, rw, b * 32, x, ldx, T, a0, a1, one, &nan);
             s_block(fmt, rw, b * 32 + 32, x, ldx, T, a0, a1, one, &nan);
         }
     }
-    if (b < nb) s_block(fmt, rw, b * 32, x, ldx, T, a0, a1, fmt == WF_INT4 ? s_int4_scale(rw, b, gshift) : one, &nan);
+    if (b < nb) s_block(fmt, rw, b * 32, x, ldx, T, a0, a1, scaled ? s_block_scale(fmt, rw, b, gshift) : one, &nan);
     for (int t = 0; t < T; t++) {
         float s = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
-        if (fmt != WF_INT4)
+        if (!scaled)
             for (int c = nb * 32; c < cols; c++) s += s_load1(fmt, rw, c) * x[t * ldx + c];
         out[t] = s;
     }
@@ -167,6 +184,10 @@ ALWAYS void s_row_view(const qmat_t *w, int32_t r, s_row_t *rw, float *rscale)
         rw->sc = (const uint16_t *)w->scales + r * (cols / w->group);
         rw->group = w->group;
         break;
+    case WF_MXFP4:
+        rw->p = (const uint8_t *)w->data + r * (cols / 2);
+        rw->e8 = (const uint8_t *)w->scales + r * (cols / 32);
+        break;
     default: STRATA_ASSERT(!"format");
     }
 }
@@ -181,6 +202,23 @@ ALWAYS void s_fused(const mm_job_t *j, wfmt_t fmt, int32_t r0, int32_t r1)
     const int tbk = mm_token_block(w->cols);
     for (int tb = 0; tb < j->n; tb += tbk) {
         const int te = tb + tbk < j->n ? tb + tbk : j->n;
+        const float *xb = j->x + (int64_t)tb * j->ldx; /* the token block's x, row stride ldx */
+        int64_t ldx = j->ldx;
+        if (fmt == WF_MXFP4) { /* each 32 columns as the 16 even, then the 16 odd (s_load32) */
+            float *xp = cpu_row_buf((size_t)(te - tb) * w->cols);
+            const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+            const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
+            for (int t = tb; t < te; t++)
+                for (int c = 0; c < w->cols; c += 32) {
+                    const float *xt = j->x + (int64_t)t * j->ldx + c;
+                    const __m512 lo = _mm512_loadu_ps(xt), hi = _mm512_loadu_ps(xt + 16);
+                    float *o = xp + (int64_t)(t - tb) * w->cols + c;
+                    _mm512_storeu_ps(o, _mm512_permutex2var_ps(lo, ie, hi));
+                    _mm512_storeu_ps(o + 16, _mm512_permutex2var_ps(lo, io, hi));
+                }
+            xb = xp;
+            ldx = w->cols;
+        }
         for (int32_t r = r0; r < r1; r++) {
             s_row_t rw = {0};
             float rs, out[4];
@@ -189,12 +227,12 @@ ALWAYS void s_fused(const mm_job_t *j, wfmt_t fmt, int32_t r0, int32_t r1)
                 for (size_t o = 0; o < row_bytes; o += 64) _mm_prefetch((const char *)rw.p + PF_ROWS * row_bytes + o, _MM_HINT_T0);
             for (int t0 = tb; t0 < te; t0 += 4) {
                 const int T = te - t0 < 4 ? te - t0 : 4;
-                const float *xt = j->x + (int64_t)t0 * j->ldx;
+                const float *xt = xb + (int64_t)(t0 - tb) * ldx;
                 switch (T) {
-                case 1: s_row_dots(fmt, &rw, w->cols, xt, j->ldx, 1, out); break;
-                case 2: s_row_dots(fmt, &rw, w->cols, xt, j->ldx, 2, out); break;
-                case 3: s_row_dots(fmt, &rw, w->cols, xt, j->ldx, 3, out); break;
-                default: s_row_dots(fmt, &rw, w->cols, xt, j->ldx, 4, out); break;
+                case 1: s_row_dots(fmt, &rw, w->cols, xt, ldx, 1, out); break;
+                case 2: s_row_dots(fmt, &rw, w->cols, xt, ldx, 2, out); break;
+                case 3: s_row_dots(fmt, &rw, w->cols, xt, ldx, 3, out); break;
+                default: s_row_dots(fmt, &rw, w->cols, xt, ldx, 4, out); break;
                 }
                 for (int t = 0; t < T; t++) mm_store(j, t0 + t, r, out[t] * rs);
             }

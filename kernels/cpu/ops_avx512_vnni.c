@@ -1,7 +1,8 @@
 /* ops_avx512_vnni.c - the AVX-512 VNNI row kernel of INT4 weights times int8 activations
  * (CPU_ACT_Q8), for CPU_ISA_AVX512_VNNI. Compiled with -mavx512f -mavx512bw -mavx512vl
  * -mavx512vnni -mfma -mf16c; ops.c calls it only on CPUs that have them. Every other job
- * (other formats, fp32 activations) goes to cpu_avx512_mm_rows unchanged.
+ * (other formats, MXFP4 with q8 activations included, and fp32 activations) goes to
+ * cpu_avx512_mm_rows unchanged.
  *
  * Bit for bit the result of ops_q8_x86.h (the AVX-512 and AVX2 path); read its comment first.
  * The integer dots are exact on both sides: there, pmaddubsw + paddw + pmaddwd give int32
@@ -14,7 +15,7 @@
  * tokens t, u share a 512-bit register ([even_t | odd_t | even_u | odd_u]), with the 32
  * nibble bytes of the block pair broadcast to both halves. An odd last block and the final
  * sums are the 128-bit operations of ops_q8_x86.h; the per-row scales, m and the offset come
- * from its own code (q8x_int4_scales, q8x_int4_moff).
+ * from its own code (q8x_scales, q8x_moff).
  *
  * So that each operand is one load, the driver packs xq for this kernel (cpu_avx512vnni_q8_pack):
  * the row kernel takes tokens in slices of 4 from t0 = 0, 4, 8, ..., i.e. in pairs (2i, 2i+1)
@@ -67,7 +68,7 @@ ALWAYS __m128 s_load2(const float *p)
     return _mm_castpd_ps(_mm_load_sd((const double *)p));
 }
 
-/* One int32 lane set of a single block (ops_q8_x86.h's q8x_int4_block): lo, hi nibbles times
+/* One int32 lane set of a single block (ops_q8_x86.h's q8x_block): lo, hi nibbles times
  * x[0..15], x[16..31]. */
 ALWAYS __m128i s_block1(__m128i lo, __m128i hi, const int8_t *x)
 {
@@ -83,7 +84,7 @@ ALWAYS void s_int4_row(const mm_job_t *j, int32_t r, int t0, const int NP, const
     const uint8_t *p = (const uint8_t *)j->w->data + (int64_t)r * (cols / 2);
     const int8_t *xq = j->xq + (int64_t)t0 * cols; /* pair i at 2 * i * cols, the lone token at 2 * NP * cols */
     float off[4];
-    q8x_int4_moff(j, t0, T, g, m, off);
+    q8x_moff(j, t0, T, g, m, off, (float)q8x_bias(WF_INT4));
     const __m512i nib = _mm512_set1_epi8(0x0f);
     /* m of blocks b, b + 1 for tokens t (lanes 0, 1 of the first table) and u (of the second) */
     const __m512i ipair = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 16, 16, 16, 16, 17, 17, 17, 17);
@@ -153,8 +154,8 @@ static void s_int4_rows(const mm_job_t *j, int32_t r0, int32_t r1)
     const int nb = j->w->cols / 32;
     float *g = cpu_row_buf((size_t)5 * nb + 8), *m = g + nb + 8; /* scale per block; m[4][nb] */
     for (int32_t r = r0; r < r1; r++) {
-        q8x_int4_prefetch(j, r, r1);
-        q8x_int4_scales(j, r, g);
+        q8x_prefetch(j, r, r1);
+        q8x_scales(WF_INT4, j, r, g);
         for (int t0 = 0; t0 < j->n; t0 += 4) {
             switch (j->n - t0) {
             case 1: s_int4_row(j, r, t0, 0, 1, g, m); break;
@@ -168,6 +169,6 @@ static void s_int4_rows(const mm_job_t *j, int32_t r0, int32_t r1)
 
 void cpu_avx512vnni_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1)
 {
-    if (j->xq) s_int4_rows(j, r0, r1);
-    else cpu_avx512_mm_rows(j, r0, r1);
+    if (j->xq && j->w->fmt == WF_INT4) s_int4_rows(j, r0, r1); /* xq packed (cpu_avx512vnni_q8_pack) */
+    else cpu_avx512_mm_rows(j, r0, r1);                       /* xq, if any, in row order */
 }

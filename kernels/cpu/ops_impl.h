@@ -21,10 +21,11 @@ typedef struct {
     const float *bias;   /* [w->rows] or NULL */
     const float *yscale; /* [n] or NULL */
     bool acc;
-    /* CPU_ACT_Q8 and INT4 weights (set by the driver, NULL otherwise): x quantized per 32
-     * columns (cpu_q8_quantize), [n][w->cols] int8, [n][w->cols / 32] scales and block sums.
+    /* CPU_ACT_Q8 and INT4 or MXFP4 weights (set by the driver, NULL otherwise): x quantized per
+     * 32 columns (cpu_q8_quantize), [n][w->cols] int8, [n][w->cols / 32] scales and block sums.
      * The kernels then compute dot(W[r], xq * xd) instead of dot(W[r], x). xq is in row order,
-     * except for cpu_avx512vnni_mm_rows, which takes it as cpu_avx512vnni_q8_pack leaves it. */
+     * except for INT4 jobs on the VNNI kernel (ISA CPU_ISA_AVX512_VNNI), which take it as
+     * cpu_avx512vnni_q8_pack leaves it. */
     const int8_t *xq;
     const float *xd;
     const int32_t *xs;
@@ -40,7 +41,8 @@ void cpu_avx2_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1);
 /* AVX-512 F/BW/VL (ops_avx512.c; call only if the CPU has them). */
 void cpu_avx512_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1);
 /* AVX-512 F/BW/VL + VNNI (ops_avx512_vnni.c; call only if the CPU has them): the INT4 x q8
- * jobs with vpdpbusd, bit for bit cpu_avx512_mm_rows's results; the others through it. */
+ * jobs with vpdpbusd, bit for bit cpu_avx512_mm_rows's results; the others (MXFP4 x q8 too)
+ * through it. */
 void cpu_avx512vnni_mm_rows(const mm_job_t *j, int32_t r0, int32_t r1);
 /* q[n][cols] (cpu_q8_quantize's int8, cols a multiple of 32) into out[n * cols] in the order
  * cpu_avx512vnni_mm_rows reads (ops_avx512_vnni.c describes it). q and out do not overlap. */
@@ -48,17 +50,17 @@ void cpu_avx512vnni_q8_pack(const int8_t *q, int n, int cols, int8_t *out);
 
 /* cpu_attention per ISA (same contract as ops.h). */
 typedef void (*attn_fn_t)(float *out, const float *q, const float *k_cache, const float *v_cache,
-                        const int32_t *block_table, int n_ctx, int n_heads, int n_kv_heads, int head_dim,
-                        int block_size, float scale, float *scratch);
+                          const int32_t *block_table, int ctx_start, int n_ctx, int n_heads, int n_kv_heads,
+                          int head_dim, int block_size, float scale, const float *sinks, float *scratch);
 void cpu_ref_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                       const int32_t *block_table, int n_ctx, int n_heads, int n_kv_heads, int head_dim,
-                       int block_size, float scale, float *scratch);
+                       const int32_t *block_table, int ctx_start, int n_ctx, int n_heads, int n_kv_heads,
+                       int head_dim, int block_size, float scale, const float *sinks, float *scratch);
 void cpu_avx2_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                        const int32_t *block_table, int n_ctx, int n_heads, int n_kv_heads, int head_dim,
-                        int block_size, float scale, float *scratch);
+                        const int32_t *block_table, int ctx_start, int n_ctx, int n_heads, int n_kv_heads,
+                        int head_dim, int block_size, float scale, const float *sinks, float *scratch);
 void cpu_avx512_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                          const int32_t *block_table, int n_ctx, int n_heads, int n_kv_heads, int head_dim,
-                          int block_size, float scale, float *scratch);
+                          const int32_t *block_table, int ctx_start, int n_ctx, int n_heads, int n_kv_heads,
+                          int head_dim, int block_size, float scale, const float *sinks, float *scratch);
 
 /* Quantize n rows of x (row stride ldx, cols a multiple of 32) to int8 blocks of 32, as the
  * GPU's q8_quant_row does: d = amax / 127, q = rint(x / d) (0 where d = 0), s = sum(q).

@@ -98,35 +98,36 @@ void cpu_rope(float *x, int n, int n_heads, int head_dim, int rot_dim, const int
 }
 
 void cpu_ref_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                       const int32_t *block_table, int n_ctx, int n_heads, int n_kv_heads, int head_dim,
-                       int block_size, float scale, float *scratch)
+                       const int32_t *block_table, int ctx_start, int n_ctx, int n_heads, int n_kv_heads,
+                       int head_dim, int block_size, float scale, const float *sinks, float *scratch)
 {
-    STRATA_ASSERT(n_ctx >= 1 && n_kv_heads >= 1 && n_heads % n_kv_heads == 0);
-    const int group = n_heads / n_kv_heads;
+    STRATA_ASSERT(ctx_start >= 0 && ctx_start < n_ctx && n_kv_heads >= 1 && n_heads % n_kv_heads == 0);
+    const int group = n_heads / n_kv_heads, len = n_ctx - ctx_start;
     for (int h = 0; h < n_heads; h++) {
         const int kvh = h / group;
         const float *qh = q + (int64_t)h * head_dim;
         float *oh = out + (int64_t)h * head_dim;
-        float mx = -INFINITY;
-        for (int p = 0; p < n_ctx; p++) {
+        float *s = scratch; /* [len]: position ctx_start + i at s[i] */
+        float mx = sinks ? sinks[h] : -INFINITY;
+        for (int p = ctx_start; p < n_ctx; p++) {
             int64_t blk = block_table[p / block_size];
             const float *k = k_cache + ((blk * n_kv_heads + kvh) * block_size + p % block_size) * head_dim;
             float d = 0;
             for (int i = 0; i < head_dim; i++) d += qh[i] * k[i];
-            scratch[p] = d * scale;
-            if (scratch[p] > mx) mx = scratch[p];
+            s[p - ctx_start] = d * scale;
+            if (s[p - ctx_start] > mx) mx = s[p - ctx_start];
         }
-        double sum = 0;
-        for (int p = 0; p < n_ctx; p++) {
-            scratch[p] = expf(scratch[p] - mx);
-            sum += scratch[p];
+        double sum = sinks ? expf(sinks[h] - mx) : 0; /* the sink's column: in the sum, no value */
+        for (int i = 0; i < len; i++) {
+            s[i] = expf(s[i] - mx);
+            sum += s[i];
         }
         float inv = (float)(1.0 / sum);
         for (int i = 0; i < head_dim; i++) oh[i] = 0;
-        for (int p = 0; p < n_ctx; p++) {
+        for (int p = ctx_start; p < n_ctx; p++) {
             int64_t blk = block_table[p / block_size];
             const float *v = v_cache + ((blk * n_kv_heads + kvh) * block_size + p % block_size) * head_dim;
-            float a = scratch[p] * inv;
+            float a = s[p - ctx_start] * inv;
             for (int i = 0; i < head_dim; i++) oh[i] += a * v[i];
         }
     }

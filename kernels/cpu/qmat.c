@@ -8,7 +8,7 @@
 
 #include "common/strata.h"
 
-static const char *const s_names[WF_COUNT] = {"f32", "bf16", "int8", "fp8", "int4"};
+static const char *const s_names[WF_COUNT] = {"f32", "bf16", "int8", "fp8", "int4", "mxfp4"};
 
 size_t qmat_data_bytes(wfmt_t fmt, int64_t rows, int64_t cols)
 {
@@ -17,7 +17,8 @@ size_t qmat_data_bytes(wfmt_t fmt, int64_t rows, int64_t cols)
     case WF_BF16: return (size_t)(rows * cols) * 2;
     case WF_INT8:
     case WF_FP8: return (size_t)(rows * cols);
-    case WF_INT4: return (size_t)(rows * cols) / 2;
+    case WF_INT4:
+    case WF_MXFP4: return (size_t)(rows * cols) / 2;
     default: return 0;
     }
 }
@@ -28,6 +29,7 @@ size_t qmat_scale_bytes(wfmt_t fmt, int64_t rows, int64_t cols, int group)
     case WF_INT8:
     case WF_FP8: return (size_t)rows * 4;
     case WF_INT4: return group > 0 ? (size_t)(rows * (cols / group)) * 2 : 0;
+    case WF_MXFP4: return (size_t)(rows * (cols / 32)); /* group is always 32 */
     default: return 0;
     }
 }
@@ -141,6 +143,23 @@ uint8_t f32_to_fp8e4m3(float f)
     return (uint8_t)(sign | v);
 }
 
+/* e2m1 by nibble: sign (bit 3), exponent (bits 2..1, bias 1), mantissa (bit 0); exponent 0
+ * is subnormal (0, 0.5). The table of transformers' mxfp4 FP4_VALUES. */
+static const float s_e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                 -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+float e2m1_to_f32(uint8_t nibble)
+{
+    return s_e2m1[nibble & 15];
+}
+
+float e8m0_to_f32(uint8_t e)
+{
+    /* 2^(e - 127) is the fp32 with exponent field e (e >= 1), and the subnormal 0x00400000 for
+     * e = 0; for e = 0xFF the same OR turns the infinity's bits into a quiet NaN. */
+    return s_bits_f32(((uint32_t)e << 23) | (e == 0 || e == 0xFF ? 0x00400000u : 0));
+}
+
 void qmat_dequant_row(const qmat_t *w, int32_t r, float *out)
 {
     STRATA_ASSERT(r >= 0 && r < w->rows);
@@ -178,6 +197,24 @@ void qmat_dequant_row(const qmat_t *w, int32_t r, float *out)
             for (int j = 0; j < 16; j++) {
                 out[c0 + j] = (float)((int)(b[j] & 0xf) - 8) * d;
                 out[c0 + 16 + j] = (float)((int)(b[j] >> 4) - 8) * d;
+            }
+        }
+        break;
+    }
+    case WF_MXFP4: {
+        /* e2m1 * 2^(scale - 127): exact in fp32 (every e2m1 value is k/2, k <= 12, and the
+         * smallest scale 2^-127 leaves k * 2^-128 within fp32's subnormals), so this is
+         * transformers' lut[nibble] then ldexp, bit for bit, for every scale byte but 0xFF
+         * (NaN here, as the spec has it; the loaders refuse it). */
+        STRATA_ASSERT(cols % 32 == 0);
+        const uint8_t *p = (const uint8_t *)w->data + r * (cols / 2);
+        const uint8_t *sc = (const uint8_t *)w->scales + r * (cols / 32);
+        for (int64_t c0 = 0; c0 < cols; c0 += 32) {
+            const float d = e8m0_to_f32(sc[c0 / 32]);
+            const uint8_t *b = p + c0 / 2;
+            for (int j = 0; j < 16; j++) {
+                out[c0 + 2 * j] = s_e2m1[b[j] & 15] * d;
+                out[c0 + 2 * j + 1] = s_e2m1[b[j] >> 4] * d;
             }
         }
         break;
@@ -255,10 +292,52 @@ static uint16_t s_int4_group(const float *x, int n, uint8_t *qbest)
     return best_h;
 }
 
+/* The nearest e2m1 nibble to v (already divided by the block scale), ties to the even code
+ * (the one whose mantissa bit is 0), saturating at +-6; the sign is v's, so -0 and small
+ * negative values give -0 (code 8). The midpoints between the magnitudes 0 .5 1 1.5 2 3 4 6
+ * are .25 .75 1.25 1.75 2.5 3.5 5: a tie goes up from an odd code, down from an even one. */
+static uint8_t s_e2m1_q(float v)
+{
+    const float a = fabsf(v);
+    const uint8_t m = a <= 0.25f  ? 0
+                      : a < 0.75f ? 1
+                      : a <= 1.25f ? 2
+                      : a < 1.75f ? 3
+                      : a <= 2.5f ? 4
+                      : a < 3.5f  ? 5
+                      : a <= 5.0f ? 6
+                                  : 7;
+    return (uint8_t)(m | (signbit(v) ? 8 : 0));
+}
+
+/* One 32-column MXFP4 block by the OCP MX spec (v1.0, 6.3): the shared exponent
+ * floor(log2(amax)) - 2 (2 is e2m1's largest exponent, so amax / 2^e lands in [4, 8)),
+ * clamped below at -127, the smallest e8m0 scale (it cannot pass +127 for finite fp32:
+ * floor(log2(FLT_MAX)) - 2 = 125); each element is x / 2^e rounded to the nearest e2m1, ties to
+ * even, saturating at +-6. An all-zero block takes scale byte 0 (2^-127), as the reference
+ * implementation of the spec (microsoft/microxcaling) gives it by taking log2 of FLT_MIN for a
+ * zero amax. Returns the scale byte; q[j] gets the byte of columns 2j (low nibble), 2j + 1. */
+static uint8_t s_mxfp4_block(const float *x, uint8_t *q)
+{
+    float amax = 0;
+    for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(x[k]));
+    int e = -127;
+    if (amax > 0) {
+        int ex;
+        frexpf(amax, &ex); /* amax = f * 2^ex, f in [0.5, 1): floor(log2(amax)) = ex - 1, exact */
+        e = ex - 1 - 2;
+        if (e < -127) e = -127;
+    }
+    for (int j = 0; j < 16; j++) /* ldexpf: exact (a power of two, and x / 2^e < 8 cannot overflow) */
+        q[j] = (uint8_t)(s_e2m1_q(ldexpf(x[2 * j], -e)) | (s_e2m1_q(ldexpf(x[2 * j + 1], -e)) << 4));
+    return (uint8_t)(e + 127);
+}
+
 int qmat_quantize(wfmt_t fmt, int group, const float *src, int32_t rows, int32_t cols, void *data,
                   void *scales)
 {
     if (rows < 0 || cols <= 0) return -EINVAL;
+    if (fmt == WF_MXFP4 && ((group != 0 && group != 32) || cols % 32 != 0)) return -EINVAL;
     if (fmt == WF_INT4 && (group < 32 || group > INT4_MAX_GROUP || group % 32 != 0 || cols % group != 0))
         return -EINVAL;
     for (int64_t r = 0; r < rows; r++) {
@@ -306,6 +385,11 @@ int qmat_quantize(wfmt_t fmt, int group, const float *src, int32_t rows, int32_t
                     for (int j = 0; j < 16; j++) ob[j] = (uint8_t)(q[b + j] | (q[b + 16 + j] << 4));
                 }
             }
+            break;
+        }
+        case WF_MXFP4: {
+            uint8_t *o = (uint8_t *)data + r * (cols / 2), *sc = (uint8_t *)scales + r * (cols / 32);
+            for (int32_t b = 0; b < cols / 32; b++) sc[b] = s_mxfp4_block(x + b * 32, o + b * 16);
             break;
         }
         default:

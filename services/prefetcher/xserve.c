@@ -62,7 +62,7 @@ static int s_run(xserve_t *x, const ring_job_t *j, const ring_item_t *items, uin
             if (n > SUB_ROWS - rows) n = SUB_ROWS - rows;
             size_t at = (size_t)(items[i].row0 + r0) * (size_t)H;
             sub[ns++] = (cpu_ffn_item_t){.x = x->ring.x + at, .out = x->ring.y + at, .n = n,
-                                         .gate = &E->gate, .up = &E->up, .down = &E->down};
+                                         .gate = &E->gate, .up = &E->up, .down = &E->down, .opts = NULL};
             rows += n;
             r0 += n;
             if (rows == SUB_ROWS || ns == CPU_FFN_MANY_MAX) {

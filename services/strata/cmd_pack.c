@@ -16,7 +16,7 @@ static const char *const C = "pack";
 static void s_help(FILE *f)
 {
     fprintf(f,
-            "usage: strata pack HF_DIR OUT_DIR --format bf16|int8|fp8|int4 [options]\n"
+            "usage: strata pack HF_DIR OUT_DIR --format bf16|int8|fp8|int4|mxfp4 [options]\n"
             "\n"
             "Read the model in HF_DIR (an HF checkpoint folder, or a packed folder) and write a packed\n"
             "model to OUT_DIR: strata-manifest.json, config.json, the tokenizer files and the weight\n"
@@ -25,8 +25,9 @@ static void s_help(FILE *f)
             "shared-expert gate stay f32; embeddings keep the source's precision (bf16 or f32); attention\n"
             "projections and lm_head bf16 (see --attn-format). Every file is re-read and its crc32 checked before the manifest is written.\n"
             "\n"
-            "  --format F        bf16, int8 (per channel), fp8 (e4m3, per channel), int4 (group-wise)\n"
-            "                    or f32 (lossless, for tests)\n"
+            "  --format F        bf16, int8 (per channel), fp8 (e4m3, per channel), int4 (group-wise),\n"
+            "                    mxfp4 (OCP MX, 32 per e8m0 scale; an MXFP4 checkpoint such as gpt-oss\n"
+            "                    is copied bit for bit) or f32 (lossless, for tests)\n"
             "  --group G         int4 columns per scale: 32, 64 or 128 (default 32)\n"
             "  --attn-format F   attention projections and lm_head: bf16 (default), f32, or 'same' as\n"
             "                    --format\n"

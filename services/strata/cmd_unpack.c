@@ -63,10 +63,21 @@ static void s_hf_name(const model_config_t *c, const packed_slot_t *s, char *out
     case PC_ATTN:
         snprintf(out, cap, "model.layers.%d.self_attn.%c_proj.weight", l, last[1]); /* wq -> q_proj */
         return;
-    case PC_BIAS: snprintf(out, cap, "model.layers.%d.self_attn.%c_proj.bias", l, last[1]); return;
-    case PC_ROUTER: snprintf(out, cap, "model.layers.%d.%s.gate.weight", l, moe); return;
+    case PC_BIAS:
+        if (!strcmp(last, "sinks")) snprintf(out, cap, "model.layers.%d.self_attn.sinks", l);
+        else if (!strcmp(last, "router_bias")) snprintf(out, cap, "model.layers.%d.mlp.router.bias", l);
+        else if (!strcmp(last, "experts_gate_bias")) snprintf(out, cap, "model.layers.%d.mlp.experts.gate_up_proj_bias", l);
+        else if (!strcmp(last, "experts_down_bias")) snprintf(out, cap, "model.layers.%d.mlp.experts.down_proj_bias", l);
+        else snprintf(out, cap, "model.layers.%d.self_attn.%c_proj.bias", l, last[1]);
+        return;
+    case PC_ROUTER:
+        if (c->arch == ARCH_GPT_OSS) snprintf(out, cap, "model.layers.%d.mlp.router.weight", l);
+        else snprintf(out, cap, "model.layers.%d.%s.gate.weight", l, moe);
+        return;
     case PC_EXPERT:
-        if (mixtral) snprintf(out, cap, "model.layers.%d.block_sparse_moe.experts.%d.%s.weight", l, s->expert, w);
+        if (c->arch == ARCH_GPT_OSS) /* fused per layer (s_gpt_oss_role) */
+            snprintf(out, cap, "model.layers.%d.mlp.experts.%s", l, !strcmp(last, "down") ? "down_proj" : "gate_up_proj");
+        else if (mixtral) snprintf(out, cap, "model.layers.%d.block_sparse_moe.experts.%d.%s.weight", l, s->expert, w);
         else snprintf(out, cap, "model.layers.%d.mlp.experts.%d.%s.weight", l, s->expert, proj);
         return;
     case PC_SHARED: snprintf(out, cap, "model.layers.%d.mlp.shared_expert.%s.weight", l, proj); return;
@@ -74,6 +85,23 @@ static void s_hf_name(const model_config_t *c, const packed_slot_t *s, char *out
     case PC_DENSE: snprintf(out, cap, "model.layers.%d.mlp.%s.weight", l, proj); return;
     default: STRATA_ASSERT(!"unknown slot class");
     }
+}
+
+/* gpt-oss's experts are one tensor per layer in GptOssExperts' x @ W layout, gate and up
+ * interleaved: gate_up_proj [E][hidden][2 inter], down_proj [E][inter][hidden], biases
+ * gate_up_proj_bias [E][2 inter] and down_proj_bias [E][hidden]. What slot s becomes there:
+ * 0 nothing (it is part of a tensor another slot writes), 1 gate_up_proj, 2 down_proj,
+ * 3 gate_up_proj_bias, 4 down_proj_bias, -1 a tensor of its own. */
+static int s_gpt_oss_role(const model_config_t *c, const packed_slot_t *s)
+{
+    if (c->arch != ARCH_GPT_OSS) return -1;
+    const char *last = strrchr(s->name, '.');
+    last = last ? last + 1 : s->name;
+    if (s->cls == PC_EXPERT) return s->expert ? 0 : !strcmp(last, "gate") ? 1 : !strcmp(last, "down") ? 2 : 0;
+    if (!strcmp(last, "experts_gate_bias")) return 3;
+    if (!strcmp(last, "experts_up_bias")) return 0;
+    if (!strcmp(last, "experts_down_bias")) return 4;
+    return -1;
 }
 
 static int s_write_all(int fd, const void *buf, size_t n, const char *path)
@@ -90,6 +118,47 @@ static int s_write_all(int fd, const void *buf, size_t n, const char *path)
         n -= (size_t)w;
     }
     return 0;
+}
+
+/* Write gpt-oss tensor `role` (s_gpt_oss_role) of slot s's layer, in F32. */
+static int s_write_gpt_oss(const model_t *m, const packed_slot_t *s, int role, int fd, const char *path)
+{
+    const model_config_t *c = &m->cfg;
+    const layer_t *ly = &m->layers[s->layer];
+    const int64_t E = c->n_experts, H = c->hidden, I = c->moe_inter;
+    if (role >= 3) {
+        for (int64_t e = 0; e < E; e++) {
+            if (role == 4) {
+                if (s_write_all(fd, ly->edown_b + e * H, (size_t)H * sizeof(float), path)) return 1;
+                continue;
+            }
+            for (int64_t j = 0; j < I; j++) {
+                float gu[2] = {ly->egate_b[e * I + j], ly->eup_b[e * I + j]};
+                if (s_write_all(fd, gu, sizeof gu, path)) return 1;
+            }
+        }
+        return 0;
+    }
+    /* one expert's matrices dequantized, then written transposed ([in][out]) */
+    const int64_t rows = role == 1 ? 2 * I : H, cols = role == 1 ? H : I;
+    float *w = malloc((size_t)(rows * cols) * sizeof *w), *line = malloc((size_t)rows * sizeof *line);
+    int rc = !w || !line;
+    if (rc) cli_error(C, "out of memory");
+    for (int64_t e = 0; e < E && !rc; e++) {
+        const ffn_t *f = &ly->experts[e];
+        for (int64_t r = 0; r < rows; r++) {
+            /* gate_up's row 2j is gate row j, row 2j + 1 up row j */
+            const qmat_t *q = role == 2 ? &f->down : r % 2 ? &f->up : &f->gate;
+            qmat_dequant_row(q, (int32_t)(role == 2 ? r : r / 2), w + r * cols);
+        }
+        for (int64_t k = 0; k < cols && !rc; k++) {
+            for (int64_t r = 0; r < rows; r++) line[r] = w[r * cols + k];
+            rc = s_write_all(fd, line, (size_t)rows * sizeof *line, path);
+        }
+    }
+    free(w);
+    free(line);
+    return rc;
 }
 
 /* Stream every slot of m, dequantized to F32, into a safetensors file at path. */
@@ -109,10 +178,19 @@ static int s_write_safetensors(const model_t *m, const char *path)
     json_object_set_new(hdr, "__metadata__", json_pack("{s:s,s:s}", "format", "pt", "source", "strata unpack"));
     uint64_t off = 0;
     int32_t max_cols = 1;
+    const int64_t E = m->cfg.n_experts, H = m->cfg.hidden, I = m->cfg.moe_inter;
     for (int32_t i = 0; i < n; i++) {
         const packed_slot_t *s = &slots[i];
+        int role = s_gpt_oss_role(&m->cfg, s);
+        if (role == 0) continue;
         uint64_t bytes = (uint64_t)s->rows * (uint64_t)s->cols * sizeof(float);
         json_t *shape = s->ndim == 1 ? json_pack("[i]", s->cols) : json_pack("[i,i]", s->rows, s->cols);
+        if (role > 0) {
+            json_decref(shape);
+            shape = role == 1 ? json_pack("[I,I,I]", E, H, 2 * I) : role == 2 ? json_pack("[I,I,I]", E, I, H)
+                    : role == 3 ? json_pack("[I,I]", E, 2 * I) : json_pack("[I,I]", E, H);
+            bytes = (uint64_t)(role == 1 ? E * H * 2 * I : role == 2 ? E * I * H : role == 3 ? E * 2 * I : E * H) * 4;
+        }
         s_hf_name(&m->cfg, s, name, sizeof name);
         json_object_set_new(hdr, name, json_pack("{s:s,s:o,s:[I,I]}", "dtype", "F32", "shape", shape,
                                                  "data_offsets", (json_int_t)off, (json_int_t)(off + bytes)));
@@ -148,6 +226,12 @@ static int s_write_safetensors(const model_t *m, const char *path)
     if (s_write_all(fd, &le, 8, tmp) || s_write_all(fd, text, padded, tmp)) goto fail;
     for (int32_t i = 0; i < n; i++) {
         const packed_slot_t *s = &slots[i];
+        int role = s_gpt_oss_role(&m->cfg, s);
+        if (role == 0) continue;
+        if (role > 0) {
+            if (s_write_gpt_oss(m, s, role, fd, tmp)) goto fail;
+            continue;
+        }
         if (s->v) {
             if (s_write_all(fd, *s->v, (size_t)s->cols * sizeof(float), tmp)) goto fail;
             continue;
@@ -177,6 +261,28 @@ fail:
     free(text);
     free(row);
     free(slots);
+    return rc;
+}
+
+/* The weights written are F32: a quantization_config the source had (an MXFP4 checkpoint
+ * packed as it was) no longer describes them, so the copied config.json loses it. */
+static int s_drop_quantization(const char *path)
+{
+    json_error_t jerr;
+    json_t *cfg = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!cfg) {
+        cli_error(C, "%s: JSON: %s", path, jerr.text);
+        return 2;
+    }
+    int rc = 0;
+    if (json_object_get(cfg, "quantization_config")) {
+        json_object_del(cfg, "quantization_config");
+        if (json_dump_file(cfg, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER) < 0) {
+            cli_error(C, "%s: cannot rewrite", path);
+            rc = 1;
+        }
+    }
+    json_decref(cfg);
     return rc;
 }
 
@@ -241,6 +347,8 @@ int cmd_unpack(int argc, char **argv)
         rc = cli_exit_code(err);
         goto done;
     }
+    snprintf(path, sizeof path, "%s/config.json", out);
+    if ((rc = s_drop_quantization(path))) goto done;
     snprintf(path, sizeof path, "%s/model.safetensors", out);
     if ((rc = s_write_safetensors(&m, path))) goto done;
     printf("unpacked %s -> %s (F32 safetensors)\n", in, path);

@@ -38,5 +38,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int i = c.n_layers; i < 256; i++)
         if (c.layer_sparse[i]) abort();
     if (c.arch_name[sizeof c.arch_name - 1]) abort();
+    /* gpt-oss's fields: a window only on the layers that have one, MXFP4 only for gpt-oss */
+    if (c.sliding_window < 0 || (c.sliding_window > 0 && c.sliding_window >= c.max_pos)) abort();
+    for (int i = 0; i < 256; i++) {
+        if (c.layer_sliding[i] && (i >= c.n_layers || c.sliding_window <= 0)) abort();
+        if (c.experts_mxfp4[i] && (i >= c.n_layers || c.arch != ARCH_GPT_OSS)) abort();
+    }
+    if (c.ffn_act == FFN_ACT_GPT_OSS && !(c.act_limit > 0 && c.act_alpha > 0)) abort();
+    if ((c.attn_sinks || c.router_bias || c.expert_bias) && c.arch != ARCH_GPT_OSS) abort();
     return 0;
 }

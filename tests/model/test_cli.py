@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """`strata eval` / `strata generate` as a user meets them: help, exit codes, one-line errors,
 token files, chunked prefill and seeded sampling. Uses the first fixture under
-tests/fixtures/*/ref.json as the model (fails if there is none)."""
+tests/fixtures/*/ref.json as the model (fails if there is none). The eos ids: generation stops
+at any id of generation_config.json's eos_token_id list (else config.json's), on an HF folder
+and on its pack, checked on the mixtral fixture (or the first) against its greedy tokens."""
 
 import argparse
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -103,8 +106,89 @@ def main():
         rc, so, _ = run(S, "generate", d, "--tokens", tl, "--max-tokens", "0")
         check(rc == 0 and so.strip() == "", "generate --max-tokens 0 prints an empty line")
 
+        check_eos_set(S, a.fixtures, refs, tmp)
+
     print("%d failed" % len(failures))
     return 1 if failures else 0
+
+
+def check_eos_set(S, fixtures, refs, tmp):
+    """A model with several eos ids: generate stops right after the first greedy token that is any
+    of them; generation_config.json's list wins over config.json's; --ignore-eos ignores every one."""
+    mix = os.path.join(fixtures, "mixtral", "ref.json")
+    rp = mix if mix in refs else refs[0]
+    src = os.path.dirname(rp)
+    ref = json.load(open(rp))
+    V, g = int(ref["vocab_size"]), ref["greedy"]
+    tl = ",".join(map(str, ref["tokens"]))
+    n = len(g)
+    # the 5th greedy token (or the first later one not seen before it) as the second eos id, and an
+    # id the greedy run never produces as the first
+    k = next(i for i in range(4, n) if g[i] not in g[:i])
+    other = next(t for t in range(V - 1, 0, -1) if t not in g)
+    m = os.path.join(tmp, "eos-model")
+    os.makedirs(m)
+    for f in os.listdir(src):
+        if f.endswith(".json") and f != "ref.json" or f.endswith(".safetensors"):
+            shutil.copy(os.path.join(src, f), m)
+    cfg = json.load(open(os.path.join(m, "config.json")))
+    gcf = os.path.join(m, "generation_config.json")
+
+    def write(path, obj):
+        with open(path, "w") as f:
+            json.dump(obj, f)
+
+    def gen(model, *extra):
+        rc, so, se = run(S, "generate", model, "--tokens", tl, "--max-tokens", str(n), *extra)
+        return rc, [int(x) for x in so.split()] if rc == 0 else None, se
+
+    print("eos ids: %s, greedy %s, second eos id %d (greedy token %d)" % (src, g, g[k], k + 1))
+    rc, got, se = gen(m, "--ignore-eos")
+    check(rc == 0 and got == g, "eos: the copy's greedy tokens are the fixture's (%s)" % (got,))
+    cfg_eos = cfg.get("eos_token_id")
+    check(cfg_eos not in g, "eos: config.json's eos id %r is not among the greedy tokens" % cfg_eos)
+
+    # generation_config.json lists an unrelated id first, the k-th greedy token second, and an id
+    # past the vocabulary (dropped with a warning)
+    write(gcf, {"bos_token_id": 1, "eos_token_id": [other, g[k], V + 7], "do_sample": False})
+    rc, got, se = gen(m)
+    check(rc == 0 and got == g[:k + 1], "eos: generate stops right after the second eos id: %s (want %d tokens)"
+          % (got, k + 1))
+    check("outside the vocabulary" in se and str(V + 7) in se, "eos: an id past the vocabulary is warned about")
+    rc, got, _ = gen(m, "--ignore-eos")
+    check(rc == 0 and got == g, "eos: --ignore-eos goes past every eos id (%d tokens)" % len(got or []))
+    rc, got, _ = gen(m, "--temperature", "1e-6", "--seed", "3")
+    check(rc == 0 and got == g[:k + 1], "eos: sampling stops at it too (%s)" % (got,))
+
+    # precedence: config.json's list when the folder has no generation_config.json (or one without
+    # eos_token_id); generation_config.json's when it sets one
+    os.remove(gcf)
+    write(os.path.join(m, "config.json"), dict(cfg, eos_token_id=[other, g[k]]))
+    rc, got, _ = gen(m)
+    check(rc == 0 and got == g[:k + 1], "eos: config.json's list without a generation_config.json (%s)" % (got,))
+    write(gcf, {"temperature": 0.7})
+    rc, got, _ = gen(m)
+    check(rc == 0 and got == g[:k + 1], "eos: a generation_config.json without eos_token_id keeps config.json's")
+    write(gcf, {"eos_token_id": other})
+    rc, got, _ = gen(m)
+    check(rc == 0 and got == g, "eos: generation_config.json's id replaces config.json's list (%d tokens)"
+          % len(got or []))
+    write(gcf, {"eos_token_id": list(range(100, 117))})
+    rc, _, se = gen(m)
+    check(rc == 2 and one_error_line(se) and "generation_config.json" in se and "at most 16" in se,
+          "eos: 17 eos ids are refused, naming the file: %s" % se.strip())
+
+    # a pack carries generation_config.json: the same set
+    write(os.path.join(m, "config.json"), cfg)
+    write(gcf, {"eos_token_id": [other, g[k]]})
+    p = os.path.join(tmp, "eos-pack")
+    rc, _, se = run(S, "pack", m, p, "--format", "f32", "--attn-format", "f32", "--quiet")
+    check(rc == 0, "eos: strata pack --format f32: %s" % se.strip())
+    if rc == 0:
+        rc, gp, _ = gen(p, "--ignore-eos")
+        rc2, got, _ = gen(p)
+        check(rc == 0 and gp == g, "eos: the f32 pack's greedy tokens are the fixture's (%s)" % (gp,))
+        check(rc2 == 0 and got == g[:k + 1], "eos: the pack stops at the same eos id (%s)" % (got,))
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ def expect(cmd, rc_want, what, *needles):
 
 def put_nan(d):
     """Overwrite the first element of layer 0 expert 0's gate matrix with a NaN, in place."""
-    names = ("model.layers.0.block_sparse_moe.experts.0.w1.weight", "model.layers.0.mlp.experts.0.gate_proj.weight")
+    names = ("model.layers.0.block_sparse_moe.experts.0.w1.weight", "model.layers.0.mlp.experts.0.gate_proj.weight",
+             "model.layers.0.mlp.experts.gate_up_proj")  # gpt-oss: [E][hidden][2 inter], element 0 is gate row 0
     nan = {"F32": struct.pack("<I", 0x7FC00000), "BF16": struct.pack("<H", 0x7FC0), "F16": struct.pack("<H", 0x7E00)}
     for f in glob.glob(os.path.join(d, "*.safetensors")):
         with open(f, "r+b") as fh:

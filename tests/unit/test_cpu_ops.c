@@ -113,7 +113,7 @@ static void t_mat_make(t_mat_t *m, wfmt_t fmt, int group, int rows, int cols)
     m->data = malloc(qmat_data_bytes(fmt, rows, cols) + 1);
     m->scales = malloc(qmat_scale_bytes(fmt, rows, cols, group) + 1);
     T_CHECK(qmat_quantize(fmt, group, src, rows, cols, m->data, m->scales) == 0, "quantize %s", wfmt_name(fmt));
-    m->q = (qmat_t){.fmt = fmt, .rows = rows, .cols = cols, .group = fmt == WF_INT4 ? group : 0,
+    m->q = (qmat_t){.fmt = fmt, .rows = rows, .cols = cols, .group = fmt == WF_INT4 ? group : fmt == WF_MXFP4 ? 32 : 0,
                     .data = m->data, .scales = fmt == WF_F32 || fmt == WF_BF16 ? NULL : m->scales};
     m->dq = src;
     for (int r = 0; r < rows; r++) qmat_dequant_row(&m->q, r, m->dq + (int64_t)r * cols);
@@ -152,7 +152,7 @@ static double g_worst[CPU_ISA_COUNT][WF_COUNT];
 
 static void test_matmul_case(tpool_t *pool, cpu_isa_t isa, wfmt_t fmt, int rows, int cols, int n, bool bias)
 {
-    int group = fmt == WF_INT4 ? (cols % 128 == 0 ? 128 : cols % 64 == 0 ? 64 : 32) : 0;
+    int group = fmt == WF_INT4 ? (cols % 128 == 0 ? 128 : cols % 64 == 0 ? 64 : 32) : fmt == WF_MXFP4 ? 32 : 0;
     if (fmt == WF_INT4 && (t_rng_next(&g_seed) & 1)) group = 32;
     t_mat_t m;
     t_mat_make(&m, fmt, group, rows, cols);
@@ -190,6 +190,17 @@ static void test_matmul_case(tpool_t *pool, cpu_isa_t isa, wfmt_t fmt, int rows,
     t_mat_free(&m);
 }
 
+/* x[n][cols] rounded as CPU_ACT_Q8 does (amax / 127 per 32 columns, round half to even). */
+static void t_q8_round(const float *x, float *xr, size_t cnt)
+{
+    for (size_t i = 0; i < cnt; i += 32) {
+        float amax = 0;
+        for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(x[i + k]));
+        const float d = amax / 127.f;
+        for (int k = 0; k < 32; k++) xr[i + k] = d > 0 ? (float)((double)rintf(x[i + k] / d) * d) : 0.f;
+    }
+}
+
 /* y poisoned, then cpu_matmul with q8 activations on isa (restoring the ISA and f32). */
 static void t_matmul_q8_on(tpool_t *pool, cpu_isa_t isa, float *y, const float *x, int n, const t_mat_t *m,
                            const float *b)
@@ -212,28 +223,24 @@ static size_t t_bits_differ(const float *a, const float *b, size_t cnt, size_t *
     return bad;
 }
 
-/* CPU_ACT_Q8 on INT4 weights: the result must be the dequantized weights dotted with the
- * int8-rounded activations (quantized here as the GPU does: amax / 127, round half to even),
- * to fp32 summation error, and within the int8 rounding of the exact fp32 result. On
- * avx512vnni it must also be bit for bit avx512's (the same integer dots, the same fp32
- * operations in the same order). */
-static double g_worst_q8[CPU_ISA_COUNT];
+/* CPU_ACT_Q8 on INT4 or MXFP4 weights: the result must be the dequantized weights dotted with
+ * the int8-rounded activations (quantized here as the GPU does: amax / 127, round half to
+ * even), to fp32 summation error, and within the int8 rounding of the exact fp32 result. On
+ * avx512vnni it must also be bit for bit avx512's (INT4: the same integer dots, the same fp32
+ * operations in the same order; MXFP4: the same kernel). */
+static double g_worst_q8[CPU_ISA_COUNT][WF_COUNT];
 
-static void test_matmul_q8_case(tpool_t *pool, cpu_isa_t isa, int rows, int cols, int n, int group, bool bias)
+static void test_matmul_q8_case(tpool_t *pool, cpu_isa_t isa, wfmt_t fmt, int rows, int cols, int n, int group,
+                                bool bias)
 {
     t_mat_t m;
-    t_mat_make(&m, WF_INT4, group, rows, cols);
+    t_mat_make(&m, fmt, group, rows, cols);
     float *x = t_alloc((size_t)n * cols), *xr = t_alloc((size_t)n * cols), *y = t_alloc((size_t)n * rows);
     float *want = t_alloc((size_t)n * rows), *exact = t_alloc((size_t)n * rows), *mag = t_alloc((size_t)n * rows);
     float *b = bias ? t_alloc((size_t)rows) : NULL;
     t_fill(x, (size_t)n * cols, 1.0f);
     if (b) t_fill(b, (size_t)rows, 0.5f);
-    for (int i = 0; i < n * cols; i += 32) {
-        float amax = 0;
-        for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(x[i + k]));
-        const float d = amax / 127.f;
-        for (int k = 0; k < 32; k++) xr[i + k] = d > 0 ? (float)((double)rintf(x[i + k] / d) * d) : 0.f;
-    }
+    t_q8_round(x, xr, (size_t)n * cols);
     t_oracle_mm_mag(want, mag, xr, n, &m, b);
     t_oracle_mm(exact, x, n, &m, b);
     t_matmul_q8_on(pool, isa, y, x, n, &m, b);
@@ -249,50 +256,128 @@ static void test_matmul_q8_case(tpool_t *pool, cpu_isa_t isa, int rows, int cols
         mn += (double)mag[i] * mag[i];
     }
     const double e = t_relerr(y, want, (size_t)n * rows), eq = t_relerr(y, exact, (size_t)n * rows);
-    if (e > g_worst_q8[isa]) g_worst_q8[isa] = e;
+    if (e > g_worst_q8[isa][fmt]) g_worst_q8[isa][fmt] = e;
     T_CHECK(t_all_finite(y, (size_t)n * rows) && sqrt(num) <= 1e-5 * sqrt(wn) + 1e-6 * sqrt(mn) &&
                 sqrt(qn) <= 2e-2 * sqrt(xn) + 1e-2 * sqrt(mn),
-            "%s int4/q8 %dx%d g%d n=%d bias=%d threads=%d: rel err %g against the q8 oracle, %g against fp32 x",
-            cpu_isa_name(isa), rows, cols, group, n, bias, tpool_size(pool), e, eq);
+            "%s %s/q8 %dx%d g%d n=%d bias=%d threads=%d: rel err %g against the q8 oracle, %g against fp32 x",
+            cpu_isa_name(isa), wfmt_name(fmt), rows, cols, group, n, bias, tpool_size(pool), e, eq);
     if (isa == CPU_ISA_AVX512_VNNI) { /* want is free now: avx512's result */
         t_matmul_q8_on(pool, CPU_ISA_AVX512, want, x, n, &m, b);
         size_t first = 0, bad = t_bits_differ(y, want, (size_t)n * rows, &first);
-        T_CHECK(bad == 0, "%s int4/q8 %dx%d g%d n=%d bias=%d threads=%d: %zu of %zu outputs differ from avx512's "
-                "(first [%zu][%zu]: %a vs %a)", cpu_isa_name(isa), rows, cols, group, n, bias, tpool_size(pool), bad,
+        T_CHECK(bad == 0, "%s %s/q8 %dx%d g%d n=%d bias=%d threads=%d: %zu of %zu outputs differ from avx512's "
+                "(first [%zu][%zu]: %a vs %a)", cpu_isa_name(isa), wfmt_name(fmt), rows, cols, group, n, bias,
+                tpool_size(pool), bad,
                 (size_t)n * rows, first / rows, first % rows, bad ? y[first] : 0.0, bad ? want[first] : 0.0);
     }
     free(x); free(xr); free(y); free(want); free(exact); free(mag); free(b);
     t_mat_free(&m);
 }
 
+/* MXFP4 of random bytes with scale bytes drawn from [slo, shi], dequantized into dq. */
+static void t_mat_mxfp4_raw(t_mat_t *m, int rows, int cols, int slo, int shi)
+{
+    m->data = malloc((size_t)rows * cols / 2);
+    m->scales = malloc((size_t)rows * cols / 32);
+    for (size_t i = 0; i < (size_t)rows * cols / 2; i++) ((uint8_t *)m->data)[i] = (uint8_t)t_rng_next(&g_seed);
+    for (size_t i = 0; i < (size_t)rows * cols / 32; i++)
+        ((uint8_t *)m->scales)[i] = (uint8_t)(slo + (int)(t_rng_next(&g_seed) % (uint64_t)(shi - slo + 1)));
+    m->q = (qmat_t){.fmt = WF_MXFP4, .rows = rows, .cols = cols, .group = 32, .data = m->data, .scales = m->scales};
+    m->dq = t_alloc((size_t)rows * cols);
+    for (int r = 0; r < rows; r++) qmat_dequant_row(&m->q, r, m->dq + (int64_t)r * cols);
+}
+
+/* MXFP4 at the edges of the e8m0 range, in both activation modes: scale bytes 0..3 (2^-127 ..
+ * 2^-124, subnormal weights) with x ~ 2^100, and 245..252 (up to 2^125; 6 * 2^125 is near
+ * fp32's top) with x ~ 2^-110, so the products and the q8 block factors stay normal; each
+ * within the fp32 bound of its oracle (the dequantized weights times x, or times x rounded
+ * to q8). Then a 0xFF scale byte makes its row's outputs NaN, and only its row. */
+static void test_mxfp4_extremes(tpool_t *pool, cpu_isa_t isa)
+{
+    static const struct { int slo, shi; float xs; } ranges[2] = {{0, 3, 0x1p100f}, {245, 252, 0x1p-110f}};
+    for (int k = 0; k < 2; k++)
+        for (int q8 = 0; q8 < 2; q8++) {
+            const int rows = 1 + (int)(t_rng_next(&g_seed) % 40), cols = 32 * (1 + (int)(t_rng_next(&g_seed) % 21));
+            const int n = 1 + (int)(t_rng_next(&g_seed) % 6);
+            t_mat_t m;
+            t_mat_mxfp4_raw(&m, rows, cols, ranges[k].slo, ranges[k].shi);
+            float *x = t_alloc((size_t)n * cols), *xr = t_alloc((size_t)n * cols), *y = t_alloc((size_t)n * rows);
+            float *want = t_alloc((size_t)n * rows), *mag = t_alloc((size_t)n * rows);
+            t_fill(x, (size_t)n * cols, ranges[k].xs);
+            if (q8) t_q8_round(x, xr, (size_t)n * cols);
+            t_oracle_mm_mag(want, mag, q8 ? xr : x, n, &m, NULL);
+            if (q8) t_matmul_q8_on(pool, isa, y, x, n, &m, NULL);
+            else {
+                t_poison(y, (size_t)n * rows);
+                cpu_matmul(pool, y, x, n, &m.q, NULL);
+            }
+            double num = 0, wn = 0, mn = 0;
+            for (size_t i = 0; i < (size_t)n * rows; i++) {
+                num += ((double)y[i] - want[i]) * ((double)y[i] - want[i]);
+                wn += (double)want[i] * want[i];
+                mn += (double)mag[i] * mag[i];
+            }
+            T_CHECK(t_all_finite(y, (size_t)n * rows) && sqrt(num) <= 1e-5 * sqrt(wn) + 1e-6 * sqrt(mn),
+                    "%s mxfp4%s scale bytes %d..%d %dx%d n=%d: rel err %g", cpu_isa_name(isa), q8 ? "/q8" : "",
+                    ranges[k].slo, ranges[k].shi, rows, cols, n, t_relerr(y, want, (size_t)n * rows));
+            free(x); free(xr); free(y); free(want); free(mag);
+            t_mat_free(&m);
+        }
+    t_mat_t m;
+    t_mat_mxfp4_raw(&m, 5, 320, 120, 130);
+    ((uint8_t *)m.scales)[2 * 10 + 7] = 0xFF;
+    for (int q8 = 0; q8 < 2; q8++) {
+        float x[3 * 320], y[3 * 5];
+        t_fill(x, 3 * 320, 1.0f);
+        if (q8) t_matmul_q8_on(pool, isa, y, x, 3, &m, NULL);
+        else {
+            t_poison(y, 3 * 5);
+            cpu_matmul(pool, y, x, 3, &m.q, NULL);
+        }
+        bool ok = true;
+        for (int t = 0; t < 3; t++)
+            for (int r = 0; r < 5; r++) ok &= r == 2 ? isnan(y[t * 5 + r]) : isfinite(y[t * 5 + r]);
+        T_CHECK(ok, "%s mxfp4%s: a 0xFF scale makes its row NaN, only it", cpu_isa_name(isa), q8 ? "/q8" : "");
+    }
+    t_mat_free(&m);
+}
+
 static void test_matmul_isa(tpool_t *pool, cpu_isa_t isa)
 {
+    test_mxfp4_extremes(pool, isa);
     static const int qn[] = {1, 2, 3, 4, 5, 9};
     for (unsigned k = 0; k < sizeof(qn) / sizeof(qn[0]); k++) {
         int cols = 128 * (1 + (int)(t_rng_next(&g_seed) % 6)), rows = 1 + (int)(t_rng_next(&g_seed) % 67);
-        test_matmul_q8_case(pool, isa, rows, cols, qn[k], (int[]){32, 64, 128}[k % 3], k & 1);
+        test_matmul_q8_case(pool, isa, WF_INT4, rows, cols, qn[k], (int[]){32, 64, 128}[k % 3], k & 1);
+        cols = 128 * (1 + (int)(t_rng_next(&g_seed) % 6)), rows = 1 + (int)(t_rng_next(&g_seed) % 67);
+        test_matmul_q8_case(pool, isa, WF_MXFP4, rows, cols, qn[k], 32, k & 1);
     }
     /* token counts 1..10 and 17 (pairs, a lone last token, several slices of 4), every group,
      * block counts odd (the last block alone), even and not a multiple of 4, odd row counts */
-    for (int n = 1; n <= 11; n++)
+    for (int n = 1; n <= 11; n++) {
         for (int gi = 0; gi < 3; gi++) {
             const int group = 32 << gi, ng = 1 + (int)(t_rng_next(&g_seed) % (gi ? 9 : 13));
             const int rows = 1 + 2 * (int)(t_rng_next(&g_seed) % 40);
-            test_matmul_q8_case(pool, isa, rows, group * ng, n == 11 ? 17 : n, group, (n + gi) & 1);
+            test_matmul_q8_case(pool, isa, WF_INT4, rows, group * ng, n == 11 ? 17 : n, group, (n + gi) & 1);
         }
-    test_matmul_q8_case(pool, isa, 1, 32, 1, 32, false);
-    test_matmul_q8_case(pool, isa, 3, 32, 5, 32, true);
-    test_matmul_q8_case(pool, isa, 257, 2048, 1, 32, false);
-    test_matmul_q8_case(pool, isa, 129, 1056, 7, 32, true);
+        const int nb = 1 + (int)(t_rng_next(&g_seed) % 19), rows = 1 + 2 * (int)(t_rng_next(&g_seed) % 40);
+        test_matmul_q8_case(pool, isa, WF_MXFP4, rows, 32 * nb, n == 11 ? 17 : n, 32, n & 1);
+    }
+    for (int f = WF_INT4; f <= WF_MXFP4; f++) {
+        test_matmul_q8_case(pool, isa, (wfmt_t)f, 1, 32, 1, 32, false);
+        test_matmul_q8_case(pool, isa, (wfmt_t)f, 3, 32, 5, 32, true);
+        test_matmul_q8_case(pool, isa, (wfmt_t)f, 257, 2048, 1, 32, false);
+        test_matmul_q8_case(pool, isa, (wfmt_t)f, 129, 1056, 7, 32, true);
+    }
 
     static const int ns[] = {1, 2, 3, 4, 5, 7, 16, 37};
     for (int f = 0; f < WF_COUNT; f++) {
         for (unsigned k = 0; k < sizeof(ns) / sizeof(ns[0]); k++) {
             int n = ns[k];
-            /* odd row counts (not a multiple of any unroll); cols a multiple of 32 for INT4,
-             * with a ragged tail for the others */
+            /* odd row counts (not a multiple of any unroll); cols a multiple of 32 for INT4 and
+             * MXFP4 (odd block counts too), with a ragged tail for the others */
             int rows = 1 + (int)(t_rng_next(&g_seed) % 67);
-            int cols = f == WF_INT4 ? 32 * (1 + (int)(t_rng_next(&g_seed) % 12)) : 1 + (int)(t_rng_next(&g_seed) % 300);
+            int cols = f == WF_INT4 || f == WF_MXFP4 ? 32 * (1 + (int)(t_rng_next(&g_seed) % 12))
+                                                     : 1 + (int)(t_rng_next(&g_seed) % 300);
             test_matmul_case(pool, isa, (wfmt_t)f, rows, cols, n, k & 1);
         }
         test_matmul_case(pool, isa, (wfmt_t)f, 257, 512, 1, false);
@@ -319,22 +404,46 @@ static void test_matmul_isa(tpool_t *pool, cpu_isa_t isa)
 
 /* ---- FFN ---- */
 
-static void test_ffn(tpool_t *pool, cpu_isa_t isa, wfmt_t fmt, int n, bool accumulate, bool with_scale)
+/* cpu_ffn_swiglu against the double oracle: gate and up in fmt, down in dfmt; mode 0 plain
+ * SwiGLU, 1 with the three biases, 2 with the biases and gpt-oss's clamped activation, its
+ * limit small enough against the (biased) gate and up values that both clamps bite, which the
+ * test counts. */
+static void test_ffn(tpool_t *pool, cpu_isa_t isa, wfmt_t fmt, wfmt_t dfmt, int n, bool accumulate, bool with_scale,
+                     int mode)
 {
     const int hidden = 96, inter = 64 + 32 * (int)(t_rng_next(&g_seed) % 3);
     t_mat_t g, u, d;
     t_mat_make(&g, fmt, 32, inter, hidden);
     t_mat_make(&u, fmt, 32, inter, hidden);
-    t_mat_make(&d, fmt, 32, hidden, inter);
+    t_mat_make(&d, dfmt, 32, hidden, inter);
     float *x = t_alloc((size_t)n * hidden), *out = t_alloc((size_t)n * hidden), *want = t_alloc((size_t)n * hidden);
     float *scratch = t_alloc((size_t)2 * n * inter), *sc = t_alloc((size_t)n);
     float *gy = t_alloc((size_t)n * inter), *uy = t_alloc((size_t)n * inter), *dy = t_alloc((size_t)n * hidden);
+    float *gb = t_alloc((size_t)inter), *ub = t_alloc((size_t)inter), *db = t_alloc((size_t)hidden);
     t_fill(x, (size_t)n * hidden, 2.0f);
     t_fill(sc, (size_t)n, 1.0f);
-    t_oracle_mm(gy, x, n, &g, NULL);
-    t_oracle_mm(uy, x, n, &u, NULL);
-    for (int i = 0; i < n * inter; i++) gy[i] = (float)(gy[i] / (1.0 + exp(-(double)gy[i])) * uy[i]);
-    t_oracle_mm(dy, gy, n, &d, NULL);
+    t_fill(gb, (size_t)inter, 1.0f);
+    t_fill(ub, (size_t)inter, 1.0f);
+    t_fill(db, (size_t)hidden, 1.0f);
+    const cpu_ffn_opts_t opts = {.gate_bias = gb, .up_bias = ub, .down_bias = db, .clamped = mode == 2,
+                                 .limit = 0.5f + 0.25f * (float)(t_rng_next(&g_seed) % 3), .alpha = 1.702f};
+    t_oracle_mm(gy, x, n, &g, mode ? gb : NULL);
+    t_oracle_mm(uy, x, n, &u, mode ? ub : NULL);
+    int bites[3] = {0}; /* gate above the limit, up above it, up below -limit */
+    for (int i = 0; i < n * inter; i++) {
+        double gv = gy[i], uv = uy[i];
+        if (mode == 2) {
+            bites[0] += gv > opts.limit, bites[1] += uv > opts.limit, bites[2] += uv < -opts.limit;
+            gv = fmin(gv, opts.limit);
+            uv = fmax(fmin(uv, opts.limit), -opts.limit);
+            gy[i] = (float)((uv + 1) * (gv / (1.0 + exp(-opts.alpha * gv))));
+        } else
+            gy[i] = (float)(gv / (1.0 + exp(-gv)) * uv);
+    }
+    if (mode == 2)
+        T_CHECK(bites[0] > 0 && bites[1] > 0 && bites[2] > 0, "ffn clamps bite: %d %d %d of %d", bites[0], bites[1],
+                bites[2], n * inter);
+    t_oracle_mm(dy, gy, n, &d, mode ? db : NULL);
     if (accumulate) t_fill(out, (size_t)n * hidden, 1.0f);
     else t_poison(out, (size_t)n * hidden);
     for (int t = 0; t < n; t++)
@@ -343,24 +452,26 @@ static void test_ffn(tpool_t *pool, cpu_isa_t isa, wfmt_t fmt, int n, bool accum
             want[t * hidden + i] = accumulate ? out[t * hidden + i] + r : r;
         }
     t_poison(scratch, (size_t)2 * n * inter);
-    cpu_ffn_swiglu(pool, out, x, n, &g.q, &u.q, &d.q, scratch, with_scale ? sc : NULL, accumulate);
+    cpu_ffn_swiglu(pool, out, x, n, &g.q, &u.q, &d.q, mode ? &opts : NULL, scratch, with_scale ? sc : NULL, accumulate);
     double e = t_relerr(out, want, (size_t)n * hidden);
-    T_CHECK(t_all_finite(out, (size_t)n * hidden) && e < 2e-5, "ffn %s %s n=%d acc=%d scale=%d inter=%d: rel err %g",
-            cpu_isa_name(isa), wfmt_name(fmt), n, accumulate, with_scale, inter, e);
-    free(x); free(out); free(want); free(scratch); free(sc); free(gy); free(uy); free(dy);
+    T_CHECK(t_all_finite(out, (size_t)n * hidden) && e < 2e-5,
+            "ffn %s %s/%s mode %d n=%d acc=%d scale=%d inter=%d: rel err %g", cpu_isa_name(isa), wfmt_name(fmt),
+            wfmt_name(dfmt), mode, n, accumulate, with_scale, inter, e);
+    free(x); free(out); free(want); free(scratch); free(sc); free(gy); free(uy); free(dy); free(gb); free(ub); free(db);
     t_mat_free(&g); t_mat_free(&u); t_mat_free(&d);
 }
 
 /* cpu_ffn_swiglu_many: every item's output is bit for bit what cpu_ffn_swiglu gives for it alone
  * (same kernels, same per-row sums; only the dispatch is shared), with items of different
- * formats, shapes and token counts, some empty. */
+ * formats, shapes, token counts and opts (plain, biased, clamped), some empty. */
 static void test_ffn_many(tpool_t *pool, cpu_isa_t isa)
 {
     enum { NI = 7 };
     const int hidden = 64;
     t_mat_t g[NI], u[NI], d[NI];
     cpu_ffn_item_t it[NI];
-    float *x[NI], *out[NI], *want[NI];
+    cpu_ffn_opts_t opts[NI];
+    float *x[NI], *out[NI], *want[NI], *bias[NI];
     size_t scratch_n = 0;
     for (int i = 0; i < NI; i++) {
         const wfmt_t fmt = (wfmt_t)((i + (int)(t_rng_next(&g_seed) % 2)) % WF_COUNT);
@@ -373,12 +484,20 @@ static void test_ffn_many(tpool_t *pool, cpu_isa_t isa)
         want[i] = t_alloc((size_t)(n ? n : 1) * hidden);
         t_fill(x[i], (size_t)(n ? n : 1) * hidden, 2.0f);
         t_poison(out[i], (size_t)(n ? n : 1) * hidden);
-        it[i] = (cpu_ffn_item_t){.x = x[i], .out = out[i], .n = n, .gate = &g[i].q, .up = &u[i].q, .down = &d[i].q};
+        bias[i] = t_alloc((size_t)2 * inter + hidden); /* gate, up, down */
+        t_fill(bias[i], (size_t)2 * inter + hidden, 1.0f);
+        const int kind = (int)(t_rng_next(&g_seed) % 3); /* plain, biased, biased and clamped */
+        opts[i] = (cpu_ffn_opts_t){.gate_bias = bias[i], .up_bias = bias[i] + inter, .down_bias = bias[i] + 2 * inter,
+                                   .clamped = kind == 2, .limit = 0.7f, .alpha = 1.702f};
+        it[i] = (cpu_ffn_item_t){.x = x[i], .out = out[i], .n = n, .gate = &g[i].q, .up = &u[i].q, .down = &d[i].q,
+                                 .opts = kind ? &opts[i] : NULL};
         scratch_n += (size_t)2 * n * inter;
     }
     float *scratch = t_alloc(scratch_n + 1);
     for (int i = 0; i < NI; i++)
-        if (it[i].n) cpu_ffn_swiglu(pool, want[i], x[i], it[i].n, it[i].gate, it[i].up, it[i].down, scratch, NULL, false);
+        if (it[i].n)
+            cpu_ffn_swiglu(pool, want[i], x[i], it[i].n, it[i].gate, it[i].up, it[i].down, it[i].opts, scratch, NULL,
+                           false);
     t_poison(scratch, scratch_n + 1);
     cpu_ffn_swiglu_many(pool, it, NI, scratch);
     int bad = 0;
@@ -400,7 +519,7 @@ static void test_ffn_many(tpool_t *pool, cpu_isa_t isa)
     }
     for (int i = 0; i < NI; i++) {
         t_mat_free(&g[i]); t_mat_free(&u[i]); t_mat_free(&d[i]);
-        free(x[i]); free(out[i]); free(want[i]);
+        free(x[i]); free(out[i]); free(want[i]); free(bias[i]);
     }
     free(scratch);
 }
@@ -508,16 +627,22 @@ static void test_rope(void)
     T_CHECK(fabsf(y[0] + 2) < 1e-6f && fabsf(y[1] - 1) < 1e-6f, "rope quarter turn: %g %g", y[0], y[1]);
 }
 
-static void test_attention(int n_ctx, int n_heads, int n_kv, int hd, int bs, float scale)
+/* One query over positions ctx_start..n_ctx-1 of a random paged cache, against a double
+ * reference of the contract (transformers' eager attention with sinks: the sink joins the max
+ * and the softmax sum as a column with no value). The blocks wholly before ctx_start hold NaN,
+ * so reading one shows. */
+static void test_attention(int ctx_start, int n_ctx, int n_heads, int n_kv, int hd, int bs, float scale, float sink_mag)
 {
-    const int n_blocks = (n_ctx + bs - 1) / bs + 3;
-    float *kc = t_alloc((size_t)n_blocks * n_kv * bs * hd), *vc = t_alloc((size_t)n_blocks * n_kv * bs * hd);
+    const int n_blocks = (n_ctx + bs - 1) / bs + 3, first = ctx_start / bs; /* blocks < first: unread */
+    const size_t bsz = (size_t)n_kv * bs * hd;
+    float *kc = t_alloc((size_t)n_blocks * bsz), *vc = t_alloc((size_t)n_blocks * bsz);
     float *q = t_alloc((size_t)n_heads * hd), *out = t_alloc((size_t)n_heads * hd), *want = t_alloc((size_t)n_heads * hd);
-    float *scr = t_alloc((size_t)n_ctx);
+    float *scr = t_alloc((size_t)n_ctx), *sinks = sink_mag > 0 ? t_alloc((size_t)n_heads) : NULL;
     int32_t *bt = malloc(sizeof(int32_t) * n_blocks);
-    t_fill(kc, (size_t)n_blocks * n_kv * bs * hd, 1.0f);
-    t_fill(vc, (size_t)n_blocks * n_kv * bs * hd, 1.0f);
+    t_fill(kc, (size_t)n_blocks * bsz, 1.0f);
+    t_fill(vc, (size_t)n_blocks * bsz, 1.0f);
     t_fill(q, (size_t)n_heads * hd, 1.0f);
+    if (sinks) t_fill(sinks, (size_t)n_heads, sink_mag);
     for (int i = 0; i < n_blocks; i++) bt[i] = i;
     for (int i = n_blocks - 1; i > 0; i--) { /* a random block table */
         int k = (int)(t_rng_next(&g_seed) % (uint64_t)(i + 1));
@@ -525,32 +650,39 @@ static void test_attention(int n_ctx, int n_heads, int n_kv, int hd, int bs, flo
         bt[i] = bt[k];
         bt[k] = tmp;
     }
+    for (int b = 0; b < first; b++) {
+        t_poison(kc + (size_t)bt[b] * bsz, bsz);
+        t_poison(vc + (size_t)bt[b] * bsz, bsz);
+    }
     const int grp = n_heads / n_kv;
     double *sc = malloc(sizeof(double) * n_ctx);
     for (int h = 0; h < n_heads; h++) {
         int kvh = h / grp;
-        double mx = -INFINITY;
-        for (int p = 0; p < n_ctx; p++) {
+        double mx = sinks ? sinks[h] : -INFINITY;
+        for (int p = ctx_start; p < n_ctx; p++) {
             const float *k = kc + (((int64_t)bt[p / bs] * n_kv + kvh) * bs + p % bs) * hd;
             double d = 0;
             for (int i = 0; i < hd; i++) d += (double)q[h * hd + i] * k[i];
             sc[p] = d * scale;
             mx = fmax(mx, sc[p]);
         }
-        double z = 0;
-        for (int p = 0; p < n_ctx; p++) z += (sc[p] = exp(sc[p] - mx));
+        double z = sinks ? exp(sinks[h] - mx) : 0;
+        for (int p = ctx_start; p < n_ctx; p++) z += (sc[p] = exp(sc[p] - mx));
         for (int i = 0; i < hd; i++) {
             double a = 0;
-            for (int p = 0; p < n_ctx; p++) a += sc[p] / z * vc[(((int64_t)bt[p / bs] * n_kv + kvh) * bs + p % bs) * hd + i];
+            for (int p = ctx_start; p < n_ctx; p++)
+                a += sc[p] / z * vc[(((int64_t)bt[p / bs] * n_kv + kvh) * bs + p % bs) * hd + i];
             want[h * hd + i] = (float)a;
         }
     }
     t_poison(out, (size_t)n_heads * hd);
-    cpu_attention(out, q, kc, vc, bt, n_ctx, n_heads, n_kv, hd, bs, scale, scr);
+    t_poison(scr, (size_t)n_ctx);
+    cpu_attention(out, q, kc, vc, bt, ctx_start, n_ctx, n_heads, n_kv, hd, bs, scale, sinks, scr);
     double e = t_relerr(out, want, (size_t)n_heads * hd);
-    T_CHECK(t_all_finite(out, (size_t)n_heads * hd) && e < 1e-5, "attention %s ctx %d heads %d/%d hd %d bs %d scale %g: %g",
-            cpu_isa_name(cpu_ops_init()), n_ctx, n_heads, n_kv, hd, bs, scale, e);
-    free(kc); free(vc); free(q); free(out); free(want); free(scr); free(bt); free(sc);
+    T_CHECK(t_all_finite(out, (size_t)n_heads * hd) && e < 1e-5,
+            "attention %s ctx %d..%d heads %d/%d hd %d bs %d scale %g sinks %g: %g", cpu_isa_name(cpu_ops_init()),
+            ctx_start, n_ctx, n_heads, n_kv, hd, bs, scale, sink_mag, e);
+    free(kc); free(vc); free(q); free(out); free(want); free(scr); free(sinks); free(bt); free(sc);
 }
 
 static void test_gate(void)
@@ -740,10 +872,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "isa %s: running\n", cpu_isa_name(got));
         for (int pi = 0; pi < 2; pi++) test_matmul_isa(pools[pi], got);
         for (int f = 0; f < WF_COUNT; f++) {
-            test_ffn(pools[1], got, (wfmt_t)f, 1, false, false);
-            test_ffn(pools[1], got, (wfmt_t)f, 3, true, true);
-            test_ffn(pools[0], got, (wfmt_t)f, 9, true, false);
-            test_ffn(pools[0], got, (wfmt_t)f, 2, false, true);
+            const wfmt_t fm = (wfmt_t)f, other = (wfmt_t)((f + 1 + (int)(t_rng_next(&g_seed) % (WF_COUNT - 1))) % WF_COUNT);
+            test_ffn(pools[1], got, fm, fm, 1, false, false, 0);
+            test_ffn(pools[1], got, fm, fm, 3, true, true, 0);
+            test_ffn(pools[0], got, fm, fm, 9, true, false, 0);
+            test_ffn(pools[0], got, fm, fm, 2, false, true, 0);
+            test_ffn(pools[1], got, fm, fm, 1, false, false, 1);
+            test_ffn(pools[1], got, fm, other, 5, true, true, 1);
+            test_ffn(pools[1], got, fm, fm, 1, false, false, 2);
+            test_ffn(pools[0], got, fm, fm, 3, true, true, 2);
+            test_ffn(pools[1], got, other, fm, 7, true, false, 2);
+            test_ffn(pools[0], got, fm, other, 2, false, true, 2);
         }
         for (int pi = 0; pi < 2; pi++) {
             test_ffn_many(pools[pi], got);
@@ -753,15 +892,34 @@ int main(int argc, char **argv)
             test_matmul_multi(pools[pi], got);
             cpu_ops_set_act(CPU_ACT_F32);
         }
-        test_attention(1, 4, 4, 64, 16, 0.125f);
-        test_attention(37, 8, 2, 64, 16, 0.125f);
-        test_attention(100, 6, 1, 32, 8, 0.17f);
-        test_attention(33, 4, 2, 128, 32, 0.088f);
-        test_attention(50, 4, 4, 16, 4, 30.0f); /* huge logits: needs the max subtraction */
-        test_attention(45, 6, 3, 76, 16, 0.1f); /* head_dim not a multiple of the vector */
+        test_attention(0, 1, 4, 4, 64, 16, 0.125f, 0);
+        test_attention(0, 37, 8, 2, 64, 16, 0.125f, 0);
+        test_attention(0, 100, 6, 1, 32, 8, 0.17f, 0);
+        test_attention(0, 33, 4, 2, 128, 32, 0.088f, 0);
+        test_attention(0, 50, 4, 4, 16, 4, 30.0f, 0); /* huge logits: needs the max subtraction */
+        test_attention(0, 45, 6, 3, 76, 16, 0.1f, 0); /* head_dim not a multiple of the vector */
+        /* sliding windows: a start in the middle of a block, at a block boundary, the last
+         * position alone; and sinks (gpt-oss), small, dominating, with and without a window */
+        test_attention(21, 70, 8, 2, 64, 16, 0.125f, 0);
+        test_attention(32, 70, 8, 2, 64, 16, 0.125f, 0);
+        test_attention(47, 48, 4, 1, 32, 16, 0.17f, 0);
+        test_attention(0, 1, 4, 4, 64, 16, 0.125f, 2.0f);
+        test_attention(0, 37, 8, 2, 64, 16, 0.125f, 2.0f);
+        test_attention(13, 77, 6, 3, 76, 8, 0.1f, 3.0f);
+        test_attention(64, 130, 8, 1, 64, 16, 0.125f, 1.0f);
+        test_attention(99, 100, 4, 2, 32, 16, 0.17f, 1.0f);
+        test_attention(5, 60, 4, 4, 16, 4, 0.05f, 40.0f); /* sinks far above the scores */
+        test_attention(0, 50, 4, 4, 16, 4, 30.0f, 0.5f);  /* scores far above the sinks */
+        for (int k = 0; k < 20; k++) {
+            const int bs = 4 << (int)(t_rng_next(&g_seed) % 3), n_ctx = 1 + (int)(t_rng_next(&g_seed) % 150);
+            const int start = (int)(t_rng_next(&g_seed) % (uint64_t)n_ctx), kv = 1 + (int)(t_rng_next(&g_seed) % 3);
+            const int heads = kv * (1 + (int)(t_rng_next(&g_seed) % 3)), hd = 8 + 8 * (int)(t_rng_next(&g_seed) % 12);
+            test_attention(start, n_ctx, heads, kv, hd, bs, 0.125f, k & 1 ? 4.0f : 0);
+        }
         fprintf(stderr, "isa %s: worst matmul rel err:", cpu_isa_name(got));
         for (int f = 0; f < WF_COUNT; f++) fprintf(stderr, " %s %.2g", wfmt_name((wfmt_t)f), g_worst[got][f]);
-        fprintf(stderr, "; int4 with q8 activations %.2g\n", g_worst_q8[got]);
+        fprintf(stderr, "; with q8 activations: int4 %.2g mxfp4 %.2g\n", g_worst_q8[got][WF_INT4],
+                g_worst_q8[got][WF_MXFP4]);
     }
     cpu_ops_set_isa(best);
     test_rmsnorm();

@@ -153,6 +153,72 @@ static void s_check_ffn(vctx_t *v, const ffn_t *f, const char *pre, const char *
 }
 
 /* Check every weight of m against the files of dir; returns the number of matrices checked. */
+/* A gpt-oss expert matrix against GptOssExperts' tensor t of x @ W layout: row r, column k of
+ * expert e is t[e][k][r * step + off] ([E][cols][src_cols]). For an MXFP4 checkpoint, t is
+ * transformers' own dequantization (the fixture's dequant.safetensors), so the weights Strata
+ * decodes must equal transformers' bit for bit. */
+static void s_check_gpt_oss_mat(vctx_t *v, const qmat_t *q, const st_tensor_t *t, const char *name, int64_t e,
+                                int64_t rows, int64_t cols, int64_t src_cols, int step, int off, bool mxfp4)
+{
+    T_CHECK(q->rows == rows && q->cols == cols && q->data, "%s expert %lld: loaded [%d, %d], want [%lld, %lld]", name,
+            (long long)e, q->rows, q->cols, (long long)rows, (long long)cols);
+    if (q->rows != rows || q->cols != cols || !q->data) return;
+    T_CHECK(!mxfp4 || (q->fmt == WF_MXFP4 && q->group == 32), "%s expert %lld: format %s, want mxfp4", name,
+            (long long)e, wfmt_name(q->fmt));
+    float *row = malloc((size_t)cols * sizeof *row);
+    size_t bad = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        qmat_dequant_row(q, (int32_t)r, row);
+        for (int64_t k = 0; k < cols; k++) {
+            float want = s_elem(t, (size_t)((e * cols + k) * src_cols + r * step + off));
+            /* bit for bit, the sign of zero included */
+            bad += memcmp(&row[k], &want, 4) != 0 && !(isnan(row[k]) && isnan(want));
+        }
+    }
+    free(row);
+    T_CHECK(bad == 0, "%s expert %lld: %zu elements differ from %s", name, (long long)e, bad,
+            mxfp4 ? "transformers' dequantization" : "the file");
+    v->mats++;
+}
+
+/* gpt-oss's MoE block: router weight and bias, expert biases de-interleaved, expert matrices. */
+static void s_check_gpt_oss_moe(vctx_t *v, const model_config_t *c, const layer_t *ly, int l)
+{
+    const int64_t E = c->n_experts, H = c->hidden, I = c->moe_inter;
+    char n[256], dn[256];
+    snprintf(n, sizeof n, "model.layers.%d.mlp.router.weight", l);
+    s_check_mat_f32(v, &ly->router, n, E, H);
+    snprintf(n, sizeof n, "model.layers.%d.mlp.router.bias", l);
+    s_check_vec(v, ly->router_b, n, E);
+    snprintf(n, sizeof n, "model.layers.%d.mlp.experts.gate_up_proj_bias", l);
+    const st_tensor_t *gb = s_src_find(&v->src, n);
+    snprintf(n, sizeof n, "model.layers.%d.mlp.experts.down_proj_bias", l);
+    const st_tensor_t *db = s_src_find(&v->src, n);
+    T_CHECK(gb && db && ly->egate_b && ly->eup_b && ly->edown_b, "layer %d: expert biases missing", l);
+    if (!gb || !db || !ly->egate_b || !ly->eup_b || !ly->edown_b) return;
+    size_t bad = 0;
+    for (int64_t e = 0; e < E; e++) {
+        for (int64_t j = 0; j < I; j++) {
+            bad += !s_same(ly->egate_b[e * I + j], s_elem(gb, (size_t)(e * 2 * I + 2 * j)));
+            bad += !s_same(ly->eup_b[e * I + j], s_elem(gb, (size_t)(e * 2 * I + 2 * j + 1)));
+        }
+        for (int64_t h = 0; h < H; h++) bad += !s_same(ly->edown_b[e * H + h], s_elem(db, (size_t)(e * H + h)));
+    }
+    T_CHECK(bad == 0, "layer %d: %zu expert bias elements differ", l, bad);
+    snprintf(n, sizeof n, "model.layers.%d.mlp.experts.gate_up_proj", l);
+    snprintf(dn, sizeof dn, "model.layers.%d.mlp.experts.down_proj", l);
+    const st_tensor_t *gu = s_src_find(&v->src, n), *dp = s_src_find(&v->src, dn);
+    T_CHECK(gu && dp, "layer %d: no %s / %s to check the experts against", l, n, dn);
+    if (!gu || !dp) return;
+    const bool mx = c->experts_mxfp4[l];
+    for (int64_t e = 0; e < E; e++) {
+        const ffn_t *f = &ly->experts[e];
+        s_check_gpt_oss_mat(v, &f->gate, gu, n, e, I, H, 2 * I, 2, 0, mx);
+        s_check_gpt_oss_mat(v, &f->up, gu, n, e, I, H, 2 * I, 2, 1, mx);
+        s_check_gpt_oss_mat(v, &f->down, dp, dn, e, H, I, H, 1, 0, mx);
+    }
+}
+
 static int s_verify(const model_t *m, const char *dir)
 {
     vctx_t v = {0};
@@ -194,10 +260,18 @@ static int s_verify(const model_t *m, const char *dir)
             snprintf(n, sizeof n, "model.layers.%d.self_attn.k_norm.weight", l);
             s_check_vec(&v, ly->k_norm, n, head ? hd : KD);
         }
+        snprintf(n, sizeof n, "model.layers.%d.self_attn.sinks", l);
+        if (c->attn_sinks) s_check_vec(&v, ly->sinks, n, c->n_heads);
+        else T_CHECK(ly->sinks == NULL, "layer %d: sinks loaded but the config has none", l);
         if (!c->layer_sparse[l]) {
             snprintf(pre, sizeof pre, "model.layers.%d.mlp", l);
             s_check_ffn(&v, &ly->dense, pre, "gate_proj", "up_proj", "down_proj", c->dense_inter, H);
             T_CHECK(ly->experts == NULL, "dense layer %d has experts", l);
+            continue;
+        }
+        if (c->arch == ARCH_GPT_OSS) {
+            T_CHECK(ly->experts != NULL, "sparse layer %d without experts", l);
+            if (ly->experts) s_check_gpt_oss_moe(&v, c, ly, l);
             continue;
         }
         bool mix = c->arch == ARCH_MIXTRAL;

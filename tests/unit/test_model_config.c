@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/tokenizer.h"
 #include "model/model.h"
 #include "tests/unit/check.h"
 
@@ -161,9 +162,11 @@ static void test_real_configs(void)
     T_CHECK(c.bos_id == -1 && c.eos_id == 50279 && c.layer_sparse[15], "olmoe ids");
     s_check_default_rope(&c, 1e4);
 
-    /* model_config_load from a file */
-    char path[256];
-    snprintf(path, sizeof path, "/tmp/strata-test-cfg-%d.json", (int)getpid());
+    /* model_config_load from a file (in a folder of its own: a generation_config.json beside it
+     * would be read too) */
+    char dir[] = "/tmp/strata-test-cfg-XXXXXX", path[256];
+    T_CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    snprintf(path, sizeof path, "%s/cfg.json", dir);
     FILE *f = fopen(path, "w");
     fputs(OLMOE, f);
     fclose(f);
@@ -173,6 +176,7 @@ static void test_real_configs(void)
     unlink(path);
     rc = model_config_load(&d, path, &eb);
     T_CHECK(rc < 0 && strstr(eb.msg, path), "missing file: %s", eb.msg);
+    rmdir(dir);
 }
 
 /* The same configs as transformers 5.x writes them: rope_parameters, dtype, layer_types. */
@@ -444,12 +448,8 @@ static void test_refusals(void)
     s_refused("eps negative", MIXTRAL, "rms_norm_eps", "-1e-5", "rms_norm_eps");
     s_refused("max_pos 0", MIXTRAL, "max_position_embeddings", "0", "max_position_embeddings");
     s_refused("tie not bool", MIXTRAL, "tie_word_embeddings", "\"yes\"", "tie_word_embeddings");
-    s_refused("eos out of vocab", MIXTRAL, "eos_token_id", "32000", "eos_token_id");
     s_refused("bos negative", MIXTRAL, "bos_token_id", "-1", "bos_token_id");
     s_refused("eos empty list", MIXTRAL, "eos_token_id", "[]", "eos_token_id");
-    s_refused("eos bad list", MIXTRAL, "eos_token_id", "[2, 99999]", "eos_token_id[1]");
-    s_accepted("eos list", MIXTRAL, "eos_token_id", "[7, 2]", &c);
-    T_CHECK(c.eos_id == 7, "eos list first: %d", c.eos_id);
     s_accepted("bos null", MIXTRAL, "bos_token_id", "null", &c);
     T_CHECK(c.bos_id == -1, "bos null: %d", c.bos_id);
     s_refused("pad not int", MIXTRAL, "pad_token_id", "\"x\"", "pad_token_id");
@@ -488,6 +488,150 @@ static void test_refusals(void)
     free(na), free(q3), free(h);
 }
 
+/* c's stop set is exactly want[n] (in order), and eos_id its first or -1. */
+static bool s_eos_is(const model_config_t *c, const int32_t *want, int32_t n)
+{
+    if (c->n_eos != n || c->eos_id != (n ? want[0] : -1)) return false;
+    for (int32_t i = 0; i < n; i++)
+        if (c->eos_ids[i] != want[i] || !model_is_eos(c, want[i])) return false;
+    return true;
+}
+
+static void s_write(const char *dir, const char *name, const char *text)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    STRATA_ASSERT(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Applies generation_config.json text to MIXTRAL with eos_token_id cfg_eos; returns the rc. */
+static int s_gen(const char *cfg_eos, const char *gen, model_config_t *c, strata_errbuf_t *eb)
+{
+    char *js = s_with(MIXTRAL, "eos_token_id", cfg_eos);
+    int rc = s_parse(c, js, eb);
+    free(js);
+    STRATA_ASSERT(rc == 0);
+    return model_config_apply_generation(c, gen, strlen(gen), "gen.json", eb);
+}
+
+/* The stop set (eos_token_id: an id or a list, of config.json, overridden by
+ * generation_config.json's as transformers' generate() takes it), and the tokenizer's one eos
+ * from the same files. */
+static void test_eos_set(void)
+{
+    model_config_t c;
+    strata_errbuf_t eb;
+    static const int32_t i2[] = {2}, i72[] = {7, 2}, i7[] = {7}, i59[] = {5, 9}, i5[] = {5};
+    /* config.json: an id, a list, absent (the class default), null */
+    s_accepted("eos id", MIXTRAL, "eos_token_id", "2", &c);
+    T_CHECK(s_eos_is(&c, i2, 1) && !model_is_eos(&c, 7), "eos id: %d ids, first %d", c.n_eos, c.eos_id);
+    s_accepted("eos list", MIXTRAL, "eos_token_id", "[7, 2]", &c);
+    T_CHECK(s_eos_is(&c, i72, 2), "eos list: both, in order: %d ids, first %d", c.n_eos, c.eos_id);
+    s_accepted("eos absent", MIXTRAL, "eos_token_id", "", &c);
+    T_CHECK(s_eos_is(&c, i2, 1), "eos absent: MixtralConfig's default 2");
+    s_accepted("eos absent, no default", QWEN2, "eos_token_id", "", &c);
+    T_CHECK(s_eos_is(&c, NULL, 0), "eos absent on qwen2: none");
+    s_accepted("eos null", MIXTRAL, "eos_token_id", "null", &c);
+    T_CHECK(s_eos_is(&c, NULL, 0) && !model_is_eos(&c, -1), "eos null: none");
+    /* ids outside the vocabulary are dropped with a warning; repeats are dropped */
+    s_accepted("eos out of vocab", MIXTRAL, "eos_token_id", "32000", &c);
+    T_CHECK(s_eos_is(&c, NULL, 0), "eos out of vocab: none");
+    s_accepted("eos list out of vocab", MIXTRAL, "eos_token_id", "[32000, 7, 99999, 2]", &c);
+    T_CHECK(s_eos_is(&c, i72, 2), "eos list: out-of-vocab ids dropped: %d ids, first %d", c.n_eos, c.eos_id);
+    s_accepted("eos list all out of vocab", MIXTRAL, "eos_token_id", "[32000, 40000]", &c);
+    T_CHECK(s_eos_is(&c, NULL, 0), "eos list all out of vocab: none");
+    s_accepted("eos list repeats", MIXTRAL, "eos_token_id", "[7, 7, 2, 7]", &c);
+    T_CHECK(s_eos_is(&c, i72, 2), "eos list repeats dropped: %d ids", c.n_eos);
+    /* at most MODEL_MAX_EOS listed */
+    char list[256];
+    int at = snprintf(list, sizeof list, "[");
+    for (int i = 0; i < MODEL_MAX_EOS; i++) at += snprintf(list + at, sizeof list - (size_t)at, "%s%d", i ? "," : "", 100 + i);
+    snprintf(list + at, sizeof list - (size_t)at, "]");
+    s_accepted("eos 16 ids", MIXTRAL, "eos_token_id", list, &c);
+    T_CHECK(c.n_eos == MODEL_MAX_EOS && c.eos_id == 100 && c.eos_ids[MODEL_MAX_EOS - 1] == 100 + MODEL_MAX_EOS - 1,
+            "eos 16 ids: %d", c.n_eos);
+    snprintf(list + at, sizeof list - (size_t)at, ",7]");
+    s_refused("eos 17 ids", MIXTRAL, "eos_token_id", list, "at most 16");
+    s_refused("eos list not ids", MIXTRAL, "eos_token_id", "[2, \"x\"]", "eos_token_id[1]");
+    s_refused("eos list negative", MIXTRAL, "eos_token_id", "[2, -1]", "eos_token_id[1]");
+    s_refused("eos string", MIXTRAL, "eos_token_id", "\"2\"", "eos_token_id");
+    s_refused("eos float", MIXTRAL, "eos_token_id", "2.5", "eos_token_id");
+    s_refused("eos nested list", MIXTRAL, "eos_token_id", "[[2]]", "eos_token_id[0]");
+
+    /* generation_config.json: its eos_token_id replaces config.json's; absent or null leaves it */
+    T_CHECK(s_gen("2", "{\"eos_token_id\":[5,9]}", &c, &eb) == 0 && s_eos_is(&c, i59, 2), "gen list wins: %s", eb.msg);
+    T_CHECK(s_gen("[7, 2]", "{\"eos_token_id\":5,\"temperature\":0.6}", &c, &eb) == 0 && s_eos_is(&c, i5, 1),
+            "gen id wins over a config list: %s", eb.msg);
+    T_CHECK(s_gen("[7, 2]", "{\"bos_token_id\":1,\"do_sample\":true}", &c, &eb) == 0 && s_eos_is(&c, i72, 2),
+            "gen without eos: config.json's stands: %s", eb.msg);
+    T_CHECK(s_gen("7", "{\"eos_token_id\":null}", &c, &eb) == 0 && s_eos_is(&c, i7, 1), "gen null: config.json's");
+    T_CHECK(s_gen("2", "{\"eos_token_id\":[32000,5,9,5]}", &c, &eb) == 0 && s_eos_is(&c, i59, 2),
+            "gen list: out-of-vocab and repeated ids dropped");
+    T_CHECK(s_gen("2", "{\"eos_token_id\":[40000]}", &c, &eb) == 0 && s_eos_is(&c, NULL, 0),
+            "gen list of out-of-vocab ids only: none");
+    snprintf(list + at, sizeof list - (size_t)at, ",7]");
+    char gen[300];
+    snprintf(gen, sizeof gen, "{\"eos_token_id\":%s}", list);
+    T_CHECK(s_gen("[7, 2]", gen, &c, &eb) < 0 && strstr(eb.msg, "gen.json") && strstr(eb.msg, "eos_token_id") &&
+                strstr(eb.msg, "at most 16") && s_eos_is(&c, i72, 2),
+            "gen 17 ids: refused, set unchanged: %s", eb.msg);
+    T_CHECK(s_gen("2", "{\"eos_token_id\":[5,\"x\"]}", &c, &eb) < 0 && strstr(eb.msg, "gen.json: eos_token_id[1]") &&
+                s_eos_is(&c, i2, 1),
+            "gen bad id: %s", eb.msg);
+    T_CHECK(s_gen("2", "{\"eos_token_id\":[]}", &c, &eb) < 0 && strstr(eb.msg, "gen.json: eos_token_id"), "gen []: %s",
+            eb.msg);
+    T_CHECK(s_gen("2", "{\"eos_token_id\":", &c, &eb) < 0 && strstr(eb.msg, "gen.json: JSON"), "gen syntax: %s", eb.msg);
+    T_CHECK(s_gen("2", "[5]", &c, &eb) < 0 && strstr(eb.msg, "gen.json"), "gen not an object: %s", eb.msg);
+    T_CHECK(s_gen("2", "{\"eos_token_id\":5,\"eos_token_id\":9}", &c, &eb) < 0 && strstr(eb.msg, "duplicate"),
+            "gen duplicate key: %s", eb.msg);
+
+    /* a folder: model_config_load reads generation_config.json beside config.json; the
+     * tokenizer takes its eos (one id) from the same files in the same order */
+    char dir[] = "/tmp/strata-test-eos-XXXXXX", path[300];
+    T_CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *js = s_with(MIXTRAL, "eos_token_id", "2");
+    s_write(dir, "config.json", js);
+    free(js);
+    s_write(dir, "tokenizer.json",
+            "{\"version\":\"1.0\",\"added_tokens\":[],\"normalizer\":null,\"pre_tokenizer\":null,"
+            "\"post_processor\":null,\"decoder\":null,\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,"
+            "\"c\":2,\"d\":3,\"e\":4,\"f\":5,\"g\":6,\"h\":7,\"i\":8,\"j\":9},\"merges\":[]}}");
+    T_CHECK(model_config_load(&c, path, &eb) == 0 && s_eos_is(&c, i2, 1), "folder without generation config: %s", eb.msg);
+    tok_t *tok = NULL;
+    T_CHECK(tok_load(&tok, dir, &eb) == 0 && tok_eos(tok) == 2 && tok_bos(tok) == 1, "tokenizer: config.json's ids: %s",
+            eb.msg);
+    tok_free(tok);
+    /* gpt-oss's shape: config.json one id, generation_config.json a list led by it */
+    s_write(dir, "generation_config.json", "{\"bos_token_id\":8,\"eos_token_id\":[2,9,32001,5]}");
+    static const int32_t i295[] = {2, 9, 5};
+    T_CHECK(model_config_load(&c, path, &eb) == 0 && s_eos_is(&c, i295, 3), "folder: generation_config's list: %s",
+            eb.msg);
+    s_write(dir, "generation_config.json", "{\"eos_token_id\":[40,9,5]}");
+    static const int32_t i4095[] = {40, 9, 5};
+    T_CHECK(model_config_load(&c, path, &eb) == 0 && s_eos_is(&c, i4095, 3), "folder: generation_config overrides: %s",
+            eb.msg);
+    tok = NULL;
+    T_CHECK(tok_load(&tok, dir, &eb) == 0 && tok_eos(tok) == 9 && tok_bos(tok) == 1,
+            "tokenizer: generation_config.json's first id it knows (40 is past its 10 ids), bos from config.json: %d %d",
+            tok ? tok_eos(tok) : -9, tok ? tok_bos(tok) : -9);
+    tok_free(tok);
+    s_write(dir, "generation_config.json", "{\"eos_token_id\":[9, -3]}");
+    T_CHECK(model_config_load(&c, path, &eb) < 0 && strstr(eb.msg, "generation_config.json: eos_token_id[1]") &&
+                c.n_eos == 0,
+            "folder: a bad generation config is refused, naming it: %s", eb.msg);
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
 /* Random mutations: never crash; whatever is accepted is self-consistent. */
 static void test_random(uint64_t seed)
 {
@@ -523,7 +667,12 @@ static void test_random(uint64_t seed)
                       c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0 && c.head_dim > 0 && c.head_dim % 2 == 0 &&
                       c.head_dim <= 1024 && c.rot_dim == c.head_dim && c.top_k <= c.n_experts &&
                       (c.n_experts == 0 || c.top_k >= 1) && c.rms_eps > 0 && c.max_pos > 0 &&
-                      isfinite(c.attn_factor) && c.attn_factor > 0 && c.eos_id < c.vocab && c.bos_id < c.vocab;
+                      isfinite(c.attn_factor) && c.attn_factor > 0 && c.eos_id < c.vocab && c.bos_id < c.vocab &&
+                      c.n_eos >= 0 && c.n_eos <= MODEL_MAX_EOS && c.eos_id == (c.n_eos ? c.eos_ids[0] : -1);
+            for (int i = 0; ok && i < c.n_eos; i++) {
+                ok = c.eos_ids[i] >= 0 && c.eos_ids[i] < c.vocab;
+                for (int k = 0; ok && k < i; k++) ok = c.eos_ids[k] != c.eos_ids[i];
+            }
             for (int i = 0; ok && i < c.rot_dim / 2; i++) ok = isfinite(c.inv_freq[i]) && c.inv_freq[i] > 0;
             T_CHECK(ok, "inconsistent config accepted: %s", js);
         } else {
@@ -537,12 +686,13 @@ static void test_random(uint64_t seed)
 int main(void)
 {
     uint64_t seed = t_seed();
-    log_set_level(LOG_ERROR); /* the auto_map and eos list warnings are expected */
+    log_set_level(LOG_ERROR); /* the auto_map and out-of-vocab eos warnings are expected */
     test_real_configs();
     test_v5_layout();
     test_rope();
     test_sparse_rule();
     test_refusals();
+    test_eos_set();
     test_random(seed);
     return t_done("test_model_config");
 }

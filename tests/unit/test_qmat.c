@@ -1,7 +1,9 @@
 /* test_qmat.c - weight formats: sizes and names, scalar conversions (exhaustive where the
- * domain is small, against independent oracles otherwise), the INT4 byte layout against a
- * hand-written expectation, quantize/dequantize round trips with per-element error bounds,
- * and the matmul error of each format on Gaussian weights (printed). */
+ * domain is small, against independent oracles otherwise), the INT4 and MXFP4 byte layouts
+ * against hand-written expectations, MXFP4 dequantization against a transformers-style table
+ * reference and its quantizer against a nearest-value search, quantize/dequantize round trips
+ * with per-element error bounds, and the matmul error of each format on Gaussian weights
+ * (printed). */
 #include <errno.h>
 #include <math.h>
 #include <string.h>
@@ -56,6 +58,12 @@ static void test_names_sizes(void)
     for (int f = 0; f < WF_COUNT; f++) T_CHECK(wfmt_parse(wfmt_name((wfmt_t)f)) == f, "name round trip %d", f);
     T_CHECK(wfmt_parse("q4") == -1 && wfmt_parse("") == -1 && wfmt_parse(NULL) == -1, "unknown names");
     T_CHECK(strcmp(wfmt_name(WF_INT4), "int4") == 0 && strcmp(wfmt_name(WF_FP8), "fp8") == 0, "names");
+    T_CHECK(strcmp(wfmt_name(WF_MXFP4), "mxfp4") == 0 && wfmt_parse("mxfp4") == WF_MXFP4, "mxfp4 name");
+    T_CHECK(qmat_data_bytes(WF_MXFP4, 3, 64) == 96, "mxfp4 data");
+    T_CHECK(qmat_scale_bytes(WF_MXFP4, 3, 64, 32) == 6 && qmat_scale_bytes(WF_MXFP4, 3, 64, 0) == 6, "mxfp4 scales");
+    /* 4.25 bits per weight: a byte of scale per 32 nibbles */
+    T_CHECK((qmat_data_bytes(WF_MXFP4, 1, 4096) + qmat_scale_bytes(WF_MXFP4, 1, 4096, 32)) * 8 == 4096 * 17 / 4,
+            "4.25 bpw");
 }
 
 static void test_bf16(uint64_t *seed)
@@ -233,6 +241,223 @@ static void test_int4_layout(void)
             "int4 dequant %g %g %g %g", out[0], out[17], out[33], out[63]);
 }
 
+/* ---- MXFP4 ---- */
+
+/* e2m1 from the definition: sign bit 3, exponent bits 2..1 (bias 1), mantissa bit 0;
+ * exponent 0 is subnormal (m * 0.5). */
+static double t_e2m1_value(int v)
+{
+    int s = (v >> 3) & 1, e = (v >> 1) & 3, m = v & 1;
+    double x = e == 0 ? m * 0.5 : ldexp(1 + m / 2.0, e - 1);
+    return s ? -x : x;
+}
+
+/* transformers.integrations.mxfp4's FP4_VALUES and _convert_moe_packed_tensors: lut[nibble]
+ * then ldexp(., scale - 127), low nibble the even column. Written out here on its own. */
+static const float t_fp4_values[16] = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0f, +6.0f,
+                                       -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+static void t_mxfp4_ref_row(const uint8_t *blocks, const uint8_t *scales, int cols, float *out)
+{
+    for (int c = 0; c < cols; c++) {
+        const uint8_t b = blocks[c / 2];
+        out[c] = ldexpf(t_fp4_values[c & 1 ? b >> 4 : b & 15], (int)scales[c / 32] - 127);
+    }
+}
+
+static void test_mxfp4_tables(void)
+{
+    int bad = 0;
+    for (int v = 0; v < 16; v++) {
+        const float f = e2m1_to_f32((uint8_t)v);
+        bad += (double)f != t_e2m1_value(v) || f2u(f) != f2u(t_fp4_values[v]) || !!signbit(f) != (v >= 8);
+        bad += f2u(e2m1_to_f32((uint8_t)(v | 0xF0))) != f2u(f); /* only the low 4 bits count */
+    }
+    T_CHECK(bad == 0, "%d e2m1 values wrong", bad);
+    T_CHECK(e2m1_to_f32(7) == 6.0f && e2m1_to_f32(15) == -6.0f && e2m1_to_f32(1) == 0.5f && e2m1_to_f32(5) == 3.0f,
+            "e2m1 known values");
+    bad = 0;
+    for (int e = 0; e < 255; e++) {
+        const float f = e8m0_to_f32((uint8_t)e);
+        bad += (double)f != ldexp(1.0, e - 127);
+        bad += f2u(f) != (e ? (uint32_t)e << 23 : 0x00400000u); /* 2^-127 is a subnormal */
+    }
+    T_CHECK(bad == 0, "%d e8m0 values wrong", bad);
+    T_CHECK(isnan(e8m0_to_f32(0xFF)), "e8m0 0xFF is NaN");
+    T_CHECK(e8m0_to_f32(127) == 1.0f && e8m0_to_f32(128) == 2.0f && e8m0_to_f32(126) == 0.5f &&
+                e8m0_to_f32(254) == 0x1p127f && e8m0_to_f32(1) == 0x1p-126f,
+            "e8m0 known values");
+}
+
+/* Dequantization against the table reference, bit for bit, for every scale byte (each row
+ * of the 255-row matrix has its own bytes, and a sweep puts each byte on a block), random
+ * nibbles; then 0xFF gives NaN, and the smallest scales give exact subnormals. */
+static void test_mxfp4_dequant(uint64_t *seed)
+{
+    enum { R = 255, C = 96 };
+    uint8_t *blk = malloc(R * C / 2), sc[R * C / 32];
+    for (int i = 0; i < R * C / 2; i++) blk[i] = (uint8_t)t_rng_next(seed);
+    for (int i = 0; i < R * C / 32; i++) sc[i] = (uint8_t)(i % 3 == 0 ? (uint64_t)i / 3 : t_rng_next(seed) % 255);
+    qmat_t w = {.fmt = WF_MXFP4, .rows = R, .cols = C, .group = 32, .data = blk, .scales = sc};
+    float got[C], want[C];
+    int bad = 0;
+    for (int r = 0; r < R; r++) {
+        for (int c = 0; c < C; c++) got[c] = NAN;
+        qmat_dequant_row(&w, r, got);
+        t_mxfp4_ref_row(blk + r * C / 2, sc + r * C / 32, C, want);
+        if (memcmp(got, want, sizeof(got)) != 0) {
+            if (bad < 3) fprintf(stderr, "  mxfp4 dequant row %d differs from the table reference\n", r);
+            bad++;
+        }
+    }
+    T_CHECK(bad == 0, "%d mxfp4 rows differ from the table reference", bad);
+    /* known bytes: column 0 is byte 0's low nibble, column 1 its high one, column 33 byte 16's high */
+    uint8_t b2[32] = {0x71, [16] = 0xA0}, s2[2] = {127, 0};
+    qmat_t w2 = {.fmt = WF_MXFP4, .rows = 1, .cols = 64, .group = 32, .data = b2, .scales = s2};
+    float o[64];
+    qmat_dequant_row(&w2, 0, o);
+    T_CHECK(o[0] == 0.5f && o[1] == 6.0f && o[2] == 0.0f && o[32] == 0.0f && f2u(o[33]) == f2u(-0x1p-127f),
+            "mxfp4 known bytes: %g %g %a", o[0], o[1], o[33]);
+    /* scale byte 0: subnormal results, not flushed: 0.5 * 2^-127 = 2^-128 (bits 0x00200000) */
+    b2[0] = 0x71, b2[16] = 0x21, s2[1] = 0;
+    qmat_dequant_row(&w2, 0, o);
+    T_CHECK(f2u(o[32]) == 0x00200000u && o[33] == 0x1p-127f, "mxfp4 subnormal results: %a %a", o[32], o[33]);
+    s2[0] = 0xFF;
+    qmat_dequant_row(&w2, 0, o);
+    T_CHECK(isnan(o[0]) && isnan(o[1]) && isnan(o[2]) && !isnan(o[32]), "mxfp4 scale 0xFF gives NaN for its block only");
+    free(blk);
+}
+
+/* The nearest e2m1 code to x / 2^e by search (ties to the even code, saturating at 6), e the
+ * spec's shared exponent found here with double log2. */
+static int t_mxfp4_block_exp(const float *x)
+{
+    double amax = 0;
+    for (int k = 0; k < 32; k++) amax = fmax(amax, fabs((double)x[k]));
+    int e = amax > 0 ? (int)floor(log2(amax)) - 2 : -127;
+    return e < -127 ? -127 : e;
+}
+
+static int t_e2m1_nearest(double v)
+{
+    const double a = fabs(v);
+    int best = 0;
+    for (int c = 1; c < 8; c++) {
+        const double d = fabs(t_e2m1_value(c) - a), db = fabs(t_e2m1_value(best) - a);
+        if (d < db || (d == db && !(c & 1))) best = c;
+    }
+    return best | (signbit(v) ? 8 : 0);
+}
+
+static void test_mxfp4_quantize(uint64_t *seed)
+{
+    /* layout: block 0 holds e2m1 code (c & 15) times 4 at column c, a 6 among them, so the
+     * scale is 2^2 (byte 129) and the bytes are the codes, even column low; block 1 is zero:
+     * scale byte 0, nibbles 0 */
+    float x[64];
+    for (int c = 0; c < 32; c++) x[c] = t_fp4_values[c & 15] * 4;
+    for (int c = 32; c < 64; c++) x[c] = 0;
+    uint8_t data[32], sc[2];
+    memset(data, 0xaa, sizeof(data));
+    T_CHECK(qmat_quantize(WF_MXFP4, 32, x, 1, 64, data, sc) == 0, "quantize mxfp4");
+    static const uint8_t want[32] = {0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE, 0x10, 0x32, 0x54,
+                                     0x76, 0x98, 0xBA, 0xDC, 0xFE, [16 ... 31] = 0x00};
+    T_CHECK(memcmp(data, want, 32) == 0 && sc[0] == 129 && sc[1] == 0, "mxfp4 bytes: %02x %02x .. %02x, scales %d %d",
+            data[0], data[1], data[16], sc[0], sc[1]);
+    T_CHECK(qmat_quantize(WF_MXFP4, 0, x, 1, 64, data, sc) == 0 && sc[0] == 129, "mxfp4 group 0 means 32");
+    /* ties to even and saturation at scale 1 (a 6 or a 7.x in the block sets the exponent to 0) */
+    static const float tv[][2] = {{0.25f, 0},   {0.75f, 1},   {1.25f, 1},    {1.75f, 2},    {2.5f, 2},
+                                  {3.5f, 4},    {5.0f, 4},    {-0.25f, -0.0f}, {-0.75f, -1}, {-5.0f, -4},
+                                  {-3.5f, -4},  {0.2500001f, 0.5f}, {5.0000005f, 6}, {4.9999995f, 4},
+                                  {6.5f, 6},    {7.9f, 6},    {-7.0f, -6},   {1e-30f, 0},   {-1e-30f, -0.0f}};
+    int bad = 0;
+    for (unsigned i = 0; i < sizeof(tv) / sizeof(tv[0]); i++) {
+        float xb[32] = {6.0f}; /* column 0 fixes the scale */
+        xb[1 + i % 31] = tv[i][0];
+        uint8_t d[16], s1;
+        qmat_quantize(WF_MXFP4, 32, xb, 1, 32, d, &s1);
+        qmat_t w = {.fmt = WF_MXFP4, .rows = 1, .cols = 32, .group = 32, .data = d, .scales = &s1};
+        float o[32];
+        qmat_dequant_row(&w, 0, o);
+        if (s1 != 127 || f2u(o[1 + i % 31]) != f2u(tv[i][1])) {
+            fprintf(stderr, "  mxfp4 %g: got %g (scale %d), want %g\n", tv[i][0], o[1 + i % 31], s1, tv[i][1]);
+            bad++;
+        }
+    }
+    T_CHECK(bad == 0, "%d mxfp4 ties / saturations wrong", bad);
+    /* every representable value round-trips: blocks of random codes at random scale bytes
+     * dequantize, quantize and dequantize to the same values, bit for bit (-0 included); a
+     * block holding a 4 or a 6 (the top binade) also gets back its very bytes and scale. Scale
+     * bytes 253 and 254 overflow fp32 for the larger codes (4 * 2^126 = 2^128): those values
+     * are +-inf, as with transformers' ldexp, and such blocks are skipped (no finite input
+     * quantizes to them: the largest shared exponent of finite fp32 is 125, byte 252). */
+    bad = 0;
+    int bytes_bad = 0, exact_blocks = 0, inf_blocks = 0;
+    for (int it = 0; it < 20000; it++) {
+        uint8_t d[16], s1 = (uint8_t)(it < 255 ? (uint64_t)it : t_rng_next(seed) % 255), d2[16], s2;
+        const uint64_t r = t_rng_next(seed);
+        for (int j = 0; j < 16; j++) d[j] = (uint8_t)t_rng_next(seed);
+        if (r & 1) /* small codes only: the quantizer must pick a smaller scale */
+            for (int j = 0; j < 16; j++) d[j] &= (r & 2) ? 0xBB : 0x99;
+        qmat_t w = {.fmt = WF_MXFP4, .rows = 1, .cols = 32, .group = 32, .data = d, .scales = &s1};
+        float v[32], v2[32];
+        qmat_dequant_row(&w, 0, v);
+        bool inf = false;
+        for (int k = 0; k < 32; k++) inf |= isinf(v[k]);
+        if (inf) {
+            inf_blocks++;
+            T_CHECK(s1 >= 253, "mxfp4 scale %d overflows", s1);
+            continue;
+        }
+        T_CHECK(qmat_quantize(WF_MXFP4, 32, v, 1, 32, d2, &s2) == 0, "quantize");
+        qmat_t w2 = {.fmt = WF_MXFP4, .rows = 1, .cols = 32, .group = 32, .data = d2, .scales = &s2};
+        qmat_dequant_row(&w2, 0, v2);
+        bad += memcmp(v, v2, sizeof(v)) != 0;
+        bool top = false;
+        for (int j = 0; j < 16; j++) top |= (d[j] & 6) == 6 || (d[j] & 0x60) == 0x60;
+        if (top) {
+            exact_blocks++;
+            bytes_bad += s2 != s1 || memcmp(d, d2, 16) != 0;
+        }
+    }
+    T_CHECK(bad == 0, "%d mxfp4 blocks do not round-trip", bad);
+    T_CHECK(bytes_bad == 0 && exact_blocks > 1000, "%d of %d top-binade blocks change bytes", bytes_bad, exact_blocks);
+    T_CHECK(inf_blocks < 500, "%d blocks overflow", inf_blocks);
+    T_CHECK(isinf(e2m1_to_f32(6) * e8m0_to_f32(253)) && e2m1_to_f32(5) * e8m0_to_f32(253) == 0x1.8p127f,
+            "the largest finite mxfp4 value is 3 * 2^126");
+    /* random values over a wide exponent range against the search oracle */
+    bad = 0;
+    for (int it = 0; it < 3000; it++) {
+        float xb[32];
+        /* block exponents from tiny (the scale clamps at -127) to huge, elements within 2^-6 of the top */
+        const int emax = -126 + (int)(t_rng_next(seed) % 254), emin = emax - 6 < -126 ? -126 : emax - 6;
+        for (int k = 0; k < 32; k++) xb[k] = t_rand_wide(seed, emin, emax);
+        if (it % 7 == 0) xb[it % 32] = 0;
+        uint8_t d[16], s1;
+        qmat_quantize(WF_MXFP4, 32, xb, 1, 32, d, &s1);
+        const int e = t_mxfp4_block_exp(xb);
+        bool ok = s1 == e + 127;
+        for (int k = 0; k < 32; k++) {
+            const int code = k & 1 ? d[k / 2] >> 4 : d[k / 2] & 15;
+            ok &= code == t_e2m1_nearest(ldexp((double)xb[k], -e));
+        }
+        if (!ok && bad++ < 3) fprintf(stderr, "  mxfp4 block %d (exponent %d): differs from the oracle\n", it, e);
+    }
+    T_CHECK(bad == 0, "%d mxfp4 blocks differ from the nearest-value oracle", bad);
+    /* tiny blocks: the exponent clamps at -127 (byte 0) and the elements still round */
+    float tiny[32] = {0x1p-130f, -0x1.8p-128f, 0x1p-149f, 0x1.4p-127f};
+    uint8_t d[16], s1;
+    T_CHECK(qmat_quantize(WF_MXFP4, 32, tiny, 1, 32, d, &s1) == 0 && s1 == 0, "tiny block scale %d", s1);
+    T_CHECK((d[0] & 15) == 0 && (d[0] >> 4) == (8 | 2) && (d[1] & 15) == 0 && (d[1] >> 4) == 2,
+            "tiny block codes %02x %02x", d[0], d[1]);
+    /* bad shapes */
+    float z[96] = {0};
+    uint8_t dd[48], ss[3];
+    T_CHECK(qmat_quantize(WF_MXFP4, 32, z, 1, 48, dd, ss) == -EINVAL, "mxfp4 cols not a multiple of 32");
+    T_CHECK(qmat_quantize(WF_MXFP4, 64, z, 1, 96, dd, ss) == -EINVAL, "mxfp4 group 64");
+    T_CHECK(qmat_quantize(WF_MXFP4, 32, z, 1, 96, dd, ss) == 0 && ss[0] == 0 && ss[2] == 0, "mxfp4 zeros: scale byte 0");
+}
+
 static void test_bad_input(void)
 {
     float x[96] = {0};
@@ -282,6 +507,12 @@ static void test_round_trip(uint64_t *seed, wfmt_t fmt, int group, int rows, int
             case WF_BF16: lim = fabsf(a) * 0x1p-8f; break;
             case WF_INT8: lim = amax / 127 * 0.5001f; break;
             case WF_FP8: lim = fmaxf(fabsf(a) * 0x1p-4f, amax / 448 * 0x1p-10f) * 1.0001f; break;
+            case WF_MXFP4: { /* half the e2m1 spacing, at most a quarter of |w| or of the block scale X
+                              * (saturation above 6X: a - 6X <= a / 4 for a < 8X) */
+                const float X = ldexpf(1.0f, t_mxfp4_block_exp(w + r * cols + c / 32 * 32));
+                lim = fmaxf(fabsf(a), X) * 0.25f * 1.0001f;
+                break;
+            }
             default: /* INT4: checked per group below */
                 lim = INFINITY;
                 break;
@@ -339,7 +570,8 @@ static void test_round_trip(uint64_t *seed, wfmt_t fmt, int group, int rows, int
         free(q40);
     }
     fprintf(stderr, "\n");
-    double lim = fmt == WF_F32 ? 0 : fmt == WF_BF16 ? 0.005 : fmt == WF_INT8 ? 0.02 : fmt == WF_FP8 ? 0.05 : 0.15;
+    double lim = fmt == WF_F32 ? 0 : fmt == WF_BF16 ? 0.005 : fmt == WF_INT8 ? 0.02 : fmt == WF_FP8 ? 0.05
+                 : fmt == WF_INT4 ? 0.15 : 0.2;
     T_CHECK(rel <= lim, "%s g%d matmul rel err %g > %g", wfmt_name(fmt), group, rel, lim);
     free(w); free(dq); free(x); free(data); free(sc); free(y0); free(y1); free(y2);
 }
@@ -352,6 +584,9 @@ int main(void)
     test_f16(&seed);
     test_fp8(&seed);
     test_int4_layout();
+    test_mxfp4_tables();
+    test_mxfp4_dequant(&seed);
+    test_mxfp4_quantize(&seed);
     test_bad_input();
     test_round_trip(&seed, WF_F32, 0, 64, 512);
     test_round_trip(&seed, WF_BF16, 0, 64, 512);
@@ -360,5 +595,6 @@ int main(void)
     test_round_trip(&seed, WF_INT4, 32, 256, 2048);
     test_round_trip(&seed, WF_INT4, 64, 256, 2048);
     test_round_trip(&seed, WF_INT4, 128, 256, 2048);
+    test_round_trip(&seed, WF_MXFP4, 32, 256, 2048);
     return t_done("test_qmat");
 }
