@@ -24,6 +24,7 @@
  *   transpose of what plain ldmatrix gives of the V tile stored [key][d], so ldmatrix.trans.
  * Shared rows are HD + 8 halves: the 8 rows one ldmatrix phase reads then start 16 bytes
  * apart modulo 128, on distinct banks. */
+#include <limits.h>
 #include <math.h>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -55,12 +56,21 @@ __device__ __forceinline__ void s_st4(__half *p, float4 v)
  * accumulator) spans all passes. A row whose keys so far are all masked keeps m = -inf; its
  * exponentials are then taken against 0 instead of m, so they are exactly 0 and no NaN
  * (-inf - -inf) appears. Positions past the pass's last one are not read (their block-table
- * entries may not exist) but zero-filled, so that 0 * garbage never reaches the accumulator. */
+ * entries may not exist) but zero-filled, so that 0 * garbage never reaches the accumulator.
+ *
+ * With a sliding window (window > 0) row r also masks keys before its start lo[r] = max(0,
+ * pos[r] + 1 - window), the pass starts at the smallest start among its rows, and a position is
+ * read only when it is inside some row's window of the pass (the rest are zero-filled like
+ * those past the end): blocks wholly before every window may be gone. A warp skips a tile all of
+ * whose keys are before its rows' windows, as it skips one past them. With sinks, each row's
+ * sink joins its head's softmax at the end: m' = max(m, sink), l' = l 2^(m - m') + 2^(sink - m'),
+ * and the accumulator times 2^(m - m') (all in base 2, the sink times log2(e)). */
 template <int HD>
 __global__ void __launch_bounds__(AT_THREADS) k_attn_prefill(float *out, const float *q, const float *kc,
                                                              const float *vc, int n, const int32_t *seq,
                                                              const int32_t *pos, const int32_t *bt, int max_blocks,
-                                                             int n_heads, int n_kv, int bs, float scale)
+                                                             int n_heads, int n_kv, int bs, float scale, int window,
+                                                             const float *sinks)
 {
     pdl_enter();
     constexpr int STR = HD + 8; /* halves per shared row */
@@ -70,6 +80,7 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_prefill(float *out, const f
     __shared__ __align__(16) __half sv[AT_BN][STR]; /* V tile [key][d], fp16 */
     __shared__ int s_seq[AT_BM], s_pos[AT_BM];
     __shared__ int s_last[AT_BM]; /* first row of a sequence: the largest pos of its rows; else -1 */
+    __shared__ int s_first[AT_BM]; /* first row of a sequence: the smallest window start of its rows */
     __shared__ long long s_off[AT_BN]; /* cache offset (floats) of the tile's keys; -1: none */
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -96,13 +107,15 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_prefill(float *out, const f
     if (tid < nvalid) {
         const int sq = s_seq[tid];
         bool first = true;
-        int last = -1;
+        int last = -1, lo = INT_MAX;
         for (int j = 0; j < nvalid; j++)
             if (s_seq[j] == sq) {
                 first &= j >= tid;
                 last = max(last, s_pos[j]);
+                lo = min(lo, window > 0 ? max(0, s_pos[j] + 1 - window) : 0);
             }
         s_last[tid] = first ? last : -1;
+        s_first[tid] = lo;
     }
     /* this warp's Q as A fragments, k-slice kk: rows warp*16 + (lane & 15), dims kk*16 + (lane >> 4)*8 */
     uint32_t qf[NK][4];
@@ -115,6 +128,8 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_prefill(float *out, const f
     const bool va = ra < nvalid, vb = rb < nvalid;
     const int sqa = va ? s_seq[ra] : 0, sqb = vb ? s_seq[rb] : 0;
     const int psa = va ? s_pos[ra] : -1, psb = vb ? s_pos[rb] : -1;
+    /* the rows' window starts (0 without a window) */
+    const int wsa = window > 0 ? max(0, psa + 1 - window) : 0, wsb = window > 0 ? max(0, psb + 1 - window) : 0;
 
     float acc[2 * NK][4]; /* n8-tile j: dims j*8 + 2t, +1; c0 c1 row ra, c2 c3 row rb */
 #pragma unroll
@@ -127,15 +142,26 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_prefill(float *out, const f
         const int sq = s_seq[r];
         const int lima = va && sqa == sq ? psa : -1, limb = vb && sqb == sq ? psb : -1;
         int wlim = max(lima, limb); /* the warp's last unmasked key of this pass */
+        /* and its first: the smallest window start of its rows in the pass */
+        int wlo = min(lima >= 0 ? wsa : INT_MAX, limb >= 0 ? wsb : INT_MAX);
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) wlim = max(wlim, __shfl_xor_sync(0xffffffffu, wlim, o));
+        for (int o = 16; o > 0; o >>= 1) {
+            wlim = max(wlim, __shfl_xor_sync(0xffffffffu, wlim, o));
+            wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, o));
+        }
 
-        for (int k0 = 0; k0 <= last; k0 += AT_BN) {
+        for (int k0 = s_first[r]; k0 <= last; k0 += AT_BN) {
             /* s_off's readers (the loads below) of the previous tile are all past its second
              * barrier, so it may be rewritten before the first */
             if (tid < AT_BN) {
                 const int p = k0 + tid;
-                s_off[tid] = p <= last ? (long long)kv_off(bt, max_blocks, sq, p, kvh, n_kv, HD, bs) : -1ll;
+                bool need = p <= last;
+                if (need && window > 0) { /* inside the window of some row of the pass */
+                    need = false;
+                    for (int j = 0; j < nvalid && !need; j++)
+                        need = s_seq[j] == sq && p <= s_pos[j] && p >= s_pos[j] + 1 - window;
+                }
+                s_off[tid] = need ? (long long)kv_off(bt, max_blocks, sq, p, kvh, n_kv, HD, bs) : -1ll;
             }
             __syncthreads(); /* s_off written; every warp done with the previous tile's sk, sv */
 #pragma unroll 4
@@ -151,7 +177,8 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_prefill(float *out, const f
                 s_st4(&sv[r2][c4 * 4], vv);
             }
             __syncthreads();
-            if (k0 > wlim) continue; /* every key of the tile is masked for this warp's rows */
+            /* every key of the tile is masked for this warp's rows */
+            if (k0 > wlim || k0 + AT_BN <= wlo) continue;
 
             /* S = Q K^T: n8-tiles 2jp, 2jp+1 (keys jp*16 .. +15) from one ldmatrix.x4 whose
              * matrices are (keys +0..7, dims +0..7), (+0..7, +8..15), (+8..15, +0..7), (+8..15, +8..15) */
@@ -175,8 +202,8 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_prefill(float *out, const f
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     const int key = k0 + j * 8 + 2 * t + e;
-                    if (key > lima) s[j][e] = -INFINITY;
-                    if (key > limb) s[j][2 + e] = -INFINITY;
+                    if (key > lima || key < wsa) s[j][e] = -INFINITY;
+                    if (key > limb || key < wsb) s[j][2 + e] = -INFINITY;
                     xa = fmaxf(xa, s[j][e]);
                     xb = fmaxf(xb, s[j][2 + e]);
                 }
@@ -229,6 +256,14 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_prefill(float *out, const f
         la += __shfl_xor_sync(0xffffffffu, la, o);
         lb += __shfl_xor_sync(0xffffffffu, lb, o);
     }
+    if (sinks) {
+        const float sk = __ldg(sinks + h) * AT_LOG2E, na = fmaxf(ma, sk), nb = fmaxf(mb, sk);
+        const float fa = exp2f(ma - na), fb = exp2f(mb - nb);
+        la = la * fa + exp2f(sk - na);
+        lb = lb * fb + exp2f(sk - nb);
+#pragma unroll
+        for (int j = 0; j < 2 * NK; j++) acc[j][0] *= fa, acc[j][1] *= fa, acc[j][2] *= fb, acc[j][3] *= fb;
+    }
     const float ia = la > 0.f ? 1.f / la : 0.f, ib = lb > 0.f ? 1.f / lb : 0.f;
     float *oa = out + ((size_t)(row0 + ra) * n_heads + h) * HD + 2 * t;
     float *ob = out + ((size_t)(row0 + rb) * n_heads + h) * HD + 2 * t;
@@ -239,10 +274,10 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_prefill(float *out, const f
     }
 }
 
-/* cuda_attention_prefill on a stream (cuda_ops.h). */
+/* cuda_attention_prefill_ex on a stream (cuda_ops.h). */
 static int attn_prefill(cudaStream_t st, float *out, const float *q, const float *k_cache, const float *v_cache, int n,
                  const int32_t *seq, const int32_t *pos, const int32_t *bt, int max_blocks, int n_heads,
-                 int n_kv_heads, int head_dim, int block_size, float scale)
+                 int n_kv_heads, int head_dim, int block_size, float scale, int window, const float *sinks)
 {
     if (n <= 0) return 0;
     if ((head_dim != 64 && head_dim != 128) || n_heads <= 0 || n_heads > 65535 || n_kv_heads <= 0 ||
@@ -253,10 +288,10 @@ static int attn_prefill(cudaStream_t st, float *out, const float *q, const float
     const dim3 grid(cdiv(n, AT_BM), n_heads);
     if (head_dim == 128)
         launch_k(k_attn_prefill<128>, grid, AT_THREADS, 0, st, out, q, k_cache, v_cache, n, seq, pos, bt, max_blocks,
-                 n_heads, n_kv_heads, block_size, scale);
+                 n_heads, n_kv_heads, block_size, scale, window, sinks);
     else
         launch_k(k_attn_prefill<64>, grid, AT_THREADS, 0, st, out, q, k_cache, v_cache, n, seq, pos, bt, max_blocks,
-                 n_heads, n_kv_heads, block_size, scale);
+                 n_heads, n_kv_heads, block_size, scale, window, sinks);
     CUDA_LAUNCH_CHECK();
     return 0;
 }
@@ -267,5 +302,15 @@ extern "C" int cuda_attention_prefill(cuda_ctx_t *c, float *out, const float *q,
                                       int block_size, float scale)
 {
     return attn_prefill(c->stream, out, q, k_cache, v_cache, n, seq, pos, bt, max_blocks, n_heads, n_kv_heads,
-                        head_dim, block_size, scale);
+                        head_dim, block_size, scale, 0, NULL);
+}
+
+extern "C" int cuda_attention_prefill_ex(cuda_ctx_t *c, float *out, const float *q, const float *k_cache,
+                                         const float *v_cache, int n, const int32_t *seq, const int32_t *pos,
+                                         const int32_t *bt, int max_blocks, int n_heads, int n_kv_heads, int head_dim,
+                                         int block_size, float scale, const cuda_attn_opts_t *opts)
+{
+    return attn_prefill(c->stream, out, q, k_cache, v_cache, n, seq, pos, bt, max_blocks, n_heads, n_kv_heads,
+                        head_dim, block_size, scale, opts && opts->window > 0 ? opts->window : 0,
+                        opts ? opts->sinks : NULL);
 }

@@ -111,6 +111,41 @@ __device__ __forceinline__ float d_fp8(uint8_t v)
     return __half2float(__half(hr));
 }
 
+/* MXFP4 (kernels/cpu/qmat.h): every value below is built from its float bits, so it is exact
+ * (subnormals included; nvcc keeps them without --use_fast_math), and a weight e2m1 * scale is
+ * then one fp32 multiply, as qmat_dequant_row's is. 2^x for -149 <= x <= 127: the exponent field
+ * in the normal range, else the subnormal bit 2^(x + 149). */
+__device__ __forceinline__ float d_pow2(int x)
+{
+    return __uint_as_float(x >= -126 ? (uint32_t)(x + 127) << 23 : 0x00400000u >> (-127 - x));
+}
+/* An e8m0 scale byte: 2^(e - 127 - k) (k = 0 the weight's scale; k = 1 the integer path's, whose
+ * weights are 2 * e2m1); NaN for 0xFF, which the loaders refuse. */
+__device__ __forceinline__ float d_e8m0(uint32_t e, int k = 0)
+{
+    return e == 0xFFu ? __uint_as_float(0x7fc00000u) : d_pow2((int)e - 127 - k);
+}
+/* The e2m1 value of the low 4 bits of v (sign bit 3, exponent bits 2..1, mantissa bit 0, bias 1):
+ * 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives (nibble 8 is -0). A nonzero exponent e is the
+ * float exponent e - 1 with the mantissa bit on top of the float's; exponent 0 is 0 or 0.5. */
+__device__ __forceinline__ float d_e2m1(uint32_t v)
+{
+    const uint32_t e = (v >> 1) & 3u, m = v & 1u;
+    const uint32_t mag = e ? (e + 126u) << 23 | m << 22 : m ? 0x3f000000u : 0u;
+    return __uint_as_float(mag | (v & 8u) << 28);
+}
+/* The integer path's weights: the four nibbles of the low 16 bits of x (nibble i = bits 4i..4i+3)
+ * as the int8s 2 * e2m1 (in [-12, 12]), byte i from nibble i. Magnitudes and negated magnitudes
+ * are looked up by the nibble's low 3 bits in two 8-byte tables, then bit 3 picks one of the two
+ * per byte (every selector nibble below 8, so no byte_perm sign mode is involved). */
+__device__ __forceinline__ int mxfp4_i8x4(uint32_t x)
+{
+    const uint32_t idx = x & 0x7777u;
+    const uint32_t pos = __byte_perm(0x03020100u, 0x0C080604u, idx); /* 0 1 2 3 4 6 8 12 */
+    const uint32_t neg = __byte_perm(0xFDFEFF00u, 0xF4F8FAFCu, idx); /* their negatives */
+    return (int)__byte_perm(pos, neg, 0x3210u | ((x & 0x8888u) >> 1));
+}
+
 __device__ __forceinline__ float warp_sum(float v)
 {
 #pragma unroll

@@ -98,11 +98,13 @@ void cuda_graph_destroy(cuda_graph_t *g);
 
 /* Reserve the context's activation workspace for up to max_rows x max_cols inputs (device
  * memory, about 3.3 bytes per element). With it:
- *   - up to 16 rows, INT4 and INT8 weights take the integer path: activations are quantized
- *     to int8 in blocks of 32 with an fp32 scale (as llama.cpp's Q8_1) and dotted with __dp4a,
- *     about 5x less ALU work than dequantizing to fp32 (cols % 32 == 0);
- *   - from 17 rows, INT4, INT8, FP8 and BF16 weights take the tensor-core GEMM: activations in
- *     fp16, weights dequantized to fp16 in registers, fp32 accumulation (cols % 64 == 0), or
+ *   - up to 16 rows, INT4, INT8 and MXFP4 weights take the integer path: activations are
+ *     quantized to int8 in blocks of 32 with an fp32 scale (as llama.cpp's Q8_1) and dotted with
+ *     __dp4a, about 5x less ALU work than dequantizing to fp32 (cols % 32 == 0; MXFP4 as the
+ *     int8s 2 * e2m1, exact, with the block scale 2^(s - 128));
+ *   - from 17 rows, INT4, MXFP4, INT8, FP8 and BF16 weights take the tensor-core GEMM:
+ *     activations in fp16, weights dequantized to fp16 in registers (MXFP4: exact for block
+ *     scales 2^-23 .. 2^13), fp32 accumulation (cols % 64 == 0), or
  *     cuBLAS from CUDA_BLAS_MIN_ROWS rows with cuda_ctx_enable_blas;
  *   - cuda_argmax splits each of up to max_rows rows over many blocks (1 KiB a row);
  *   - cuda_router_topk runs as one launch.
@@ -111,7 +113,7 @@ int cuda_ctx_reserve_q8(cuda_ctx_t *c, int max_rows, int max_cols);
 /* Bytes cuda_ctx_reserve_q8 allocates. */
 size_t cuda_q8_bytes(int rows, int cols);
 /* cuBLAS for large matmuls (after cuda_ctx_reserve_q8): from CUDA_BLAS_MIN_ROWS rows, a matrix
- * of at most weight_elems elements in INT4, INT8, FP8 or BF16 (as the tensor-core GEMM takes
+ * of at most weight_elems elements in INT4, MXFP4, INT8, FP8 or BF16 (as the tensor-core GEMM takes
  * them) is dequantized to fp16 in a scratch of weight_elems halves and multiplied by cuBLAS
  * (fp16 in, fp32 accumulation and out): the dequantization pass costs what one read and one
  * write of the fp16 matrix cost, and cuBLAS's GEMM (wgmma on sm_90) runs several times faster
@@ -152,6 +154,7 @@ bool cuda_q8_out_ok(const cuda_ctx_t *c, int n, int dim);
 /* Grouped expert FFN with fused dequantization and SwiGLU, tokens regrouped by expert:
  * for every token t and k < top_k with e = idx[t][k]:
  *   out[t] += weight[t][k] * down_e(silu(gate_e(x[t])) * up_e(x[t]))
+ * (with biases and gpt-oss's clamped activation: cuda_moe_ffn_ex)
  * experts_dev[e] (a device array) holds qmats {gate, up, down} whose data/scales are device
  * pointers, 16-byte aligned; all experts share format `fmt` and one shape. An expert with
  * gate.data == NULL is skipped (not resident: the caller adds its contribution elsewhere).
@@ -185,6 +188,25 @@ int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, int hidden, i
                  int top_k, void *scratch, unsigned flags, const cuda_next_norm_t *nn);
 #define CUDA_MOE_X_Q8 1u
 #define CUDA_MOE_ROUTED 2u
+/* What an expert FFN adds to plain SwiGLU (cuda_moe_ffn_ex), with cpu_ffn_opts_t's semantics
+ * for each expert e: g = gate_e(x) + gate_bias[e], u = up_e(x) + up_bias[e], the activation
+ * silu(g) * u or, clamped (gpt-oss), g = min(g, limit), u = clamp(u, -limit, limit),
+ * h = (u + 1) * g * sigmoid(alpha * g); then down_e(h) + down_bias[e], weighted. The biases are
+ * device arrays indexed by expert id, each NULL for none; down_bias 16-byte aligned. NULL (or
+ * all zero): plain SwiGLU, cuda_moe_ffn's results bit for bit. */
+typedef struct {
+    const float *gate_bias, *up_bias; /* [n_experts][inter] */
+    const float *down_bias;           /* [n_experts][hidden] */
+    bool clamped;
+    float limit, alpha;
+} cuda_moe_opts_t;
+/* The general form of cuda_moe_ffn (part 0) and cuda_moe_ffn_part (part CUDA_MOE_HEAD or
+ * CUDA_MOE_TAIL, with rows), with opts (may be NULL). A split step gives both parts the same
+ * opts. */
+int cuda_moe_ffn_ex(cuda_ctx_t *c, int part, int rows, float *out, const float *x, int n, int hidden, int inter,
+                    wfmt_t fmt, const cuda_expert_t *experts_dev, int n_experts, const int32_t *idx,
+                    const float *weight, int top_k, void *scratch, unsigned flags, const cuda_next_norm_t *nn,
+                    const cuda_moe_opts_t *opts);
 /* cuda_moe_ffn in two launches, with other kernels between them: part CUDA_MOE_HEAD routes
  * (unless CUDA_MOE_ROUTED), runs gate/up and down's rows below rows (a multiple of 4 in
  * (0, hidden)) and leaves them in scratch; then part CUDA_MOE_TAIL, with the same arguments,
@@ -251,6 +273,22 @@ int cuda_rope_kv(cuda_ctx_t *c, float *q, const float *k, const float *v, int n,
 int cuda_attention(cuda_ctx_t *c, float *out, const float *q, const float *k_cache, const float *v_cache,
                    int n, const int32_t *seq, const int32_t *pos, const int32_t *bt, int max_blocks,
                    int n_heads, int n_kv_heads, int head_dim, int block_size, float scale, bool *q8_done);
+/* What attention adds to plain causal attention (cuda_attention_ex, cuda_attention_prefill_ex),
+ * with cpu_attention's semantics. window > 0: a sliding window, token t attends positions
+ * max(0, pos[t] + 1 - window) .. pos[t] only (cpu_attention's ctx_start; the window is a
+ * constant, so a captured graph stays right as the positions move); no K/V row before a token's
+ * window start is read, nor a block-table entry of a block wholly before it. sinks: NULL, or
+ * device [n_heads] learned logits (gpt-oss) that join each head's softmax as one more column
+ * with no value. NULL (or all zero): plain attention, bit for bit. */
+typedef struct {
+    int window;
+    const float *sinks;
+} cuda_attn_opts_t;
+/* cuda_attention with opts (may be NULL). */
+int cuda_attention_ex(cuda_ctx_t *c, float *out, const float *q, const float *k_cache, const float *v_cache, int n,
+                      const int32_t *seq, const int32_t *pos, const int32_t *bt, int max_blocks, int n_heads,
+                      int n_kv_heads, int head_dim, int block_size, float scale, bool *q8_done,
+                      const cuda_attn_opts_t *opts);
 /* cuda_attention on tensor cores (fp16 inputs, fp32 accumulation; attn.cu) for many rows: a
  * block takes 64 rows of one head and makes one pass over the keys per sequence among them, so
  * it suits long runs of one sequence's rows (prefill). head_dim 64 or 128 and 16-byte aligned
@@ -258,8 +296,15 @@ int cuda_attention(cuda_ctx_t *c, float *out, const float *q, const float *k_cac
 int cuda_attention_prefill(cuda_ctx_t *c, float *out, const float *q, const float *k_cache, const float *v_cache,
                            int n, const int32_t *seq, const int32_t *pos, const int32_t *bt, int max_blocks,
                            int n_heads, int n_kv_heads, int head_dim, int block_size, float scale);
-/* out[n][dim] = embed[tokens[t]] (embed is F32 or BF16 qmat [vocab][dim]; tokens on the
- * device; a row whose id is outside [0, vocab) is zeros). */
+/* cuda_attention_prefill with opts (may be NULL). With a window, a block's pass over a sequence
+ * reads only positions inside some row's window. */
+int cuda_attention_prefill_ex(cuda_ctx_t *c, float *out, const float *q, const float *k_cache,
+                              const float *v_cache, int n, const int32_t *seq, const int32_t *pos, const int32_t *bt,
+                              int max_blocks, int n_heads, int n_kv_heads, int head_dim, int block_size, float scale,
+                              const cuda_attn_opts_t *opts);
+/* out[n][dim] = embed[tokens[t]] (embed is an F32 or BF16 qmat [vocab][dim], or MXFP4, whose
+ * rows come out as qmat_dequant_row's, bit for bit; tokens on the device; a row whose id is
+ * outside [0, vocab) is zeros). */
 int cuda_embed(cuda_ctx_t *c, float *out, const qmat_t *embed, const int32_t *tokens, int n);
 /* dst[i][:] = src[rows[i]][:] for i < n (rows on device), rows of dim floats. */
 int cuda_gather_rows(cuda_ctx_t *c, float *dst, const float *src, const int32_t *rows, int n, int dim);

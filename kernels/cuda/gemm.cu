@@ -11,6 +11,11 @@
  *     so bytes 2t, 2t+1, 2t+8, 2t+9 give k-slice 0 (low nibbles) and k-slice 1 (high
  *     nibbles). Nibbles become fp16 through the exponent trick (0x6400 | v = 1024 + v), minus
  *     the +8 offset, times the group scale;
+ *   MXFP4: a 32-column block is 16 bytes, byte j = column 2j (low nibble) | 2j+1 (high), so a B
+ *     register's column pair is one byte: byte 8kk + t (b0) and 8kk + t + 4 (b1) of the stage's
+ *     row. Its two e2m1 values become fp16 exactly by a table lookup of their high bytes (the
+ *     low bytes are 0), times the block's scale 2^(s - 127) in fp16: exact wherever the weight
+ *     is an fp16 value (scales 2^-23 .. 2^13; checkpoints' are far inside);
  *   INT8/FP8: bytes to fp16 exactly; the per-row scale is applied to the fp32 result;
  *   BF16: to fp16 by rounding (weights are far inside fp16 range). */
 #include <type_traits>
@@ -31,7 +36,7 @@
 /* Bytes of one weight row per GM_BK columns. */
 template <int FMT> __host__ __device__ constexpr int gm_rb()
 {
-    return FMT == WF_INT4 ? 32 : FMT == WF_BF16 ? 128 : 64;
+    return FMT == WF_INT4 || FMT == WF_MXFP4 ? 32 : FMT == WF_BF16 ? 128 : 64;
 }
 template <int FMT> __host__ __device__ constexpr int gm_stage_bytes() { return GEMM_BM * GM_ASTR + GM_BN * (gm_rb<FMT>() + 16); }
 
@@ -67,11 +72,26 @@ template <int FMT> __device__ __forceinline__ uint32_t gm_pair(uint32_t x, int k
     }
 }
 
+/* The fp16 pair (low half: the low nibble's column) of one MXFP4 byte b, times s. e2m1 as fp16
+ * has a zero low byte; its high bytes by magnitude 0, 0.5, 1, 1.5, 2, 3, 4, 6 are 00 38 3C 3E
+ * 40 42 44 46, looked up into bytes 1 and 3 (bytes 0 and 2 take table byte 0, which is 0), and
+ * each nibble's sign bit goes to its half's sign. */
+__device__ __forceinline__ uint32_t gm_mx_pair(uint32_t b, __half2 s)
+{
+    const uint32_t sel = (b & 0x7u) << 4 | (b & 0x70u) << 8;
+    const uint32_t v = __byte_perm(0x3E3C3800u, 0x46444240u, sel) | (b & 0x8u) << 12 | (b & 0x80u) << 24;
+    return h2u(__hmul2(u2h(v), s));
+}
+
 /* B fragment (b0, b1) of k-slice kk (16 columns of the stage) for the weight row at rowp. */
 template <int FMT>
 __device__ __forceinline__ void gm_bfrag(const uint8_t *rowp, int kk, int t, __half2 s, uint32_t &b0, uint32_t &b1)
 {
-    if constexpr (FMT == WF_BF16) {
+    if constexpr (FMT == WF_MXFP4) {
+        const uint8_t *p = rowp + kk * 8 + t;
+        b0 = gm_mx_pair(p[0], s);
+        b1 = gm_mx_pair(p[4], s);
+    } else if constexpr (FMT == WF_BF16) {
         const uint32_t u0 = *(const uint32_t *)(rowp + kk * 32 + 4 * t);
         const uint32_t u1 = *(const uint32_t *)(rowp + kk * 32 + 16 + 4 * t);
         b0 = h2u(__floats2half2_rn(__uint_as_float(u0 << 16), __uint_as_float(u0 & 0xffff0000u)));
@@ -100,6 +120,7 @@ typedef struct {
     const int32_t *n_tiles, *offsets;
     size_t zstride;                /* grouped, k split over blockIdx.z: floats between parts' y (plain:
                                       M x the matrix's rows) */
+    moe_act_t act;                 /* grouped SWIGLU: the activation and the experts' gate/up biases */
 } gm_args_t;
 
 /* 4 blocks per SM where shared memory allows it (not BF16's larger stages): 5% faster int4
@@ -116,6 +137,7 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : GM_MINB) k_ge
     const uint8_t *d0 = (const uint8_t *)a.w[0].data, *d1 = (const uint8_t *)a.w[1].data;
     const void *s0 = a.w[0].scales, *s1 = a.w[1].scales;
     int group = a.w[0].group;
+    const float *ubias = NULL; /* SWIGLU: the expert's up biases (its gate biases take bias) */
     if (a.tiles) {
         int e, cnt;
         if (!moe_tile(a.tiles, a.n_tiles, a.offsets, a.experts, blockIdx.y, e, m0, cnt)) return;
@@ -123,6 +145,8 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : GM_MINB) k_ge
         if (SWIGLU) {
             d0 = (const uint8_t *)ex->gate.data, s0 = ex->gate.scales, group = ex->gate.group;
             d1 = (const uint8_t *)ex->up.data, s1 = ex->up.scales;
+            bias = a.act.gb ? a.act.gb + (size_t)e * N : NULL;
+            ubias = a.act.ub ? a.act.ub + (size_t)e * N : NULL;
         } else {
             const qmat_t &dq = moe_down_rows(*ex, bx * GM_BN); /* split % GM_BN == 0 */
             d0 = (const uint8_t *)dq.data, s0 = dq.scales, group = dq.group;
@@ -185,7 +209,7 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : GM_MINB) k_ge
         if (s < KT) load(s, s);
         cp_commit();
     }
-    /* INT4 group scales of a stage: [n8-tile][32-column block] */
+    /* INT4 group scales (MXFP4 block scales) of a stage: [n8-tile][32-column block] */
     auto load_scales = [&](__half2 (*out)[2], int kt) {
 #pragma unroll
         for (int j = 0; j < 4; j++)
@@ -196,6 +220,11 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : GM_MINB) k_ge
                     const int gr = grow[j] < N ? grow[j] : 0;
                     const uint16_t v = __ldg(sp + (size_t)gr * (K / group) + ((kt0 + kt) * GM_BK + b * 32) / group);
                     out[j][b] = __half2half2(__ushort_as_half(v));
+                } else if constexpr (FMT == WF_MXFP4) {
+                    const uint8_t *sp = (const uint8_t *)(SWIGLU && j >= 2 ? s1 : s0);
+                    const int gr = grow[j] < N ? grow[j] : 0;
+                    const uint8_t v = __ldg(sp + (size_t)gr * (K / 32) + (kt0 + kt) * (GM_BK / 32) + b);
+                    out[j][b] = __float2half2_rn(d_e8m0(v));
                 } else {
                     out[j][b] = __float2half2_rn(1.f);
                 }
@@ -246,7 +275,8 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : GM_MINB) k_ge
         cp_wait<0>();
 
         /* epilogue: per column pair, the INT8/FP8 row scales (gate's and up's for SwiGLU) and
-         * the bias; then per token row, SwiGLU to fp16 or the plain (accumulated) fp32 result */
+         * the bias (not SwiGLU's); then per token row, the activation (with the expert's gate and
+         * up biases) to fp16 or the plain (accumulated) fp32 result */
         float mul[4][2], add[4][2];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
@@ -273,8 +303,12 @@ __global__ void __launch_bounds__(GM_THREADS, FMT == WF_BF16 ? 1 : GM_MINB) k_ge
                     for (int q = 0; q < 2; q++) {
                         const float x = acc[i][j][hf * 2 + q] * mul[j][q] + add[j][q];
                         if (SWIGLU) {
-                            const float up = acc[i][j + 2][hf * 2 + q] * mul[j + 2][q];
-                            v[q] = fminf(fmaxf(x / (1.f + expf(-x)) * up, -65504.f), 65504.f);
+                            float g = x, up = acc[i][j + 2][hf * 2 + q] * mul[j + 2][q];
+                            /* the expert's biases, read here (not held from the column loop
+                             * above: fewer registers live); without them the sums alone */
+                            if (bias && n + q < N) g += __ldg(bias + n + q);
+                            if (ubias && n + q < N) up += __ldg(ubias + n + q);
+                            v[q] = fminf(fmaxf(moe_act_fn(a.act, g, up), -65504.f), 65504.f);
                         } else {
                             v[q] = x + (a.accum && n + q < N ? y[(size_t)m * N + n + q] : 0.f);
                         }
@@ -316,6 +350,7 @@ template <bool SWIGLU, bool KSPLIT = false> static int s_dispatch(cudaStream_t s
 {
     switch (fmt) {
     case WF_INT4: return s_launch<WF_INT4, SWIGLU, KSPLIT>(st, grid, a);
+    case WF_MXFP4: return s_launch<WF_MXFP4, SWIGLU, KSPLIT>(st, grid, a);
     case WF_INT8: return s_launch<WF_INT8, SWIGLU, KSPLIT>(st, grid, a);
     case WF_FP8: return s_launch<WF_FP8, SWIGLU, KSPLIT>(st, grid, a);
     case WF_BF16: return s_launch<WF_BF16, SWIGLU, KSPLIT>(st, grid, a);
@@ -324,7 +359,8 @@ template <bool SWIGLU, bool KSPLIT = false> static int s_dispatch(cudaStream_t s
 }
 
 /* Eight columns of w a thread, so that a warp's stores are 512 contiguous bytes (INT4: the
- * low or high nibbles of 8 bytes of a 32-column block; INT8/FP8: 8 bytes; BF16: 16), written
+ * low or high nibbles of 8 bytes of a 32-column block; MXFP4: 4 bytes, both nibbles; INT8/FP8:
+ * 8 bytes; BF16: 16), written
  * after the PDL wait: the GEMM before this launch may still read dst. */
 template <int FMT> __global__ void k_dequant(__half *dst, qmat_t w, size_t chunks)
 {
@@ -340,6 +376,9 @@ template <int FMT> __global__ void k_dequant(__half *dst, qmat_t w, size_t chunk
             const uint2 v = __ldg((const uint2 *)(row + (c0 / 32) * 16 + (c0 & 8)));
             u.x = v.x, u.y = v.y;
             s = d_f16(((const uint16_t *)w.scales)[r * (w.cols / w.group) + c0 / w.group]);
+        } else if constexpr (FMT == WF_MXFP4) { /* byte j of a block: columns 2j (low), 2j + 1 (high) */
+            u.x = __ldg((const uint32_t *)(row + c0 / 2));
+            s = d_e8m0(((const uint8_t *)w.scales)[r * (w.cols / 32) + c0 / 32]);
         } else if constexpr (FMT == WF_BF16) {
             u = __ldg((const uint4 *)(row + c0 * 2));
         } else {
@@ -358,6 +397,8 @@ template <int FMT> __global__ void k_dequant(__half *dst, qmat_t w, size_t chunk
         float v;
         if constexpr (FMT == WF_INT4)
             v = (float)((high ? b[j] >> 4 : b[j] & 15) - 8) * s;
+        else if constexpr (FMT == WF_MXFP4) /* exact in fp32, then rounded once to fp16 */
+            v = d_e2m1(j & 1 ? b[j / 2] >> 4 : b[j / 2]) * s;
         else if constexpr (FMT == WF_INT8)
             v = (float)(int8_t)b[j] * s;
         else if constexpr (FMT == WF_FP8)
@@ -375,6 +416,7 @@ int gemm_dequant(cudaStream_t st, __half *dst, const qmat_t *w)
     const unsigned blocks = (unsigned)((chunks + 255) / 256);
     switch (w->fmt) {
     case WF_INT4: launch_k(k_dequant<WF_INT4>, blocks, 256, 0, st, dst, *w, chunks); break;
+    case WF_MXFP4: launch_k(k_dequant<WF_MXFP4>, blocks, 256, 0, st, dst, *w, chunks); break;
     case WF_INT8: launch_k(k_dequant<WF_INT8>, blocks, 256, 0, st, dst, *w, chunks); break;
     case WF_FP8: launch_k(k_dequant<WF_FP8>, blocks, 256, 0, st, dst, *w, chunks); break;
     case WF_BF16: launch_k(k_dequant<WF_BF16>, blocks, 256, 0, st, dst, *w, chunks); break;
@@ -499,9 +541,10 @@ static gm_args_t s_moe_args(bool swiglu, const __half *x, float *y, __half *h, i
 
 int gemm_moe(cudaStream_t st, bool swiglu, const __half *x, float *y, __half *h, int hidden, int inter, wfmt_t fmt,
              const cuda_expert_t *experts, const int2 *tiles, const int32_t *n_tiles, const int32_t *offsets,
-             int max_tiles)
+             int max_tiles, const moe_act_t *act)
 {
-    const gm_args_t a = s_moe_args(swiglu, x, y, h, hidden, inter, experts, tiles, n_tiles, offsets);
+    gm_args_t a = s_moe_args(swiglu, x, y, h, hidden, inter, experts, tiles, n_tiles, offsets);
+    if (swiglu && act) a.act = *act;
     dim3 grid(cdiv(a.N, swiglu ? GM_BN / 2 : GM_BN), max_tiles);
     return swiglu ? s_dispatch<true>(st, fmt, grid, a) : s_dispatch<false>(st, fmt, grid, a);
 }
@@ -519,7 +562,8 @@ int gemm_moe_down(cudaStream_t st, int sms, const __half *x, float *y, int hidde
     if (blocks < sms * GM_MINB && hidden % 4 == 0)
         for (int c = 4; c >= 2 && S == 1; c /= 2)
             if (KT % c == 0 && (size_t)c * P * hidden <= part_floats) S = c;
-    if (S == 1) return gemm_moe(st, false, x, y, NULL, hidden, inter, fmt, experts, tiles, n_tiles, offsets, max_tiles);
+    if (S == 1)
+        return gemm_moe(st, false, x, y, NULL, hidden, inter, fmt, experts, tiles, n_tiles, offsets, max_tiles, NULL);
     gm_args_t a = s_moe_args(false, x, part, NULL, hidden, inter, experts, tiles, n_tiles, offsets);
     a.zstride = (size_t)P * hidden;
     int rc = s_dispatch<false, true>(st, fmt, dim3(cdiv(hidden, GM_BN), max_tiles, S), a);

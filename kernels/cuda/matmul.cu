@@ -165,7 +165,7 @@ static int s_gemv_q8_launch(cudaStream_t st, const mm_set_t &set, const int8_t *
 /* Whether the int8-activation path applies to w for n rows. */
 static bool s_q8_ok(const cuda_ctx_t *c, const qmat_t *w, int n)
 {
-    if (w->fmt != WF_INT4 && w->fmt != WF_INT8) return false;
+    if (w->fmt != WF_INT4 && w->fmt != WF_INT8 && w->fmt != WF_MXFP4) return false;
     if (w->cols % 32 || (w->fmt == WF_INT4 && w->group % 32) || (uintptr_t)w->data % 16) return false;
     return c->q8 && (size_t)n * w->cols <= c->q8_elems;
 }
@@ -230,6 +230,7 @@ static int s_matmul_one(cuda_ctx_t *c, float *y, const float *x, int n, const qm
     case WF_INT8: return s_gemv_fmt<WF_INT8>(st, y, x, n, w, bias, accum);
     case WF_FP8: return s_gemv_fmt<WF_FP8>(st, y, x, n, w, bias, accum);
     case WF_INT4: return s_gemv_fmt<WF_INT4>(st, y, x, n, w, bias, accum);
+    case WF_MXFP4: return s_gemv_fmt<WF_MXFP4>(st, y, x, n, w, bias, accum);
     default: log_error("cuda_matmul: unknown weight format %d", (int)w->fmt); return STRATA_EINVAL_INPUT;
     }
 }
@@ -309,7 +310,11 @@ static int s_matmul(cuda_ctx_t *c, int count, float *const *ys, const float *x, 
             set.y[i] = ys[i];
             set.bias[i] = biases ? biases[i] : NULL;
         }
-        return ws[0]->fmt == WF_INT4 ? s_gemv_q8<WF_INT4>(c, set, x, n, x_q8) : s_gemv_q8<WF_INT8>(c, set, x, n, x_q8);
+        switch (ws[0]->fmt) {
+        case WF_INT4: return s_gemv_q8<WF_INT4>(c, set, x, n, x_q8);
+        case WF_MXFP4: return s_gemv_q8<WF_MXFP4>(c, set, x, n, x_q8);
+        default: return s_gemv_q8<WF_INT8>(c, set, x, n, x_q8);
+        }
     }
     for (int i = 0; i < count && !rc; i++) rc = s_matmul_one(c, ys[i], x, n, ws[i], biases ? biases[i] : NULL, accum);
     return rc;

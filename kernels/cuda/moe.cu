@@ -1,6 +1,7 @@
 /* moe.cu - the grouped expert FFN: tokens regrouped by expert, then one pass over each active
- * expert's weights for all of its tokens (fused dequantization and SwiGLU), then a weighted,
- * deterministic combine in top-k order. */
+ * expert's weights for all of its tokens (fused dequantization, gate/up biases and the
+ * activation, moe_act), then a weighted, deterministic combine in top-k order (with the down
+ * biases: every path leaves down_e(h) in os, and the combine adds weight * (os + down_bias[e])). */
 #include <cuda/atomic>
 
 #include "kernels/cuda/gemm.cuh"
@@ -19,7 +20,7 @@ typedef struct {
     float *qd;     /* [P][wide/32] block scales */
     int32_t *qs;   /* [P][wide/32] block sums of q */
     __half *x16;   /* [P][hidden] fp16 token rows by expert (GEMM path) */
-    __half *h16;   /* [P][inter] fp16 silu(gate) * up */
+    __half *h16;   /* [P][inter] fp16 act(gate, up) (moe_act) */
     int2 *tiles;   /* [P / GEMM_BM + E] (expert, first row) GEMM tiles */
     int32_t *n_tiles;
 } moe_scratch_t;
@@ -490,7 +491,7 @@ template <int FMT, int NT, int LPR, bool GATHER>
 __global__ void __launch_bounds__(256, MOE_Q8_MIN_BLOCKS(NT, LPR))
     k_moe_gate_up_q8(float *hs, const int8_t *q, const float *qd, const int32_t *qs, const cuda_expert_t *experts,
                      const int2 *tiles, const int32_t *n_tiles, const int32_t *offsets, int hidden, int inter,
-                     const int32_t *perm, int top_k)
+                     const int32_t *perm, int top_k, moe_act_t act)
 {
     pdl_enter();
     constexpr int RPW = 32 / LPR * 2;
@@ -512,7 +513,7 @@ __global__ void __launch_bounds__(256, MOE_Q8_MIN_BLOCKS(NT, LPR))
             __syncwarp();
         }
         const qmat_t &gw = experts[e].gate, &uw = experts[e].up;
-        const int bpg = FMT == WF_INT4 ? gw.group / 32 : 1;
+        const int bpg = FMT == WF_INT4 ? gw.group / 32 : 1; /* MXFP4: a scale a block */
         const uint8_t *rp[4];
         const void *sp[4];
         q8_row_ptrs<FMT>(gw, r0, rp[0], sp[0]);
@@ -538,7 +539,7 @@ __global__ void __launch_bounds__(256, MOE_Q8_MIN_BLOCKS(NT, LPR))
                 for (int t = 0; t < NT; t++) {
                     const float gs = group_sum<LPR>(acc[j][t]), us = group_sum<LPR>(acc[2 + j][t]);
                     if (lane % LPR == 0 && t < m && r0 + j < inter)
-                        hs[(p + t) * inter + r0 + j] = gs / (1.f + expf(-gs)) * us;
+                        hs[(p + t) * inter + r0 + j] = moe_act(act, e, r0 + j, inter, gs, us);
                 }
         }
     }
@@ -632,7 +633,7 @@ template <typename K> static int s_per_sm(K k)
 
 template <int FMT, int NT, int LPR>
 static void s_gate_up_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const moe_xq_t *xq,
-                         const cuda_expert_t *experts, int hidden, int inter, int max_tiles)
+                         const cuda_expert_t *experts, int hidden, int inter, int max_tiles, const moe_act_t &act)
 {
     static int per_sm[2];
     const int g = xq->gather;
@@ -644,7 +645,7 @@ static void s_gate_up_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const
      * 36.9 us in the graph; Qwen3-30B-A3B 424.5 -> 430.1; Mixtral batch 16 391.6 -> 411.1. The same
      * for the down, attention, combine, router, GEMV or RoPE launches gained nothing or lost. */
     launch_kx(k, grid, 256, 0, st, 1, false, s->hs, xq->q, xq->qd, xq->qs, experts, s->tiles, s->n_tiles, s->offsets,
-              hidden, inter, s->perm, xq->top_k);
+              hidden, inter, s->perm, xq->top_k, act);
 }
 
 template <int FMT, int NT, int LPR, int RR>
@@ -676,13 +677,13 @@ static void s_down_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const cu
 template <int FMT, int NT>
 static int s_moe_launch_q8(cudaStream_t st, int sms, const moe_scratch_t *s, const moe_xq_t *xq,
                            const cuda_expert_t *experts, int E, int hidden, int inter, int P, int max_tiles, int part,
-                           int rows)
+                           int rows, const moe_act_t &act)
 {
     if (part != CUDA_MOE_TAIL) {
         if (q8_wide_rows(hidden))
-            s_gate_up_q8<FMT, NT, 32>(st, sms, s, xq, experts, hidden, inter, max_tiles);
+            s_gate_up_q8<FMT, NT, 32>(st, sms, s, xq, experts, hidden, inter, max_tiles, act);
         else
-            s_gate_up_q8<FMT, NT, 8>(st, sms, s, xq, experts, hidden, inter, max_tiles);
+            s_gate_up_q8<FMT, NT, 8>(st, sms, s, xq, experts, hidden, inter, max_tiles, act);
         CUDA_LAUNCH_CHECK();
         int rc = q8_quant(st, s->q, s->qd, s->qs, s->hs, P, inter, NULL, 1, s->offsets + E);
         if (rc) return rc;
@@ -698,17 +699,22 @@ static int s_moe_launch_q8(cudaStream_t st, int sms, const moe_scratch_t *s, con
 
 template <int FMT>
 static int s_moe_q8(cudaStream_t st, int sms, int n, const moe_scratch_t *s, const moe_xq_t *xq,
-                    const cuda_expert_t *experts, int E, int hidden, int inter, int P, int max_tiles, int part, int rows)
+                    const cuda_expert_t *experts, int E, int hidden, int inter, int P, int max_tiles, int part,
+                    int rows, const moe_act_t &act)
 {
-    if (n <= 1) return s_moe_launch_q8<FMT, 1>(st, sms, s, xq, experts, E, hidden, inter, P, max_tiles, part, rows);
-    if (n <= 4) return s_moe_launch_q8<FMT, 4>(st, sms, s, xq, experts, E, hidden, inter, P, max_tiles, part, rows);
-    return s_moe_launch_q8<FMT, 16>(st, sms, s, xq, experts, E, hidden, inter, P, max_tiles, part, rows);
+    if (n <= 1)
+        return s_moe_launch_q8<FMT, 1>(st, sms, s, xq, experts, E, hidden, inter, P, max_tiles, part, rows, act);
+    if (n <= 4)
+        return s_moe_launch_q8<FMT, 4>(st, sms, s, xq, experts, E, hidden, inter, P, max_tiles, part, rows, act);
+    return s_moe_launch_q8<FMT, 16>(st, sms, s, xq, experts, E, hidden, inter, P, max_tiles, part, rows, act);
 }
 
-/* hs[p][r] = silu(gate_e[r] . xs[p]) * (up_e[r] . xs[p]) for every pair p of expert e = blockIdx.y. */
+/* hs[p][r] = act(gate_e[r] . xs[p], up_e[r] . xs[p]) (moe_act) for every pair p of the expert
+ * e of tile blockIdx.y. */
 template <int FMT, int NT>
 __global__ void k_moe_gate_up(float *hs, const float *xs, const cuda_expert_t *experts, const int2 *tiles,
-                              const int32_t *n_tiles, const int32_t *offsets, int hidden, int inter, bool vec)
+                              const int32_t *n_tiles, const int32_t *offsets, int hidden, int inter, bool vec,
+                              moe_act_t act)
 {
     pdl_enter();
     int e, off, cnt;
@@ -725,7 +731,7 @@ __global__ void k_moe_gate_up(float *hs, const float *xs, const cuda_expert_t *e
         for (int t = 0; t < NT; t++) {
             float gs = warp_sum(g[t]), us = warp_sum(u[t]);
             if (t < m && (threadIdx.x & 31) == 0)
-                hs[(size_t)(off + t0 + t) * inter + r] = gs / (1.f + expf(-gs)) * us;
+                hs[(size_t)(off + t0 + t) * inter + r] = moe_act(act, e, r, inter, gs, us);
         }
     }
 }
@@ -753,19 +759,23 @@ __global__ void k_moe_down(float *os, const float *hs, const cuda_expert_t *expe
     }
 }
 
-/* out[t] += sum_k weight[t][k] * os[inv[t][k]], in k order (deterministic); one thread per
- * (token, column). */
+/* out[t] += sum_k weight[t][k] * (os[inv[t][k]] + db[e]) with e = idx[t][k] (db: the experts'
+ * down biases [E][hidden], NULL: none), in k order (deterministic); one thread per (token,
+ * column). */
 __global__ void k_moe_combine(float *out, const float *os, const int32_t *inv, const int32_t *idx,
-                              const float *weight, const cuda_expert_t *experts, int top_k, int hidden)
+                              const float *weight, const cuda_expert_t *experts, int top_k, int hidden,
+                              const float *db)
 {
     pdl_enter();
     const int t = blockIdx.y, d = blockIdx.x * blockDim.x + threadIdx.x;
     if (d >= hidden) return;
     float acc = out[(size_t)t * hidden + d];
     for (int k = 0; k < top_k; k++) {
-        const int p = t * top_k + k;
-        if (!experts[idx[p]].gate.data) continue;
-        acc += weight[p] * os[(size_t)inv[p] * hidden + d];
+        const int p = t * top_k + k, e = idx[p];
+        if (!experts[e].gate.data) continue;
+        float o = os[(size_t)inv[p] * hidden + d];
+        if (db) o += __ldg(db + (size_t)e * hidden + d);
+        acc += weight[p] * o;
     }
     out[(size_t)t * hidden + d] = acc;
 }
@@ -778,16 +788,18 @@ __global__ void k_moe_combine(float *out, const float *os, const int32_t *inv, c
 #define COMBINE_MAX_K 32
 __global__ void __launch_bounds__(1024) k_moe_combine_norm(float *out, const float *os, const int32_t *inv, const int32_t *idx,
                                    const float *weight, const cuda_expert_t *experts, int top_k, int hidden,
-                                   const float *norm_w, float eps, float *xn, int8_t *q8, float *q8d, int32_t *q8s)
+                                   const float *norm_w, float eps, float *xn, int8_t *q8, float *q8d, int32_t *q8s,
+                                   const float *db)
 {
     const int t = blockIdx.x, n4 = hidden / 4;
     __shared__ float s_w[COMBINE_MAX_K];
-    __shared__ int s_row[COMBINE_MAX_K];
-    if ((int)threadIdx.x < top_k) { /* pair k's weight and row of os, or weight 0 when not resident */
-        const int p = t * top_k + threadIdx.x;
-        const bool in = experts[idx[p]].gate.data != NULL;
+    __shared__ int s_row[COMBINE_MAX_K], s_e[COMBINE_MAX_K];
+    if ((int)threadIdx.x < top_k) { /* pair k's weight, row of os and expert, or weight 0 when not resident */
+        const int p = t * top_k + threadIdx.x, e = idx[p];
+        const bool in = experts[e].gate.data != NULL;
         s_w[threadIdx.x] = in ? weight[p] : 0.f;
         s_row[threadIdx.x] = in ? inv[p] : -1;
+        s_e[threadIdx.x] = e;
     }
     float4 g[RMS_PER_THREAD];
     rms_w_f4(norm_w, hidden, g);
@@ -805,7 +817,11 @@ __global__ void __launch_bounds__(1024) k_moe_combine_norm(float *out, const flo
             for (int j = 0; j < top_k; j++) {
                 if (s_row[j] < 0) continue;
                 const float w = s_w[j];
-                const float4 e = ((const float4 *)(os + (size_t)s_row[j] * hidden))[i];
+                float4 e = ((const float4 *)(os + (size_t)s_row[j] * hidden))[i];
+                if (db) { /* as k_moe_combine: the bias onto the expert's row, then weighted */
+                    const float4 b = __ldg((const float4 *)(db + (size_t)s_e[j] * hidden) + i);
+                    e.x += b.x, e.y += b.y, e.z += b.z, e.w += b.w;
+                }
                 a.x += w * e.x, a.y += w * e.y, a.z += w * e.z, a.w += w * e.w;
             }
             o4[i] = a;
@@ -816,21 +832,23 @@ __global__ void __launch_bounds__(1024) k_moe_combine_norm(float *out, const flo
     rms_row_f4(v, ss, hidden, eps, g, xn + (size_t)t * hidden, q8, q8d, q8s);
 }
 
-/* The weighted sum onto out, and with nn the next layer's norm of the result. */
+/* The weighted sum onto out (with the experts' down biases db, may be NULL), and with nn the
+ * next layer's norm of the result. */
 static int s_combine(cudaStream_t st, cuda_ctx_t *c, float *out, const moe_scratch_t *s, const int32_t *idx,
                      const float *weight, const cuda_expert_t *experts, int n, int top_k, int hidden,
-                     const cuda_next_norm_t *nn)
+                     const cuda_next_norm_t *nn, const float *db)
 {
-    if (nn && hidden % 4 == 0 && hidden / 4 <= RMS_PER_THREAD * 1024 && top_k <= COMBINE_MAX_K) {
+    if (nn && hidden % 4 == 0 && hidden / 4 <= RMS_PER_THREAD * 1024 && top_k <= COMBINE_MAX_K &&
+        (uintptr_t)db % 16 == 0) {
         const bool q8 = nn->q8_done && rms_q8_ok(c, n, hidden);
         if (nn->q8_done) *nn->q8_done = q8;
         launch_k(k_moe_combine_norm, n, rms_threads(hidden), 0, st, out, s->os, s->inv, idx, weight, experts, top_k,
-                 hidden, nn->w, nn->eps, nn->y, q8 ? c->q8 : NULL, c->q8d, c->q8s);
+                 hidden, nn->w, nn->eps, nn->y, q8 ? c->q8 : NULL, c->q8d, c->q8s, db);
         CUDA_LAUNCH_CHECK();
         return 0;
     }
     launch_k(k_moe_combine, dim3(cdiv(hidden, 256), n), 256, 0, st, out, s->os, s->inv, idx, weight, experts, top_k,
-             hidden);
+             hidden, db);
     CUDA_LAUNCH_CHECK();
     if (!nn) return 0;
     return cuda_rmsnorm_q8(c, nn->y, out, nn->w, n, hidden, nn->eps, nn->q8_done);
@@ -838,11 +856,11 @@ static int s_combine(cudaStream_t st, cuda_ctx_t *c, float *out, const moe_scrat
 
 template <int FMT, int NT>
 static int s_moe_launch(cudaStream_t st, const moe_scratch_t *s, const cuda_expert_t *experts, int hidden, int inter,
-                        bool vec_h, bool vec_i, int max_tiles)
+                        bool vec_h, bool vec_i, int max_tiles, const moe_act_t &act)
 {
     dim3 g1(cdiv((long)inter * 32, 256), max_tiles), g2(cdiv((long)hidden * 32, 256), max_tiles);
     launch_k(k_moe_gate_up<FMT, NT>, g1, 256, 0, st, s->hs, s->xs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter,
-                                               vec_h);
+             vec_h, act);
     CUDA_LAUNCH_CHECK();
     launch_k(k_moe_down<FMT, NT>, g2, 256, 0, st, s->os, s->hs, experts, s->tiles, s->n_tiles, s->offsets, hidden, inter,
                                             vec_i);
@@ -852,27 +870,35 @@ static int s_moe_launch(cudaStream_t st, const moe_scratch_t *s, const cuda_expe
 
 template <int FMT>
 static int s_moe_fmt(cudaStream_t st, int n, const moe_scratch_t *s, const cuda_expert_t *experts, int hidden,
-                     int inter, int max_tiles)
+                     int inter, int max_tiles, const moe_act_t &act)
 {
     constexpr int C = qfmt<FMT>::COLS;
     const bool vec_h = hidden % C == 0 && q_row_bytes(FMT, hidden) % 16 == 0;
     const bool vec_i = inter % C == 0 && q_row_bytes(FMT, inter) % 16 == 0;
-    if (n <= 1) return s_moe_launch<FMT, 1>(st, s, experts, hidden, inter, vec_h, vec_i, max_tiles);
-    if (n <= 4) return s_moe_launch<FMT, 4>(st, s, experts, hidden, inter, vec_h, vec_i, max_tiles);
-    return s_moe_launch<FMT, 8>(st, s, experts, hidden, inter, vec_h, vec_i, max_tiles);
+    if (n <= 1) return s_moe_launch<FMT, 1>(st, s, experts, hidden, inter, vec_h, vec_i, max_tiles, act);
+    if (n <= 4) return s_moe_launch<FMT, 4>(st, s, experts, hidden, inter, vec_h, vec_i, max_tiles, act);
+    return s_moe_launch<FMT, 8>(st, s, experts, hidden, inter, vec_h, vec_i, max_tiles, act);
 }
 
 extern "C" bool cuda_moe_parts_ok(int n, wfmt_t fmt, int hidden, int inter)
 {
-    return n > 0 && n < GEMM_MOE_MIN_TOKENS && (fmt == WF_INT4 || fmt == WF_INT8) && hidden % 32 == 0 && inter % 32 == 0;
+    return n > 0 && n < GEMM_MOE_MIN_TOKENS && (fmt == WF_INT4 || fmt == WF_INT8 || fmt == WF_MXFP4) &&
+           hidden % 32 == 0 && inter % 32 == 0;
 }
 
-/* cuda_moe_ffn whole (part 0), or its part (cuda_moe_ffn_part). */
+/* cuda_moe_ffn whole (part 0), or its part (cuda_moe_ffn_part), with opts (may be NULL). */
 static int s_moe_ffn(cuda_ctx_t *c, int part, int rows, float *out, const float *x, int n, int hidden, int inter,
                      wfmt_t fmt, const cuda_expert_t *experts_dev, int n_experts, const int32_t *idx,
-                     const float *weight, int top_k, void *scratch, unsigned flags, const cuda_next_norm_t *nn)
+                     const float *weight, int top_k, void *scratch, unsigned flags, const cuda_next_norm_t *nn,
+                     const cuda_moe_opts_t *opts)
 {
     if (n <= 0) return 0;
+    moe_act_t act = {};
+    const float *db = NULL;
+    if (opts) {
+        act = {opts->gate_bias, opts->up_bias, opts->clamped, opts->limit, opts->alpha};
+        db = opts->down_bias;
+    }
     if (n_experts <= 0 || n_experts > MOE_MAX_EXPERTS || top_k <= 0 || top_k > n_experts) {
         log_error("cuda_moe_ffn: bad expert counts (n_experts=%d top_k=%d)", n_experts, top_k);
         return STRATA_EINVAL_INPUT;
@@ -902,15 +928,15 @@ static int s_moe_ffn(cuda_ctx_t *c, int part, int rows, float *out, const float 
          * 512-token prefill 6950 -> 6350 tok/s: 117 MB of fp16 written an expert) */
         if ((rc = gemm_to_half(st, s.x16, x, s.perm, top_k, P, hidden))) return rc;
         if ((rc = gemm_moe(st, true, s.x16, NULL, s.h16, hidden, inter, fmt, experts_dev, s.tiles, s.n_tiles,
-                           s.offsets, max_tiles)))
+                           s.offsets, max_tiles, &act)))
             return rc;
         /* the integer path's xs and hs (2 x P x wide floats, contiguous) hold the k parts */
         if ((rc = gemm_moe_down(st, c->sms, s.h16, s.os, hidden, inter, fmt, experts_dev, s.tiles, s.n_tiles,
                                 s.offsets, max_tiles, P, s.xs, (size_t)(s.os - s.xs))))
             return rc;
-        return s_combine(st, c, out, &s, idx, weight, experts_dev, n, top_k, hidden, nn);
+        return s_combine(st, c, out, &s, idx, weight, experts_dev, n, top_k, hidden, nn, db);
     }
-    if ((fmt == WF_INT4 || fmt == WF_INT8) && hidden % 32 == 0 && inter % 32 == 0) {
+    if ((fmt == WF_INT4 || fmt == WF_INT8 || fmt == WF_MXFP4) && hidden % 32 == 0 && inter % 32 == 0) {
         /* token rows by expert, straight into int8 blocks, unless the tokens' rows are in the
          * context's workspace already */
         moe_xq_t xq = {s.q, s.qd, s.qs, false, top_k};
@@ -918,24 +944,35 @@ static int s_moe_ffn(cuda_ctx_t *c, int part, int rows, float *out, const float 
         else if (part != CUDA_MOE_TAIL && (rc = q8_quant(st, s.q, s.qd, s.qs, x, P, hidden, s.perm, top_k, NULL)))
             return rc;
         const int r = part ? rows : hidden;
-        rc = fmt == WF_INT4
-                 ? s_moe_q8<WF_INT4>(st, c->sms, n, &s, &xq, experts_dev, n_experts, hidden, inter, P, max_tiles, part, r)
-                 : s_moe_q8<WF_INT8>(st, c->sms, n, &s, &xq, experts_dev, n_experts, hidden, inter, P, max_tiles, part, r);
+        switch (fmt) {
+        case WF_INT4:
+            rc = s_moe_q8<WF_INT4>(st, c->sms, n, &s, &xq, experts_dev, n_experts, hidden, inter, P, max_tiles, part, r,
+                                   act);
+            break;
+        case WF_MXFP4:
+            rc = s_moe_q8<WF_MXFP4>(st, c->sms, n, &s, &xq, experts_dev, n_experts, hidden, inter, P, max_tiles, part,
+                                    r, act);
+            break;
+        default:
+            rc = s_moe_q8<WF_INT8>(st, c->sms, n, &s, &xq, experts_dev, n_experts, hidden, inter, P, max_tiles, part, r,
+                                   act);
+        }
         if (rc || part == CUDA_MOE_HEAD) return rc;
-        return s_combine(st, c, out, &s, idx, weight, experts_dev, n, top_k, hidden, nn);
+        return s_combine(st, c, out, &s, idx, weight, experts_dev, n, top_k, hidden, nn, db);
     }
     launch_k(k_moe_gather, P, 128, 0, st, s.xs, x, s.perm, top_k, hidden, P);
     CUDA_LAUNCH_CHECK();
     switch (fmt) {
-    case WF_F32: rc = s_moe_fmt<WF_F32>(st, n, &s, experts_dev, hidden, inter, max_tiles); break;
-    case WF_BF16: rc = s_moe_fmt<WF_BF16>(st, n, &s, experts_dev, hidden, inter, max_tiles); break;
-    case WF_INT8: rc = s_moe_fmt<WF_INT8>(st, n, &s, experts_dev, hidden, inter, max_tiles); break;
-    case WF_FP8: rc = s_moe_fmt<WF_FP8>(st, n, &s, experts_dev, hidden, inter, max_tiles); break;
-    case WF_INT4: rc = s_moe_fmt<WF_INT4>(st, n, &s, experts_dev, hidden, inter, max_tiles); break;
+    case WF_F32: rc = s_moe_fmt<WF_F32>(st, n, &s, experts_dev, hidden, inter, max_tiles, act); break;
+    case WF_BF16: rc = s_moe_fmt<WF_BF16>(st, n, &s, experts_dev, hidden, inter, max_tiles, act); break;
+    case WF_INT8: rc = s_moe_fmt<WF_INT8>(st, n, &s, experts_dev, hidden, inter, max_tiles, act); break;
+    case WF_FP8: rc = s_moe_fmt<WF_FP8>(st, n, &s, experts_dev, hidden, inter, max_tiles, act); break;
+    case WF_INT4: rc = s_moe_fmt<WF_INT4>(st, n, &s, experts_dev, hidden, inter, max_tiles, act); break;
+    case WF_MXFP4: rc = s_moe_fmt<WF_MXFP4>(st, n, &s, experts_dev, hidden, inter, max_tiles, act); break;
     default: log_error("cuda_moe_ffn: unknown weight format %d", (int)fmt); return STRATA_EINVAL_INPUT;
     }
     if (rc) return rc;
-    return s_combine(st, c, out, &s, idx, weight, experts_dev, n, top_k, hidden, nn);
+    return s_combine(st, c, out, &s, idx, weight, experts_dev, n, top_k, hidden, nn, db);
 }
 
 extern "C" int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, int hidden, int inter, wfmt_t fmt,
@@ -944,7 +981,7 @@ extern "C" int cuda_moe_ffn(cuda_ctx_t *c, float *out, const float *x, int n, in
                             const cuda_next_norm_t *nn)
 {
     return s_moe_ffn(c, 0, hidden, out, x, n, hidden, inter, fmt, experts_dev, n_experts, idx, weight, top_k, scratch,
-                     flags, nn);
+                     flags, nn, NULL);
 }
 
 extern "C" int cuda_moe_ffn_part(cuda_ctx_t *c, int part, int rows, float *out, const float *x, int n, int hidden,
@@ -954,5 +991,15 @@ extern "C" int cuda_moe_ffn_part(cuda_ctx_t *c, int part, int rows, float *out, 
 {
     if (part != CUDA_MOE_HEAD && part != CUDA_MOE_TAIL) return STRATA_EINVAL_INPUT;
     return s_moe_ffn(c, part, rows, out, x, n, hidden, inter, fmt, experts_dev, n_experts, idx, weight, top_k, scratch,
-                     flags, nn);
+                     flags, nn, NULL);
+}
+
+extern "C" int cuda_moe_ffn_ex(cuda_ctx_t *c, int part, int rows, float *out, const float *x, int n, int hidden,
+                               int inter, wfmt_t fmt, const cuda_expert_t *experts_dev, int n_experts,
+                               const int32_t *idx, const float *weight, int top_k, void *scratch, unsigned flags,
+                               const cuda_next_norm_t *nn, const cuda_moe_opts_t *opts)
+{
+    if (part != 0 && part != CUDA_MOE_HEAD && part != CUDA_MOE_TAIL) return STRATA_EINVAL_INPUT;
+    return s_moe_ffn(c, part, part ? rows : hidden, out, x, n, hidden, inter, fmt, experts_dev, n_experts, idx, weight,
+                     top_k, scratch, flags, nn, opts);
 }

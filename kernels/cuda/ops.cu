@@ -197,8 +197,9 @@ extern "C" int cuda_rope_kv(cuda_ctx_t *c, float *q, const float *k, const float
 
 /* ---- Attention (fp32, any rows; the forward pass takes it for decode-shaped steps) ----
  * Flash-decoding over the paged cache. A block takes one row t, hb query heads of one GQA group
- * (so a K/V row is read once for all of them) and one split z of the row's context: positions
- * [z span, z span + span), span = ceil(n_ctx / splits). Grid (n, n_kv * head chunks, splits).
+ * (so a K/V row is read once for all of them) and one split z of the row's context c0 .. n_ctx - 1
+ * (c0 = 0, or with a sliding window the window's start): positions [c0 + z span, c0 + z span +
+ * span), span = ceil((n_ctx - c0) / splits). Grid (n, n_kv * head chunks, splits).
  * The splits of a (row, head chunk) form one thread-block cluster (sm_90) and merge their
  * softmax states through distributed shared memory: no global scratch, and the split count is
  * chosen on the host without the positions (they are on the device and change between replays
@@ -217,7 +218,8 @@ extern "C" int cuda_rope_kv(cuda_ctx_t *c, float *q, const float *k, const float
  *   p.v: a lane owns float4 columns lane + 32 k of the v row (coalesced) for all head slots.
  * After the last stage the 8 warps' (m, l, acc) merge through shared memory into the block's
  * state; the cluster syncs; each warp of the cluster then finishes 32-column blocks of the
- * output: it combines the splits' states (from their shared memory), writes out and, when
+ * output: it combines the splits' states (from their shared memory), and with sinks the head's
+ * sink as one more term of the sum with no value, writes out and, when
  * asked, the block's int8 quantization (q8_quant_val on the same floats); a second cluster sync
  * keeps every block's shared memory alive until the others have read it. */
 #define ATT_WARPS 8
@@ -289,12 +291,13 @@ template <int N> static __device__ __forceinline__ void s_slots(float *dst, cons
 
 /* NV: float4 columns a lane owns in p.v (head_dim <= 128 NV); L: lanes a head in q.k (32 / L
  * head slots a warp, at least hb). hb: heads a block; nstage: stages in flight (2 or 3); vec:
- * head_dim % 4 == 0 and q, the caches 16-byte aligned (else 4-byte copies, rows zero-padded). */
+ * head_dim % 4 == 0 and q, the caches 16-byte aligned (else 4-byte copies, rows zero-padded).
+ * window, sinks: cuda_attn_opts_t's (0, NULL: none). */
 template <int NV, int L>
 __global__ void __launch_bounds__(ATT_THREADS, 2)
     k_attention(float *out, const float *q, const float *kc, const float *vc, const int32_t *seq, const int32_t *pos,
                 const int32_t *bt, int max_blocks, int n_heads, int n_kv, int hd, int bs, float scale, int hb,
-                int nstage, bool vec, int8_t *q8, float *q8d, int32_t *q8s)
+                int nstage, bool vec, int8_t *q8, float *q8d, int32_t *q8s, int window, const float *sinks)
 {
     constexpr int HPW = 32 / L;         /* head slots of a warp */
     constexpr int QF = 32 * NV / L;     /* float4s of q a lane holds */
@@ -311,8 +314,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 2)
     const int h0 = kvh * G + (int)(blockIdx.y % nhc) * hb, nh = min(hb, (kvh + 1) * G - h0);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hh = lane / L, ds = lane % L;
     const int hd4 = (hd + 3) >> 2;
-    const int sq = seq[t], n_ctx = pos[t] + 1;
-    const int span = (n_ctx + splits - 1) / splits, p0 = z * span, len = max(0, min(n_ctx - p0, span));
+    const int sq = seq[t], n_ctx = pos[t] + 1, c0 = window > 0 ? max(0, n_ctx - window) : 0;
+    const int span = (n_ctx - c0 + splits - 1) / splits, p0 = c0 + z * span, len = max(0, min(n_ctx - p0, span));
     const int nch = (len + CH - 1) / CH;
     const size_t stage4 = (size_t)2 * CH * hd4; /* float4s a stage */
     pdl_enter(); /* the positions above are the host's; q and the newest K/V row the kernel before's */
@@ -544,6 +547,11 @@ __global__ void __launch_bounds__(ATT_THREADS, 2)
             lt += bl[r] * fw;
             a += bo[r] * fw;
         }
+        if (sinks) { /* the sink (natural log units, as the scores after scale) into the max and the sum */
+            const float sk = __ldg(sinks + h0 + h) * ATT_LOG2E, Ms = fmaxf(M, sk), fs = exp2f(M - Ms);
+            lt = lt * fs + exp2f(sk - Ms);
+            a *= fs;
+        }
         a = d < hd ? a / lt : 0.f;
         if (d < hd) out[((size_t)t * n_heads + h0 + h) * hd + d] = a;
         /* the row's int8 blocks for the o-projection (hd % 32 == 0: column block i of the head) */
@@ -596,10 +604,13 @@ static int s_att_caps(const cuda_ctx_t *c)
 
 /* Launches k_attention<NV, L> for the shape through launch_kc: the grid's z (the splits of a
  * row's context) is one thread-block cluster. */
-extern "C" int cuda_attention(cuda_ctx_t *c, float *out, const float *q, const float *k_cache, const float *v_cache,
-                              int n, const int32_t *seq, const int32_t *pos, const int32_t *bt, int max_blocks,
-                              int n_heads, int n_kv_heads, int head_dim, int block_size, float scale, bool *q8_done)
+extern "C" int cuda_attention_ex(cuda_ctx_t *c, float *out, const float *q, const float *k_cache,
+                                 const float *v_cache, int n, const int32_t *seq, const int32_t *pos, const int32_t *bt,
+                                 int max_blocks, int n_heads, int n_kv_heads, int head_dim, int block_size, float scale,
+                                 bool *q8_done, const cuda_attn_opts_t *opts)
 {
+    const int window = opts && opts->window > 0 ? opts->window : 0;
+    const float *sinks = opts ? opts->sinks : NULL;
     bool q8 = q8_done && head_dim % 32 == 0 && cuda_q8_out_ok(c, n, n_heads * head_dim);
     if (q8_done) *q8_done = q8;
     if (n <= 0) return 0;
@@ -616,7 +627,9 @@ extern "C" int cuda_attention(cuda_ctx_t *c, float *out, const float *q, const f
     /* splits: powers of two up to a cluster of 8, doubled while the grid still runs at once (two
      * blocks an SM) and a split keeps at least 8 positions of the longest context the block
      * tables allow */
-    const long blocks = (long)n * n_kv_heads * nhc, max_ctx = (long)max_blocks * block_size;
+    const long blocks = (long)n * n_kv_heads * nhc;
+    long max_ctx = (long)max_blocks * block_size;
+    if (window > 0 && window < max_ctx) max_ctx = window; /* a split's share is of the window */
     int splits = 1;
     while (s_att_clusters && splits < ATT_MAX_SPLITS && 2 * blocks * splits <= 2L * c->sms && 16L * splits <= max_ctx)
         splits *= 2;
@@ -639,7 +652,8 @@ extern "C" int cuda_attention(cuda_ctx_t *c, float *out, const float *q, const f
     int8_t *q8p = q8 ? c->q8 : NULL;
 #define ATT_LAUNCH(NV, L)                                                                                             \
     launch_kc(k_attention<NV, L>, grid, ATT_THREADS, smem, c->stream, (int)grid.z, out, q, k_cache, v_cache, seq, pos, \
-              bt, max_blocks, n_heads, n_kv_heads, head_dim, block_size, scale, hb, nstage, vec, q8p, c->q8d, c->q8s)
+              bt, max_blocks, n_heads, n_kv_heads, head_dim, block_size, scale, hb, nstage, vec, q8p, c->q8d, c->q8s, \
+              window, sinks)
     cudaError_t le;
     switch (nv * 100 + lanes) {
     case 104: le = ATT_LAUNCH(1, 4); break;
@@ -653,6 +667,14 @@ extern "C" int cuda_attention(cuda_ctx_t *c, float *out, const float *q, const f
 #undef ATT_LAUNCH
     CUDA_CHECK(le);
     return 0;
+}
+
+extern "C" int cuda_attention(cuda_ctx_t *c, float *out, const float *q, const float *k_cache, const float *v_cache,
+                              int n, const int32_t *seq, const int32_t *pos, const int32_t *bt, int max_blocks,
+                              int n_heads, int n_kv_heads, int head_dim, int block_size, float scale, bool *q8_done)
+{
+    return cuda_attention_ex(c, out, q, k_cache, v_cache, n, seq, pos, bt, max_blocks, n_heads, n_kv_heads, head_dim,
+                             block_size, scale, q8_done, NULL);
 }
 
 /* ---- Embedding, add, argmax ---- */

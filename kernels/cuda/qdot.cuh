@@ -4,7 +4,9 @@
  * Layout (kernels/cpu/qmat.h): each lane takes 16-byte chunks of the row, consecutive lanes
  * consecutive chunks, so a warp streams 512 contiguous bytes per step. A chunk holds 4 (F32),
  * 8 (BF16), 16 (INT8/FP8) or 32 (INT4: one Q4_0 sub-block, low nibbles = first 16 columns)
- * weights. Rows whose byte length is not a multiple of 16 take the element-wise path.
+ * weights; MXFP4's chunk is one 32-column block too, byte j holding columns 2j (low nibble) and
+ * 2j + 1 (high), with one e8m0 scale. Rows whose byte length is not a multiple of 16 take the
+ * element-wise path.
  */
 #pragma once
 #include "kernels/cuda/cuda_common.cuh"
@@ -15,6 +17,7 @@ template <> struct qfmt<WF_BF16> { static constexpr int COLS = 8; };
 template <> struct qfmt<WF_INT8> { static constexpr int COLS = 16; };
 template <> struct qfmt<WF_FP8> { static constexpr int COLS = 16; };
 template <> struct qfmt<WF_INT4> { static constexpr int COLS = 32; };
+template <> struct qfmt<WF_MXFP4> { static constexpr int COLS = 32; };
 
 /* Bytes of one row's data. */
 __host__ __device__ __forceinline__ size_t q_row_bytes(int fmt, int cols)
@@ -22,7 +25,8 @@ __host__ __device__ __forceinline__ size_t q_row_bytes(int fmt, int cols)
     switch (fmt) {
     case WF_F32: return (size_t)cols * 4;
     case WF_BF16: return (size_t)cols * 2;
-    case WF_INT4: return (size_t)cols / 2;
+    case WF_INT4:
+    case WF_MXFP4: return (size_t)cols / 2;
     default: return (size_t)cols;
     }
 }
@@ -36,6 +40,10 @@ __device__ __forceinline__ float q_elem(const qmat_t &w, int r, int j)
     case WF_BF16: return d_bf16(((const uint16_t *)row)[j]);
     case WF_INT8: return (float)((const int8_t *)row)[j] * ((const float *)w.scales)[r];
     case WF_FP8: return d_fp8(row[j]) * ((const float *)w.scales)[r];
+    case WF_MXFP4: { /* exactly qmat_dequant_row's e2m1 * 2^(scale - 127) */
+        const uint8_t b = row[j >> 1];
+        return d_e2m1(j & 1 ? b >> 4 : b) * d_e8m0(((const uint8_t *)w.scales)[(size_t)r * (w.cols / 32) + j / 32]);
+    }
     default: {
         int sb = j >> 5, in = j & 31;
         uint8_t b = row[sb * 16 + (in & 15)];
@@ -70,6 +78,14 @@ __device__ __forceinline__ void q_chunk(const qmat_t &w, int r, int c, float *ou
         float s = __ldg((const float *)w.scales + r);
 #pragma unroll
         for (int i = 0; i < 16; i++) out[i] = d_fp8((uint8_t)(u[i >> 2] >> (8 * (i & 3)))) * s;
+    } else if constexpr (FMT == WF_MXFP4) { /* chunk c is block c: byte i = columns 2i, 2i + 1 */
+        const float s = d_e8m0(__ldg((const uint8_t *)w.scales + (size_t)r * (w.cols / 32) + c));
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const uint32_t b = (u[i >> 2] >> (8 * (i & 3))) & 0xff;
+            out[2 * i] = d_e2m1(b) * s;
+            out[2 * i + 1] = d_e2m1(b >> 4) * s;
+        }
     } else {
         float s = d_f16(__ldg((const uint16_t *)w.scales + (size_t)r * (w.cols / w.group) + (c * 32) / w.group));
 #pragma unroll
@@ -125,7 +141,7 @@ __device__ __forceinline__ void q_row_dot(const qmat_t &w, int r, const float *x
 /* Whether rows of w (and x rows of stride ldx) allow 16-byte chunk loads. */
 static inline bool q_can_vec(const qmat_t *w, int ldx)
 {
-    int C = w->fmt == WF_F32 ? 4 : w->fmt == WF_BF16 ? 8 : w->fmt == WF_INT4 ? 32 : 16;
+    int C = w->fmt == WF_F32 ? 4 : w->fmt == WF_BF16 ? 8 : w->fmt == WF_INT4 || w->fmt == WF_MXFP4 ? 32 : 16;
     return w->cols % C == 0 && (q_row_bytes(w->fmt, w->cols) % 16) == 0 && ((uintptr_t)w->data % 16) == 0 &&
            ldx % 4 == 0;
 }
@@ -152,15 +168,21 @@ static inline bool q8_wide_rows(int cols) { return cols / 32 >= 128; }
  * kernels (moe.cu) unroll 2 at 2 blocks an SM. */
 template <int NT, int LPR> __host__ __device__ constexpr int q8_unroll() { return NT == 1 && LPR == 32 ? 4 : 2; }
 
-/* Per-lane partial dot products of RR weight rows of an INT4 or INT8 matrix with NT
+/* Per-lane partial dot products of RR weight rows of an INT4, INT8 or MXFP4 matrix with NT
  * int8-quantized activation rows (q8 layout of cuda_common.cuh, row stride cols; cols % 32 == 0,
  * rows 16-byte aligned). rp[i]: row i's data; sp[i]: its scales (INT4: the row's fp16 group
- * scales, bpg blocks of 32 per group; INT8: the row's fp32 scale). The LPR lanes of a lane group
+ * scales, bpg blocks of 32 per group; INT8: the row's fp32 scale; MXFP4: the row's e8m0 bytes,
+ * bpg 1). The LPR lanes of a lane group
  * stride over the row's 32-column blocks and load each block of activations once for all RR
  * rows; the caller sums acc over the group (group_sum<LPR>).
  * INT4 block = 16 bytes: byte j holds columns j (low nibble) and 16+j (high), so the low
  * nibbles of word i pair with activation word i and the high nibbles with word 4+i. The +8
  * offset is removed with the block sum of q: sum_j (n_j - 8) a_j = dot(n, a) - 8 * sum(a).
+ * MXFP4 block = 16 bytes, byte j = columns 2j (low nibble), 2j + 1 (high): word i's nibbles are
+ * columns 8i .. 8i + 7 in order, so its low half pairs with activation word 2i and its high half
+ * with 2i + 1, each as the int8s 2 * e2m1 (mxfp4_i8x4), exact; w = e2m1 * 2^(s - 127) =
+ * (2 e2m1) * 2^(s - 128), so the block's scale is 2^(s - 128) (a power of two: scale * dx
+ * is exact) and no offset is needed. The weights are converted once a block, for all NT rows.
  * ROWS: activation row t is row xr[t] of xq/xd/xs (a gather), else row t. UNR: the unrolling. */
 template <int FMT, int NT, int RR, int LPR, bool ROWS = false, int UNR = q8_unroll<NT, LPR>()>
 __device__ __forceinline__ void q8_dot_rows(const uint8_t *const *rp, const void *const *sp, int bpg, const int8_t *xq,
@@ -202,6 +224,41 @@ __device__ __forceinline__ void q8_dot_rows(const uint8_t *const *rp, const void
                         dot = __dp4a((int)((v[i].z >> 4) & 0x0F0F0F0F), a1.z, dot);
                         dot = __dp4a((int)((v[i].w >> 4) & 0x0F0F0F0F), a1.w, dot);
                         acc[i][t] += s[i] * dx * (float)(dot - sx8);
+                    }
+                }
+            }
+        } else if constexpr (FMT == WF_MXFP4) {
+            int wq[RR][8]; /* row i's block as 8 words of 4 int8s, columns 4k .. 4k + 3 in word k */
+            float s[RR];
+#pragma unroll
+            for (int i = 0; i < RR; i++) {
+                const uint4 v = __ldg((const uint4 *)(rp[i] + (size_t)b * 16));
+                s[i] = d_e8m0(__ldg((const uint8_t *)sp[i] + b), 1);
+                const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    wq[i][2 * k] = mxfp4_i8x4(u[k]);
+                    wq[i][2 * k + 1] = mxfp4_i8x4(u[k] >> 16);
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t < n) {
+                    const size_t xrow = ROWS ? (size_t)xr[t] : (size_t)t;
+                    const int4 *xa = (const int4 *)(xq + xrow * cols + (size_t)b * 32);
+                    const int4 a0 = __ldg(xa), a1 = __ldg(xa + 1);
+                    const float dx = __ldg(xd + xrow * nb + b);
+#pragma unroll
+                    for (int i = 0; i < RR; i++) {
+                        int dot = __dp4a(wq[i][0], a0.x, 0);
+                        dot = __dp4a(wq[i][1], a0.y, dot);
+                        dot = __dp4a(wq[i][2], a0.z, dot);
+                        dot = __dp4a(wq[i][3], a0.w, dot);
+                        dot = __dp4a(wq[i][4], a1.x, dot);
+                        dot = __dp4a(wq[i][5], a1.y, dot);
+                        dot = __dp4a(wq[i][6], a1.z, dot);
+                        dot = __dp4a(wq[i][7], a1.w, dot);
+                        acc[i][t] += s[i] * dx * (float)dot;
                     }
                 }
             }
@@ -254,11 +311,13 @@ __device__ __forceinline__ void q8_row_ptrs(const qmat_t &w, int r, const uint8_
     rp = (const uint8_t *)w.data + (size_t)r * q_row_bytes(FMT, w.cols);
     if constexpr (FMT == WF_INT4)
         sp = (const uint16_t *)w.scales + (size_t)r * (w.cols / w.group);
+    else if constexpr (FMT == WF_MXFP4)
+        sp = (const uint8_t *)w.scales + (size_t)r * (w.cols / 32);
     else
         sp = (const float *)w.scales + r;
 }
 
-/* Ask L2 for rows r0 .. r0 + count - 1 of an INT4 or INT8 matrix (those that exist): their
+/* Ask L2 for rows r0 .. r0 + count - 1 of an INT4, INT8 or MXFP4 matrix (those that exist): their
  * data (data) or their scales (!data). */
 template <int FMT>
 __device__ __forceinline__ void l2_prefetch_rows(const qmat_t &w, int r0, int count, bool data)
@@ -269,7 +328,7 @@ __device__ __forceinline__ void l2_prefetch_rows(const qmat_t &w, int r0, int co
         const size_t rb = q_row_bytes(FMT, w.cols);
         l2_prefetch((const uint8_t *)w.data + (size_t)r0 * rb, (size_t)count * rb);
     } else {
-        const size_t sb = FMT == WF_INT4 ? (size_t)(w.cols / w.group) * 2 : 4;
+        const size_t sb = FMT == WF_INT4 ? (size_t)(w.cols / w.group) * 2 : FMT == WF_MXFP4 ? (size_t)w.cols / 32 : 4;
         l2_prefetch((const uint8_t *)w.scales + (size_t)r0 * sb, (size_t)count * sb);
     }
 }

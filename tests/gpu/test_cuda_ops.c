@@ -52,25 +52,57 @@ static float *s_down(const float *d, size_t n)
     return h;
 }
 
+/* A test matrix: host is what the device got (dev); ref is what the CPU reference computes
+ * with: host itself, or for MXFP4 its fp32 rows by qmat_dequant_row (the layout's contract), so
+ * that the reference needs no MXFP4 matmul of the CPU's. */
 typedef struct {
-    qmat_t host, dev;
+    qmat_t host, dev, ref;
     void *hdata, *hscales;
+    float *hf32; /* MXFP4: ref's data */
 } tmat_t;
+
+/* MXFP4 test weights straight in the layout: random bytes (every e2m1 code, -0 too) and block
+ * scale bytes smin .. smax (2^(s - 127)). */
+static void s_mxfp4_fill(uint8_t *data, uint8_t *scales, int rows, int cols, int smin, int smax)
+{
+    for (size_t i = 0; i < (size_t)rows * cols / 2; i++) data[i] = (uint8_t)t_rng_next(&rng);
+    for (size_t i = 0; i < (size_t)rows * (cols / 32); i++)
+        scales[i] = (uint8_t)(smin + (int)(t_rng_next(&rng) % (uint64_t)(smax - smin + 1)));
+}
+
+/* Upload m->host and set m->ref (see tmat_t). */
+static void s_mat_finish(tmat_t *m, size_t db, size_t sb)
+{
+    const qmat_t *h = &m->host;
+    m->dev = *h;
+    m->dev.data = s_up(m->hdata, db);
+    m->dev.scales = sb ? s_up(m->hscales, sb) : NULL;
+    m->ref = *h;
+    m->hf32 = NULL;
+    if (h->fmt == WF_MXFP4) {
+        m->hf32 = malloc((size_t)h->rows * h->cols * sizeof(float));
+        for (int r = 0; r < h->rows; r++) qmat_dequant_row(h, r, m->hf32 + (size_t)r * h->cols);
+        m->ref = (qmat_t){WF_F32, h->rows, h->cols, 0, m->hf32, NULL};
+    }
+}
 
 static void s_mat(tmat_t *m, wfmt_t fmt, int rows, int cols, int group)
 {
-    float *w = malloc((size_t)rows * cols * sizeof(float));
-    s_fill(w, (size_t)rows * cols, 1.0f);
+    if (fmt == WF_MXFP4) group = 32;
     size_t db = qmat_data_bytes(fmt, rows, cols), sb = qmat_scale_bytes(fmt, rows, cols, group);
     m->hdata = malloc(db);
     m->hscales = sb ? malloc(sb) : NULL;
-    T_CHECK(qmat_quantize(fmt, group, w, rows, cols, m->hdata, m->hscales) == 0, "quantize %s %dx%d", wfmt_name(fmt),
-            rows, cols);
-    m->host = (qmat_t){fmt, rows, cols, fmt == WF_INT4 ? group : 0, m->hdata, m->hscales};
-    m->dev = m->host;
-    m->dev.data = s_up(m->hdata, db);
-    m->dev.scales = sb ? s_up(m->hscales, sb) : NULL;
-    free(w);
+    if (fmt == WF_MXFP4) { /* scales 2^-9 .. 2^-3: weights about as large as the other formats' */
+        s_mxfp4_fill(m->hdata, m->hscales, rows, cols, 118, 124);
+    } else {
+        float *w = malloc((size_t)rows * cols * sizeof(float));
+        s_fill(w, (size_t)rows * cols, 1.0f);
+        T_CHECK(qmat_quantize(fmt, group, w, rows, cols, m->hdata, m->hscales) == 0, "quantize %s %dx%d",
+                wfmt_name(fmt), rows, cols);
+        free(w);
+    }
+    m->host = (qmat_t){fmt, rows, cols, fmt == WF_INT4 || fmt == WF_MXFP4 ? group : 0, m->hdata, m->hscales};
+    s_mat_finish(m, db, sb);
 }
 
 static void s_mat_free(tmat_t *m)
@@ -79,9 +111,10 @@ static void s_mat_free(tmat_t *m)
     cuda_free((void *)m->dev.scales);
     free(m->hdata);
     free(m->hscales);
+    free(m->hf32);
 }
 
-/* q8: with the activation workspace reserved, INT4/INT8 take the __dp4a path up to 16 rows,
+/* q8: with the activation workspace reserved, INT4/INT8/MXFP4 take the __dp4a path up to 16 rows,
  * whose activation rounding (1/254 of each 32-block's max) bounds the error near 1e-2, and
  * from 17 rows every format but F32 takes the fp16 tensor-core GEMM when cols % 64 == 0
  * (fp16 activations and weights: about 1e-3). */
@@ -93,7 +126,7 @@ static void test_matmul(bool q8)
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
             for (size_t k = 0; k < sizeof ns / sizeof *ns; k++) {
                 int rows = shapes[s][0], cols = shapes[s][1], n = ns[k];
-                if (f == WF_INT4 && cols % 32) continue; /* int4 rows are whole 32-column blocks */
+                if ((f == WF_INT4 || f == WF_MXFP4) && cols % 32) continue; /* rows of whole 32-column blocks */
                 int group = cols % 128 == 0 ? 128 : cols % 64 == 0 ? 64 : 32;
                 tmat_t m;
                 s_mat(&m, (wfmt_t)f, rows, cols, group);
@@ -102,13 +135,13 @@ static void test_matmul(bool q8)
                 s_fill(x, (size_t)n * cols, 1.f);
                 s_fill(bias, rows, 1.f);
                 cpu_ops_set_isa(CPU_ISA_REF);
-                cpu_matmul(NULL, ref, x, n, &m.host, (k & 1) ? bias : NULL);
+                cpu_matmul(NULL, ref, x, n, &m.ref, (k & 1) ? bias : NULL);
                 float *dx = s_up(x, (size_t)n * cols * 4), *db = s_up(bias, rows * 4), *dy = s_poisoned((size_t)n * rows);
                 T_CHECK(cuda_matmul(ctx, dy, dx, n, &m.dev, (k & 1) ? db : NULL) == 0, "launch");
                 float *y = s_down(dy, (size_t)n * rows);
                 double e = t_relerr(y, ref, (size_t)n * rows);
                 bool gemm = q8 && n > 16 && f != WF_F32 && cols % 64 == 0;
-                bool intpath = q8 && n <= 16 && (f == WF_INT4 || f == WF_INT8) && cols % 32 == 0;
+                bool intpath = q8 && n <= 16 && (f == WF_INT4 || f == WF_INT8 || f == WF_MXFP4) && cols % 32 == 0;
                 double bound = intpath ? 1e-2 : gemm ? 3e-3 : 1e-5;
                 T_CHECK(e < bound, "matmul %s %dx%d n=%d q8=%d rel err %.3g", wfmt_name((wfmt_t)f), rows, cols, n, q8, e);
                 /* accumulate: dy += x W^T (+ the bias when k is odd, as the first call) gives 2 ref */
@@ -124,7 +157,7 @@ static void test_matmul(bool q8)
                 const int rows2 = rows / 2 + 5;
                 s_mat(&m2, (wfmt_t)f, rows2, cols, group);
                 float *ref2 = malloc((size_t)n * rows2 * sizeof(float));
-                cpu_matmul(NULL, ref2, x, n, &m2.host, NULL);
+                cpu_matmul(NULL, ref2, x, n, &m2.ref, NULL);
                 float *dy2 = s_poisoned((size_t)n * rows), *dy3 = s_poisoned((size_t)n * rows);
                 float *dz2 = s_poisoned((size_t)n * rows2), *dz3 = s_poisoned((size_t)n * rows2);
                 float *ys4[4] = {dy2, dz2, dy3, dz3};
@@ -168,7 +201,7 @@ static size_t s_parts_written(const float *parts)
 static void test_matmul_parts(float *parts)
 {
     const int cols = 1024, n = 40, rows[3] = {256, 64, 64};
-    static const wfmt_t fmts[] = {WF_INT4, WF_INT8, WF_FP8, WF_BF16};
+    static const wfmt_t fmts[] = {WF_INT4, WF_INT8, WF_FP8, WF_BF16, WF_MXFP4};
     for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++)
         for (int lend = 1; lend >= 0; lend--) {
             T_CHECK(cuda_memset(ctx, parts, 0xff, PARTS_FLOATS * 4) == 0, "poison");
@@ -184,7 +217,7 @@ static void test_matmul_parts(float *parts)
                 ws[i] = &m[i].dev;
                 ref[i] = malloc((size_t)n * rows[i] * 4);
                 cpu_ops_set_isa(CPU_ISA_REF);
-                cpu_matmul(NULL, ref[i], x, n, &m[i].host, i == 0 ? bias : NULL);
+                cpu_matmul(NULL, ref[i], x, n, &m[i].ref, i == 0 ? bias : NULL);
                 dy[i] = s_poisoned((size_t)n * rows[i]);
             }
             const float *bs[3] = {db, NULL, NULL};
@@ -291,7 +324,7 @@ static void s_moe_parts(const cuda_expert_t *ex, int E, int split, const float *
 }
 
 static void test_moe(void)
-{ /* Below 32 tokens INT4/INT8 take the integer (q8) path (hidden and inter are multiples of
+{ /* Below 32 tokens INT4/INT8/MXFP4 take the integer (q8) path (hidden and inter are multiples of
    * 32); from 32 tokens every format but F32 takes the fp16 GEMM when both are multiples of
    * 64 (inter 192 or 256, whose down GEMM splits k in parts), and the per-token kernels
    * otherwise (inter 96). c & 4: every expert split
@@ -326,8 +359,8 @@ static void test_moe(void)
                     for (int k = 0; k < K; k++) {
                         int e = idx[t * K + k];
                         if (missing && e == 3) continue;
-                        cpu_ffn_swiglu(NULL, ref + (size_t)t * H, x + (size_t)t * H, 1, &g[e].host, &u[e].host, &d[e].host,
-                                       scratch, wt + t * K + k, true);
+                        cpu_ffn_swiglu(NULL, ref + (size_t)t * H, x + (size_t)t * H, 1, &g[e].ref, &u[e].ref, &d[e].ref,
+                                       NULL, scratch, wt + t * K + k, true);
                     }
                 }
                 float *dx = s_up(x, (size_t)n * H * 4), *dout = s_up(base, (size_t)n * H * 4);
@@ -343,7 +376,7 @@ static void test_moe(void)
                 float *out = s_down(dout, (size_t)n * H);
                 double e = t_relerr(out, ref, (size_t)n * H);
                 /* the integer path rounds two activations (x, then silu(g)*u) to int8 blocks */
-                double bound = gemm ? 5e-3 : f == WF_INT4 || f == WF_INT8 ? 2e-2 : 1e-5;
+                double bound = gemm ? 5e-3 : f == WF_INT4 || f == WF_INT8 || f == WF_MXFP4 ? 2e-2 : 1e-5;
                 T_CHECK(e < bound, "moe %s n=%d inter=%d missing=%d split=%d rel err %.3g", wfmt_name((wfmt_t)f), n, I,
                         missing, split, e);
                 if (split && cuda_moe_parts_ok(n, (wfmt_t)f, H, I)) s_moe_parts(ex, E, split, dx, base, out, n, H, I, (wfmt_t)f, didx, dw, K);
@@ -353,22 +386,23 @@ static void test_moe(void)
             }
 }
 
-/* One token on INT4 experts with rows of 4096 columns, which take whole-warp rows and the flat
- * grid (moe.cu): gate/up at hidden 4096 (down on 8-lane rows in tiles), or down at inter 4096
- * (gate/up in tiles). Groups of 32 and of 64, split experts (down rows 512.. elsewhere, poisoned
- * in place), the second chosen expert missing, and the token row read from the context's
- * workspace (CUDA_MOE_X_Q8). */
+/* One token on INT4 (then MXFP4) experts with rows of 4096 columns, which take whole-warp rows
+ * and the flat grid (moe.cu): gate/up at hidden 4096 (down on 8-lane rows in tiles), or down at
+ * inter 4096 (gate/up in tiles). INT4 groups of 32 and of 64, split experts (down rows 512..
+ * elsewhere, poisoned in place), the second chosen expert missing, and the token row read from
+ * the context's workspace (CUDA_MOE_X_Q8). */
 static void test_moe_wide(void)
 {
     const int E = 4, K = 2;
-    /* 8 cases: both shapes with and without a missing expert and the workspace's row */
-    for (int c = 0; c < 8; c++) {
+    /* 8 cases a format: both shapes with and without a missing expert and the workspace's row */
+    for (int c = 0; c < 16; c++) {
+        const wfmt_t f = c & 8 ? WF_MXFP4 : WF_INT4;
         const int H = c & 1 ? 1024 : 4096, I = c & 1 ? 4096 : 1024, group = c & 2 ? 64 : 32, split = c & 4 ? 512 : 0;
         const int missing = (c ^ c >> 1 ^ c >> 2) & 1, ws = (c >> 1 ^ c >> 2) & 1;
         tmat_t g[4], u[4], d[4];
         cuda_expert_t ex[4];
         void *tails[4] = {0};
-        s_experts(g, u, d, ex, E, WF_INT4, H, I, group);
+        s_experts(g, u, d, ex, E, f, H, I, group);
         for (int e = 0; split && e < E; e++) s_split_down(&ex[e], &d[e], split, &tails[e]);
         float *x = malloc(H * 4), *nw = malloc(H * 4), *base = malloc(H * 4), *ref = malloc(H * 4), logits[4], wt[2];
         float *scratch = malloc(2 * (size_t)I * 4);
@@ -391,8 +425,8 @@ static void test_moe_wide(void)
         memcpy(ref, base, H * 4);
         for (int k = 0; k < K; k++)
             if (!(missing && k == 1))
-                cpu_ffn_swiglu(NULL, ref, x, 1, &g[idx[k]].host, &u[idx[k]].host, &d[idx[k]].host, scratch, wt + k,
-                               true);
+                cpu_ffn_swiglu(NULL, ref, x, 1, &g[idx[k]].ref, &u[idx[k]].ref, &d[idx[k]].ref, NULL, scratch,
+                               wt + k, true);
         int32_t *didx = s_up(idx, sizeof idx);
         float *dw = s_up(wt, sizeof wt), *zero = s_zeroed(H);
         cuda_expert_t *dex = s_up(ex, sizeof ex);
@@ -400,14 +434,14 @@ static void test_moe_wide(void)
         size_t sb = cuda_moe_scratch_bytes(1, K, H, I, E);
         cuda_malloc(&dscr, sb);
         cuda_memset(ctx, dscr, 0xff, sb);
-        T_CHECK(cuda_moe_ffn(ctx, dout, ws ? zero : dx, 1, H, I, WF_INT4, dex, E, didx, dw, K, dscr,
+        T_CHECK(cuda_moe_ffn(ctx, dout, ws ? zero : dx, 1, H, I, f, dex, E, didx, dw, K, dscr,
                              ws ? CUDA_MOE_X_Q8 : 0, NULL) == 0,
                 "wide moe launch");
         float *out = s_down(dout, H);
         double e = t_relerr(out, ref, H);
-        T_CHECK(e < 2e-2, "wide moe H=%d I=%d group=%d missing=%d split=%d workspace=%d rel err %.3g", H, I, group,
-                missing, split, ws, e);
-        if (split && !ws) s_moe_parts(ex, E, split, dx, base, out, 1, H, I, WF_INT4, didx, dw, K);
+        T_CHECK(e < 2e-2, "wide moe %s H=%d I=%d group=%d missing=%d split=%d workspace=%d rel err %.3g", wfmt_name(f),
+                H, I, group, missing, split, ws, e);
+        if (split && !ws) s_moe_parts(ex, E, split, dx, base, out, 1, H, I, f, didx, dw, K);
         free(out), free(x), free(nw), free(base), free(ref), free(scratch);
         cuda_free(dx), cuda_free(dnw), cuda_free(dout), cuda_free(xn), cuda_free(didx), cuda_free(dw), cuda_free(zero);
         cuda_free(dex), cuda_free(dscr);
@@ -522,22 +556,28 @@ static void s_perm(int32_t *bt, int n)
     }
 }
 
-/* Paged K and V caches of kvn floats, NaN (0xff bytes) except positions 0..last[s] of each of
- * the nseq sequences (block table row s of bt, maxb blocks a row), random there: a read of a
- * position no row attends shows. */
-static void s_kv_caches(float **kc, float **vc, size_t kvn, const int32_t *bt, int maxb, int nseq, const int32_t *last,
-                        int nkv, int bs, int hd)
+/* Paged K and V caches of kvn floats, NaN (0xff bytes) except positions lo[s]..last[s] of each
+ * of the nseq sequences (lo NULL: from 0; block table row s of bt, maxb blocks a row), random
+ * there: a read of a position no row attends shows. */
+static void s_kv_caches_from(float **kc, float **vc, size_t kvn, const int32_t *bt, int maxb, int nseq,
+                             const int32_t *lo, const int32_t *last, int nkv, int bs, int hd)
 {
     *kc = malloc(kvn * 4), *vc = malloc(kvn * 4);
     memset(*kc, 0xff, kvn * 4);
     memset(*vc, 0xff, kvn * 4);
     for (int s = 0; s < nseq; s++)
-        for (int p = 0; p <= last[s]; p++)
+        for (int p = lo ? lo[s] : 0; p <= last[s]; p++)
             for (int h = 0; h < nkv; h++) {
                 size_t o = (((size_t)bt[s * maxb + p / bs] * nkv + h) * bs + p % bs) * hd;
                 s_fill(*kc + o, hd, 1.f);
                 s_fill(*vc + o, hd, 1.f);
             }
+}
+
+static void s_kv_caches(float **kc, float **vc, size_t kvn, const int32_t *bt, int maxb, int nseq, const int32_t *last,
+                        int nkv, int bs, int hd)
+{
+    s_kv_caches_from(kc, vc, kvn, bt, maxb, nseq, NULL, last, nkv, bs, hd);
 }
 
 static void test_attention(void)
@@ -582,8 +622,8 @@ static void test_attention(void)
         float *ref = malloc((size_t)n * nh * hd * 4), *scr = malloc(200 * 4);
         float scale = 1.f / sqrtf((float)hd);
         for (int t = 0; t < n; t++)
-            cpu_attention(ref + (size_t)t * nh * hd, q + (size_t)t * nh * hd, kc, vc, bt + seq[t] * maxb, pos[t] + 1, nh,
-                          nkv, hd, bs, scale, scr);
+            cpu_attention(ref + (size_t)t * nh * hd, q + (size_t)t * nh * hd, kc, vc, bt + seq[t] * maxb, 0, pos[t] + 1,
+                          nh, nkv, hd, bs, scale, NULL, scr);
         float *dq = s_up(q, (size_t)n * nh * hd * 4), *dk = s_up(k, (size_t)n * nkv * hd * 4),
               *dv = s_up(v, (size_t)n * nkv * hd * 4), *dout = s_poisoned((size_t)n * nh * hd);
         int32_t *dseq = s_up(seq, n * 4), *dpos = s_up(pos, n * 4), *dbt = s_up(bt, sizeof bt);
@@ -625,8 +665,8 @@ static void test_attention_decode(void)
         s_fill(q, qn, 2.f);
         const float scale = 1.f / sqrtf((float)hd);
         for (int t = 0; t < NSEQ; t++)
-            cpu_attention(ref + (size_t)t * nh * hd, q + (size_t)t * nh * hd, kc, vc, bt + seq[t] * maxb, pos[t] + 1,
-                          nh, nkv, hd, bs, scale, scr);
+            cpu_attention(ref + (size_t)t * nh * hd, q + (size_t)t * nh * hd, kc, vc, bt + seq[t] * maxb, 0, pos[t] + 1,
+                          nh, nkv, hd, bs, scale, NULL, scr);
         float *dq = s_up(q, qn * 4), *dkc = s_up(kc, kvn * 4), *dvc = s_up(vc, kvn * 4);
         int32_t *dseq = s_up(seq, sizeof seq), *dpos = s_up(pos, sizeof pos), *dbt = s_up(bt, (size_t)nblk * 4);
         for (int pass = 0; pass < 2; pass++) {
@@ -683,8 +723,8 @@ static void test_attention_prefill(void)
         s_fill(q, qn, 2.f);
         float scale = 1.f / sqrtf((float)hd);
         for (int t = 0; t < N; t++)
-            cpu_attention(ref + (size_t)t * nh * hd, q + (size_t)t * nh * hd, kc, vc, bt + seq[t] * MAXB, pos[t] + 1,
-                          nh, nkv, hd, bs, scale, scr);
+            cpu_attention(ref + (size_t)t * nh * hd, q + (size_t)t * nh * hd, kc, vc, bt + seq[t] * MAXB, 0, pos[t] + 1,
+                          nh, nkv, hd, bs, scale, NULL, scr);
         float *dq = s_up(q, qn * 4), *dkc = s_up(kc, kvn * 4), *dvc = s_up(vc, kvn * 4), *dout = s_poisoned(qn);
         int32_t *dseq = s_up(seq, sizeof seq), *dpos = s_up(pos, sizeof pos), *dbt = s_up(bt, sizeof bt);
         T_CHECK(cuda_attention_prefill(ctx, dout, dq, dkc, dvc, N, dseq, dpos, dbt, MAXB, nh, nkv, hd, bs, scale) == 0,
@@ -714,10 +754,11 @@ static void test_q8_producers(void)
 {
     static const int dims[] = {128, 2080, 4096, 8192};
     static const int ns[] = {1, 3, 16};
+    static const wfmt_t fmts[] = {WF_INT8, WF_INT4, WF_MXFP4}; /* the integer path's */
     for (int di = 0; di < 4; di++)
         for (int ni = 0; ni < 3; ni++)
-            for (int f = WF_INT8; f <= WF_INT4; f += WF_INT4 - WF_INT8) {
-                const int dim = dims[di], n = ns[ni], rows = 96;
+            for (int fi = 0; fi < 3; fi++) {
+                const int dim = dims[di], n = ns[ni], rows = 96, f = fmts[fi];
                 tmat_t m;
                 s_mat(&m, (wfmt_t)f, rows, dim, 32);
                 float *x = malloc((size_t)n * dim * 4), *w = malloc((size_t)dim * 4);
@@ -776,8 +817,8 @@ static void test_q8_producers(void)
 
     /* the experts reading the tokens' rows from the workspace (gather) */
     for (int ni = 0; ni < 3; ni++)
-        for (int f = WF_INT8; f <= WF_INT4; f += WF_INT4 - WF_INT8) {
-            const int n = ns[ni], E = 8, K = 2, H = 128, I = 96;
+        for (int fi = 0; fi < 3; fi++) {
+            const int n = ns[ni], E = 8, K = 2, H = 128, I = 96, f = fmts[fi];
             tmat_t g[8], u[8], d[8];
             cuda_expert_t ex[8];
             s_experts(g, u, d, ex, E, (wfmt_t)f, H, I, 32);
@@ -1107,6 +1148,329 @@ static void test_embed_argmax_add(void)
     cuda_free(da), cuda_free(db);
 }
 
+/* MXFP4 dequantization bit for bit against qmat_dequant_row, the layout's contract: every scale
+ * byte but 0xFF, so that subnormal weights (scale 2^-127) and infinite ones (4 or 6 times
+ * 2^127) occur. phase 0 (no workspace): cuda_embed, the element-wise dequantization, from
+ * device memory and from pinned host memory (data and scales), then cuda_matmul's fp32 path
+ * (16-byte chunks) on one-hot rows, whose output is the weights themselves: y[t][r] =
+ * w[r][t] (scale bytes up to 252, so that no weight is infinite and 0 * w is 0; compared by
+ * value: the sum of +0 and -0 is +0). phase 1 (workspace reserved): the same through the
+ * tensor-core GEMM (64 one-hot rows), phase 2 (cuBLAS on): through the fp16 matrix and cuBLAS
+ * (128 rows), with scale bytes 104 .. 140 (weights 2^-24 .. 6 * 2^13, every one an fp16 value,
+ * which both dequantize to exactly). */
+static void test_mxfp4_exact(int phase)
+{
+    static const int Rs[] = {96, 1056}; /* a block a row, and a warp a row */
+    for (int ri = 0; ri < 2; ri++) {
+        const int R = Rs[ri], C = phase == 2 ? 128 : 64, n = C;
+        const size_t db = qmat_data_bytes(WF_MXFP4, R, C), sb = qmat_scale_bytes(WF_MXFP4, R, C, 32);
+        tmat_t m;
+        m.hdata = malloc(db), m.hscales = malloc(sb);
+        s_mxfp4_fill(m.hdata, m.hscales, R, C, phase ? 104 : 0, phase ? 140 : 254);
+        m.host = (qmat_t){WF_MXFP4, R, C, 32, m.hdata, m.hscales};
+        s_mat_finish(&m, db, sb); /* m.hf32: qmat_dequant_row's rows */
+        if (phase == 0) {
+            int32_t *toks = malloc((size_t)R * 4);
+            for (int r = 0; r < R; r++) toks[r] = R - 1 - r;
+            float *want = malloc((size_t)R * C * 4);
+            for (int r = 0; r < R; r++) memcpy(want + (size_t)r * C, m.hf32 + (size_t)toks[r] * C, (size_t)C * 4);
+            int32_t *dt = s_up(toks, (size_t)R * 4);
+            for (int pinned = 0; pinned < 2; pinned++) {
+                qmat_t w = m.dev;
+                void *hd = NULL, *hs = NULL;
+                if (pinned) {
+                    T_CHECK(cuda_host_alloc(&hd, db) == 0 && cuda_host_alloc(&hs, sb) == 0, "pinned table");
+                    memcpy(hd, m.hdata, db);
+                    memcpy(hs, m.hscales, sb);
+                    T_CHECK(cuda_host_device_ptr(hd, (void **)&w.data) == 0 &&
+                                cuda_host_device_ptr(hs, (void **)&w.scales) == 0,
+                            "pinned table's device pointers");
+                }
+                float *dout = s_poisoned((size_t)R * C);
+                T_CHECK(cuda_embed(ctx, dout, &w, dt, R) == 0, "mxfp4 embed launch");
+                float *out = s_down(dout, (size_t)R * C);
+                T_CHECK(!memcmp(out, want, (size_t)R * C * 4),
+                        "mxfp4 embed %dx%d (host memory %d) differs from qmat_dequant_row", R, C, pinned);
+                free(out);
+                cuda_free(dout);
+                cuda_host_free(hd), cuda_host_free(hs);
+            }
+            free(toks), free(want);
+            cuda_free(dt);
+            /* fresh weights without an infinite one for the one-hot products */
+            s_mat_free(&m);
+            m.hdata = malloc(db), m.hscales = malloc(sb);
+            s_mxfp4_fill(m.hdata, m.hscales, R, C, 0, 252);
+            m.host = (qmat_t){WF_MXFP4, R, C, 32, m.hdata, m.hscales};
+            s_mat_finish(&m, db, sb);
+        }
+        float *x = calloc((size_t)n * C, 4), *want = malloc((size_t)n * R * 4);
+        for (int t = 0; t < n; t++) x[(size_t)t * C + t] = 1.f;
+        for (int t = 0; t < n; t++)
+            for (int r = 0; r < R; r++) want[(size_t)t * R + r] = m.hf32[(size_t)r * C + t];
+        float *dx = s_up(x, (size_t)n * C * 4), *dy = s_poisoned((size_t)n * R);
+        T_CHECK(cuda_matmul(ctx, dy, dx, n, &m.dev, NULL) == 0, "mxfp4 one-hot matmul launch");
+        float *y = s_down(dy, (size_t)n * R);
+        size_t bad = 0;
+        for (size_t i = 0; i < (size_t)n * R; i++) bad += !(y[i] == want[i]);
+        T_CHECK(!bad, "mxfp4 one-hot matmul %dx%d n=%d phase %d: %zu of %zu weights differ from qmat_dequant_row", R,
+                C, n, phase, bad, (size_t)n * R);
+        free(x), free(want), free(y);
+        cuda_free(dx), cuda_free(dy);
+        s_mat_free(&m);
+    }
+}
+
+/* Sliding windows and sinks (cuda_attn_opts_t) against cpu_attention with the same ctx_start
+ * (max(0, pos + 1 - window)) and sinks. Positions before every window of a sequence are NaN and
+ * its block-table entries of blocks wholly before them are -1, so a read of either shows (a NaN
+ * output, or a fault). Decode rows at 1, 31, 200 and 1500 through cuda_attention_ex (the split
+ * path; windows 128 and 20, with and without sinks, and sinks alone, one sink far above the
+ * scores); then the prefill step of test_attention_prefill (seq 0 prefills 0..186, seq 1
+ * decodes at 150, seq 2 runs 20..79; rows in step order and shuffled) through
+ * cuda_attention_prefill_ex and through cuda_attention_ex (fp32, many rows). The defaults
+ * (opts zero) give cuda_attention's and cuda_attention_prefill's results bit for bit. */
+static void s_window_lo(int32_t *lo, const int32_t *first, int nseq, int window)
+{
+    for (int s = 0; s < nseq; s++) lo[s] = window > 0 && first[s] + 1 - window > 0 ? first[s] + 1 - window : 0;
+}
+
+/* Block-table entries of the blocks wholly before lo[s] set to -1 (after the caches are filled). */
+static void s_drop_blocks(int32_t *bt, int maxb, int nseq, const int32_t *lo, int bs)
+{
+    for (int s = 0; s < nseq; s++)
+        for (int b = 0; (b + 1) * bs <= lo[s]; b++) bt[s * maxb + b] = -1;
+}
+
+static void test_attention_opts(void)
+{
+    static const int cfg[][4] = {{64, 8, 64, 16}, {32, 4, 128, 16}, {8, 4, 80, 24}, {6, 2, 50, 16}}; /* heads, kv, hd, bs */
+    static const int variants[][2] = {{128, 1}, {20, 0}, {0, 1}};                                  /* window, sinks */
+    enum { NSEQ = 4 };
+    static const int32_t last[NSEQ] = {1, 31, 200, 1500};
+    for (int c = 0; c < 4; c++)
+        for (int vi = 0; vi < 3; vi++) {
+            const int nh = cfg[c][0], nkv = cfg[c][1], hd = cfg[c][2], bs = cfg[c][3], W = variants[vi][0];
+            const int maxb = last[NSEQ - 1] / bs + 1, nblk = NSEQ * maxb;
+            int32_t *bt = malloc((size_t)nblk * 4), seq[NSEQ], pos[NSEQ], lo[NSEQ];
+            s_perm(bt, nblk);
+            for (int s = 0; s < NSEQ; s++) seq[s] = s, pos[s] = last[s];
+            s_window_lo(lo, last, NSEQ, W);
+            size_t kvn = (size_t)nblk * nkv * bs * hd, qn = (size_t)NSEQ * nh * hd;
+            float *kc, *vc;
+            s_kv_caches_from(&kc, &vc, kvn, bt, maxb, NSEQ, lo, last, nkv, bs, hd);
+            s_drop_blocks(bt, maxb, NSEQ, lo, bs);
+            float *q = malloc(qn * 4), *ref = malloc(qn * 4), *scr = malloc((size_t)(last[NSEQ - 1] + 1) * 4);
+            float *sinks = malloc((size_t)nh * 4);
+            s_fill(q, qn, 2.f);
+            s_fill(sinks, nh, 2.f);
+            sinks[0] = 12.f; /* far above head 0's scores: its output is small, and must stay right */
+            const float *hs = variants[vi][1] ? sinks : NULL;
+            const float scale = 1.f / sqrtf((float)hd);
+            for (int t = 0; t < NSEQ; t++)
+                cpu_attention(ref + (size_t)t * nh * hd, q + (size_t)t * nh * hd, kc, vc, bt + seq[t] * maxb, lo[t],
+                              pos[t] + 1, nh, nkv, hd, bs, scale, hs, scr);
+            float *dq = s_up(q, qn * 4), *dkc = s_up(kc, kvn * 4), *dvc = s_up(vc, kvn * 4), *ds = s_up(sinks, nh * 4);
+            int32_t *dseq = s_up(seq, sizeof seq), *dpos = s_up(pos, sizeof pos), *dbt = s_up(bt, (size_t)nblk * 4);
+            const cuda_attn_opts_t opts = {W, hs ? ds : NULL};
+            for (int pass = 0; pass < 2; pass++) { /* all rows, then the longest alone */
+                const int r0 = pass ? NSEQ - 1 : 0, n = pass ? 1 : NSEQ;
+                const size_t on = (size_t)n * nh * hd;
+                float *dout = s_poisoned(on);
+                bool done = false;
+                int rc = cuda_attention_ex(ctx, dout, dq + (size_t)r0 * nh * hd, dkc, dvc, n, dseq + r0, dpos + r0, dbt,
+                                           maxb, nh, nkv, hd, bs, scale, &done, &opts);
+                T_CHECK(rc == 0, "attention window=%d sinks=%d h=%d hd=%d n=%d: rc %d", W, hs != NULL, nh, hd, n, rc);
+                float *out = s_down(dout, on);
+                double e = t_relerr(out, ref + (size_t)r0 * nh * hd, on);
+                T_CHECK(e < 1e-5, "attention window=%d sinks=%d h=%d kv=%d hd=%d bs=%d n=%d rel err %.3g", W, hs != NULL,
+                        nh, nkv, hd, bs, n, e);
+                free(out);
+                cuda_free(dout);
+            }
+            free(bt), free(kc), free(vc), free(q), free(ref), free(scr), free(sinks);
+            cuda_free(dq), cuda_free(dkc), cuda_free(dvc), cuda_free(ds), cuda_free(dseq), cuda_free(dpos), cuda_free(dbt);
+        }
+
+    /* prefill-shaped steps */
+    static const int pcfg[][3] = {{64, 8, 64}, {8, 2, 128}}; /* heads, kv heads, head_dim (gpt-oss's first) */
+    static const int pvar[][2] = {{128, 1}, {24, 0}, {24, 1}, {0, 1}, {0, 0}};
+    enum { PSEQ = 3, MAXB = 16, NBLK = PSEQ * MAXB, N = 248, BS = 16 };
+    static const int32_t first[PSEQ] = {0, 150, 20}, plast[PSEQ] = {186, 150, 79};
+    for (int c = 0; c < 2; c++)
+        for (int vi = 0; vi < 5; vi++)
+            for (int shuffled = 0; shuffled < 2; shuffled++) {
+                const int nh = pcfg[c][0], nkv = pcfg[c][1], hd = pcfg[c][2], W = pvar[vi][0];
+                int32_t bt[NBLK], seq[N], pos[N], lo[PSEQ];
+                s_perm(bt, NBLK);
+                int n = 0;
+                for (int s = 0; s < PSEQ; s++)
+                    for (int p = first[s]; p <= plast[s]; p++) seq[n] = s, pos[n++] = p;
+                for (int i = N - 1; shuffled && i > 0; i--) {
+                    int j = (int)(t_rng_next(&rng) % (uint64_t)(i + 1)), ts = seq[i], tp = pos[i];
+                    seq[i] = seq[j], pos[i] = pos[j];
+                    seq[j] = ts, pos[j] = tp;
+                }
+                s_window_lo(lo, first, PSEQ, W);
+                size_t kvn = (size_t)NBLK * nkv * BS * hd, qn = (size_t)N * nh * hd;
+                float *kc, *vc;
+                s_kv_caches_from(&kc, &vc, kvn, bt, MAXB, PSEQ, lo, plast, nkv, BS, hd);
+                s_drop_blocks(bt, MAXB, PSEQ, lo, BS);
+                float *q = malloc(qn * 4), *ref = malloc(qn * 4), *scr = malloc(256 * 4), *sinks = malloc((size_t)nh * 4);
+                s_fill(q, qn, 2.f);
+                s_fill(sinks, nh, 2.f);
+                sinks[1] = 12.f;
+                const float *hs = pvar[vi][1] ? sinks : NULL;
+                const float scale = 1.f / sqrtf((float)hd);
+                for (int t = 0; t < N; t++) {
+                    const int cs = W > 0 && pos[t] + 1 - W > 0 ? pos[t] + 1 - W : 0;
+                    cpu_attention(ref + (size_t)t * nh * hd, q + (size_t)t * nh * hd, kc, vc, bt + seq[t] * MAXB, cs,
+                                  pos[t] + 1, nh, nkv, hd, BS, scale, hs, scr);
+                }
+                float *dq = s_up(q, qn * 4), *dkc = s_up(kc, kvn * 4), *dvc = s_up(vc, kvn * 4), *ds = s_up(sinks, nh * 4);
+                float *d1 = s_poisoned(qn), *d2 = s_poisoned(qn);
+                int32_t *dseq = s_up(seq, sizeof seq), *dpos = s_up(pos, sizeof pos), *dbt = s_up(bt, sizeof bt);
+                const cuda_attn_opts_t opts = {W, hs ? ds : NULL};
+                T_CHECK(cuda_attention_prefill_ex(ctx, d1, dq, dkc, dvc, N, dseq, dpos, dbt, MAXB, nh, nkv, hd, BS, scale,
+                                                  &opts) == 0,
+                        "attention_prefill_ex launch");
+                T_CHECK(cuda_attention_ex(ctx, d2, dq, dkc, dvc, N, dseq, dpos, dbt, MAXB, nh, nkv, hd, BS, scale, NULL,
+                                          &opts) == 0,
+                        "attention_ex launch");
+                float *o1 = s_down(d1, qn), *o2 = s_down(d2, qn);
+                const double e1 = t_relerr(o1, ref, qn), e2 = t_relerr(o2, ref, qn);
+                T_CHECK(e1 < 3e-3 && e2 < 1e-5,
+                        "prefill-shaped attention window=%d sinks=%d h=%d hd=%d shuffled=%d: rel err tensor cores %.3g, "
+                        "fp32 %.3g",
+                        W, hs != NULL, nh, hd, shuffled, e1, e2);
+                if (W == 0 && !hs) { /* the defaults: the plain ops' results bit for bit */
+                    const cuda_attn_opts_t zero = {0, NULL};
+                    float *d3 = s_poisoned(qn), *d4 = s_poisoned(qn);
+                    cuda_attention_prefill(ctx, d3, dq, dkc, dvc, N, dseq, dpos, dbt, MAXB, nh, nkv, hd, BS, scale);
+                    cuda_attention(ctx, d4, dq, dkc, dvc, N, dseq, dpos, dbt, MAXB, nh, nkv, hd, BS, scale, NULL);
+                    cuda_attention_prefill_ex(ctx, d1, dq, dkc, dvc, N, dseq, dpos, dbt, MAXB, nh, nkv, hd, BS, scale, &zero);
+                    float *o3 = s_down(d3, qn), *o4 = s_down(d4, qn), *o1b = s_down(d1, qn);
+                    T_CHECK(!memcmp(o1b, o3, qn * 4) && !memcmp(o2, o4, qn * 4),
+                            "attention with zero opts differs from the plain ops (h=%d hd=%d)", nh, hd);
+                    free(o3), free(o4), free(o1b);
+                    cuda_free(d3), cuda_free(d4);
+                }
+                free(o1), free(o2), free(kc), free(vc), free(q), free(ref), free(scr), free(sinks);
+                cuda_free(dq), cuda_free(dkc), cuda_free(dvc), cuda_free(ds), cuda_free(d1), cuda_free(d2);
+                cuda_free(dseq), cuda_free(dpos), cuda_free(dbt);
+            }
+}
+
+/* Expert biases and gpt-oss's clamped activation (cuda_moe_opts_t) against cpu_ffn_swiglu with
+ * cpu_ffn_opts_t, expert by expert: MXFP4, INT4 and BF16 experts (8, top 4), 1, 5 and 40 tokens,
+ * inter 96 and 192, so the integer path, the fp32 per-token kernels and the tensor-core GEMM
+ * each take the gate/up biases and the activation, and the combine the down biases (and the
+ * fused next norm, every other case). Variants: every bias and the clamp (limit 1.5, alpha
+ * 1.702: both clamps bite), the biases with plain SwiGLU, the clamp alone. The integer path's
+ * two launches (cuda_moe_ffn_ex's parts) equal its one; zero opts equal cuda_moe_ffn bit for
+ * bit. */
+static void test_moe_opts(void)
+{
+    static const wfmt_t fmts[] = {WF_MXFP4, WF_INT4, WF_BF16};
+    static const int ns[] = {1, 5, 40}, inters[] = {96, 192};
+    const int E = 8, K = 4, H = 128;
+    for (int fi = 0; fi < 3; fi++)
+        for (int ni = 0; ni < 3; ni++)
+            for (int ii = 0; ii < 2; ii++)
+                for (int var = 0; var < 3; var++) {
+                    const wfmt_t f = fmts[fi];
+                    const int n = ns[ni], I = inters[ii];
+                    const bool biases = var < 2, clamped = var != 1, with_nn = (ni + ii + var) & 1;
+                    const bool gemm = n >= 32 && I % 64 == 0, intpath = !gemm && f != WF_BF16;
+                    tmat_t g[8], u[8], d[8];
+                    cuda_expert_t ex[8];
+                    s_experts(g, u, d, ex, E, f, H, I, 32);
+                    float *gb = malloc((size_t)E * I * 4), *ub = malloc((size_t)E * I * 4), *dbh = malloc((size_t)E * H * 4);
+                    s_fill(gb, (size_t)E * I, 0.5f);
+                    s_fill(ub, (size_t)E * I, 0.5f);
+                    s_fill(dbh, (size_t)E * H, 0.5f);
+                    float *x = malloc((size_t)n * H * 4), *base = malloc((size_t)n * H * 4), *ref = malloc((size_t)n * H * 4);
+                    int32_t *idx = malloc((size_t)n * K * 4);
+                    float *wt = malloc((size_t)n * K * 4), logits[8], *scratch = malloc(2 * (size_t)I * 4);
+                    s_fill(x, (size_t)n * H, 1.f);
+                    s_fill(base, (size_t)n * H, 1.f);
+                    memcpy(ref, base, (size_t)n * H * 4);
+                    for (int t = 0; t < n; t++) {
+                        s_fill(logits, E, 3.f);
+                        cpu_gate_topk(logits, E, K, true, idx + t * K, wt + t * K);
+                        for (int k = 0; k < K; k++) {
+                            const int e = idx[t * K + k];
+                            const cpu_ffn_opts_t o = {biases ? gb + (size_t)e * I : NULL, biases ? ub + (size_t)e * I : NULL,
+                                                      biases ? dbh + (size_t)e * H : NULL, clamped, 1.5f, 1.702f};
+                            cpu_ffn_swiglu(NULL, ref + (size_t)t * H, x + (size_t)t * H, 1, &g[e].ref, &u[e].ref,
+                                           &d[e].ref, &o, scratch, wt + t * K + k, true);
+                        }
+                    }
+                    float *dgb = s_up(gb, (size_t)E * I * 4), *dub = s_up(ub, (size_t)E * I * 4);
+                    float *ddb = s_up(dbh, (size_t)E * H * 4);
+                    const cuda_moe_opts_t opts = {biases ? dgb : NULL, biases ? dub : NULL, biases ? ddb : NULL, clamped,
+                                                  1.5f, 1.702f};
+                    float *dx = s_up(x, (size_t)n * H * 4), *dout = s_up(base, (size_t)n * H * 4);
+                    float *nw = malloc(H * 4), *dy = s_poisoned((size_t)n * H);
+                    s_fill(nw, H, 1.f);
+                    float *dnw = s_up(nw, H * 4);
+                    int32_t *didx = s_up(idx, (size_t)n * K * 4);
+                    float *dw = s_up(wt, (size_t)n * K * 4);
+                    cuda_expert_t *dex = s_up(ex, sizeof ex);
+                    void *dscr = NULL;
+                    const size_t sb = cuda_moe_scratch_bytes(n, K, H, I, E);
+                    cuda_malloc(&dscr, sb);
+                    cuda_memset(ctx, dscr, 0xff, sb);
+                    const cuda_next_norm_t nn = {dnw, dy, 1e-6f, NULL};
+                    T_CHECK(cuda_moe_ffn_ex(ctx, 0, 0, dout, dx, n, H, I, f, dex, E, didx, dw, K, dscr, 0,
+                                            with_nn ? &nn : NULL, &opts) == 0,
+                            "moe_ffn_ex launch");
+                    float *out = s_down(dout, (size_t)n * H);
+                    const double e = t_relerr(out, ref, (size_t)n * H);
+                    const double bound = gemm ? 5e-3 : intpath ? 2e-2 : 1e-5;
+                    T_CHECK(e < bound, "moe opts %s n=%d inter=%d biases=%d clamped=%d nn=%d rel err %.3g", wfmt_name(f), n,
+                            I, biases, clamped, with_nn, e);
+                    if (with_nn) { /* the next norm of what the combine wrote */
+                        float *y = s_down(dy, (size_t)n * H), *yr = malloc((size_t)n * H * 4);
+                        cpu_rmsnorm(yr, out, nw, n, H, 1e-6f);
+                        const double ey = t_relerr(y, yr, (size_t)n * H);
+                        T_CHECK(ey < 1e-5, "moe opts %s n=%d inter=%d: the fused next norm rel err %.3g", wfmt_name(f), n,
+                                I, ey);
+                        free(y), free(yr);
+                    }
+                    if (cuda_moe_parts_ok(n, f, H, I)) { /* head: down rows 0..63; tail: 64.. and the combine */
+                        float *dout2 = s_up(base, (size_t)n * H * 4);
+                        T_CHECK(cuda_moe_ffn_ex(ctx, CUDA_MOE_HEAD, 64, dout2, dx, n, H, I, f, dex, E, didx, dw, K, dscr,
+                                                0, NULL, &opts) == 0 &&
+                                    cuda_moe_ffn_ex(ctx, CUDA_MOE_TAIL, 64, dout2, dx, n, H, I, f, dex, E, didx, dw, K,
+                                                    dscr, 0, NULL, &opts) == 0,
+                                "moe_ffn_ex parts launch");
+                        float *out2 = s_down(dout2, (size_t)n * H);
+                        const double ep = t_relerr(out2, out, (size_t)n * H);
+                        T_CHECK(ep < 1e-6, "moe opts %s n=%d inter=%d in parts: rel err %.3g against one launch",
+                                wfmt_name(f), n, I, ep);
+                        free(out2);
+                        cuda_free(dout2);
+                    }
+                    if (var == 0) { /* zero opts: cuda_moe_ffn bit for bit */
+                        const cuda_moe_opts_t zero = {NULL, NULL, NULL, false, 0.f, 0.f};
+                        float *da = s_up(base, (size_t)n * H * 4), *dbb = s_up(base, (size_t)n * H * 4);
+                        cuda_moe_ffn(ctx, da, dx, n, H, I, f, dex, E, didx, dw, K, dscr, 0, NULL);
+                        cuda_moe_ffn_ex(ctx, 0, 0, dbb, dx, n, H, I, f, dex, E, didx, dw, K, dscr, 0, NULL, &zero);
+                        float *ha = s_down(da, (size_t)n * H), *hb = s_down(dbb, (size_t)n * H);
+                        T_CHECK(!memcmp(ha, hb, (size_t)n * H * 4), "moe %s n=%d inter=%d: zero opts differ from cuda_moe_ffn",
+                                wfmt_name(f), n, I);
+                        free(ha), free(hb);
+                        cuda_free(da), cuda_free(dbb);
+                    }
+                    free(out), free(x), free(base), free(ref), free(idx), free(wt), free(scratch), free(nw);
+                    free(gb), free(ub), free(dbh);
+                    cuda_free(dgb), cuda_free(dub), cuda_free(ddb), cuda_free(dx), cuda_free(dout), cuda_free(dy);
+                    cuda_free(dnw), cuda_free(didx), cuda_free(dw), cuda_free(dex), cuda_free(dscr);
+                    for (int e2 = 0; e2 < E; e2++) s_mat_free(&g[e2]), s_mat_free(&u[e2]), s_mat_free(&d[e2]);
+                }
+}
+
 int main(void)
 {
     rng = t_seed();
@@ -1116,8 +1480,10 @@ int main(void)
     }
     if (cuda_ctx_create(&ctx, 0)) return 1;
     test_matmul(false);
+    test_mxfp4_exact(0);
     if (cuda_ctx_reserve_q8(ctx, 256, 4096)) return 1;
     test_matmul(true);
+    test_mxfp4_exact(1);
     /* again with the scratch for k parts lent: the GEMM splits k where its tiles leave SMs idle */
     float *parts = s_poisoned(PARTS_FLOATS);
     cuda_ctx_lend_parts(ctx, parts, PARTS_FLOATS * 4);
@@ -1131,13 +1497,18 @@ int main(void)
     test_matmul(true);
     T_CHECK(CUDA_BLAS_MIN_ROWS <= 130 && cuda_blas_gemms(ctx) > blas0, "cuBLAS took no matmul (%llu GEMMs)",
             (unsigned long long)(cuda_blas_gemms(ctx) - blas0));
+    const uint64_t blas1 = cuda_blas_gemms(ctx);
+    test_mxfp4_exact(2);
+    T_CHECK(cuda_blas_gemms(ctx) > blas1, "cuBLAS took no MXFP4 matmul");
     test_moe();
     test_moe_wide();
+    test_moe_opts();
     test_rmsnorm_rope();
     test_gate();
     test_attention();
     test_attention_decode();
     test_attention_prefill();
+    test_attention_opts();
     test_q8_producers();
     test_router_topk();
     test_router_fused();
