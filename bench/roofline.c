@@ -11,33 +11,46 @@
 const machine_t roofline_rtx3090 = {"rtx3090+pcie3+2xE5-2699v4", 24.0 * GIB, 936e9, 12e9, 120e9};
 const machine_t roofline_rtx4090 = {"rtx4090+pcie4+ddr5", 24.0 * GIB, 1008e9, 25e9, 80e9};
 
+/* A layer's bias vectors of all its experts, [n_experts][...] each (packed_slots'
+ * layers.N.experts_{gate,up,down}_bias): resident, but a step reads the touched experts' rows. */
+static bool s_expert_vec(const char *name)
+{
+    size_t n = strlen(name);
+    return strstr(name, ".experts_") && n > 5 && !strcmp(name + n - 5, "_bias");
+}
+
 void roofline_model_from_manifest(roofline_model_t *rm, const model_config_t *c, const packed_manifest_t *pm)
 {
     memset(rm, 0, sizeof *rm);
+    int first = -1; /* the first MoE layer: its expert 0 is the expert counted */
+    for (int k = 0; k < c->n_layers && first < 0; k++)
+        if (c->layer_sparse[k]) first = k;
     for (int32_t i = 0; i < pm->n_tensors; i++) {
         const packed_tensor_t *t = &pm->tensors[i];
         double b = (double)(t->bytes + t->scale_bytes);
-        if (!strcmp(t->name, "embed")) rm->embed_bytes += b;
-        else if (!strstr(t->name, ".experts.")) rm->resident_bytes += b;
-    }
-    if (c->tie_embeddings) rm->resident_bytes += rm->embed_bytes; /* lm_head reads the table */
-    /* one expert: the largest block's tensors (all experts share one shape) */
-    for (int32_t i = 0; i < pm->n_tensors; i++) {
-        const packed_tensor_t *t = &pm->tensors[i];
-        if (!strncmp(t->name, "layers.", 7) && strstr(t->name, ".experts.0.")) {
-            /* count expert 0 of the first MoE layer only */
-            int l = atoi(t->name + 7);
-            int first = -1;
-            for (int k = 0; k < c->n_layers && first < 0; k++)
-                if (c->layer_sparse[k]) first = k;
-            if (l == first) rm->expert_bytes += (double)(t->bytes + t->scale_bytes);
+        bool in_first = !strncmp(t->name, "layers.", 7) && atoi(t->name + 7) == first;
+        if (!strcmp(t->name, "embed")) {
+            rm->embed_bytes += b;
+        } else if (s_expert_vec(t->name)) {
+            if (in_first && c->n_experts > 0) rm->expert_vec_bytes += b / c->n_experts;
+        } else if (strstr(t->name, ".experts.")) {
+            /* one expert: the largest block's tensors (all experts share one shape) */
+            if (in_first && strstr(t->name, ".experts.0.")) rm->expert_bytes += b;
+        } else {
+            rm->resident_bytes += b;
         }
     }
+    if (c->tie_embeddings) rm->resident_bytes += rm->embed_bytes; /* lm_head reads the table */
     for (int l = 0; l < c->n_layers; l++) rm->n_moe_layers += c->layer_sparse[l] ? 1 : 0;
     rm->n_experts = c->n_experts;
     rm->top_k = c->top_k;
     rm->n_experts_total = (int64_t)rm->n_moe_layers * c->n_experts;
-    rm->kv_bytes_per_token = 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
+    const double kv_layer = 2.0 * c->n_kv_heads * c->head_dim * sizeof(float);
+    rm->kv_bytes_per_token = c->n_layers * kv_layer;
+    if (c->sliding_window > 0) {
+        for (int l = 0; l < c->n_layers; l++) rm->kv_window_bytes_per_token += c->layer_sliding[l] ? kv_layer : 0;
+        rm->sliding_window = c->sliding_window;
+    }
 }
 
 int roofline_model_from_config(roofline_model_t *rm, const model_config_t *c, wfmt_t fmt, int group, wfmt_t attn_fmt,
@@ -84,8 +97,12 @@ int roofline_decode(const roofline_model_t *m, const machine_t *mc, const roofli
     /* distinct experts per MoE layer: each of E is missed by one token with probability 1 - k/E */
     out->distinct_experts = E > 0 ? E * (1.0 - pow(1.0 - k / E, B)) : 0.0;
     const double touched = m->n_moe_layers * out->distinct_experts * m->expert_bytes;
-    out->kv_bytes = B * r->context * m->kv_bytes_per_token;
-    out->bytes_per_token = (m->resident_bytes + out->kv_bytes + touched) / B;
+    const double touched_vec = m->n_moe_layers * out->distinct_experts * m->expert_vec_bytes;
+    /* a sliding-window layer reads at most its window of each sequence's positions */
+    const double win = m->sliding_window > 0 && m->sliding_window < r->context ? m->sliding_window : r->context;
+    out->kv_bytes = B * (r->context * (m->kv_bytes_per_token - m->kv_window_bytes_per_token) +
+                         win * m->kv_window_bytes_per_token);
+    out->bytes_per_token = (m->resident_bytes + out->kv_bytes + touched + touched_vec) / B;
     out->host_bw = roofline_host_bw(mc, &out->host_bw_assumed);
 
     if (r->cpu_backend) {
@@ -96,7 +113,8 @@ int roofline_decode(const roofline_model_t *m, const machine_t *mc, const roofli
         out->gpu_bytes = 0;
         out->cpu_share = 1.0;
         /* one reader: the CPU alone, so bandwidths added and host memory shared are the same */
-        out->bw_added_step_s = out->host_shared_step_s = (m->resident_bytes + out->kv_bytes + touched) / mc->cpu_bw;
+        out->bw_added_step_s = out->host_shared_step_s =
+            (m->resident_bytes + out->kv_bytes + touched + touched_vec) / mc->cpu_bw;
         out->bw_added_limit = out->host_shared_limit = "cpu memory";
         out->bw_added_tok_s = out->host_shared_tok_s = B / out->bw_added_step_s;
         out->pcie_only_limit = "none";
@@ -108,7 +126,8 @@ int roofline_decode(const roofline_model_t *m, const machine_t *mc, const roofli
     if (r->slots >= 0) {
         slots = r->slots;
     } else {
-        double left = budget - m->resident_bytes - r->reserved_bytes;
+        /* every expert's bias vectors are held on the GPU with the resident weights */
+        double left = budget - m->resident_bytes - (double)m->n_experts_total * m->expert_vec_bytes - r->reserved_bytes;
         if (budget > 0 && left < 0) return STRATA_EINVAL_INPUT;
         slots = budget > 0 && m->expert_bytes > 0 ? floor(left / m->expert_bytes) : (double)m->n_experts_total;
     }
@@ -120,12 +139,12 @@ int roofline_decode(const roofline_model_t *m, const machine_t *mc, const roofli
     out->hit_bytes = h * touched;
     const double M = touched - out->hit_bytes;
     out->miss_bytes = M;
-    out->gpu_bytes = m->resident_bytes + out->kv_bytes + touched;
+    out->gpu_bytes = m->resident_bytes + out->kv_bytes + touched + touched_vec;
 
-    /* min over x of max(a + b(1-x), c(1-x), d x): a = fixed GPU reads, b = missed bytes read again
-     * by the GPU, c = transfer, d = CPU. The max of the two decreasing lines meets the
-     * increasing one at the larger of their separate crossings. */
-    const double a = (m->resident_bytes + out->kv_bytes + out->hit_bytes) / mc->hbm_bw;
+    /* min over x of max(a + b(1-x), c(1-x), d x): a = fixed GPU reads (with the hit experts' bias
+     * vectors), b = missed bytes read again by the GPU, c = transfer, d = CPU. The max of the two
+     * decreasing lines meets the increasing one at the larger of their separate crossings. */
+    const double a = (m->resident_bytes + out->kv_bytes + out->hit_bytes + h * touched_vec) / mc->hbm_bw;
     const double b = M / mc->hbm_bw;
     if (M <= 0) {
         out->pcie_only_step_s = out->bw_added_step_s = out->host_shared_step_s = a;

@@ -2,8 +2,8 @@
  *
  * Each shape holds exactly the numbers of the model's Hugging Face config.json that decide
  * tensor shapes and routing: vocab, hidden, layers, heads, kv heads, head_dim, intermediate
- * sizes, experts, top-k, shared expert, plus the RoPE/eps/token ids that make the config a
- * faithful copy. shape_config_json() writes that config.json, and shape_config() parses it back
+ * sizes, experts, top-k, shared expert, plus the RoPE/eps/token ids (and gpt-oss's sliding
+ * window) that make the config a faithful copy. shape_config_json() writes that config.json, and shape_config() parses it back
  * with the project's own config parser (model_config_parse), so a synthetic model's
  * model_config_t is exactly what the loader will see.
  */
@@ -35,8 +35,13 @@ typedef struct {
     int32_t max_pos;           /* max_position_embeddings */
     double rope_theta;
     double rms_eps;
-    int32_t bos_id, eos_id;    /* -1 = null */
+    int32_t bos_id, eos_id;    /* -1 = null (gpt-oss configs carry no bos_token_id at all) */
     bool tiny;                 /* made up for tests, not a real model */
+    /* gpt-oss only (0 elsewhere): tokens a sliding_attention layer sees; layer_types alternate
+     * sliding_attention / full_attention from layer 0, and rope_scaling is the checkpoints' YaRN
+     * (factor 32 over 4096 original positions, beta_fast 32, beta_slow 1, truncate false) */
+    int32_t sliding_window;
+    int32_t pad_id;            /* gpt-oss pad_token_id; -1 = null */
 } shape_t;
 
 /* Number of shapes, and shape i (0 <= i < shape_count()). */

@@ -11,7 +11,7 @@ void synth_config(model_config_t *c, arch_t arch, int32_t vocab, int32_t hidden,
                   int32_t n_kv_heads, int32_t head_dim, int32_t n_experts, int32_t top_k, int32_t moe_inter)
 {
     static const char *const names[] = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
-                                        "OlmoeForCausalLM"};
+                                        "OlmoeForCausalLM", "GptOssForCausalLM"};
     memset(c, 0, sizeof(*c));
     c->arch = arch;
     strncpy(c->arch_name, names[arch], sizeof(c->arch_name) - 1);
@@ -44,6 +44,17 @@ void synth_config(model_config_t *c, arch_t arch, int32_t vocab, int32_t hidden,
         c->norm_topk = true;
         break;
     case ARCH_OLMOE: c->qk_norm = QK_NORM_FULL; break;
+    case ARCH_GPT_OSS:
+        c->qkv_bias = c->o_bias = true;
+        c->attn_sinks = true;
+        c->norm_topk = true;
+        c->router_bias = c->expert_bias = true;
+        c->ffn_act = FFN_ACT_GPT_OSS;
+        c->act_limit = 7.0f;
+        c->act_alpha = 1.702f;
+        c->sliding_window = 128; /* GptOssConfig: even layers slide over 128 tokens */
+        for (int l = 0; l < n_layers && l < 256; l += 2) c->layer_sliding[l] = true;
+        break;
     }
     synth_config_rope(c);
 }
@@ -103,7 +114,8 @@ static void s_mat(s_gen_t *g, qmat_t *q, wfmt_t fmt, int group, int32_t rows, in
         g->tmp_n = n;
     }
     for (size_t i = 0; i < n; i++) g->tmp[i] = scale * s_uni(&g->rng);
-    if (fmt != WF_INT4) group = 0;
+    if (fmt == WF_MXFP4) group = 32;
+    else if (fmt != WF_INT4) group = 0;
     void *data = s_own(g, qmat_data_bytes(fmt, rows, cols));
     size_t sb = qmat_scale_bytes(fmt, rows, cols, group);
     void *scales = sb ? s_own(g, sb) : NULL;
@@ -164,10 +176,18 @@ int synth_model(model_t *m, const model_config_t *c, wfmt_t fmt, int group, uint
             L->q_norm = s_vec(&g, qd, 1.0f, 0.1f);
             L->k_norm = s_vec(&g, kd, 1.0f, 0.1f);
         }
+        if (c->attn_sinks) L->sinks = s_vec(&g, c->n_heads, 0.0f, 1.0f);
         if (c->layer_sparse[l]) {
-            s_mat(&g, &L->router, WF_F32, 0, c->n_experts, H, 2.0f * sh);
-            L->experts = s_own(&g, (size_t)c->n_experts * sizeof(ffn_t));
-            for (int e = 0; e < c->n_experts && !g.fail; e++) s_ffn(&g, &L->experts[e], fmt, group, H, c->moe_inter);
+            const int32_t E = c->n_experts, I = c->moe_inter;
+            s_mat(&g, &L->router, WF_F32, 0, E, H, 2.0f * sh);
+            if (c->router_bias) L->router_b = s_vec(&g, E, 0.0f, 0.1f);
+            if (c->expert_bias) {
+                L->egate_b = s_vec(&g, E * I, 0.0f, 0.1f);
+                L->eup_b = s_vec(&g, E * I, 0.0f, 0.1f);
+                L->edown_b = s_vec(&g, E * H, 0.0f, 0.1f);
+            }
+            L->experts = s_own(&g, (size_t)E * sizeof(ffn_t));
+            for (int e = 0; e < E && !g.fail; e++) s_ffn(&g, &L->experts[e], fmt, group, H, I);
             if (c->shared_inter > 0) {
                 s_ffn(&g, &L->shared, fmt, group, H, c->shared_inter);
                 s_mat(&g, &L->shared_gate, WF_F32, 0, 1, H, sh);

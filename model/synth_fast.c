@@ -8,8 +8,10 @@
  *   fp8 data         & 0xBF per byte: exponent field <= 7, so |w| < 2 and never the NaN code
  *   bf16 data        & 0x81FF per lane, + E0 << 7: random sign and mantissa, exponent E0..E0+3
  *   int4 fp16 scales & 0x003F per lane, + base: a fixed scale with up to 6% jitter
- * and small f32 tensors (norms, biases, routers, int8/fp8 row scales) take one float per
- * element. The per-tensor constants (E0, base, scale) put every matrix at rms 1/sqrt(cols)
+ *   mxfp4 data       as hashed: every e2m1 nibble equally likely (sign included), symmetric
+ *   mxfp4 e8m0 scales per byte: S0 if the byte is below a cut, else S0 + 1 (never 0xFF)
+ * and small f32 tensors (norms, biases, sinks, routers, int8/fp8 row scales) take one float
+ * per element. The per-tensor constants (E0, base, scale) put every matrix at rms 1/sqrt(cols)
  * (residual-writing ones, wo and down, at 1/sqrt(2 * layers * cols)), so each layer's input
  * stays O(1) through any depth. Because a word depends only on its index, any byte range can
  * be produced alone, in any order, by any thread: synth_gen_fill is a pure function.
@@ -54,8 +56,12 @@ enum {
     R_EMBED,       /* embedding: column 0 = B with skew */
     R_NORM_RES,    /* attn/ffn/final RMSNorm weights */
     R_NORM_QK,     /* q/k norms */
-    R_BIAS,        /* q/k/v/o biases */
+    R_BIAS,        /* q/k/v biases, the experts' gate/up biases */
     R_ROUTER,      /* router [E][H]: column 0 = per-expert bias with skew */
+    R_BIAS_OUT,    /* biases added to the residual stream (o, experts' down): element 0 of every
+                    * hidden-sized run zero with skew */
+    R_ROUTER_BIAS, /* router bias [E]: all zero with skew (the calibrated column 0 routes) */
+    R_SINK,        /* attention sink logits [n_heads] */
 };
 
 typedef struct {
@@ -67,8 +73,10 @@ typedef struct {
     int32_t layer;          /* router: its layer */
     float target;           /* rms of the weights this region encodes (data) */
     uint32_t and_mask, add; /* word shaping for packed formats */
-    float scale;            /* INT8/FP8 row scale (scale regions); F32: target */
+    float scale;            /* INT8/FP8 row scale (scale regions); biases: spread; F32: target */
     uint64_t row_bytes;     /* data: bytes per row */
+    uint8_t e8_lo;          /* MXFP4 scales: the lower of the two e8m0 bytes */
+    uint16_t e8_cut;        /* MXFP4 scales: a hash byte below this (0..256) takes e8_lo, else e8_lo + 1 */
 } region_t;
 
 typedef struct {
@@ -151,6 +159,30 @@ static inline float s_unit(uint32_t h) { return (float)(h >> 8) * (1.0f / 167772
 /* rms of bf16 with exponent E0 + U{0..3} and uniform mantissa, divided by 2^(E0-127):
  * sqrt(mean(4^k) * E[m^2]) = sqrt(21.25 * 7/3) */
 #define S_BF16_RMS1 7.0415904f
+
+/* rms of a uniform e2m1 nibble: sqrt(2 (0 + 0.25 + 1 + 2.25 + 4 + 9 + 16 + 36) / 16) = sqrt(8.5625) */
+#define S_E2M1_RMS 2.9261749f
+
+/* The e8m0 pair for an MXFP4 matrix of rms target: uniform nibbles times 2^(S - 127), with S =
+ * lo for a fraction p of the blocks and lo + 1 for the rest. With target / S_E2M1_RMS = r 2^(lo
+ * - 127), r in [1, 2), the mean square is (p + 4 (1 - p)) 4^(lo - 127) S_E2M1_RMS^2, which is
+ * target^2 at p = (4 - r^2) / 3: the rms is on target to the cut's 1/256 steps, not a power of
+ * two away from it. lo stays in [1, 253], so no byte is 0xFF (NaN). */
+static void s_e8m0_pair(float target, uint8_t *lo, uint16_t *cut)
+{
+    int ex;
+    double f = frexp((double)target / S_E2M1_RMS, &ex); /* f in [0.5, 1): r = 2f, lo = 127 + ex - 1 */
+    long e = 127 + ex - 1;
+    double r = 2.0 * f;
+    if (e < 1 || e > 253) {
+        e = e < 1 ? 1 : 253;
+        r = 1.0;
+    }
+    double p = (4.0 - r * r) / 3.0;
+    long c = lround(p * 256.0);
+    *lo = (uint8_t)e;
+    *cut = (uint16_t)(c < 0 ? 0 : c > 256 ? 256 : c);
+}
 
 static float s_fp8_rms(void)
 {
@@ -398,7 +430,12 @@ int synth_gen_create(synth_gen_t **out, const model_config_t *c, const packed_ma
         switch (sl->cls) {
         case PC_EMBED: role = R_EMBED; target = 1.0f; break;
         case PC_NORM: role = s_ends(t->name, "q_norm") || s_ends(t->name, "k_norm") ? R_NORM_QK : R_NORM_RES; break;
-        case PC_BIAS: role = R_BIAS; break;
+        case PC_BIAS:
+            role = s_ends(t->name, ".bo") || s_ends(t->name, "experts_down_bias") ? R_BIAS_OUT
+                   : s_ends(t->name, ".router_bias")                              ? R_ROUTER_BIAS
+                   : s_ends(t->name, ".sinks")                                    ? R_SINK
+                                                                                  : R_BIAS;
+            break;
         case PC_ROUTER: role = R_ROUTER; break;
         case PC_ATTN:
         case PC_EXPERT:
@@ -427,6 +464,7 @@ int synth_gen_create(synth_gen_t **out, const model_config_t *c, const packed_ma
             R->add = 0x01010101u;
             break;
         case WF_FP8: R->and_mask = 0xBFBFBFBFu; break;
+        case WF_MXFP4: break; /* every nibble: sign and magnitude uniform, mean 0 */
         case WF_BF16: {
             int e0 = role == R_EMBED ? e_emb : s_bf16_e0(target);
             R->and_mask = 0x81FF81FFu;
@@ -435,6 +473,9 @@ int synth_gen_create(synth_gen_t **out, const model_config_t *c, const packed_ma
         }
         default: break;
         }
+        /* biases: 0.1 (residual writers 0.1 / sqrt(2 L), like the matrices they follow) */
+        if (role == R_BIAS || role == R_ROUTER_BIAS) R->scale = 0.1f;
+        else if (role == R_BIAS_OUT) R->scale = 0.1f * res_gain;
         if (t->scale_bytes) {
             region_t *S = &g->regions[g->n_regions++];
             *S = (region_t){.off = t->scale_offset, .bytes = t->scale_bytes, .file = t->file, .key = key ^ 0x9E3779B9u, .kind = K_SCALE,
@@ -445,6 +486,8 @@ int synth_gen_create(synth_gen_t **out, const model_config_t *c, const packed_ma
                 uint16_t base = f32_to_f16(target / S_INT4_RMS / 1.03f);
                 S->and_mask = 0x003F003Fu;
                 S->add = (uint32_t)base | ((uint32_t)base << 16);
+            } else if (t->fmt == WF_MXFP4) {
+                s_e8m0_pair(target, &S->e8_lo, &S->e8_cut);
             } else {
                 S->scale = target / (t->fmt == WF_FP8 ? fp8_rms : S_INT8_RMS);
             }
@@ -518,7 +561,12 @@ static float s_f32_elem(const synth_gen_t *g, const region_t *R, uint32_t i, uin
     case R_NORM_QK: return 0.95f + 0.1f * u;
     case R_BIAS:
         if (g->skew && i == 0) return 0.0f;
-        return 0.1f * (2.0f * u - 1.0f);
+        return R->scale * (2.0f * u - 1.0f);
+    case R_BIAS_OUT: /* bo [H], or the experts' down biases [E][H]: channel 0 of each zero with skew */
+        if (g->skew && i % (uint32_t)g->cfg.hidden == 0) return 0.0f;
+        return R->scale * (2.0f * u - 1.0f);
+    case R_ROUTER_BIAS: return g->skew ? 0.0f : R->scale * (2.0f * u - 1.0f);
+    case R_SINK: return 2.0f * u - 1.0f;
     default: return R->target * 1.7320508f * (2.0f * u - 1.0f);
     }
 }
@@ -526,6 +574,16 @@ static float s_f32_elem(const synth_gen_t *g, const region_t *R, uint32_t i, uin
 /* Words [w0, w0+n) of region R into out. */
 static void s_region_words(const synth_gen_t *g, const region_t *R, uint64_t w0, size_t n, uint32_t *out)
 {
+    if (R->kind == K_SCALE && R->fmt == WF_MXFP4) { /* e8m0 bytes: lo or lo + 1 by the cut */
+        s_words_fn(out, n, R->key, (uint32_t)w0, 0xFFFFFFFFu, 0);
+        for (size_t i = 0; i < n; i++) {
+            uint32_t h = out[i], w = 0;
+            for (int k = 0; k < 4; k++)
+                w |= (uint32_t)(R->e8_lo + ((h >> (8 * k) & 0xFFu) >= R->e8_cut)) << (8 * k);
+            out[i] = w;
+        }
+        return;
+    }
     if (R->fmt == WF_F32 || (R->kind == K_SCALE && R->fmt != WF_INT4)) {
         s_words_fn(out, n, R->key, (uint32_t)w0, 0xFFFFFFFFu, 0);
         for (size_t i = 0; i < n; i++) {
@@ -571,7 +629,7 @@ static void s_fixups(const synth_gen_t *g, const region_t *R, uint64_t a, uint64
         len = 4;
         break;
     }
-    default: break; /* INT8/FP8 zero; INT4 handled below */
+    default: break; /* INT8/FP8 zero; INT4 and MXFP4 handled below */
     }
     uint64_t r0 = a >= 4 ? (a - 3) / R->row_bytes : 0, r1 = (b + R->row_bytes - 1) / R->row_bytes;
     if (r1 > (uint64_t)R->rows) r1 = (uint64_t)R->rows;
@@ -579,6 +637,8 @@ static void s_fixups(const synth_gen_t *g, const region_t *R, uint64_t a, uint64
         uint64_t pos = r * R->row_bytes;
         if (R->fmt == WF_INT4) { /* column 0 is the low nibble of the row's first byte: 8 = zero */
             if (pos >= a && pos < b) dst[pos - a] = (uint8_t)((dst[pos - a] & 0xF0) | 0x08);
+        } else if (R->fmt == WF_MXFP4) { /* the same nibble; e2m1 0 is 0 */
+            if (pos >= a && pos < b) dst[pos - a] = (uint8_t)(dst[pos - a] & 0xF0);
         } else {
             s_patch(dst, a, b, pos, val, len);
         }

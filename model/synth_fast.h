@@ -2,9 +2,10 @@
  *
  * model/synth.h draws fp32 weights and quantizes them: right for tests, far too slow for a
  * 47B-parameter model. Here the packed bytes themselves are generated: random int4 nibbles,
- * int8/fp8 bytes and bf16 bit patterns with per-tensor scales chosen so activations stay O(1)
- * through every layer, never an fp32 value per weight (only norms, biases and routers, which
- * are tiny, are drawn as floats). The layout is the packed format's own plan (packed_plan in
+ * int8/fp8 bytes, bf16 bit patterns and MXFP4 e2m1 nibbles with their e8m0 block scales, with
+ * per-tensor scales chosen so activations stay O(1) through every layer, never an fp32 value
+ * per weight (only norms, biases, attention sinks and routers, which are tiny, are drawn as
+ * floats). The layout is the packed format's own plan (packed_plan in
  * model/pack_write.c), so the result is an ordinary packed model (docs/PACKED_FORMAT.md) that
  * every loader takes.
  *
@@ -38,9 +39,10 @@
 
 /* What to generate. */
 typedef struct {
-    wfmt_t fmt;          /* experts, shared expert, dense MLPs: BF16, INT8, FP8 or INT4 */
-    int32_t group;       /* INT4 columns per scale: 32, 64, 128 */
-    wfmt_t attn_fmt;     /* attention projections and lm_head (default BF16, like strata pack) */
+    wfmt_t fmt;          /* experts, shared expert, dense MLPs: BF16, INT8, FP8, INT4 or MXFP4 */
+    int32_t group;       /* INT4 columns per scale: 32, 64, 128 (MXFP4 is always 32) */
+    wfmt_t attn_fmt;     /* attention projections and lm_head (default BF16, like strata pack; with
+                          * MXFP4 experts that is gpt-oss's own split) */
     uint64_t alignment;  /* expert block alignment (default PACKED_DEFAULT_ALIGN) */
     uint64_t seed;
     double zipf_s;       /* > 0: Zipf(zipf_s) expert popularity (synthetic); 0: uniform */

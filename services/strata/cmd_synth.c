@@ -20,7 +20,7 @@ static void s_help(FILE *f)
     char shapes[1024];
     shape_list(shapes, sizeof shapes);
     fprintf(f,
-            "usage: strata synth --shape S --format int4|fp8|int8|bf16 [options] OUT_DIR\n"
+            "usage: strata synth --shape S --format int4|mxfp4|fp8|int8|bf16 [options] OUT_DIR\n"
             "       strata synth --list\n"
             "\n"
             "Write a packed model (docs/PACKED_FORMAT.md) with RANDOM weights and exactly the tensor\n"
@@ -32,7 +32,11 @@ static void s_help(FILE *f)
             "Shapes: %s\n"
             "\n"
             "  --shape S          model shape (see --list)\n"
-            "  --format F         experts, shared expert, dense MLPs: int4, fp8, int8 or bf16\n"
+            "  --format F         experts, shared expert, dense MLPs: int4, mxfp4, fp8, int8 or bf16\n"
+            "                     (mxfp4: OCP MXFP4, e2m1 with an e8m0 scale per 32, 4.25 bits a\n"
+            "                     weight; with the default --attn-format, a gpt-oss shape gets the\n"
+            "                     formats its checkpoints ship: experts mxfp4, attention, embedding\n"
+            "                     and lm_head bf16)\n"
             "  --group G          int4 columns per scale: 32, 64 or 128 (default 32)\n"
             "  --attn-format F    attention projections and lm_head: bf16 (default) or 'same'\n"
             "  --align BYTES      expert block alignment, power of two >= 4096 (default 2097152)\n"
@@ -112,18 +116,21 @@ static int s_plan_sizes(const shape_t *s, const synth_params_t *p, uint64_t *par
 
 static void s_list(void)
 {
-    printf("%-16s %-10s %7s %6s %5s %4s %6s %8s %4s %6s %7s  %-8s %-8s  %s\n", "shape", "arch", "vocab", "hidden",
-           "layer", "head", "kvhead", "moe_int", "exp", "top_k", "shared", "params", "int4", "source");
+    printf("%-16s %-10s %7s %6s %5s %4s %6s %8s %4s %6s %7s  %-8s %-9s %-9s  %s\n", "shape", "arch", "vocab", "hidden",
+           "layer", "head", "kvhead", "moe_int", "exp", "top_k", "shared", "params", "int4", "mxfp4", "source");
     for (int i = 0; i < shape_count(); i++) {
         const shape_t *s = shape_at(i);
-        static const char *const an[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
+        static const char *const an[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss"};
         synth_params_t p;
+        uint64_t params = 0, bytes = 0, mx_params = 0, mx_bytes = 0;
         synth_params_default(&p, WF_INT4);
-        uint64_t params = 0, bytes = 0;
         s_plan_sizes(s, &p, &params, &bytes);
-        printf("%-16s %-10s %7d %6d %5d %4d %6d %8d %4d %6d %7d  %6.2f B %6.2f GB  %s\n", s->name, an[s->arch], s->vocab,
-               s->hidden, s->n_layers, s->n_heads, s->n_kv_heads, s->moe_inter ? s->moe_inter : s->inter, s->n_experts,
-               s->top_k, s->shared_inter, (double)params / 1e9, (double)bytes / 1e9, s->source);
+        synth_params_default(&p, WF_MXFP4); /* experts mxfp4, attention and lm_head bf16 */
+        s_plan_sizes(s, &p, &mx_params, &mx_bytes);
+        printf("%-16s %-10s %7d %6d %5d %4d %6d %8d %4d %6d %7d  %6.2f B %6.2f GB %6.2f GB  %s\n", s->name,
+               an[s->arch], s->vocab, s->hidden, s->n_layers, s->n_heads, s->n_kv_heads,
+               s->moe_inter ? s->moe_inter : s->inter, s->n_experts, s->top_k, s->shared_inter, (double)params / 1e9,
+               (double)bytes / 1e9, (double)mx_bytes / 1e9, s->source);
     }
 }
 
@@ -210,8 +217,8 @@ int cmd_synth(int argc, char **argv)
         return 2;
     }
     int f = wfmt_parse(fmt_s);
-    if (f != WF_INT4 && f != WF_FP8 && f != WF_INT8 && f != WF_BF16) {
-        cli_error(C, "--format '%s': expected int4, fp8, int8 or bf16", fmt_s);
+    if (f != WF_INT4 && f != WF_MXFP4 && f != WF_FP8 && f != WF_INT8 && f != WF_BF16) {
+        cli_error(C, "--format '%s': expected int4, mxfp4, fp8, int8 or bf16", fmt_s);
         return 2;
     }
     synth_params_t p;

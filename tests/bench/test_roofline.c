@@ -5,7 +5,9 @@
  * expert and of the resident weights from the config, the slots a budget leaves, distinct
  * experts per step under uniform routing, and the split of missed bytes between PCIe and CPU.
  * Three bounds (bench/roofline.h): PCIe only, PCIe + CPU with the bandwidths added, and PCIe +
- * CPU with host memory shared (the copy's and the CPU's reads capped together).
+ * CPU with host memory shared (the copy's and the CPU's reads capped together). gpt-oss adds
+ * MXFP4 experts (4.25 bits a weight), expert biases held resident and read per touched expert,
+ * and sliding-window layers that read only their window of the KV cache.
  */
 #include <math.h>
 #include <string.h>
@@ -328,6 +330,84 @@ static void s_host_shared_small(void)
     }
 }
 
+/* gpt-oss with MXFP4 experts and bf16 attention and lm_head, as the checkpoints ship it
+ * (`strata synth --format mxfp4`), on the H200 host's ceilings at the operating point above. */
+static void s_gpt_oss_mxfp4(void)
+{
+    model_config_t c;
+    strata_errbuf_t eb = {{0}};
+    roofline_model_t m;
+    T_CHECK(shape_config(shape_find("gpt-oss-120b"), &c, &eb) == 0, "%s", eb.msg);
+    T_CHECK(roofline_model_from_config(&m, &c, WF_MXFP4, 32, WF_BF16, &eb) == 0, "%s", eb.msg);
+    /* One expert: gate, up [2880][2880] and down [2880][2880] at 4 bits + one e8m0 byte per 32
+     * (4.25 bits): data 8,294,400 / 2 = 4,147,200 + scales 8,294,400 / 32 = 259,200 = 4,406,400 a
+     * matrix, x3 = 13,219,200. Its biases (gate, up [2880], down [2880] f32) are resident, not in
+     * the expert: 3 x 2880 x 4 = 34,560 bytes. */
+    T_CHECK(m.expert_bytes == 13219200.0, "expert %.0f", m.expert_bytes);
+    T_CHECK(m.expert_vec_bytes == 34560.0, "expert vectors %.0f", m.expert_vec_bytes);
+    /* Resident per layer: wq, wo [4096][2880] and wk, wv [512][2880] bf16 = 53,084,160; router
+     * [128][2880] f32 1,474,560; f32 vectors: attn and ffn norms 2 x 11,520, bq 16,384, bk, bv 2 x
+     * 2,048, bo 11,520, sinks 256, router bias 512 = 55,808: 54,614,528 x 36 layers =
+     * 1,966,123,008; final norm 11,520; lm_head [201088][2880] bf16 1,158,266,880. Total
+     * 3,124,401,408 (the experts' biases, 36 x 128 x 34,560 = 159,252,480, apart). */
+    T_CHECK(m.resident_bytes == 3124401408.0, "resident %.0f", m.resident_bytes);
+    T_CHECK(m.embed_bytes == 1158266880.0, "embed %.0f", m.embed_bytes);
+    /* K and V fp32: 2 x 36 x 8 x 64 x 4 = 147,456 a token, half of it in the 18 sliding layers */
+    T_CHECK(m.kv_bytes_per_token == 147456.0 && m.kv_window_bytes_per_token == 73728.0 && m.sliding_window == 128,
+            "kv %.0f window %.0f over %d", m.kv_bytes_per_token, m.kv_window_bytes_per_token, m.sliding_window);
+    T_CHECK(m.n_experts_total == 4608 && m.top_k == 4 && m.n_moe_layers == 36, "experts %lld", (long long)m.n_experts_total);
+
+    roofline_run_t r;
+    roofline_run_default(&r);
+    r.context = 1024;
+    r.gpu_mem = 24.0 * GIB;
+    r.reserved_bytes = 1.25 * GIB;
+    roofline_t o;
+    /* Slots: (25,769,803,776 - 3,124,401,408 - 159,252,480 - 1,342,177,280) / 13,219,200 =
+     * 21,143,972,608 / 13,219,200 = 1599.49: 1599 of 4608, hit 1599 / 4608 = 0.347005. Batch 1:
+     * 4 experts a layer, touched 36 x 4 x 13,219,200 = 1,903,564,800, missed 3009 / 4608 of it =
+     * 1,243,017,900 bytes a token. KV read: full layers 1024 x 73,728 + sliding layers 128 x
+     * 73,728 = 84,934,656. GPU term (3,124,401,408 + 84,934,656 + 660,546,900 + 0.347 x 4,976,640
+     * of hit experts' biases) / 4e12 = 0.97 ms, far below: the bounds are M over 55.5, 136.5 and
+     * 115 GB/s: 44.649, 109.813 and 92.517 tok/s. */
+    r.batch = 1;
+    T_CHECK(roofline_decode(&m, &s_h200, &r, &o) == 0, "decode");
+    T_CHECK(o.slots == 1599 && s_close(o.hit_rate, 1599.0 / 4608.0, 1e-12), "slots %.0f hit %.6f", o.slots, o.hit_rate);
+    T_CHECK(o.miss_bytes == 1243017900.0, "miss %.0f", o.miss_bytes);
+    T_CHECK(o.kv_bytes == 84934656.0, "kv %.0f", o.kv_bytes);
+    /* every byte touched: 3,124,401,408 + 84,934,656 + 1,903,564,800 + 36 x 4 x 34,560 */
+    T_CHECK(o.bytes_per_token == 5117877504.0, "bytes/token %.0f", o.bytes_per_token);
+    T_CHECK(s_close(o.pcie_only_tok_s, 55.5e9 / 1243017900.0, 1e-9) && s_close(o.bw_added_tok_s, 136.5e9 / 1243017900.0, 1e-9) &&
+                s_close(o.host_shared_tok_s, 115e9 / 1243017900.0, 1e-9),
+            "%.4f %.4f %.4f", o.pcie_only_tok_s, o.bw_added_tok_s, o.host_shared_tok_s);
+    T_CHECK(fabs(o.pcie_only_tok_s - 44.649) < 0.001 && fabs(o.bw_added_tok_s - 109.813) < 0.001 &&
+                fabs(o.host_shared_tok_s - 92.517) < 0.001,
+            "%.4f %.4f %.4f", o.pcie_only_tok_s, o.bw_added_tok_s, o.host_shared_tok_s);
+    T_CHECK(!strcmp(o.pcie_only_limit, "pcie") && !strcmp(o.bw_added_limit, "pcie+cpu") &&
+                !strcmp(o.host_shared_limit, "host memory"),
+            "%s %s %s", o.pcie_only_limit, o.bw_added_limit, o.host_shared_limit);
+    /* context 64, inside the window: every layer reads 64 positions */
+    r.context = 64;
+    T_CHECK(roofline_decode(&m, &s_h200, &r, &o) == 0 && o.kv_bytes == 64 * 147456.0, "kv %.0f", o.kv_bytes);
+
+    /* gpt-oss-20b: 24 layers of 32 experts all fit in 24 GiB (768 x 13,219,200 = 10,152,345,600
+     * besides 2,442,475,776 resident and 768 x 34,560 = 26,542,080 of expert biases), so the GPU
+     * binds: batch 1 at context 1024 reads 2,442,475,776 + KV (1024 + 128) x 49,152 = 56,623,104
+     * + 24 x 4 x (13,219,200 + 34,560) = 1,272,360,960: 3,771,459,840 bytes, 1060.60 tok/s at
+     * 4 TB/s. (Resident per layer: 54,614,528 less 96 router rows of 2880 f32 and their 96 biases,
+     * 1,106,304: 53,508,224 x 24 + 11,520 + 1,158,266,880.) */
+    T_CHECK(shape_config(shape_find("gpt-oss-20b"), &c, &eb) == 0, "%s", eb.msg);
+    T_CHECK(roofline_model_from_config(&m, &c, WF_MXFP4, 32, WF_BF16, &eb) == 0, "%s", eb.msg);
+    T_CHECK(m.expert_bytes == 13219200.0 && m.resident_bytes == 2442475776.0 && m.n_experts_total == 768,
+            "20b: expert %.0f resident %.0f", m.expert_bytes, m.resident_bytes);
+    r.context = 1024;
+    T_CHECK(roofline_decode(&m, &s_h200, &r, &o) == 0, "decode");
+    T_CHECK(o.slots == 768 && o.miss_bytes == 0 && !strcmp(o.bw_added_limit, "hbm"), "20b: slots %.0f miss %.0f %s",
+            o.slots, o.miss_bytes, o.bw_added_limit);
+    T_CHECK(s_close(o.bw_added_step_s, 3771459840.0 / 4.0e12, 1e-12) && s_close(o.host_shared_tok_s, 4.0e12 / 3771459840.0, 1e-12),
+            "20b: step %.9f", o.bw_added_step_s);
+}
+
 /* Every real shape's config parses and plans, and the counts match the published totals. */
 static void s_shapes(void)
 {
@@ -335,7 +415,8 @@ static void s_shapes(void)
         const char *name;
         double params_b; /* total parameters in billions, from the model cards */
     } known[] = {{"mixtral-8x7b", 46.7}, {"mixtral-8x22b", 140.6}, {"qwen3-30b-a3b", 30.5},
-                 {"qwen3-235b-a22b", 235.1}, {"qwen2-57b-a14b", 57.4}, {"olmoe-1b-7b", 6.9}};
+                 {"qwen3-235b-a22b", 235.1}, {"qwen2-57b-a14b", 57.4}, {"olmoe-1b-7b", 6.9},
+                 {"gpt-oss-120b", 116.8}, {"gpt-oss-20b", 20.9}};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
         const shape_t *s = shape_find(known[i].name);
         T_CHECK(s != NULL, "%s", known[i].name);
@@ -362,6 +443,7 @@ int main(void)
     s_round_numbers();
     s_host_shared_8x22b();
     s_host_shared_small();
+    s_gpt_oss_mxfp4();
     s_shapes();
     return t_done("roofline");
 }
