@@ -73,19 +73,30 @@ static const char *s_tok_ref(json_t *v, size_t *n)
     return json_string_value(v);
 }
 
-/* bos_token_id / eos_token_id of config.json or generation_config.json (eos may be a list). */
+/* The first id of v (an id, or a list of ids as eos_token_id may be) that the tokenizer knows,
+ * or -1. */
+static int32_t s_first_id(const tok_t *tok, json_t *v)
+{
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+        if (json_is_integer(e) && json_integer_value(e) >= 0 && json_integer_value(e) < (json_int_t)tok->id_cap)
+            return (int32_t)json_integer_value(e);
+    }
+    return -1;
+}
+
+/* bos_token_id / eos_token_id of generation_config.json or config.json, for a tokenizer that names
+ * none: called for generation_config.json first, so its ids win, as transformers' generate()
+ * prefers them (the model's whole stop set is model_config_t.eos_ids; a tokenizer has one eos). */
 static void s_ids_from(const char *dir, const char *file, tok_t *tok)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     json_t *root = json_load_file(path, 0, NULL);
     if (!root) return;
-    json_t *b = json_object_get(root, "bos_token_id"), *e = json_object_get(root, "eos_token_id");
-    if (json_is_array(e)) e = json_array_get(e, 0);
-    if (tok->bos < 0 && json_is_integer(b) && json_integer_value(b) >= 0 && json_integer_value(b) < TK_MAX_ID)
-        tok->bos = (int32_t)json_integer_value(b);
-    if (tok->eos < 0 && json_is_integer(e) && json_integer_value(e) >= 0 && json_integer_value(e) < TK_MAX_ID)
-        tok->eos = (int32_t)json_integer_value(e);
+    if (tok->bos < 0) tok->bos = s_first_id(tok, json_object_get(root, "bos_token_id"));
+    if (tok->eos < 0) tok->eos = s_first_id(tok, json_object_get(root, "eos_token_id"));
     json_decref(root);
 }
 
@@ -168,8 +179,8 @@ int tok_load(tok_t **out, const char *path_or_dir, strata_errbuf_t *eb)
     if ((rc = s_load_config(tok, dir, eb))) goto fail;
     if ((rc = tk_build_added(tok))) goto fail;
     if (tok->bos < 0 || tok->eos < 0) {
-        s_ids_from(dir, "config.json", tok);
         s_ids_from(dir, "generation_config.json", tok);
+        s_ids_from(dir, "config.json", tok);
     }
     free(json);
     *out = tok;

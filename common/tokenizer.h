@@ -38,7 +38,7 @@ typedef struct tok_stream tok_stream_t;
 
 /* Load PATH: a tokenizer.json file, or a model folder holding one. tokenizer_config.json
  * (next to the file) adds BOS/EOS and any added tokens missing from tokenizer.json; the
- * folder's config.json / generation_config.json supply BOS/EOS ids when it names none.
+ * folder's generation_config.json, else config.json, supplies BOS/EOS ids when it names none.
  * On error returns <0 and eb names the file and the JSON field. */
 int tok_load(tok_t **out, const char *path_or_dir, strata_errbuf_t *eb);
 
@@ -63,7 +63,9 @@ int tok_encode(const tok_t *tok, const char *text, size_t len, bool add_special,
 int tok_decode(const tok_t *tok, const int32_t *ids, size_t n, bool skip_special, char **text,
                size_t *len);
 
-/* Ids of the BOS / EOS tokens (tokenizer_config.json, else config.json), -1 if unknown. */
+/* Ids of the BOS / EOS tokens: tokenizer_config.json's, else the first id the tokenizer knows of
+ * generation_config.json's bos_token_id / eos_token_id, else of config.json's; -1 if unknown.
+ * One id: the set of ids that end a generation is the model's (model_config_t.eos_ids). */
 int32_t tok_bos(const tok_t *tok);
 int32_t tok_eos(const tok_t *tok);
 /* Largest id the tokenizer can produce or decode, plus one (model vocab and added tokens). */

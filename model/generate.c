@@ -1,5 +1,6 @@
 /* generate.c - single-sequence prefill/decode and seeded sampling (see generate.h). */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,6 +38,37 @@ void sampler_params_default(sampler_params_t *p)
 {
     memset(p, 0, sizeof(*p));
     p->top_p = 1.0f;
+}
+
+/* logsumexp and the k best of one row; see generate.h. */
+float sampler_logprobs(const float *logits, int vocab, int32_t tok, int k, int32_t *top_ids, float *top_lp)
+{
+    STRATA_ASSERT(vocab >= 1 && tok >= 0 && tok < vocab && k >= 0 && k <= SAMPLER_MAX_TOP);
+    if (k > vocab) k = vocab;
+    float mx = logits[0];
+    for (int i = 1; i < vocab; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double z = 0;
+    for (int i = 0; i < vocab; i++) z += expf(logits[i] - mx); /* as cpu_sample: expf, summed in double */
+    const double lse = (double)mx + log(z);
+    /* the k best by insertion: most logits fail the comparison with the current k-th */
+    int32_t best[SAMPLER_MAX_TOP];
+    int nb = 0;
+    for (int i = 0; i < vocab && k > 0; i++) {
+        const float v = logits[i];
+        if (nb == k && !(v > logits[best[k - 1]])) continue;
+        int j = nb < k ? nb++ : k - 1;
+        while (j > 0 && v > logits[best[j - 1]]) { /* strictly greater: ties keep the lower id first */
+            best[j] = best[j - 1];
+            j--;
+        }
+        best[j] = i;
+    }
+    for (int j = 0; j < nb; j++) {
+        top_ids[j] = best[j];
+        top_lp[j] = (float)fmin(0.0, (double)logits[best[j]] - lse);
+    }
+    return (float)fmin(0.0, (double)logits[tok] - lse);
 }
 
 /* A private cache with an identity block table; see generate.h. */
@@ -156,7 +188,7 @@ int generate_tokens(const model_t *m, tpool_t *pool, const int32_t *prompt, int3
         double u = sampler_rng_uniform(&rng);
         int32_t tok = cpu_sample(logits, m->cfg.vocab, p->temperature, p->top_k, p->top_p, u);
         out[(*n_out)++] = tok;
-        if (!p->ignore_eos && m->cfg.eos_id >= 0 && tok == m->cfg.eos_id) break;
+        if (!p->ignore_eos && model_is_eos(&m->cfg, tok)) break;
         if (i + 1 == max_new) break;
         CHECK(seq_feed(&s, &tok, 1, false, logits));
         stats.n_decode++;

@@ -24,11 +24,22 @@ typedef struct {
     int32_t top_k;     /* <= 0: off */
     float top_p;       /* >= 1: off */
     uint64_t seed;
-    bool ignore_eos;   /* keep going past cfg.eos_id */
+    bool ignore_eos;   /* keep going past every id of cfg.eos_ids */
 } sampler_params_t;
 
 /* Greedy defaults: temperature 0, top_k 0, top_p 1, seed 0. */
 void sampler_params_default(sampler_params_t *p);
+
+/* Most alternatives sampler_logprobs returns. */
+#define SAMPLER_MAX_TOP 20
+
+/* Log-probabilities under the model's own distribution softmax(logits[vocab]), before any
+ * temperature, top-k or top-p (as OpenAI's API reports them): returns token tok's; top_ids[k]
+ * and top_lp[k] (k in 0..SAMPLER_MAX_TOP, at most vocab) receive the k most likely tokens, most
+ * likely first (ties to the lower id), and theirs. Each value is logit - logsumexp(logits) with
+ * the sum in double, so it is <= 0 and the exps of all vocab values add up to 1 within
+ * rounding. One pass for the sum and one for the top k; logits are only read. */
+float sampler_logprobs(const float *logits, int vocab, int32_t tok, int k, int32_t *top_ids, float *top_lp);
 
 /* One sequence: positions 0..capacity-1 in a private KV cache. */
 typedef struct {
@@ -61,7 +72,7 @@ typedef struct {
 } gen_stats_t;
 
 /* Prefill prompt[n_prompt], then sample up to max_new tokens into out[max_new] (greedy by
- * default), stopping after cfg.eos_id unless p->ignore_eos. *n_out = tokens written.
+ * default), stopping after any id of cfg.eos_ids unless p->ignore_eos. *n_out = tokens written.
  * chunk bounds the prefill step size (<= 0: whole prompt in one step). st may be NULL.
  * Returns 0 or <0. */
 int generate_tokens(const model_t *m, tpool_t *pool, const int32_t *prompt, int32_t n_prompt, int32_t max_new,

@@ -93,6 +93,18 @@ void msg_free(msg_t *m)
     memset(m, 0, sizeof *m);
 }
 
+int32_t msg_hello_eos(const msg_hello_t *h, int32_t *ids)
+{
+    if (h->eos_ids) {
+        STRATA_ASSERT(h->n_eos >= 1 && h->n_eos <= MSG_MAX_EOS); /* the decoder and encoder check it */
+        memcpy(ids, h->eos_ids, (size_t)h->n_eos * sizeof *ids);
+        return h->n_eos;
+    }
+    if (h->eos_id < 0) return 0;
+    ids[0] = h->eos_id;
+    return 1;
+}
+
 /* ---- names ---- */
 
 static const char *const s_errnames[MSG_E_COUNT] = {
@@ -167,6 +179,7 @@ typedef enum {
     F_BIN,      /* msg_str_t, bin (str also accepted); length lo..hi */
     F_I32S,     /* const int32_t * + int32_t count at cnt; count lo..hi, elements elo..ehi */
     F_U64S,     /* const uint64_t * + count at cnt; count lo..hi */
+    F_F32S,     /* const float * + int32_t count at cnt; count lo..hi, elements elo..ehi (NaN never) */
     F_STRS,     /* const msg_str_t * + count at cnt; count lo..hi; each length elo..ehi */
     F_FINISH,   /* msg_finish_t, wire string */
     F_ERRCODE,  /* msg_errcode_t, wire string */
@@ -182,7 +195,7 @@ typedef enum {
 #define FL_SHCNT 4u /* count shared with another array: lengths must agree */
 #define FL_DEF1 8u  /* optional scalar whose default is 1 (else 0 / false); see s_emitted */
 #define FL_DEFM1 16u /* optional scalar whose default is -1 */
-#define FL_PACKED 32u /* F_I32S / F_U64S sent as one msgpack bin of little-endian values (the
+#define FL_PACKED 32u /* F_I32S / F_U64S / F_F32S sent as one msgpack bin of little-endian values (the
                        * per-step arrays: one header instead of one object per element);
                        * a decoder also accepts the plain array form */
 #define FL_JSONMAP 64u /* F_JSON: the msgpack form is a map (else an array) */
@@ -210,6 +223,30 @@ struct fdesc {
     {"top_k", F_I32, 0, offsetof(T, m.top_k), 0, 0, MSG_MAX_TOP_K, 0, 0, NULL, 0},               \
     {"seed", F_U64, 0, offsetof(T, m.seed), 0, 0, 0, 0, 0, NULL, 0}
 
+/* Log-probabilities of one request's tokens (msg_logprobs_t): packed internally, plain arrays and
+ * with the tokens' texts towards clients; the counts are checked against each other and the
+ * tokens in s_check_type. */
+#define LP_MAX_TOP ((double)MSG_MAX_TOKENS_ARRAY * MSG_MAX_TOP_LOGPROBS)
+#define LP_FIELDS(T, m, fl)                                                                                              \
+    {"logprobs", F_F32S, fl, offsetof(T, m.logprobs), offsetof(T, m.n_logprobs), 0, MSG_MAX_TOKENS_ARRAY, -INFINITY, 0, NULL, 0}, \
+    {"top_n", F_I32, 0, offsetof(T, m.top_n), 0, 0, MSG_MAX_TOP_LOGPROBS, 0, 0, NULL, 0},                                \
+    {"top_tokens", F_I32S, fl, offsetof(T, m.top_tokens), offsetof(T, m.n_top_tokens), 0, LP_MAX_TOP, 0, I32MAX, NULL, 0}, \
+    {"top_logprobs", F_F32S, fl, offsetof(T, m.top_logprobs), offsetof(T, m.n_top_logprobs), 0, LP_MAX_TOP, -INFINITY, 0, NULL, 0}
+#define LP_TEXT_FIELDS(T, m)                                                                                             \
+    {"token_text", F_STRS, 0, offsetof(T, m.token_text), offsetof(T, m.n_token_text), 0, MSG_MAX_TOKENS_ARRAY, 0, MSG_MAX_TOKEN_TEXT, NULL, 0}, \
+    {"top_text", F_STRS, 0, offsetof(T, m.top_text), offsetof(T, m.n_top_text), 0, LP_MAX_TOP, 0, MSG_MAX_TOKEN_TEXT, NULL, 0}
+/* Log-probabilities of many rows (msg_lp_rows_t), always packed. */
+#define LP_ROWS_MAX_TOP ((double)MSG_MAX_STEP_SEQS * MSG_MAX_TOP_LOGPROBS)
+#define LP_ROWS_FIELDS(T, m)                                                                                             \
+    {"logprobs", F_F32S, FL_PACKED, offsetof(T, m.logprobs), offsetof(T, m.n_logprobs), 1, MSG_MAX_STEP_SEQS, -INFINITY, 0, NULL, 0}, \
+    {"top_n", F_I32S, FL_PACKED, offsetof(T, m.top_n), offsetof(T, m.n_top_n), 1, MSG_MAX_STEP_SEQS, -1, MSG_MAX_TOP_LOGPROBS, NULL, 0}, \
+    {"top_tokens", F_I32S, FL_PACKED, offsetof(T, m.top_tokens), offsetof(T, m.n_top_tokens), 0, LP_ROWS_MAX_TOP, 0, I32MAX, NULL, 0}, \
+    {"top_logprobs", F_F32S, FL_PACKED, offsetof(T, m.top_logprobs), offsetof(T, m.n_top_logprobs), 0, LP_ROWS_MAX_TOP, -INFINITY, 0, NULL, 0}
+/* A request's ask for log-probabilities (generate, submit, a step's sequence). */
+#define LP_ASK_FIELDS(T)                                                                                 \
+    {"logprobs", F_BOOL, 0, offsetof(T, logprobs), 0, 0, 0, 0, 0, NULL, 0},                              \
+    {"top_logprobs", F_I32, 0, offsetof(T, top_logprobs), 0, 0, MSG_MAX_TOP_LOGPROBS, 0, 0, NULL, 0}
+
 static const fdesc_t s_f_none[] = {END_FIELDS};
 
 static const fdesc_t s_f_generate[] = {
@@ -223,6 +260,7 @@ static const fdesc_t s_f_generate[] = {
     {"stop", F_STRS, 0, offsetof(msg_generate_t, stop), offsetof(msg_generate_t, n_stop), 0, MSG_MAX_STOP, 1, MSG_MAX_STOP_LEN, NULL, 0},
     {"stream", F_BOOL, FL_DEF1, offsetof(msg_generate_t, stream), 0, 0, 0, 0, 0, NULL, 0},
     {"ignore_eos", F_BOOL, 0, offsetof(msg_generate_t, ignore_eos), 0, 0, 0, 0, 0, NULL, 0},
+    LP_ASK_FIELDS(msg_generate_t),
     END_FIELDS};
 
 static const fdesc_t s_f_resume[] = {
@@ -240,11 +278,14 @@ static const fdesc_t s_f_token[] = {
     {"index", F_I64, FL_REQ, offsetof(msg_tokens_t, index), 0, 0, I64MAX, 0, 0, NULL, 0},
     {"tokens", F_I32S, FL_REQ, offsetof(msg_tokens_t, tokens), offsetof(msg_tokens_t, n_tokens), 0, MSG_MAX_TOKENS_ARRAY, 0, I32MAX, NULL, 0},
     {"text", F_STR, FL_REQ, offsetof(msg_tokens_t, text), 0, 0, 1e18, 0, 0, NULL, 0},
+    LP_FIELDS(msg_tokens_t, lp, 0),
+    LP_TEXT_FIELDS(msg_tokens_t, lp),
     END_FIELDS};
 
 static const fdesc_t s_f_tokens[] = {
     {"index", F_I64, FL_REQ, offsetof(msg_tokens_t, index), 0, 0, I64MAX, 0, 0, NULL, 0},
     {"tokens", F_I32S, FL_REQ, offsetof(msg_tokens_t, tokens), offsetof(msg_tokens_t, n_tokens), 0, MSG_MAX_TOKENS_ARRAY, 0, I32MAX, NULL, 0},
+    LP_FIELDS(msg_tokens_t, lp, FL_PACKED),
     END_FIELDS};
 
 static const fdesc_t s_f_usage[] = {
@@ -264,6 +305,8 @@ static const fdesc_t s_f_done[] = {
     {"timings", F_OBJ, FL_REQ, 0, 0, 0, 0, 0, 0, s_f_timings, 0},
     {"text", F_STR, 0, offsetof(msg_done_t, text), 0, 0, 1e18, 0, 0, NULL, 0},
     {"tokens", F_I32S, 0, offsetof(msg_done_t, tokens), offsetof(msg_done_t, n_tokens), 0, MSG_MAX_TOKENS_ARRAY, 0, I32MAX, NULL, 0},
+    LP_FIELDS(msg_done_t, lp, 0),
+    LP_TEXT_FIELDS(msg_done_t, lp),
     END_FIELDS};
 
 static const fdesc_t s_f_sched_done[] = {
@@ -305,6 +348,7 @@ static const fdesc_t s_f_submit[] = {
     {"max_tokens", F_I32, FL_REQ, offsetof(msg_submit_t, max_tokens), 0, 1, MSG_MAX_MAX_TOKENS, 0, 0, NULL, 0},
     SAMPLING_FIELDS(msg_submit_t, samp),
     {"ignore_eos", F_BOOL, 0, offsetof(msg_submit_t, ignore_eos), 0, 0, 0, 0, 0, NULL, 0},
+    LP_ASK_FIELDS(msg_submit_t),
     END_FIELDS};
 
 static const fdesc_t s_f_hello[] = {
@@ -318,6 +362,7 @@ static const fdesc_t s_f_hello[] = {
     {"kv_blocks", F_I32, 0, offsetof(msg_hello_t, kv_blocks), 0, 0, I32MAX, 0, 0, NULL, 0},
     {"block_size", F_I32, 0, offsetof(msg_hello_t, block_size), 0, 0, I32MAX, 0, 0, NULL, 0},
     {"load_ms", F_F64, 0, offsetof(msg_hello_t, load_ms), 0, 0, 1e12, 0, 0, NULL, 0},
+    {"eos_ids", F_I32S, 0, offsetof(msg_hello_t, eos_ids), offsetof(msg_hello_t, n_eos), 1, MSG_MAX_EOS, 0, I32MAX, NULL, 0},
     END_FIELDS};
 
 static const fdesc_t s_f_step_seq[] = {
@@ -329,6 +374,7 @@ static const fdesc_t s_f_step_seq[] = {
     SAMPLING_FIELDS(msg_step_seq_t, samp),
     {"n_sampled", F_U64, 0, offsetof(msg_step_seq_t, n_sampled), 0, 0, 0, 0, 0, NULL, 0},
     {"last", F_BOOL, 0, offsetof(msg_step_seq_t, last), 0, 0, 0, 0, 0, NULL, 0},
+    LP_ASK_FIELDS(msg_step_seq_t),
     END_FIELDS};
 
 static const fdesc_t s_f_step[] = {
@@ -342,12 +388,14 @@ static const fdesc_t s_f_result[] = {
     {"tokens", F_I32S, FL_REQ | FL_SHCNT | FL_PACKED, offsetof(msg_result_t, tokens), offsetof(msg_result_t, n_seqs), 1, MSG_MAX_STEP_SEQS, -1, I32MAX, NULL, 0},
     {"forward_us", F_F64, 0, offsetof(msg_result_t, forward_us), 0, 0, 1e15, 0, 0, NULL, 0},
     {"sample_us", F_F64, 0, offsetof(msg_result_t, sample_us), 0, 0, 1e15, 0, 0, NULL, 0},
+    LP_ROWS_FIELDS(msg_result_t, lp),
     END_FIELDS};
 
 static const fdesc_t s_f_step_tokens[] = {
     {"reqs", F_U64S, FL_REQ | FL_SHCNT | FL_PACKED, offsetof(msg_step_tokens_t, reqs), offsetof(msg_step_tokens_t, n), 1, MSG_MAX_STEP_SEQS, 0, 0, NULL, 0},
     {"index", F_I32S, FL_REQ | FL_SHCNT | FL_PACKED, offsetof(msg_step_tokens_t, index), offsetof(msg_step_tokens_t, n), 1, MSG_MAX_STEP_SEQS, 0, I32MAX, NULL, 0},
     {"tokens", F_I32S, FL_REQ | FL_SHCNT | FL_PACKED, offsetof(msg_step_tokens_t, tokens), offsetof(msg_step_tokens_t, n), 1, MSG_MAX_STEP_SEQS, 0, I32MAX, NULL, 0},
+    LP_ROWS_FIELDS(msg_step_tokens_t, lp),
     END_FIELDS};
 
 static const fdesc_t s_f_pf_status[] = {
@@ -473,11 +521,86 @@ static bool s_in_range(const fdesc_t *f, double v)
     return v >= f->lo && v <= f->hi;
 }
 
+/* A request's logprobs / top_logprobs (generate, submit, a step's sequence). */
+static int s_check_ask(bool logprobs, int32_t top, const char *ctx, msg_err_t *err)
+{
+    if (top > 0 && !logprobs) return s_fail(err, MSG_E_INVALID_PARAM, "%s: field 'top_logprobs': only with 'logprobs' true", ctx);
+    return 0;
+}
+
+/* The log-probabilities of n tokens of one request: every array as long as the tokens (the
+ * alternatives top_n times as long), and none without 'logprobs'. */
+static int s_check_lp(const msg_logprobs_t *lp, int32_t n, const char *ctx, msg_err_t *err)
+{
+    if (!lp->logprobs) {
+        if (lp->top_n || lp->top_tokens || lp->top_logprobs || lp->token_text || lp->top_text)
+            return s_fail(err, MSG_E_INVALID_PARAM, "%s: fields 'top_n', 'top_tokens', 'top_logprobs', 'token_text' and "
+                                                    "'top_text' only with 'logprobs'", ctx);
+        return 0;
+    }
+    const int64_t nt = (int64_t)n * lp->top_n;
+    if (lp->n_logprobs != n)
+        return s_fail(err, MSG_E_INVALID_PARAM, "%s: field 'logprobs': %d entries for %d tokens", ctx, lp->n_logprobs, n);
+    if (lp->n_top_tokens != nt || lp->n_top_logprobs != nt || (nt > 0 && (!lp->top_tokens || !lp->top_logprobs)))
+        return s_fail(err, MSG_E_INVALID_PARAM, "%s: fields 'top_tokens' and 'top_logprobs': %d and %d entries, need %d tokens x top_n %d",
+                      ctx, lp->n_top_tokens, lp->n_top_logprobs, n, lp->top_n);
+    if (lp->token_text && lp->n_token_text != n)
+        return s_fail(err, MSG_E_INVALID_PARAM, "%s: field 'token_text': %d entries for %d tokens", ctx, lp->n_token_text, n);
+    if ((lp->top_text && (!lp->token_text || lp->n_top_text != nt)) || (lp->token_text && nt > 0 && !lp->top_text))
+        return s_fail(err, MSG_E_INVALID_PARAM, "%s: field 'top_text': %d entries, need %lld (with 'token_text')", ctx,
+                      lp->n_top_text, (long long)nt);
+    for (int32_t i = 0; lp->token_text && i < n; i++)
+        if (!s_utf8_valid((const unsigned char *)lp->token_text[i].s, lp->token_text[i].len))
+            return s_fail(err, MSG_E_INVALID_PARAM, "%s: field 'token_text[%d]': not valid UTF-8", ctx, i);
+    for (int64_t i = 0; lp->top_text && i < nt; i++)
+        if (!s_utf8_valid((const unsigned char *)lp->top_text[i].s, lp->top_text[i].len))
+            return s_fail(err, MSG_E_INVALID_PARAM, "%s: field 'top_text[%lld]': not valid UTF-8", ctx, (long long)i);
+    return 0;
+}
+
+/* The log-probabilities of n rows: top_n for each row, the alternatives as many as they add up to. */
+static int s_check_rows(const msg_lp_rows_t *lp, int32_t n, const char *ctx, msg_err_t *err)
+{
+    if (!lp->logprobs) {
+        if (lp->top_n || lp->top_tokens || lp->top_logprobs)
+            return s_fail(err, MSG_E_INVALID_PARAM, "%s: fields 'top_n', 'top_tokens' and 'top_logprobs' only with 'logprobs'", ctx);
+        return 0;
+    }
+    if (lp->n_logprobs != n || !lp->top_n || lp->n_top_n != n)
+        return s_fail(err, MSG_E_INVALID_PARAM, "%s: fields 'logprobs' and 'top_n': %d and %d entries for %d rows", ctx, lp->n_logprobs,
+                      lp->top_n ? lp->n_top_n : 0, n);
+    int64_t sum = 0;
+    for (int32_t i = 0; i < n; i++) sum += lp->top_n[i] > 0 ? lp->top_n[i] : 0;
+    if (lp->n_top_tokens != sum || lp->n_top_logprobs != sum || (sum > 0 && (!lp->top_tokens || !lp->top_logprobs)))
+        return s_fail(err, MSG_E_INVALID_PARAM, "%s: fields 'top_tokens' and 'top_logprobs': %d and %d entries, the rows' top_n add up to %lld",
+                      ctx, lp->n_top_tokens, lp->n_top_logprobs, (long long)sum);
+    return 0;
+}
+
 /* Checks shared by decoder and encoder that involve more than one field. */
 static int s_check_type(msg_type_t t, const void *body, const char *ctx, msg_err_t *err)
 {
+    int rc = 0;
+    switch (t) {
+    case MSG_SUBMIT: rc = s_check_ask(((const msg_submit_t *)body)->logprobs, ((const msg_submit_t *)body)->top_logprobs, ctx, err); break;
+    case MSG_STEP: {
+        const msg_step_t *st = body;
+        for (int32_t i = 0; i < st->n_seqs && rc == 0; i++) rc = s_check_ask(st->seqs[i].logprobs, st->seqs[i].top_logprobs, ctx, err);
+        break;
+    }
+    case MSG_TOKEN:
+    case MSG_SCHED_TOKENS: rc = s_check_lp(&((const msg_tokens_t *)body)->lp, ((const msg_tokens_t *)body)->n_tokens, ctx, err); break;
+    case MSG_DONE: rc = s_check_lp(&((const msg_done_t *)body)->lp, ((const msg_done_t *)body)->n_tokens, ctx, err); break;
+    case MSG_STEP_RESULT: rc = s_check_rows(&((const msg_result_t *)body)->lp, ((const msg_result_t *)body)->n_seqs, ctx, err); break;
+    case MSG_SCHED_STEP_TOKENS:
+        rc = s_check_rows(&((const msg_step_tokens_t *)body)->lp, ((const msg_step_tokens_t *)body)->n, ctx, err);
+        break;
+    default: break;
+    }
+    if (rc < 0) return rc;
     if (t == MSG_GENERATE) {
         const msg_generate_t *g = body;
+        if ((rc = s_check_ask(g->logprobs, g->top_logprobs, ctx, err)) < 0) return rc;
         int given = (g->prompt.s != NULL) + (g->tokens != NULL) + (g->messages.s != NULL);
         if (given != 1)
             return s_fail(err, given ? MSG_E_INVALID_PARAM : MSG_E_MISSING_FIELD,
@@ -495,6 +618,21 @@ static int s_check_type(msg_type_t t, const void *body, const char *ctx, msg_err
         for (int i = 0; i < g->n_stop; i++)
             if (!s_utf8_valid((const unsigned char *)g->stop[i].s, g->stop[i].len))
                 return s_fail(err, MSG_E_INVALID_PARAM, "%s: field 'stop[%d]': not valid UTF-8", ctx, i);
+    }
+    if (t == MSG_SCHED_HELLO_REPLY || t == MSG_EXEC_HELLO_REPLY) {
+        const msg_hello_t *h = body;
+        for (int32_t i = 0; h->eos_ids && i < h->n_eos; i++) {
+            if (h->eos_ids[i] >= h->vocab)
+                return s_fail(err, MSG_E_INVALID_PARAM, "%s: field 'eos_ids[%d]': %d is outside the vocab (%d)", ctx, i,
+                              h->eos_ids[i], h->vocab);
+            for (int32_t k = 0; k < i; k++)
+                if (h->eos_ids[k] == h->eos_ids[i])
+                    return s_fail(err, MSG_E_INVALID_PARAM, "%s: field 'eos_ids[%d]': %d repeats eos_ids[%d]", ctx, i,
+                                  h->eos_ids[i], k);
+        }
+        if (h->eos_ids && h->eos_id != h->eos_ids[0])
+            return s_fail(err, MSG_E_INVALID_PARAM, "%s: field 'eos_id': %d, but eos_ids[0] is %d", ctx, h->eos_id,
+                          h->eos_ids[0]);
     }
     if (t == MSG_RESUME) {
         const msg_resume_t *r = body;
@@ -619,6 +757,7 @@ static const char *s_kind_name(fkind_t k)
     case F_STR: case F_FINISH: case F_ERRCODE: return "a string";
     case F_BIN: return "bytes";
     case F_I32S: case F_U64S: return "an array of integers";
+    case F_F32S: return "an array of numbers";
     case F_STRS: return "an array of strings";
     case F_STATMAP: case F_OBJ: return "a map";
     case F_OBJARR: return "an array of maps";
@@ -791,12 +930,16 @@ static int64_t s_repeated_key(const msgpack_object *map)
 static int s_decode_fields(dctx_t *d, const msgpack_object *map, const fdesc_t *fields, char *body,
                            const path_t *path, bool top);
 
-/* An F_I32S / F_U64S field sent packed: a bin of n little-endian int32 / uint64 values. */
+/* An element of an F_F32S field as stored: NaN and values outside elo..ehi are refused. */
+static bool s_f32_ok(const fdesc_t *f, float v) { return v >= f->elo && v <= f->ehi; }
+
+/* An F_I32S / F_U64S / F_F32S field sent packed: a bin of n little-endian int32 / uint64 / float32 values. */
 static int s_decode_packed(dctx_t *d, const fdesc_t *f, const msgpack_object *o, char *body, const path_t *path)
 {
     char pb[192];
     rangetext_t rt;
-    size_t esz = f->kind == F_I32S ? 4 : 8;
+    numtext_t nt;
+    size_t esz = f->kind == F_U64S ? 8 : 4;
     const unsigned char *p = (const unsigned char *)o->via.bin.ptr;
     size_t bytes = o->via.bin.size;
     if (bytes % esz)
@@ -814,7 +957,14 @@ static int s_decode_packed(dctx_t *d, const fdesc_t *f, const msgpack_object *o,
     if (!arr) return STRATA_ENOMEM;
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     if (n) memcpy(arr, p, bytes); /* the wire order is the host order */
-    if (esz == 4)
+    if (f->kind == F_F32S)
+        for (size_t i = 0; i < n; i++) {
+            float v = ((const float *)arr)[i];
+            if (!s_f32_ok(f, v))
+                return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s[%zu]': must be in %s, got %s", CTX, f->name, i,
+                              s_fmt_range(f->elo, f->ehi, false, &rt), s_fmt_double(v, true, &nt));
+        }
+    else if (esz == 4)
         for (size_t i = 0; i < n; i++) {
             int32_t v = ((const int32_t *)arr)[i];
             if ((double)v < f->elo || (double)v > f->ehi)
@@ -824,7 +974,15 @@ static int s_decode_packed(dctx_t *d, const fdesc_t *f, const msgpack_object *o,
     n = 0; /* done: skip the portable loop below */
 #endif
     for (size_t i = 0; i < n; i++, p += esz) {
-        if (esz == 4) {
+        if (f->kind == F_F32S) {
+            uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+            float v;
+            memcpy(&v, &u, 4);
+            if (!s_f32_ok(f, v))
+                return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s[%zu]': must be in %s, got %s", CTX, f->name, i,
+                              s_fmt_range(f->elo, f->ehi, false, &rt), s_fmt_double(v, true, &nt));
+            ((float *)arr)[i] = v;
+        } else if (esz == 4) {
             int32_t v = (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
             if ((double)v < f->elo || (double)v > f->ehi)
                 return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s[%zu]': must be in %s, got %d", CTX, f->name, i,
@@ -1049,6 +1207,7 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
     }
     case F_I32S:
     case F_U64S:
+    case F_F32S:
         if ((f->flags & FL_PACKED) && o->type == MSGPACK_OBJECT_BIN) return s_decode_packed(d, f, o, body, path);
         /* fall through */
     case F_STRS:
@@ -1063,7 +1222,7 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
             return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s': length %u differs from a sibling array's %d",
                           CTX, f->name, n, *cnt);
         const msgpack_object *e = o->via.array.ptr;
-        size_t esz = f->kind == F_I32S ? 4 : f->kind == F_U64S ? 8 : f->kind == F_STRS ? sizeof(msg_str_t) : f->esz;
+        size_t esz = f->kind == F_I32S || f->kind == F_F32S ? 4 : f->kind == F_U64S ? 8 : f->kind == F_STRS ? sizeof(msg_str_t) : f->esz;
         char *arr = s_alloc(d->m, esz * (n ? n : 1));
         if (!arr) return STRATA_ENOMEM;
         if (f->kind == F_OBJARR) memset(arr, 0, esz * n);
@@ -1076,6 +1235,18 @@ static int s_decode_value(dctx_t *d, const fdesc_t *f, const msgpack_object *o, 
                     return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s[%u]': must be in %s, got %s", CTX,
                                   f->name, i, s_fmt_range(f->elo, f->ehi, false, &rt), s_fmt_given(&e[i], &nt));
                 ((int32_t *)arr)[i] = (int32_t)iv;
+            } else if (f->kind == F_F32S) {
+                double v;
+                if (e[i].type == MSGPACK_OBJECT_FLOAT32 || e[i].type == MSGPACK_OBJECT_FLOAT64) v = e[i].via.f64;
+                else if (e[i].type == MSGPACK_OBJECT_POSITIVE_INTEGER) v = (double)e[i].via.u64;
+                else if (e[i].type == MSGPACK_OBJECT_NEGATIVE_INTEGER) v = (double)e[i].via.i64;
+                else
+                    return s_fail(d->err, MSG_E_WRONG_TYPE, "%s: field '%s[%u]': expected a number, got %s", CTX, f->name, i,
+                                  s_obj_type_name(&e[i]));
+                if (!s_f32_ok(f, (float)v))
+                    return s_fail(d->err, MSG_E_INVALID_PARAM, "%s: field '%s[%u]': must be in %s, got %s", CTX, f->name, i,
+                                  s_fmt_range(f->elo, f->ehi, false, &rt), s_fmt_given(&e[i], &nt));
+                ((float *)arr)[i] = (float)v;
             } else if (f->kind == F_U64S) {
                 if (e[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
                     return s_fail(d->err, MSG_E_WRONG_TYPE, "%s: field '%s[%u]': expected a non-negative integer, got %s",
@@ -1393,7 +1564,7 @@ static bool s_emitted(const fdesc_t *f, const char *body)
     double def = (f->flags & FL_DEF1) ? 1 : (f->flags & FL_DEFM1) ? -1 : 0;
     switch (f->kind) {
     case F_STR: case F_BIN: case F_JSON: return ((const msg_str_t *)at)->s != NULL;
-    case F_I32S: case F_U64S: case F_STRS: case F_OBJARR: return req || *(const void *const *)at != NULL;
+    case F_I32S: case F_U64S: case F_F32S: case F_STRS: case F_OBJARR: return req || *(const void *const *)at != NULL;
     case F_U64: return req || *(const uint64_t *)at != 0;
     case F_I64: return req || (double)*(const int64_t *)at != def;
     case F_I32: return req || (double)*(const int32_t *)at != def;
@@ -1475,6 +1646,7 @@ static int s_encode_value(ectx_t *e, const fdesc_t *f, const char *body)
     }
     case F_I32S:
     case F_U64S:
+    case F_F32S:
     case F_STRS:
     case F_OBJARR: {
         int32_t n = *(const int32_t *)(body + f->cnt);
@@ -1482,7 +1654,14 @@ static int s_encode_value(ectx_t *e, const fdesc_t *f, const char *body)
         if ((double)n < f->lo || (double)n > f->hi || (n > 0 && !arr))
             return s_fail(&e->err, MSG_E_INVALID_PARAM, "%s: field '%s': bad element count %d", e->tname, f->name, n);
         if (f->flags & FL_PACKED) {
-            size_t esz = f->kind == F_I32S ? 4 : 8;
+            size_t esz = f->kind == F_U64S ? 8 : 4;
+            if (f->kind == F_F32S)
+                for (int32_t i = 0; i < n; i++)
+                    if (!s_f32_ok(f, ((const float *)arr)[i])) {
+                        numtext_t t;
+                        return s_fail(&e->err, MSG_E_INVALID_PARAM, "%s: field '%s[%d]' out of range: %s", e->tname, f->name, i,
+                                      s_fmt_double(((const float *)arr)[i], true, &t));
+                    }
             PK(msgpack_pack_bin(pk, esz * (size_t)n));
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
             if (f->kind == F_I32S)
@@ -1505,6 +1684,10 @@ static int s_encode_value(ectx_t *e, const fdesc_t *f, const char *body)
                         return s_fail(&e->err, MSG_E_INVALID_PARAM, "%s: field '%s[%d]' out of range: %d", e->tname,
                                       f->name, i, x);
                     v = (uint32_t)x;
+                } else if (f->kind == F_F32S) {
+                    uint32_t u;
+                    memcpy(&u, &((const float *)arr)[i], 4);
+                    v = u;
                 } else {
                     v = ((const uint64_t *)arr)[i];
                 }
@@ -1525,6 +1708,14 @@ static int s_encode_value(ectx_t *e, const fdesc_t *f, const char *body)
                 PK(msgpack_pack_int32(pk, v));
             } else if (f->kind == F_U64S) {
                 PK(msgpack_pack_uint64(pk, ((const uint64_t *)arr)[i]));
+            } else if (f->kind == F_F32S) {
+                float v = ((const float *)arr)[i];
+                if (!s_f32_ok(f, v)) {
+                    numtext_t t;
+                    return s_fail(&e->err, MSG_E_INVALID_PARAM, "%s: field '%s[%d]' out of range: %s", e->tname, f->name, i,
+                                  s_fmt_double(v, true, &t));
+                }
+                PK(msgpack_pack_float(pk, v));
             } else if (f->kind == F_STRS) {
                 const msg_str_t *s = &((const msg_str_t *)arr)[i];
                 if (!s->s || (double)s->len < f->elo || (double)s->len > f->ehi)

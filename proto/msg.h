@@ -35,6 +35,9 @@
 #define MSG_MAX_STATS 1024             /* entries in a stats reply */
 #define MSG_MAX_DEPTH 16               /* msgpack nesting accepted by decoders */
 #define MSG_MAX_JSON_DEPTH 12          /* nesting of a messages / template_vars value given as msgpack */
+#define MSG_MAX_TOP_LOGPROBS 20        /* most likely alternatives returned per token */
+#define MSG_MAX_TOKEN_TEXT 65536       /* bytes of one token's text in token_text / top_text */
+#define MSG_MAX_EOS 16                 /* end-of-sequence ids in a hello (eos_ids) */
 
 typedef enum {
     MSG_FAM_CLIENT = 0,   /* client -> router */
@@ -152,6 +155,9 @@ typedef struct {
     const msg_str_t *stop;      /* [n_stop] stop strings, 1..MSG_MAX_STOP_LEN bytes each */
     bool stream;                /* default true: token events; false: one done with text */
     bool ignore_eos;            /* default false: keep going past the model's eos token */
+    bool logprobs;              /* default false: return each generated token's log-probability */
+    int32_t top_logprobs;       /* [0, MSG_MAX_TOP_LOGPROBS], only with logprobs: and that many most
+                                   likely tokens at each position */
 } msg_generate_t;
 
 /* resume: send the rest of a request. Client family: after a router restart the client
@@ -164,12 +170,31 @@ typedef struct {
     bool stream;                /* client only: default true */
 } msg_resume_t;
 
+/* Log-probabilities of the tokens of one message of one request (token, tokens, done), present
+ * only when the request asked for them (PROTOCOL.md "Log-probabilities"): the model's own
+ * distribution at each position, log-softmax of the raw logits (before temperature, top-k and
+ * top-p). Absent: logprobs NULL, every count 0. With them, for the message's n tokens:
+ * n_logprobs = n, n_top_tokens = n_top_logprobs = n * top_n, and in the client family
+ * n_token_text = n and n_top_text = n * top_n (or 0 when the router has no tokenizer). */
+typedef struct {
+    int32_t n_logprobs;
+    const float *logprobs;      /* [n] each token's log-probability, <= 0 */
+    int32_t top_n;              /* alternatives per token: the request's top_logprobs, at most the vocab */
+    int32_t n_top_tokens, n_top_logprobs;
+    const int32_t *top_tokens;  /* [n][top_n] the most likely ids at each position, most likely first */
+    const float *top_logprobs;  /* [n][top_n] theirs */
+    int32_t n_token_text, n_top_text;
+    const msg_str_t *token_text; /* client family: [n] each token decoded on its own (UTF-8) */
+    const msg_str_t *top_text;  /* client family: [n][top_n] each alternative decoded on its own */
+} msg_logprobs_t;
+
 /* token (router -> client) and tokens (scheduler -> router). */
 typedef struct {
     int64_t index;              /* index of tokens[0] among the request's generated tokens */
     int32_t n_tokens;
     const int32_t *tokens;      /* [n_tokens] */
     msg_str_t text;             /* token only: UTF-8 text newly final (may be empty); absent internally */
+    msg_logprobs_t lp;          /* of tokens[], when the request asked */
 } msg_tokens_t;
 
 typedef struct {
@@ -182,6 +207,7 @@ typedef struct {
     msg_str_t text;             /* client, stream=false only: the whole answer; else absent */
     int32_t n_tokens;           /* client, stream=false only: the generated ids; else 0 */
     const int32_t *tokens;
+    msg_logprobs_t lp;          /* client, stream=false only, when the request asked: of tokens[] */
 } msg_done_t;
 
 typedef struct {
@@ -226,6 +252,8 @@ typedef struct {
     int32_t max_tokens;         /* [1, MSG_MAX_MAX_TOKENS] */
     msg_sampling_t samp;
     bool ignore_eos;            /* do not stop at the model's eos token */
+    bool logprobs;              /* return each token's log-probability (msg_generate_t) */
+    int32_t top_logprobs;       /* [0, MSG_MAX_TOP_LOGPROBS], only with logprobs */
 } msg_submit_t;
 
 /* hello reply: a service describes itself (executor -> scheduler, scheduler -> router). */
@@ -235,11 +263,18 @@ typedef struct {
     msg_str_t model;            /* model name (folder base name) */
     int32_t vocab;
     int32_t max_context;        /* tokens */
-    int32_t bos_id, eos_id;     /* -1 if none */
+    int32_t bos_id, eos_id;     /* -1 if none; eos_id = eos_ids[0] when eos_ids is given */
     int32_t kv_blocks;          /* KV blocks the executor holds (0 if unknown) */
     int32_t block_size;         /* tokens per KV block */
     double load_ms;             /* time to build the model at start (arena attach, not disk) */
+    int32_t n_eos;              /* [1, MSG_MAX_EOS] when eos_ids is given */
+    const int32_t *eos_ids;     /* [n_eos] every id that ends a generation, distinct, in [0, vocab); NULL:
+                                   absent, the set is {eos_id} (or none when eos_id is -1) */
 } msg_hello_t;
+
+/* The stop set of a hello into ids[MSG_MAX_EOS]: eos_ids when given, else eos_id alone when it is
+ * >= 0. Returns how many (0: the model has no eos). */
+int32_t msg_hello_eos(const msg_hello_t *h, int32_t *ids);
 
 /* One sequence of a step plan. Its tokens sit at positions pos0 .. pos0+n_tokens-1; the
  * executor writes their K/V into blocks[] and, if sample, samples the next token from the
@@ -256,6 +291,8 @@ typedef struct {
     uint64_t n_sampled;         /* tokens already sampled for this request (RNG counter) */
     bool last;                  /* sample, and the token is the request's last (its length limit): no
                                    step of this sequence follows */
+    bool logprobs;              /* sample: also return the sampled token's log-probability */
+    int32_t top_logprobs;       /* [0, MSG_MAX_TOP_LOGPROBS], with logprobs: and that many most likely */
 } msg_step_seq_t;
 
 /* step: scheduler -> executor. id = step number (increasing). */
@@ -265,6 +302,21 @@ typedef struct {
     const msg_step_seq_t *seqs; /* [n_seqs] */
 } msg_step_t;
 
+/* Log-probabilities of many rows, one token each of many requests (result, step_tokens), present
+ * only when some row's request asked: n_logprobs = n_top_n = the rows; top_n[i] is row i's count
+ * of alternatives, or -1 where row i has none (its request did not ask, or it sampled nothing;
+ * logprobs[i] is then 0); row i's alternatives follow those of the rows before it, so
+ * n_top_tokens = n_top_logprobs = the sum of the top_n[i] >= 0. */
+typedef struct {
+    int32_t n_logprobs;
+    const float *logprobs;      /* [rows] the row's token's log-probability, <= 0 */
+    int32_t n_top_n;
+    const int32_t *top_n;       /* [rows] -1 .. MSG_MAX_TOP_LOGPROBS */
+    int32_t n_top_tokens, n_top_logprobs;
+    const int32_t *top_tokens;  /* [sum top_n] most likely first within a row */
+    const float *top_logprobs;  /* [sum top_n] */
+} msg_lp_rows_t;
+
 /* step_tokens: scheduler -> router, one step's new tokens of many requests in one message
  * (instead of one `tokens` event each): request reqs[i] got token tokens[i] at generated
  * index index[i]. Same meaning as n `tokens` events with one token each, in array order. */
@@ -273,6 +325,7 @@ typedef struct {
     const uint64_t *reqs;       /* [n] internal request ids */
     const int32_t *index;       /* [n] >= 0 */
     const int32_t *tokens;      /* [n] >= 0 */
+    msg_lp_rows_t lp;           /* of the n tokens, when some request asked */
 } msg_step_tokens_t;
 
 /* result: executor -> scheduler. tokens are in plan order; -1 where sample was false. */
@@ -283,6 +336,7 @@ typedef struct {
     const int32_t *tokens;      /* [n_seqs] sampled token or -1 */
     double forward_us;          /* time in model_forward */
     double sample_us;           /* time sampling */
+    msg_lp_rows_t lp;           /* of the sampled tokens, when some sequence asked (msg_step_seq_t.logprobs) */
 } msg_result_t;
 
 /* status reply: prefetcher -> requester. */

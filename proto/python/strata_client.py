@@ -24,6 +24,12 @@ A router with ZeroMQ CURVE ([router] curve_secret_key_file) needs its public key
 
 A client whose key the router refuses gets no connection: its calls end with "unavailable" or
 a timeout.
+
+Log-probabilities (PROTOCOL.md "Log-probabilities"): generate(..., logprobs=True, top_logprobs=k)
+adds to each `token` event (and to the `done` of stream=False) "logprobs" (one per token, the
+model's own distribution before temperature, top-k and top-p), "top_n", "top_tokens" and
+"top_logprobs" (k per token, most likely first) and "token_text" / "top_text" (each token
+decoded on its own). A request without them gets none of these keys.
 """
 
 import itertools
@@ -254,16 +260,22 @@ class StrataClient:
         self.send({"type": "cancel", "id": rid})
 
     def generate(self, prompt=None, *, tokens=None, max_tokens=16, temperature=0.0, top_p=1.0, top_k=0,
-                 seed=0, stop=None, stream=True, ignore_eos=False, id=None, resume=True, extra=None):
+                 seed=0, stop=None, stream=True, ignore_eos=False, logprobs=False, top_logprobs=0, id=None,
+                 resume=True, extra=None):
         """Stream one answer. Yields each `token` event (dicts with "index", "tokens",
-        "text"); when the answer ends, self.last_done holds the `done` message (with "text"
-        and "tokens" too if stream=False, in which case nothing is yielded).
+        "text", and with logprobs=True their log-probabilities: see the module's doc); when
+        the answer ends, self.last_done holds the `done` message (with "text" and "tokens"
+        too if stream=False, in which case nothing is yielded).
         Raises StrataError on an error reply. `extra` adds raw fields (tests)."""
         rid = self.next_id() if id is None else id
         msg = {"type": "generate", "id": rid, "max_tokens": max_tokens, "temperature": temperature,
                "top_p": top_p, "top_k": top_k, "seed": seed, "stream": stream}
         if ignore_eos:
             msg["ignore_eos"] = True
+        if logprobs:
+            msg["logprobs"] = True
+            if top_logprobs:
+                msg["top_logprobs"] = top_logprobs
         if tokens is not None:
             msg["tokens"] = list(tokens)
         else:

@@ -18,6 +18,8 @@
 #include "model/gpu.h"
 #endif
 
+_Static_assert(SAMPLER_MAX_TOP == MSG_MAX_TOP_LOGPROBS, "the executor returns what a request may ask");
+
 #define RNG_CACHE 4096 /* direct-mapped cache of per-request RNG states (a power of two) */
 
 typedef enum { BK_CPU = 0, BK_CUDA = 1 } backend_t;
@@ -58,6 +60,19 @@ struct exec {
     float *logits;                      /* [logits_rows][vocab] */
     int32_t logits_rows;
     rng_slot_t *rng;                    /* [RNG_CACHE] */
+    /* log-probabilities of the last step (allocated at the first step that asks) */
+    bool lp_any;                        /* some sequence of the last step asked */
+    int32_t lp_seqs;                    /* its sequences */
+    float *lp;                          /* [MSG_MAX_STEP_SEQS] the sampled token's, per sequence */
+    int32_t *lp_topn;                   /* [MSG_MAX_STEP_SEQS] alternatives per sequence, -1 none */
+    int32_t *lp_tok;                    /* [MSG_MAX_STEP_SEQS][SAMPLER_MAX_TOP] alternatives, at stride
+                                           SAMPLER_MAX_TOP while sampling, packed after */
+    float *lp_top;                      /* [MSG_MAX_STEP_SEQS][SAMPLER_MAX_TOP] their log-probabilities */
+    int32_t lp_ntop;                    /* packed entries of lp_tok / lp_top */
+    int32_t *lp_slot;                   /* [MSG_MAX_STEP_SEQS] logit row -> its row of lp_raw, or -1 */
+    float *lp_raw;                      /* [lp_raw_rows][vocab] untouched copies of the logits rows that
+                                           cpu_sample rescales in place (temperature > 0) */
+    int32_t lp_raw_rows;
     exec_stats_t st;
 };
 
@@ -241,6 +256,12 @@ void exec_free(exec_t *e)
 #endif
     free(e->logits);
     free(e->rng);
+    free(e->lp);
+    free(e->lp_topn);
+    free(e->lp_tok);
+    free(e->lp_top);
+    free(e->lp_slot);
+    free(e->lp_raw);
     free(e);
 }
 
@@ -290,6 +311,9 @@ static int s_validate(exec_t *e, const msg_step_t *st, msg_errcode_t *code, char
             if (q->blocks[b] < 0 || q->blocks[b] >= e->o.kv_blocks)
                 return s_refuse(e, text, tlen, "step: seqs[%d] field 'blocks[%lld]': block %d outside the KV cache [0, %d)",
                                 i, (long long)b, q->blocks[b], e->o.kv_blocks);
+        if (q->top_logprobs < 0 || q->top_logprobs > SAMPLER_MAX_TOP)
+            return s_refuse(e, text, tlen, "step: seqs[%d] field 'top_logprobs': %d, must be 0..%d", i, q->top_logprobs,
+                            SAMPLER_MAX_TOP);
         for (int32_t t = 0; t < q->n_tokens; t++)
             if (q->tokens[t] < 0 || q->tokens[t] >= vocab)
                 return s_refuse(e, text, tlen, "step: seqs[%d] field 'tokens[%d]': id %d outside the vocab [0, %d)", i, t,
@@ -312,9 +336,88 @@ static void s_sample_rows(void *ctx, int64_t r0, int64_t r1, int tid)
     const size_t vocab = (size_t)e->m->cfg.vocab;
     for (int64_t r = r0; r < r1; r++) {
         const int32_t i = e->seq_of[r];
-        const msg_sampling_t *sp = &j->st->seqs[i].samp;
-        j->tokens[i] = cpu_sample(e->logits + (size_t)r * vocab, (int)vocab, sp->temperature, sp->top_k, sp->top_p, e->u[r]);
+        const msg_step_seq_t *q = &j->st->seqs[i];
+        const msg_sampling_t *sp = &q->samp;
+        float *row = e->logits + (size_t)r * vocab;
+        /* cpu_sample divides a row by its temperature in place: keep the raw row for the
+         * log-probabilities, which are the model's own distribution */
+        const float *raw = row;
+        if (q->logprobs && e->lp_slot[r] >= 0) {
+            raw = e->lp_raw + (size_t)e->lp_slot[r] * vocab;
+            memcpy((float *)raw, row, vocab * sizeof *row);
+        }
+        const int32_t tok = cpu_sample(row, (int)vocab, sp->temperature, sp->top_k, sp->top_p, e->u[r]);
+        j->tokens[i] = tok;
+        if (q->logprobs) {
+            int k = q->top_logprobs < (int32_t)vocab ? q->top_logprobs : (int)vocab;
+            e->lp[i] = sampler_logprobs(raw, (int)vocab, tok, k, e->lp_tok + (size_t)i * SAMPLER_MAX_TOP,
+                                        e->lp_top + (size_t)i * SAMPLER_MAX_TOP);
+            e->lp_topn[i] = k;
+        }
     }
+}
+
+/* Room for the log-probabilities of plan st, in which some sequence asked, and each logit row's
+ * slot in lp_raw; every sequence's row starts as none. 0 or STRATA_ENOMEM. */
+static int s_lp_prepare(exec_t *e, const msg_step_t *st, int32_t n_logits)
+{
+    const size_t N = MSG_MAX_STEP_SEQS, vocab = (size_t)e->m->cfg.vocab;
+    if (!e->lp) {
+        e->lp = malloc(N * sizeof *e->lp);
+        e->lp_topn = malloc(N * sizeof *e->lp_topn);
+        e->lp_tok = malloc(N * SAMPLER_MAX_TOP * sizeof *e->lp_tok);
+        e->lp_top = malloc(N * SAMPLER_MAX_TOP * sizeof *e->lp_top);
+        e->lp_slot = malloc(N * sizeof *e->lp_slot);
+        if (!e->lp || !e->lp_topn || !e->lp_tok || !e->lp_top || !e->lp_slot) {
+            free(e->lp), free(e->lp_topn), free(e->lp_tok), free(e->lp_top), free(e->lp_slot);
+            e->lp = NULL, e->lp_topn = NULL, e->lp_tok = NULL, e->lp_top = NULL, e->lp_slot = NULL;
+            return STRATA_ENOMEM;
+        }
+    }
+    int32_t n_raw = 0;
+    for (int32_t r = 0; r < n_logits; r++) {
+        const msg_step_seq_t *q = &st->seqs[e->seq_of[r]];
+        const bool rescaled = q->samp.temperature > 0 && q->samp.top_k != 1; /* cpu_sample's greedy test */
+        e->lp_slot[r] = q->logprobs && rescaled ? n_raw++ : -1;
+    }
+    if (n_raw > e->lp_raw_rows) {
+        float *nr = realloc(e->lp_raw, (size_t)n_raw * vocab * sizeof *nr);
+        if (!nr) return STRATA_ENOMEM;
+        e->lp_raw = nr;
+        e->lp_raw_rows = n_raw;
+    }
+    for (int32_t i = 0; i < st->n_seqs; i++) {
+        e->lp[i] = 0;
+        e->lp_topn[i] = -1;
+    }
+    return 0;
+}
+
+/* Pack each sequence's alternatives after those of the sequences before it (in place: no
+ * sequence's entries move to a later offset). */
+static void s_lp_pack(exec_t *e, int32_t n_seqs)
+{
+    int32_t at = 0;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        const int32_t k = e->lp_topn[i];
+        if (k <= 0) continue;
+        memmove(e->lp_tok + at, e->lp_tok + (size_t)i * SAMPLER_MAX_TOP, (size_t)k * sizeof *e->lp_tok);
+        memmove(e->lp_top + at, e->lp_top + (size_t)i * SAMPLER_MAX_TOP, (size_t)k * sizeof *e->lp_top);
+        at += k;
+    }
+    e->lp_ntop = at;
+}
+
+void exec_logprobs(const exec_t *e, msg_lp_rows_t *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!e->lp_any) return;
+    out->n_logprobs = out->n_top_n = e->lp_seqs;
+    out->logprobs = e->lp;
+    out->top_n = e->lp_topn;
+    out->n_top_tokens = out->n_top_logprobs = e->lp_ntop;
+    out->top_tokens = e->lp_tok;
+    out->top_logprobs = e->lp_top;
 }
 
 #ifdef STRATA_HAVE_CUDA
@@ -359,12 +462,13 @@ int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_
     int rc = 0;
     *forward_us = *sample_us = 0;
     text[0] = 0;
+    e->lp_any = false;
     if ((rc = s_validate(e, st, code, text, tlen)) < 0) return rc;
     *code = MSG_E_INTERNAL;
 
     /* tokens of every sequence, in plan order; one logit row per sampled sequence */
     int32_t n = 0, n_logits = 0;
-    bool all_greedy = true;
+    bool all_greedy = true, want_lp = false;
     for (int32_t i = 0; i < st->n_seqs; i++) {
         const msg_step_seq_t *q = &st->seqs[i];
         e->tables[i] = q->blocks;
@@ -379,6 +483,7 @@ int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_
             e->seq_of[n_logits] = i;
             e->rows[n_logits++] = n - 1;
             all_greedy &= q->samp.temperature <= 0;
+            want_lp |= q->logprobs;
         }
     }
     const size_t vocab = (size_t)e->m->cfg.vocab;
@@ -390,6 +495,10 @@ int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_
         }
         e->logits = nl;
         e->logits_rows = n_logits;
+    }
+    if (want_lp && s_lp_prepare(e, st, n_logits) < 0) {
+        snprintf(text, tlen, "out of memory for the log-probabilities of %d rows", n_logits);
+        return STRATA_ENOMEM;
     }
     batch_t b = {
         .n_tokens = n,
@@ -416,8 +525,11 @@ int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_
         /* the step after this one starts behind it on the GPU, on its picks (exec_step_ahead
          * then finds it started) */
         batch_t nb;
-        gpu_set_next(e->gpu, n_logits && s_guess(e, st, NULL, &nb) ? &nb : NULL);
-        if (n_logits && all_greedy) {
+        gpu_set_next(e->gpu, n_logits && !want_lp && s_guess(e, st, NULL, &nb) ? &nb : NULL);
+        if (n_logits && want_lp) {
+            /* log-probabilities need the rows on the host: sampled there (see exec.h) */
+            rc = gpu_forward(e->gpu, &b, e->logits);
+        } else if (n_logits && all_greedy) {
             rc = gpu_forward_greedy(e->gpu, &b, e->ids);
             have_ids = true;
         } else if (n_logits) {
@@ -450,6 +562,12 @@ int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_
          * they are ~20 ms on one core */
         s_sample_job_t job = {e, st, tokens};
         tpool_run(e->pool, n_logits, 1, s_sample_rows, &job);
+    }
+    if (want_lp) {
+        s_lp_pack(e, st->n_seqs);
+        e->lp_any = true;
+        e->lp_seqs = st->n_seqs;
+        for (int32_t i = 0; i < st->n_seqs; i++) e->st.logprob_rows += e->lp_topn[i] >= 0;
     }
     double t2 = strata_now();
     e->st.compute_cpu_us += exec_thread_cpu_us() - c0;

@@ -12,6 +12,14 @@
  * at a time. So a token depends only on (logits, sampling params, seed, n_sampled), and a
  * replay after a restart draws the same numbers.
  *
+ * Log-probabilities (a sequence's plan with logprobs): the sampled token's under the model's own
+ * distribution, log-softmax of the raw logits row before temperature, top-k and top-p, and the
+ * top_logprobs most likely tokens (model/generate.h sampler_logprobs), from the row the host
+ * samples. The CUDA backend samples on the GPU and brings back only ids, so a step in which some
+ * sequence asks for them brings its logits rows back instead (gpu_forward) and samples them all
+ * on the host with cpu_sample: the same tokens, but where a mass lies within rounding of a
+ * boundary (kernels/cuda/cuda_sample.h); a step that asks for none costs nothing more.
+ *
  * The service loop (main.c) adds the ZeroMQ socket; tests drive exec_step directly.
  */
 #ifndef STRATA_EXEC_H
@@ -43,6 +51,7 @@ typedef struct {
 /* Counters since exec_create; the cache fields are filled by the cuda backend only. */
 typedef struct {
     uint64_t steps, tokens, sampled, bad_plans;
+    uint64_t logprob_rows;          /* sampled rows that returned log-probabilities */
     double forward_us, sample_us;   /* totals, wall time */
     double compute_cpu_us;          /* CPU time of the calling thread in forward + sampling */
     bool has_cache;                 /* the fields below are meaningful */
@@ -84,6 +93,11 @@ int exec_step_ahead(exec_t *e, const msg_step_t *st, const int32_t *tokens);
 /* While no plan has come: carry the step started ahead a layer further (gpu_ahead_progress).
  * 1 if it did, 0 if there was nothing to do, <0 on an error (the step ahead is dropped). */
 int exec_ahead_progress(exec_t *e);
+
+/* The log-probabilities of the last exec_step that succeeded, for its result: one row per
+ * sequence of its plan (msg_lp_rows_t: top_n -1 where the sequence did not sample with
+ * logprobs), or every count 0 when no sequence asked. Points into e until the next exec_step. */
+void exec_logprobs(const exec_t *e, msg_lp_rows_t *out);
 
 void exec_get_stats(const exec_t *e, exec_stats_t *st);
 

@@ -41,6 +41,16 @@ int exec_model_open(exec_model_t *em, const strata_config_t *cfg, double wait_s,
     em->from_arena = true;
     for (int i = 0; i < em->arenas.n; i++) em->arena_bytes += em->arenas.seg[i].size;
     rc = model_load_arenas(&em->m, &em->arenas, false, eb);
+    /* model_load_arenas parses config.json alone; the folder's generation_config.json (copied
+     * by strata pack, and in the arena with every other file) sets the stop set, as
+     * model_config_load does for a folder on disk */
+    if (rc == 0) {
+        uint64_t glen = 0;
+        const char *gtext = arena_set_file(&em->arenas, "generation_config.json", &glen);
+        if (gtext &&
+            (rc = model_config_apply_generation(&em->m.cfg, gtext, (size_t)glen, "arena:generation_config.json", eb)) < 0)
+            model_free(&em->m);
+    }
     if (rc < 0) {
         arena_set_detach(&em->arenas);
         em->from_arena = false;

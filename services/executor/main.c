@@ -107,6 +107,13 @@ static void s_hello(svc_t *S, msg_hello_t *h)
     h->max_context = exec_max_context(S->ex);
     h->bos_id = c->bos_id;
     h->eos_id = c->eos_id;
+    /* the whole stop set (generation_config.json's ids, or config.json's); a model with one eos
+     * id sends eos_id alone, as before eos_ids existed, so older readers still take it */
+    _Static_assert(MODEL_MAX_EOS <= MSG_MAX_EOS, "a hello carries every eos id");
+    if (c->n_eos > 1) {
+        h->n_eos = c->n_eos;
+        h->eos_ids = c->eos_ids;
+    }
     h->kv_blocks = S->cfg->scheduler.kv_blocks;
     h->block_size = S->cfg->scheduler.block_size;
     h->load_ms = S->em.load_ms;
@@ -148,6 +155,7 @@ static void s_on_step(svc_t *S, const void *route, size_t len, const msg_t *in)
     m.u.result.tokens = S->tokens;
     m.u.result.forward_us = fwd;
     m.u.result.sample_us = smp;
+    exec_logprobs(S->ex, &m.u.result.lp);
     rc = zmsg_send(S->sock, route, len, &m, &S->buf, 0);
     if (rc < 0) log_warn("send result of step %llu: %s", (unsigned long long)in->id, strata_strerror(rc));
     free(reqs);
@@ -174,6 +182,7 @@ static void s_on_stats(svc_t *S, const void *route, size_t len, const msg_t *in)
     S_STAT("tokens", st.tokens);
     S_STAT("sampled", st.sampled);
     S_STAT("bad_plans", st.bad_plans);
+    S_STAT("logprob_rows", st.logprob_rows);
     S_STAT("forward_us_total", st.forward_us);
     S_STAT("sample_us_total", st.sample_us);
     S_STAT("compute_cpu_us_total", st.compute_cpu_us);

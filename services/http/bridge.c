@@ -267,15 +267,119 @@ static json_t *s_text(const char *t, size_t n)
 
 static const char *s_finish_name(msg_finish_t f) { return f == MSG_FINISH_LENGTH ? "length" : "stop"; }
 
+/* ---- log-probabilities (OpenAI's shapes) ---- */
+
+/* A log-probability as OpenAI writes it: JSON has no -inf, and OpenAI gives -9999.0 for tokens
+ * that unlikely. */
+static json_t *s_lp_value(float v) { return json_real(v >= -9999.0f ? (double)v : -9999.0); }
+
+/* A token's name, as "token" shows it: its text, or "token_id:N" (return_tokens_as_token_ids, or
+ * a router without a tokenizer). buf holds the latter. */
+static const char *s_lp_name(const hcall_t *c, int32_t id, const msg_str_t *text, char *buf, size_t cap, size_t *len)
+{
+    if (c->tokens_as_ids || !text) {
+        int k = snprintf(buf, cap, "token_id:%d", (int)id);
+        *len = k > 0 ? (size_t)k : 0;
+        return buf;
+    }
+    *len = text->len;
+    return text->s ? text->s : "";
+}
+
+/* {"token", "logprob", "bytes"} of one token (chat). */
+static json_t *s_lp_entry(const hcall_t *c, int32_t id, float v, const msg_str_t *text)
+{
+    char buf[32];
+    size_t len;
+    const char *name = s_lp_name(c, id, text, buf, sizeof buf, &len);
+    json_t *bytes = json_null();
+    if (text) {
+        bytes = json_array();
+        for (size_t i = 0; bytes && i < text->len; i++) json_array_append_new(bytes, json_integer((unsigned char)text->s[i]));
+    }
+    return json_pack("{s:o, s:o, s:o}", "token", s_text(name, len), "logprob", s_lp_value(v), "bytes", bytes ? bytes : json_null());
+}
+
+/* Code points of UTF-8 text (Python's len of the token string: completions' text_offset). */
+static int64_t s_codepoints(const char *s, size_t n)
+{
+    int64_t k = 0;
+    for (size_t i = 0; i < n; i++) k += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return k;
+}
+
+/* The "logprobs" of a choice for tokens[n] and their log-probabilities lp: chat
+ * {"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}; completions
+ * {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}] (the top_logprobs most likely
+ * and the sampled token), "text_offset"} with text_offset running on from c->text_offset. JSON
+ * null when c did not ask or there is nothing. */
+static json_t *s_logprobs(hcall_t *c, const int32_t *tokens, int32_t n, const msg_logprobs_t *lp)
+{
+    if (!c->logprobs || n <= 0 || !lp->logprobs || lp->n_logprobs != n) return json_null();
+    const int32_t k = lp->top_n;
+    const msg_str_t *txt = lp->token_text, *ttxt = lp->top_text;
+    if (c->api == HREQ_CHAT) {
+        json_t *content = json_array();
+        for (int32_t i = 0; content && i < n; i++) {
+            json_t *e = s_lp_entry(c, tokens[i], lp->logprobs[i], txt ? &txt[i] : NULL);
+            json_t *top = json_array();
+            for (int32_t j = 0; top && j < k; j++)
+                json_array_append_new(top, s_lp_entry(c, lp->top_tokens[i * k + j], lp->top_logprobs[i * k + j],
+                                                      ttxt ? &ttxt[i * k + j] : NULL));
+            if (!e || !top || json_object_set_new(e, "top_logprobs", top) || json_array_append_new(content, e)) {
+                json_decref(content);
+                return json_null();
+            }
+        }
+        return content ? json_pack("{s:o, s:n}", "content", content, "refusal") : json_null();
+    }
+    json_t *names = json_array(), *vals = json_array(), *tops = json_array(), *offs = json_array();
+    for (int32_t i = 0; names && vals && tops && offs && i < n; i++) {
+        char buf[32];
+        size_t len;
+        const char *name = s_lp_name(c, tokens[i], txt ? &txt[i] : NULL, buf, sizeof buf, &len);
+        json_array_append_new(names, s_text(name, len));
+        json_array_append_new(vals, s_lp_value(lp->logprobs[i]));
+        json_array_append_new(offs, json_integer(c->text_offset));
+        c->text_offset += s_codepoints(name, len);
+        /* the most likely first, then the sampled token if it is not among them; of two tokens
+         * with the same name the more likely is kept */
+        json_t *d = json_object();
+        bool have_sampled = false;
+        for (int32_t j = 0; d && j <= k; j++) {
+            int32_t id = j < k ? lp->top_tokens[i * k + j] : tokens[i];
+            if (j == k && have_sampled) break;
+            have_sampled |= id == tokens[i];
+            const msg_str_t *t = j < k ? (ttxt ? &ttxt[i * k + j] : NULL) : (txt ? &txt[i] : NULL);
+            char b2[32];
+            size_t l2;
+            const char *nm = s_lp_name(c, id, t, b2, sizeof b2, &l2);
+            json_t *key = s_text(nm, l2); /* the key as JSON text: valid UTF-8 */
+            const char *ks = key ? json_string_value(key) : NULL;
+            if (ks && strlen(ks) == json_string_length(key) && !json_object_get(d, ks))
+                json_object_set_new(d, ks, s_lp_value(j < k ? lp->top_logprobs[i * k + j] : lp->logprobs[i]));
+            json_decref(key);
+        }
+        json_array_append_new(tops, d ? d : json_null());
+    }
+    if (!names || !vals || !tops || !offs) {
+        json_decref(names), json_decref(vals), json_decref(tops), json_decref(offs);
+        return json_null();
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", names, "token_logprobs", vals, "top_logprobs", tops, "text_offset", offs);
+}
+
 static json_t *s_usage(const hcall_t *c)
 {
     return json_pack("{s:i, s:i, s:i}", "prompt_tokens", (json_int_t)c->prompt_tokens, "completion_tokens",
                      (json_int_t)c->completion_tokens, "total_tokens", (json_int_t)c->prompt_tokens + c->completion_tokens);
 }
 
-/* One streamed chunk: text (or NULL) and the finish reason (or NULL). */
-static void s_chunk(hcall_t *c, const char *text, size_t n, const char *finish)
+/* One streamed chunk: text (or NULL), its tokens' log-probabilities (s_logprobs; NULL for none)
+ * and the finish reason (or NULL). */
+static void s_chunk(hcall_t *c, const char *text, size_t n, json_t *logprobs, const char *finish)
 {
+    if (!logprobs) logprobs = json_null();
     json_t *choice;
     if (c->api == HREQ_CHAT) {
         json_t *delta = json_object();
@@ -285,10 +389,10 @@ static void s_chunk(hcall_t *c, const char *text, size_t n, const char *finish)
             c->role_sent = true;
         }
         if (text) json_object_set_new(delta, "content", s_text(text, n));
-        choice = json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "delta", delta, "logprobs", "finish_reason",
+        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "delta", delta, "logprobs", logprobs, "finish_reason",
                            finish ? json_string(finish) : json_null());
     } else {
-        choice = json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "text", s_text(text, n), "logprobs", "finish_reason",
+        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "text", s_text(text, n), "logprobs", logprobs, "finish_reason",
                            finish ? json_string(finish) : json_null());
     }
     json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", c->resp_id, "object",
@@ -300,8 +404,8 @@ static void s_chunk(hcall_t *c, const char *text, size_t n, const char *finish)
 
 static void s_stream_end(hcall_t *c)
 {
-    if (c->api == HREQ_CHAT && !c->role_sent) s_chunk(c, NULL, 0, NULL);
-    s_chunk(c, NULL, 0, s_finish_name(c->finish));
+    if (c->api == HREQ_CHAT && !c->role_sent) s_chunk(c, NULL, 0, NULL, NULL);
+    s_chunk(c, NULL, 0, NULL, s_finish_name(c->finish));
     if (c->include_usage)
         s_sse(c, json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", c->resp_id, "object",
                            c->api == HREQ_CHAT ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)c->created,
@@ -309,15 +413,18 @@ static void s_stream_end(hcall_t *c)
     s_out(c, "data: [DONE]\n\n", 14);
 }
 
-/* The whole answer of a request that did not stream. */
-static void s_body(hcall_t *c, const char *text, size_t n)
+/* The whole answer of a request that did not stream (d: the router's done, with the tokens). */
+static void s_body(hcall_t *c, const msg_done_t *d)
 {
     json_t *choice;
+    const char *text = d->text.s;
+    size_t n = d->text.len;
+    json_t *lp = s_logprobs(c, d->tokens, d->n_tokens, &d->lp);
     if (c->api == HREQ_CHAT)
-        choice = json_pack("{s:i, s:{s:s, s:o}, s:n, s:s}", "index", 0, "message", "role", "assistant", "content", s_text(text, n),
-                           "logprobs", "finish_reason", s_finish_name(c->finish));
+        choice = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", 0, "message", "role", "assistant", "content", s_text(text, n),
+                           "logprobs", lp, "finish_reason", s_finish_name(c->finish));
     else
-        choice = json_pack("{s:i, s:o, s:n, s:s}", "index", 0, "text", s_text(text, n), "logprobs", "finish_reason",
+        choice = json_pack("{s:i, s:o, s:o, s:s}", "index", 0, "text", s_text(text, n), "logprobs", lp, "finish_reason",
                            s_finish_name(c->finish));
     json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", c->resp_id, "object",
                           c->api == HREQ_CHAT ? "chat.completion" : "text_completion", "created", (json_int_t)c->created, "model",
@@ -362,8 +469,11 @@ static void s_on_generate_event(bridge_t *b, hcall_t *c, const msg_t *m)
         c->n_text += (int64_t)t->text.len;
         if (c->t_first == 0) c->t_first = strata_now();
         if (!c->stream) return;
-        if (t->text.len) s_chunk(c, t->text.s, t->text.len, NULL);
-        else if (c->api == HREQ_CHAT && !c->role_sent) s_chunk(c, NULL, 0, NULL);
+        /* a token whose text is held back (a UTF-8 sequence, a possible stop string) still has
+         * its log-probability in this chunk, with empty text */
+        const bool lp = c->logprobs && t->lp.n_logprobs > 0;
+        if (t->text.len || lp) s_chunk(c, t->text.s ? t->text.s : "", t->text.len, lp ? s_logprobs(c, t->tokens, t->n_tokens, &t->lp) : NULL, NULL);
+        else if (c->api == HREQ_CHAT && !c->role_sent) s_chunk(c, NULL, 0, NULL, NULL);
         else return;
         c->started = true;
         s_wake(c);
@@ -378,7 +488,7 @@ static void s_on_generate_event(bridge_t *b, hcall_t *c, const msg_t *m)
             s_stream_end(c);
             c->started = true;
         } else {
-            s_body(c, d->text.s, d->text.len);
+            s_body(c, d);
         }
         c->finished = true;
         s_wake(c);

@@ -278,6 +278,24 @@ static int s_prompt(json_t *o, hreq_t *q, herr_t *e)
     return s_token_array(v, q, e);
 }
 
+/* Log-probabilities: chat logprobs (bool) + top_logprobs (0..20); completions logprobs (0..5:
+ * the sampled token's and that many alternatives); return_tokens_as_token_ids. */
+static int s_logprobs(json_t *o, hreq_t *q, herr_t *e)
+{
+    long long n = 0;
+    bool given = false;
+    if (q->kind == HREQ_COMPLETION) {
+        if (s_intf(o, "logprobs", 0, HREQ_MAX_COMPLETION_LOGPROBS, &n, &given, e)) return -1;
+        q->logprobs = given;
+    } else {
+        if (s_boolf(o, "logprobs", &q->logprobs, e)) return -1;
+        if (s_intf(o, "top_logprobs", 0, HREQ_MAX_CHAT_TOP_LOGPROBS, &n, &given, e)) return -1;
+        if (n > 0 && !q->logprobs) return BAD("top_logprobs", "'top_logprobs' needs 'logprobs' to be true");
+    }
+    q->top_logprobs = (int32_t)n;
+    return s_boolf(o, "return_tokens_as_token_ids", &q->tokens_as_ids, e);
+}
+
 /* Fields that ask for what this engine does not do: refused rather than ignored. */
 static int s_unsupported(json_t *o, hreq_kind_t kind, herr_t *e)
 {
@@ -294,15 +312,7 @@ static int s_unsupported(json_t *o, hreq_kind_t kind, herr_t *e)
         const char *suffix;
         if (s_strf(o, "suffix", &suffix, e)) return -1;
         if (suffix && *suffix) return UNSUPPORTED("suffix", "'suffix' is not supported");
-        json_t *lp = s_get(o, "logprobs");
-        if (lp && !json_is_integer(lp)) return s_wrong(e, "logprobs", "an integer", lp);
-        if (lp) return UNSUPPORTED("logprobs", "'logprobs' is not supported: this engine does not return token log-probabilities");
     } else {
-        if (s_boolf(o, "logprobs", &b, e)) return -1;
-        if (b) return UNSUPPORTED("logprobs", "'logprobs' is not supported: this engine does not return token log-probabilities");
-        long long tl = 0;
-        if (s_intf(o, "top_logprobs", 0, 20, &tl, NULL, e)) return -1;
-        if (tl) return UNSUPPORTED("top_logprobs", "'top_logprobs' is not supported");
         json_t *rf = s_get(o, "response_format");
         if (rf) {
             json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
@@ -352,7 +362,7 @@ int hreq_parse(hreq_kind_t kind, const char *body, size_t len, hreq_t *q, herr_t
     } else if (s_prompt(o, q, e)) {
         goto done;
     }
-    if (s_unsupported(o, kind, e)) goto done;
+    if (s_unsupported(o, kind, e) || s_logprobs(o, q, e)) goto done;
     long long mt = 0, mct = 0;
     bool has_mt = false, has_mct = false;
     if (s_intf(o, "max_tokens", 1, INT64_MAX, &mt, &has_mt, e)) goto done;

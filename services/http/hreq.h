@@ -2,9 +2,11 @@
  * checked into what the router's `generate` takes, without any I/O (fuzzed: tests/fuzz).
  *
  * What is accepted follows OpenAI's API: unknown fields are ignored, a known field of the wrong
- * JSON type is refused, and a known field whose value this engine cannot honour (n > 1, logprobs,
+ * JSON type is refused, and a known field whose value this engine cannot honour (n > 1,
  * penalties other than 0, logit_bias, echo, several prompts, images, ...) is refused with a
- * message naming it instead of being ignored. Every refusal is an herr_t: the HTTP status and
+ * message naming it instead of being ignored. Log-probabilities are taken as OpenAI takes them:
+ * chat `logprobs` (bool) with `top_logprobs` 0..20, completions `logprobs` 0..5 (the legacy
+ * integer); vLLM's `return_tokens_as_token_ids` too. Every refusal is an herr_t: the HTTP status and
  * OpenAI's error fields. */
 #ifndef STRATA_HTTP_HREQ_H
 #define STRATA_HTTP_HREQ_H
@@ -17,6 +19,8 @@
 
 #define HREQ_MAX_MESSAGES 100000     /* messages in one chat request */
 #define HREQ_DEFAULT_COMPLETION_TOKENS 16 /* /v1/completions without max_tokens, as OpenAI's */
+#define HREQ_MAX_CHAT_TOP_LOGPROBS 20     /* chat top_logprobs, as OpenAI's */
+#define HREQ_MAX_COMPLETION_LOGPROBS 5    /* completions logprobs, as OpenAI's */
 
 typedef enum { HREQ_CHAT = 0, HREQ_COMPLETION } hreq_kind_t;
 
@@ -50,6 +54,9 @@ typedef struct {
     bool stream;
     bool include_usage;         /* stream_options.include_usage */
     bool ignore_eos;            /* vLLM's extension */
+    bool logprobs;              /* return the sampled tokens' log-probabilities */
+    int32_t top_logprobs;       /* with logprobs: alternatives a token (chat top_logprobs, completions logprobs) */
+    bool tokens_as_ids;         /* vLLM's return_tokens_as_token_ids: tokens as "token_id:N" */
 } hreq_t;
 
 /* Parse body[len] (not NUL-terminated) as a request of kind. 0 with *q filled (hreq_free it), or

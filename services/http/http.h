@@ -38,6 +38,9 @@ typedef struct hcall {
     msg_buf_t frame;              /* the encoded generate / stats message */
     hreq_kind_t api;
     bool stream, include_usage;
+    bool logprobs;                /* return log-probabilities (hreq_t.logprobs) */
+    bool tokens_as_ids;           /* ... naming each token "token_id:N" */
+    int32_t top_logprobs;         /* ... with this many alternatives a token */
     char resp_id[40];             /* "chatcmpl-..." / "cmpl-..." */
     int64_t created;              /* unix seconds */
     char model[160];
@@ -55,6 +58,7 @@ typedef struct hcall {
     size_t out_len, out_off, out_cap;
     int64_t n_tokens;             /* generated tokens received */
     int64_t n_text;               /* bytes of text received */
+    int64_t text_offset;          /* completions with logprobs: the next token's text_offset (code points) */
     int32_t prompt_tokens, completion_tokens;
     msg_finish_t finish;
     double t_submit, t_first;     /* strata_now() */

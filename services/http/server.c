@@ -254,6 +254,9 @@ static enum MHD_Result s_generate_start(struct MHD_Connection *conn, hconn_t *h)
     c->api = kind;
     c->stream = q.stream;
     c->include_usage = q.include_usage;
+    c->logprobs = q.logprobs;
+    c->top_logprobs = q.top_logprobs;
+    c->tokens_as_ids = q.tokens_as_ids;
     c->created = (int64_t)time(NULL);
     snprintf(c->model, sizeof c->model, "%s", name);
     char hex[40];
@@ -293,6 +296,8 @@ static enum MHD_Result s_generate_start(struct MHD_Connection *conn, hconn_t *h)
     g->n_stop = c->n_stop;
     g->stream = q.stream;
     g->ignore_eos = q.ignore_eos;
+    g->logprobs = q.logprobs;
+    g->top_logprobs = q.logprobs ? q.top_logprobs : 0;
     if (msg_encode(&m, &c->frame) < 0) {
         hcall_release(s->b, c);
         herr_set(&e, 400, "invalid_request_error", NULL, NULL, "the request cannot be sent to the router (a value out of its range)");

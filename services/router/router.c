@@ -92,6 +92,11 @@ typedef struct {
     msg_sampling_t samp;
     int32_t *gen;                 /* [n_gen] generated ids seen so far */
     int64_t n_gen, gen_cap;
+    bool logprobs;                /* the request asked for log-probabilities (a resumed one: its events carry them) */
+    int32_t top_n;                /* ... with this many alternatives a token */
+    float *lp;                    /* [gen_cap] each generated token's log-probability, with logprobs */
+    int32_t *lp_tok;              /* [gen_cap][top_n] its alternatives */
+    float *lp_top;                /* [gen_cap][top_n] theirs */
     int64_t skip_tokens;          /* resume: tokens the client already has */
     uint64_t skip_text;           /* resume: bytes of text the client already has */
     text_stream_t text;
@@ -168,7 +173,8 @@ struct router {
     bool have_hello;
     uint64_t sched_instance;
     char model[257];
-    int32_t vocab, max_context, eos_id;
+    int32_t vocab, max_context;
+    int32_t n_eos, eos_ids[MSG_MAX_EOS]; /* the model's eos ids: no text, unless ignore_eos */
     double t_start, t_sched_rx, t_hello_sent;
     double t_trim;                /* s_trim: its last look at the resident memory */
     bool trim_init;
@@ -232,6 +238,9 @@ static void s_req_free(router_t *r, req_t *q)
     rtok_stream_free(q->detok);
     free(q->prompt);
     free(q->gen);
+    free(q->lp);
+    free(q->lp_tok);
+    free(q->lp_top);
     free(q->all);
     free(q);
 }
@@ -328,6 +337,8 @@ static int s_submit(router_t *r, req_t *q)
     m.u.submit.max_tokens = q->max_tokens;
     m.u.submit.samp = q->samp;
     m.u.submit.ignore_eos = q->ignore_eos;
+    m.u.submit.logprobs = q->logprobs;
+    m.u.submit.top_logprobs = q->top_n;
     return s_to_sched(r, &m);
 }
 
@@ -356,6 +367,39 @@ static int s_all_add(req_t *q, const char *p, size_t n)
     memcpy(q->all + q->all_len, p, n);
     q->all_len += n;
     q->all[q->all_len] = 0;
+    return 0;
+}
+
+/* The log-probabilities of q's generated tokens [i0, i0+n) for a client message, with each
+ * token's text and each alternative's when the router has a tokenizer: *texts is malloc'd (the
+ * caller frees it). Nothing when q asked for none or n is 0. 0 or STRATA_ENOMEM. */
+static int s_lp_out(router_t *r, const req_t *q, int64_t i0, int32_t n, msg_logprobs_t *lp, msg_str_t **texts)
+{
+    memset(lp, 0, sizeof *lp);
+    *texts = NULL;
+    if (!q->logprobs || n <= 0) return 0;
+    const int32_t k = q->top_n;
+    lp->n_logprobs = n;
+    lp->logprobs = q->lp + i0;
+    lp->top_n = k;
+    lp->n_top_tokens = lp->n_top_logprobs = n * k;
+    lp->top_tokens = q->lp_tok + i0 * k;
+    lp->top_logprobs = q->lp_top + i0 * k;
+    if (!r->tok) return 0;
+    msg_str_t *t = malloc((size_t)n * (size_t)(1 + k) * sizeof *t);
+    if (!t) return STRATA_ENOMEM;
+    for (int64_t i = 0; i < (int64_t)n * (1 + k); i++) {
+        int32_t id = i < n ? q->gen[i0 + i] : lp->top_tokens[i - n];
+        if (rtok_piece(r->tok, id, &t[i].s, &t[i].len) < 0) {
+            free(t);
+            return STRATA_ENOMEM;
+        }
+    }
+    lp->n_token_text = n;
+    lp->token_text = t;
+    lp->n_top_text = n * k;
+    lp->top_text = t + n;
+    *texts = t;
     return 0;
 }
 
@@ -395,7 +439,10 @@ static int s_emit(router_t *r, req_t *q, int64_t i0, const int32_t *toks, int32_
     m.u.tokens.n_tokens = n;
     m.u.tokens.text.s = tl ? txt : "";
     m.u.tokens.text.len = tl;
-    int rc = s_to_client(r, q->client, q->client_len, &m);
+    msg_str_t *texts;
+    int rc = s_lp_out(r, q, i0, n, &m.u.tokens.lp, &texts);
+    if (rc == 0) rc = s_to_client(r, q->client, q->client_len, &m);
+    free(texts);
     if (rc < 0) {
         s_abandon(r, q);
         return rc;
@@ -433,7 +480,12 @@ static void s_send_done(router_t *r, req_t *q, msg_finish_t fin, const msg_done_
         m.u.done.tokens = q->gen ? q->gen + from : (const int32_t *)"";
         m.u.done.n_tokens = (int32_t)(q->n_gen - from);
     }
-    if (s_to_client(r, q->client, q->client_len, &m) < 0) r->c[C_CLIENT_GONE]++;
+    msg_str_t *texts = NULL;
+    if (!q->stream && s_lp_out(r, q, q->n_gen - m.u.done.n_tokens, m.u.done.n_tokens, &m.u.done.lp, &texts) < 0)
+        s_client_error(r, q->client, q->client_len, true, q->cid, MSG_E_INTERNAL, "out of memory for the log-probabilities");
+    else if (s_to_client(r, q->client, q->client_len, &m) < 0)
+        r->c[C_CLIENT_GONE]++;
+    free(texts);
     r->c[C_DONE]++;
     if (fin != MSG_FINISH_CANCEL) {
         if (m.u.done.completion_tokens > 0 && m.u.done.ttft_ms > 0) s_observe(&r->hist[H_TTFT], m.u.done.ttft_ms * 1e-3);
@@ -464,6 +516,14 @@ static void s_stop_string(router_t *r, req_t *q)
     q->t_close = strata_now();
 }
 
+/* t is one of the model's eos ids (from the scheduler's hello). */
+static bool s_is_eos(const router_t *r, int32_t t)
+{
+    for (int32_t i = 0; i < r->n_eos; i++)
+        if (r->eos_ids[i] == t) return true;
+    return false;
+}
+
 static void s_on_tokens(router_t *r, req_t *q, const msg_tokens_t *t)
 {
     if (q->state == RQ_CLOSING) return;
@@ -480,19 +540,48 @@ static void s_on_tokens(router_t *r, req_t *q, const msg_tokens_t *t)
     if (skip >= t->n_tokens) return;
     const int32_t *nt = t->tokens + skip;
     int32_t n = t->n_tokens - (int32_t)skip;
+    if (t->lp.logprobs && !q->logprobs && q->n_gen == 0) { /* resumed after a restart of this router: the events say */
+        q->logprobs = true;
+        q->top_n = t->lp.top_n;
+    }
+    if (q->logprobs != (t->lp.logprobs != NULL) || (q->logprobs && t->lp.top_n != q->top_n)) {
+        /* cannot happen with a scheduler of this version; never hand out tokens without what was asked */
+        s_client_error(r, q->client, q->client_len, true, q->cid, MSG_E_INTERNAL,
+                       "the scheduler sent tokens %s the log-probabilities this request asked for",
+                       q->logprobs ? "without" : "with");
+        s_abandon(r, q);
+        return;
+    }
     if (q->n_gen + n > q->gen_cap) {
         int64_t cap = q->gen_cap ? q->gen_cap : 64;
         while (cap < q->n_gen + n) cap *= 2;
         int32_t *ng = realloc(q->gen, (size_t)cap * sizeof *ng);
-        if (!ng) {
+        if (ng) q->gen = ng;
+        bool ok = ng != NULL;
+        if (ok && q->logprobs) {
+            const size_t k = (size_t)(q->top_n > 0 ? q->top_n : 1);
+            float *nl = realloc(q->lp, (size_t)cap * sizeof *nl);
+            if (nl) q->lp = nl;
+            int32_t *nk = realloc(q->lp_tok, (size_t)cap * k * sizeof *nk);
+            if (nk) q->lp_tok = nk;
+            float *np = realloc(q->lp_top, (size_t)cap * k * sizeof *np);
+            if (np) q->lp_top = np;
+            ok = nl && nk && np;
+        }
+        if (!ok) {
             log_error("out of memory for request %llu", (unsigned long long)q->cid);
             return;
         }
-        q->gen = ng;
         q->gen_cap = cap;
     }
     int64_t i0 = q->n_gen;
     memcpy(q->gen + q->n_gen, nt, (size_t)n * sizeof *nt);
+    if (q->logprobs) {
+        const size_t k = (size_t)q->top_n;
+        memcpy(q->lp + i0, t->lp.logprobs + skip, (size_t)n * sizeof *q->lp);
+        memcpy(q->lp_tok + i0 * k, t->lp.top_tokens + skip * k, (size_t)n * k * sizeof *q->lp_tok);
+        memcpy(q->lp_top + i0 * k, t->lp.top_logprobs + skip * k, (size_t)n * k * sizeof *q->lp_top);
+    }
     q->n_gen += n;
     double now = strata_now();
     if (q->t_first == 0) q->t_first = now;
@@ -500,7 +589,7 @@ static void s_on_tokens(router_t *r, req_t *q, const msg_tokens_t *t)
         for (int32_t i = 0; i < n; i++) s_observe(&r->hist[H_ITL], (now - q->t_last) / n);
     q->t_last = now;
     for (int32_t i = 0; i < n; i++) {
-        if (nt[i] == r->eos_id && !q->ignore_eos) continue; /* eos ends the answer; it has no text */
+        if (!q->ignore_eos && s_is_eos(r, nt[i])) continue; /* eos ends the answer; it has no text */
         if (q->detok) {
             const char *bytes;
             size_t nb;
@@ -698,6 +787,9 @@ static void s_generate(router_t *r, const uint8_t *cl, size_t len, const msg_t *
     q->max_tokens = max_tokens;
     q->samp = g->samp;
     q->ignore_eos = g->ignore_eos;
+    q->logprobs = g->logprobs;
+    q->top_n = g->logprobs ? g->top_logprobs : 0;
+    if (q->top_n > r->vocab && r->vocab > 0) q->top_n = r->vocab; /* as the scheduler clamps it */
     if (s_submit(r, q) < 0) {
         s_client_error(r, cl, len, true, cid, MSG_E_UNAVAILABLE, "the scheduler is not accepting requests; retry later");
         s_remove(r, q->id); /* not inserted yet: s_req_free's removal is a no-op */
@@ -735,7 +827,8 @@ static void s_resume(router_t *r, const uint8_t *cl, size_t len, const msg_t *m)
     req_t *old = s_find(r, id);
     int32_t *prompt = NULL, n_prompt = 0, max_tokens = 0;
     msg_sampling_t samp = {0, 1, 0, 0};
-    bool ignore_eos = false, resumed = true;
+    bool ignore_eos = false, resumed = true, logprobs = false;
+    int32_t top_n = 0;
     double t_recv = 0, t_first = 0;
     if (old) {
         if (old->state == RQ_CLOSING) {
@@ -752,6 +845,8 @@ static void s_resume(router_t *r, const uint8_t *cl, size_t len, const msg_t *m)
         max_tokens = old->max_tokens;
         samp = old->samp;
         ignore_eos = old->ignore_eos;
+        logprobs = old->logprobs;
+        top_n = old->top_n;
         resumed = old->resumed;
         t_recv = old->t_recv;
         t_first = old->t_first;
@@ -770,6 +865,8 @@ static void s_resume(router_t *r, const uint8_t *cl, size_t len, const msg_t *m)
     q->max_tokens = max_tokens;
     q->samp = samp;
     q->ignore_eos = ignore_eos;
+    q->logprobs = logprobs;
+    q->top_n = top_n;
     q->skip_tokens = rs->from;
     q->skip_text = (uint64_t)rs->text_from;
     q->resumed = resumed;
@@ -1007,12 +1104,21 @@ static void s_on_sched(router_t *r, const void *data, size_t size)
     req_t *q = (m.has_id && m.type != MSG_SCHED_STATS_REPLY) ? s_find(r, m.id) : NULL;
     switch (m.type) {
     case MSG_SCHED_TOKENS: s_sched_tokens(r, q, m.id, &m.u.tokens, now); break;
-    case MSG_SCHED_STEP_TOKENS:
-        for (int32_t i = 0; i < m.u.step_tokens.n; i++) {
-            const msg_tokens_t t = {.index = m.u.step_tokens.index[i], .n_tokens = 1, .tokens = &m.u.step_tokens.tokens[i]};
-            s_sched_tokens(r, s_find(r, m.u.step_tokens.reqs[i]), m.u.step_tokens.reqs[i], &t, now);
+    case MSG_SCHED_STEP_TOKENS: {
+        const msg_step_tokens_t *st = &m.u.step_tokens;
+        for (int32_t i = 0, off = 0; i < st->n; i++) {
+            msg_tokens_t t = {.index = st->index[i], .n_tokens = 1, .tokens = &st->tokens[i]};
+            const int32_t k = st->lp.logprobs ? st->lp.top_n[i] : -1;
+            if (k >= 0) {
+                t.lp = (msg_logprobs_t){.n_logprobs = 1, .logprobs = &st->lp.logprobs[i], .top_n = k, .n_top_tokens = k,
+                                        .top_tokens = st->lp.top_tokens + off, .n_top_logprobs = k,
+                                        .top_logprobs = st->lp.top_logprobs + off};
+                off += k;
+            }
+            s_sched_tokens(r, s_find(r, st->reqs[i]), st->reqs[i], &t, now);
         }
         break;
+    }
     case MSG_SCHED_DONE:
         if (q) s_on_done(r, q, &m.u.done);
         else s_orphan_forget(r, m.id);
@@ -1048,7 +1154,7 @@ static void s_on_sched(router_t *r, const void *data, size_t size)
         snprintf(r->model, sizeof r->model, "%.*s", (int)h->model.len, h->model.s);
         r->vocab = h->vocab;
         r->max_context = h->max_context;
-        r->eos_id = h->eos_id;
+        r->n_eos = msg_hello_eos(h, r->eos_ids);
         if (restarted) s_sched_restarted(r);
         break;
     }
@@ -1333,7 +1439,6 @@ int router_create(const strata_config_t *cfg, router_t **out, strata_errbuf_t *e
     router_t *r = calloc(1, sizeof *r);
     if (!r) return STRATA_ENOMEM;
     r->cfg = cfg;
-    r->eos_id = -1;
     r->t_start = strata_now();
     for (int h = 0; h < H_COUNT; h++) {
         for (int i = 0; i < HIST_NB; i++)

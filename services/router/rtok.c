@@ -7,6 +7,9 @@
 
 struct rtok {
     tok_t *tok;
+    char **piece;          /* [n_piece] rtok_piece's text of each id, NULL until asked */
+    size_t *piece_len;     /* [n_piece] */
+    size_t n_piece;
 };
 
 struct rtok_stream {
@@ -29,8 +32,42 @@ int rtok_open(const char *path, rtok_t **out, strata_errbuf_t *eb)
 void rtok_close(rtok_t *t)
 {
     if (!t) return;
+    for (size_t i = 0; i < t->n_piece; i++) free(t->piece[i]);
+    free(t->piece);
+    free(t->piece_len);
     tok_free(t->tok);
     free(t);
+}
+
+int rtok_piece(rtok_t *t, int32_t id, const char **s, size_t *n)
+{
+    *s = "";
+    *n = 0;
+    if (id < 0 || (size_t)id >= tok_vocab_size(t->tok)) return 0;
+    if (!t->piece) {
+        t->n_piece = tok_vocab_size(t->tok);
+        t->piece = calloc(t->n_piece, sizeof *t->piece);
+        t->piece_len = calloc(t->n_piece, sizeof *t->piece_len);
+        if (!t->piece || !t->piece_len) {
+            free(t->piece);
+            free(t->piece_len);
+            t->piece = NULL;
+            t->piece_len = NULL;
+            t->n_piece = 0;
+            return STRATA_ENOMEM;
+        }
+    }
+    if (!t->piece[id]) {
+        char *text = NULL;
+        size_t len = 0;
+        int rc = tok_decode(t->tok, &id, 1, false, &text, &len);
+        if (rc < 0) return rc;
+        t->piece[id] = text;
+        t->piece_len[id] = len;
+    }
+    *s = t->piece[id];
+    *n = t->piece_len[id];
+    return 0;
 }
 
 static int s_encode(rtok_t *t, const char *text, size_t len, bool add_special, int32_t **ids, int32_t *n)

@@ -22,6 +22,11 @@ int rtok_encode_prompt(rtok_t *t, const char *text, size_t len, int32_t **ids, i
 /* Tokenize a rendered chat template: no special tokens added (the template wrote them), as
  * transformers' apply_chat_template(tokenize=True) does. 0 or <0. */
 int rtok_encode_chat(rtok_t *t, const char *text, size_t len, int32_t **ids, int32_t *n);
+/* The text of token id decoded on its own, special tokens included, as transformers'
+ * tokenizer.decode([id]) gives it (valid UTF-8: a token that ends inside a UTF-8 sequence reads
+ * as U+FFFD); cached per id, so *s lives as long as t. An id the tokenizer does not know is "".
+ * 0 or STRATA_ENOMEM. */
+int rtok_piece(rtok_t *t, int32_t id, const char **s, size_t *n);
 /* Incremental detokenizer for one answer. NULL on out of memory. */
 rtok_stream_t *rtok_stream_new(rtok_t *t);
 /* Bytes that token id adds to the text (*bytes valid until the next call; may be 0 bytes,

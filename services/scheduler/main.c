@@ -96,8 +96,9 @@ typedef struct {
     /* the executor */
     uint64_t exec_instance;     /* 0 = unknown: no plan is sent */
     bool have_model;
-    msg_hello_t ex;             /* its last hello (model string copied below) */
+    msg_hello_t ex;             /* its last hello (model string and eos ids copied below) */
     char model[257];
+    int32_t ex_eos[MSG_MAX_EOS]; /* ex.eos_ids points here */
     double t_exec_rx, t_probe;
     /* the plan in flight */
     uint64_t step_id, next_step;
@@ -117,6 +118,13 @@ typedef struct {
     uint64_t pt_reqs[PT_MAX];
     int32_t pt_index[PT_MAX], pt_tokens[PT_MAX];
     int n_pt;
+    /* ... and their log-probabilities, when some of them has any (msg_lp_rows_t) */
+    bool pt_lp;
+    float pt_logprob[PT_MAX];
+    int32_t pt_top_n[PT_MAX];                      /* -1: that event has none */
+    int32_t pt_top_tok[PT_MAX * MSG_MAX_TOP_LOGPROBS];
+    float pt_top_lp[PT_MAX * MSG_MAX_TOP_LOGPROBS];
+    int n_pt_top;
 } svc_t;
 
 /* ---- events to the router ---- */
@@ -140,18 +148,33 @@ static void s_flush_tokens(svc_t *S)
     msg_t m;
     msg_init(&m, MSG_SCHED_STEP_TOKENS);
     m.u.step_tokens = (msg_step_tokens_t){.n = S->n_pt, .reqs = S->pt_reqs, .index = S->pt_index, .tokens = S->pt_tokens};
-    S->n_pt = 0;
+    if (S->pt_lp)
+        m.u.step_tokens.lp = (msg_lp_rows_t){.n_logprobs = S->n_pt, .logprobs = S->pt_logprob, .n_top_n = S->n_pt,
+                                             .top_n = S->pt_top_n, .n_top_tokens = S->n_pt_top, .top_tokens = S->pt_top_tok,
+                                             .n_top_logprobs = S->n_pt_top, .top_logprobs = S->pt_top_lp};
+    S->n_pt = S->n_pt_top = 0;
+    S->pt_lp = false;
     s_to_router(S, &m);
 }
 
-static void s_ev_tokens(void *ctx, uint64_t id, int64_t index, const int32_t *toks, int32_t n)
+static void s_ev_tokens(void *ctx, uint64_t id, int64_t index, const int32_t *toks, int32_t n, const sched_lp_t *lp)
 {
     svc_t *S = ctx;
     if (n == 1 && index <= INT32_MAX) {
         if (S->n_pt == PT_MAX) s_flush_tokens(S);
-        S->pt_reqs[S->n_pt] = id;
-        S->pt_index[S->n_pt] = (int32_t)index;
-        S->pt_tokens[S->n_pt++] = toks[0];
+        const int k = S->n_pt;
+        S->pt_reqs[k] = id;
+        S->pt_index[k] = (int32_t)index;
+        S->pt_tokens[k] = toks[0];
+        S->pt_logprob[k] = lp ? lp->logprobs[0] : 0;
+        S->pt_top_n[k] = lp ? lp->top_n : -1;
+        if (lp) {
+            S->pt_lp = true;
+            memcpy(S->pt_top_tok + S->n_pt_top, lp->top_tokens, (size_t)lp->top_n * sizeof *S->pt_top_tok);
+            memcpy(S->pt_top_lp + S->n_pt_top, lp->top_logprobs, (size_t)lp->top_n * sizeof *S->pt_top_lp);
+            S->n_pt_top += lp->top_n;
+        }
+        S->n_pt++;
         return;
     }
     s_flush_tokens(S);
@@ -162,6 +185,10 @@ static void s_ev_tokens(void *ctx, uint64_t id, int64_t index, const int32_t *to
     m.u.tokens.index = index;
     m.u.tokens.n_tokens = n;
     m.u.tokens.tokens = n ? toks : (const int32_t *)"";
+    if (lp)
+        m.u.tokens.lp = (msg_logprobs_t){.n_logprobs = n, .logprobs = lp->logprobs, .top_n = lp->top_n,
+                                          .n_top_tokens = n * lp->top_n, .top_tokens = lp->top_tokens,
+                                          .n_top_logprobs = n * lp->top_n, .top_logprobs = lp->top_logprobs};
     s_to_router(S, &m);
 }
 
@@ -467,13 +494,16 @@ static int s_make_sched(svc_t *S)
     if (c->scheduler.max_context > 0 && c->scheduler.max_context < o.max_context) o.max_context = c->scheduler.max_context;
     if (S->ex.kv_blocks > 0 && S->ex.kv_blocks < o.kv_blocks) o.kv_blocks = S->ex.kv_blocks;
     o.vocab = S->ex.vocab;
-    o.eos_id = S->ex.eos_id;
+    o.n_eos = msg_hello_eos(&S->ex, o.eos_ids);
     o.max_live = c->router.max_queue + 64;
     sched_sink_t sink = {s_ev_tokens, s_ev_done, s_ev_error, S};
     int rc = sched_create(&S->sc, &o, &sink);
     if (rc < 0) return rc;
-    log_info("model %s: vocab %d, eos %d, context %d; KV %d blocks x %d, %d tokens and %d sequences a step", S->model, o.vocab,
-             o.eos_id, sched_opts(S->sc)->max_context, o.kv_blocks, o.block_size, o.max_batch_tokens, o.max_seqs);
+    char eos[MSG_MAX_EOS * 12 + 8] = "none";
+    for (int32_t i = 0, at = 0; i < o.n_eos; i++)
+        at += snprintf(eos + at, sizeof eos - (size_t)at, "%s%d", i ? " " : "", o.eos_ids[i]);
+    log_info("model %s: vocab %d, eos %s, context %d; KV %d blocks x %d, %d tokens and %d sequences a step", S->model, o.vocab,
+             eos, sched_opts(S->sc)->max_context, o.kv_blocks, o.block_size, o.max_batch_tokens, o.max_seqs);
     return 0;
 }
 
@@ -484,6 +514,11 @@ static void s_on_exec_hello(svc_t *S, const msg_hello_t *h, double now)
     S->ex = *h;
     snprintf(S->model, sizeof S->model, "%.*s", (int)h->model.len, h->model.s ? h->model.s : "");
     S->ex.model = msg_str(S->model);
+    /* the hello's arrays live in the decoded message: keep the whole stop set, which the router
+     * gets in our own hello */
+    S->ex.n_eos = msg_hello_eos(h, S->ex_eos);
+    S->ex.eos_ids = S->ex.n_eos ? S->ex_eos : NULL;
+    S->ex.eos_id = S->ex.n_eos ? S->ex_eos[0] : -1;
     if (!S->sc) {
         if (s_make_sched(S) < 0) {
             log_error("executor reported an unusable model (vocab %d, context %d)", h->vocab, h->max_context);

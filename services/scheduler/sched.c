@@ -18,6 +18,12 @@ typedef struct {
     int32_t max_tokens;
     msg_sampling_t samp;
     bool ignore_eos;
+    bool logprobs;            /* the request asked for log-probabilities */
+    int32_t top_n;            /* ... with this many alternatives a token (top_logprobs, at most the vocab) */
+    float *lp;                /* [lp_cap] each generated token's log-probability */
+    int32_t *lp_tok;          /* [lp_cap][top_n] its alternatives */
+    float *lp_top;            /* [lp_cap][top_n] theirs */
+    int32_t lp_cap;           /* generated tokens the three have room for */
     int32_t n_computed;       /* leading tokens whose K/V the executor holds */
     int32_t *blocks;          /* [max_blocks] KV block table; [n_blocks] used */
     int32_t n_blocks;
@@ -64,6 +70,7 @@ struct sched {
     bool inflight;
     int32_t n_fly;
     fly_t *fly;               /* [MSG_MAX_STEP_SEQS] */
+    int32_t *lp_off;          /* [MSG_MAX_STEP_SEQS] sched_apply: where each row's alternatives start */
     msg_step_seq_t *pseqs;    /* [MSG_MAX_STEP_SEQS] */
 
     sched_counters_t c;
@@ -78,9 +85,16 @@ void sched_opts_default(sched_opts_t *o)
     o->block_size = 16;
     o->max_context = 2048 * 16;
     o->vocab = 1;
-    o->eos_id = -1;
     o->max_live = 4096;
     o->retain_s = 60;
+}
+
+/* t is one of the model's eos ids. */
+static bool s_is_eos(const sched_opts_t *o, int32_t t)
+{
+    for (int32_t i = 0; i < o->n_eos; i++)
+        if (o->eos_ids[i] == t) return true;
+    return false;
 }
 
 /* ---- request table ---- */
@@ -148,7 +162,39 @@ static void s_req_free(req_t *r)
     if (!r) return;
     free(r->toks);
     free(r->blocks);
+    free(r->lp);
+    free(r->lp_tok);
+    free(r->lp_top);
     free(r);
+}
+
+/* Room for the log-probabilities of r's generated token number n_gen. 0 or STRATA_ENOMEM. */
+static int s_lp_grow(req_t *r)
+{
+    if (r->n_gen < r->lp_cap) return 0;
+    int32_t cap = r->lp_cap ? 2 * r->lp_cap : 64;
+    if (cap > r->max_tokens) cap = r->max_tokens;
+    size_t k = (size_t)(r->top_n > 0 ? r->top_n : 1);
+    float *lp = realloc(r->lp, (size_t)cap * sizeof *lp);
+    if (lp) r->lp = lp;
+    int32_t *tk = realloc(r->lp_tok, (size_t)cap * k * sizeof *tk);
+    if (tk) r->lp_tok = tk;
+    float *tp = realloc(r->lp_top, (size_t)cap * k * sizeof *tp);
+    if (tp) r->lp_top = tp;
+    if (!lp || !tk || !tp) return STRATA_ENOMEM;
+    r->lp_cap = cap;
+    return 0;
+}
+
+/* The sink's view of r's log-probabilities from generated token `from` on, NULL if it asked none. */
+static const sched_lp_t *s_lp_view(const req_t *r, int32_t from, sched_lp_t *v)
+{
+    if (!r->logprobs) return NULL;
+    v->logprobs = r->lp ? r->lp + from : (const float *)"";
+    v->top_n = r->top_n;
+    v->top_tokens = r->lp_tok ? r->lp_tok + (size_t)from * r->top_n : (const int32_t *)"";
+    v->top_logprobs = r->lp_top ? r->lp_top + (size_t)from * r->top_n : (const float *)"";
+    return v;
 }
 
 /* ---- lists ---- */
@@ -268,7 +314,7 @@ int sched_create(sched_t **out, const sched_opts_t *o, const sched_sink_t *sink)
 {
     *out = NULL;
     if (o->max_batch_tokens < 1 || o->max_seqs < 1 || o->kv_blocks < 1 || o->block_size < 1 || o->max_context < 2 ||
-        o->vocab < 1)
+        o->vocab < 1 || o->n_eos < 0 || o->n_eos > MSG_MAX_EOS)
         return STRATA_EINVAL_INPUT;
     sched_t *s = calloc(1, sizeof *s);
     if (!s) return STRATA_ENOMEM;
@@ -287,7 +333,8 @@ int sched_create(sched_t **out, const sched_opts_t *o, const sched_sink_t *sink)
     s->free_blocks = malloc((size_t)o->kv_blocks * sizeof *s->free_blocks);
     s->fly = calloc(MSG_MAX_STEP_SEQS, sizeof *s->fly);
     s->pseqs = calloc(MSG_MAX_STEP_SEQS, sizeof *s->pseqs);
-    if (!s->slots || !s->running || !s->free_blocks || !s->fly || !s->pseqs) {
+    s->lp_off = calloc(MSG_MAX_STEP_SEQS, sizeof *s->lp_off);
+    if (!s->slots || !s->running || !s->free_blocks || !s->fly || !s->pseqs || !s->lp_off) {
         sched_free(s);
         return STRATA_ENOMEM;
     }
@@ -310,6 +357,7 @@ void sched_free(sched_t *s)
     free(s->free_blocks);
     free(s->fly);
     free(s->pseqs);
+    free(s->lp_off);
     free(s);
 }
 
@@ -351,7 +399,9 @@ msg_errcode_t sched_submit(sched_t *s, uint64_t id, const msg_submit_t *sub, dou
         if (sub->n_prompt == old->n_prompt && sub->prompt &&
             !memcmp(sub->prompt, old->toks, (size_t)old->n_prompt * sizeof *old->toks) && mt == old->max_tokens &&
             sub->samp.temperature == old->samp.temperature && sub->samp.top_p == old->samp.top_p &&
-            sub->samp.top_k == old->samp.top_k && sub->samp.seed == old->samp.seed && sub->ignore_eos == old->ignore_eos) {
+            sub->samp.top_k == old->samp.top_k && sub->samp.seed == old->samp.seed && sub->ignore_eos == old->ignore_eos &&
+            sub->logprobs == old->logprobs &&
+            (!sub->logprobs || (sub->top_logprobs < s->o.vocab ? sub->top_logprobs : s->o.vocab) == old->top_n)) {
             s->c.resubmits++;
             return MSG_E_NONE;
         }
@@ -386,6 +436,8 @@ msg_errcode_t sched_submit(sched_t *s, uint64_t id, const msg_submit_t *sub, dou
     r->blocks = malloc((size_t)s->max_blocks * sizeof *r->blocks);
     r->samp = sub->samp;
     r->ignore_eos = sub->ignore_eos;
+    r->logprobs = sub->logprobs;
+    r->top_n = !sub->logprobs ? 0 : sub->top_logprobs < s->o.vocab ? sub->top_logprobs : s->o.vocab;
     r->t_submit = now;
     /* room for every live request in the waiting list, so a preemption never needs to grow it */
     if (!r->toks || !r->blocks || s_grow(&s->waiting, &s->cap_waiting, s->n_running + s->n_waiting + 1) < 0 ||
@@ -424,8 +476,9 @@ msg_errcode_t sched_resume(sched_t *s, uint64_t id, int64_t from)
     if (!r) return MSG_E_NOT_FOUND;
     if (from < 0) from = 0;
     if (from > r->n_gen) from = r->n_gen;
+    sched_lp_t v;
     if (s->sink.tokens)
-        s->sink.tokens(s->sink.ctx, id, from, r->toks + r->n_prompt + from, r->n_gen - (int32_t)from);
+        s->sink.tokens(s->sink.ctx, id, from, r->toks + r->n_prompt + from, r->n_gen - (int32_t)from, s_lp_view(r, (int32_t)from, &v));
     if (r->state == R_FINISHED) s_emit_done(s, r);
     return MSG_E_NONE;
 }
@@ -473,6 +526,8 @@ static void s_add(sched_t *s, req_t *r, int32_t n, double now)
     q->n_sampled = (uint64_t)r->n_gen;
     /* the token sampled ends the request by length: the executor guesses no step after it */
     q->last = q->sample && s_length_reached(s, r, r->n_gen + 1);
+    q->logprobs = q->sample && r->logprobs;
+    q->top_logprobs = q->logprobs ? r->top_n : 0;
     s->fly[s->n_fly] = (fly_t){r->id, r->serial, n, q->sample};
     r->plan_round = s->round;
     s->n_fly++;
@@ -581,11 +636,30 @@ planned:
     return s->n_fly;
 }
 
+/* Row i of the result's log-probabilities into r's, for its generated token number n_gen. An
+ * error text when the row does not hold what r asked for (none, or another count). */
+static const char *s_lp_take(req_t *r, const msg_lp_rows_t *lp, const int32_t *off, int32_t i)
+{
+    if (!lp->logprobs || i >= lp->n_logprobs || lp->top_n[i] != r->top_n)
+        return "the executor returned no log-probabilities, or not as many alternatives as asked, for a request that asked for them";
+    if (s_lp_grow(r) < 0) return "out of memory for the log-probabilities";
+    r->lp[r->n_gen] = lp->logprobs[i];
+    memcpy(r->lp_tok + (size_t)r->n_gen * r->top_n, lp->top_tokens + off[i], (size_t)r->top_n * sizeof *r->lp_tok);
+    memcpy(r->lp_top + (size_t)r->n_gen * r->top_n, lp->top_logprobs + off[i], (size_t)r->top_n * sizeof *r->lp_top);
+    return NULL;
+}
+
 int sched_apply(sched_t *s, const msg_result_t *res, double now)
 {
     if (!s->inflight || res->n_seqs != s->n_fly) return STRATA_EINVAL_INPUT;
     for (int32_t i = 0; i < s->n_fly; i++)
         if (res->reqs[i] != s->fly[i].id || (s->fly[i].sample && res->tokens[i] < 0)) return STRATA_EINVAL_INPUT;
+    /* where each row's alternatives start (the decoder checked that they add up) */
+    int32_t *off = s->lp_off;
+    for (int32_t i = 0, at = 0; res->lp.logprobs && i < s->n_fly; i++) {
+        off[i] = at;
+        at += res->lp.top_n[i] > 0 ? res->lp.top_n[i] : 0;
+    }
     s->inflight = false;
     for (int32_t i = 0; i < s->n_fly; i++) {
         const fly_t *f = &s->fly[i];
@@ -603,14 +677,23 @@ int sched_apply(sched_t *s, const msg_result_t *res, double now)
             s_retire(s, r, MSG_FINISH_NONE, now);
             continue;
         }
+        const char *why = r->logprobs ? s_lp_take(r, &res->lp, off, i) : NULL;
+        if (why) {
+            s->c.failed++;
+            if (s->sink.error) s->sink.error(s->sink.ctx, f->id, MSG_E_INTERNAL, why);
+            s_retire(s, r, MSG_FINISH_NONE, now);
+            continue;
+        }
         STRATA_ASSERT(r->n_prompt + r->n_gen < r->cap);
         r->toks[r->n_prompt + r->n_gen] = t;
         r->n_gen++;
         s->c.generated++;
         if (r->t_first == 0) r->t_first = now;
-        if (s->sink.tokens) s->sink.tokens(s->sink.ctx, r->id, r->n_gen - 1, &r->toks[r->n_prompt + r->n_gen - 1], 1);
+        sched_lp_t v;
+        if (s->sink.tokens)
+            s->sink.tokens(s->sink.ctx, r->id, r->n_gen - 1, &r->toks[r->n_prompt + r->n_gen - 1], 1, s_lp_view(r, r->n_gen - 1, &v));
         msg_finish_t fin = MSG_FINISH_NONE;
-        if (!r->ignore_eos && s->o.eos_id >= 0 && t == s->o.eos_id) fin = MSG_FINISH_STOP;
+        if (!r->ignore_eos && s_is_eos(&s->o, t)) fin = MSG_FINISH_STOP;
         else if (s_length_reached(s, r, r->n_gen)) fin = MSG_FINISH_LENGTH;
         if (fin != MSG_FINISH_NONE) s_finish(s, r, fin, now);
     }

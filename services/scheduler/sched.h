@@ -26,6 +26,10 @@
  *
  * Finished requests (done, canceled) are kept for retain_s seconds so that a resume (after a
  * router restart) can deliver their tokens and done again.
+ *
+ * A request that asks for log-probabilities (msg_submit_t.logprobs) has them asked of every step
+ * that samples for it, and keeps each generated token's with the token (so a resume delivers them
+ * too); the executor's result must carry them for it, else the request ends with an error.
  */
 #ifndef STRATA_SCHED_H
 #define STRATA_SCHED_H
@@ -42,15 +46,25 @@ typedef struct {
     int32_t block_size;        /* tokens per block, >= 1 */
     int32_t max_context;       /* positions per sequence (prompt + generated); clamped to kv_blocks*block_size */
     int32_t vocab;             /* token ids are in [0, vocab) */
-    int32_t eos_id;            /* -1: none */
+    int32_t n_eos;             /* [0, MSG_MAX_EOS]: ids that end a request (0: none) */
+    int32_t eos_ids[MSG_MAX_EOS]; /* [n_eos] a sampled one finishes the request with "stop", unless ignore_eos */
     int32_t max_live;          /* waiting + running requests above this: submit is refused with busy */
     double retain_s;           /* finished requests kept this long for resume */
 } sched_opts_t;
 
+/* The log-probabilities of n tokens of one request (sched_sink_t.tokens). */
+typedef struct {
+    const float *logprobs;      /* [n] each token's */
+    int32_t top_n;              /* alternatives per token */
+    const int32_t *top_tokens;  /* [n][top_n] */
+    const float *top_logprobs;  /* [n][top_n] */
+} sched_lp_t;
+
 /* Where events for the router go. Called from inside sched_* calls. */
 typedef struct {
-    /* n new generated tokens of request id, the first being generated token number index */
-    void (*tokens)(void *ctx, uint64_t id, int64_t index, const int32_t *toks, int32_t n);
+    /* n new generated tokens of request id, the first being generated token number index; lp
+     * their log-probabilities when the request asked, else NULL */
+    void (*tokens)(void *ctx, uint64_t id, int64_t index, const int32_t *toks, int32_t n, const sched_lp_t *lp);
     void (*done)(void *ctx, uint64_t id, const msg_done_t *d);
     void (*error)(void *ctx, uint64_t id, msg_errcode_t code, const char *text);
     void *ctx;

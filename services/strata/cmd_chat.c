@@ -45,14 +45,17 @@ static void s_help(FILE *f)
             "%s"
             "  --stats             print finish reason, usage and timings after each answer\n"
             "  --timeout S         give up on an answer after S seconds (default 300)\n"
+            "%s"
             "  -h, --help          this help\n"
             "\n"
-            "A router that serves CURVE (a non-loopback endpoint): the key files in the environment,\n"
-            "STRATA_CURVE_SERVER_KEY (its public key) and STRATA_CURVE_CLIENT_KEY (this client's\n"
-            "secret key file, from `strata keygen`); a group of this user is found with its keys.\n"
+            "A router that serves CURVE (a non-loopback endpoint): its public key and this client's\n"
+            "secret key file, from `strata keygen`, by --curve-server-key and --curve-client-key (or\n"
+            "STRATA_CURVE_SERVER_KEY and STRATA_CURVE_CLIENT_KEY; a flag wins over its variable); a\n"
+            "group of this user is found with its keys. A router that refuses the keys is reported,\n"
+            "with the file to check, after 3 seconds (exit 1).\n"
             "\n"
             "Exit codes: 0 ended (Ctrl-D, /quit), 1 runtime failure, 2 bad usage.\n",
-            cli_sampling_help);
+            cli_sampling_help, rc_curve_help);
 }
 
 /* Whether the model folder ships a chat template. */
@@ -180,6 +183,7 @@ int cmd_chat(int argc, char **argv)
     const char *v, *model_arg = NULL;
     char endpoint[512], model[512] = "";
     bool endpoint_given = false, stats = false;
+    rc_keys_t keys = {NULL, NULL};
     int64_t max_tokens = 128;
     float timeout_s = 300.0f;
     sampler_params_t sp;
@@ -204,6 +208,12 @@ int cmd_chat(int argc, char **argv)
             if (r < 0 || cli_parse_i64(C, "--max-tokens", v, 1, MSG_MAX_MAX_TOKENS, &max_tokens)) return 2;
         } else if ((r = cli_opt(C, argc, argv, &i, "--timeout", &v))) {
             if (r < 0 || cli_parse_f32(C, "--timeout", v, 0.1f, 1e6f, &timeout_s)) return 2;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--curve-server-key", &v))) {
+            if (r < 0) return 2;
+            keys.server_key = v;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--curve-client-key", &v))) {
+            if (r < 0) return 2;
+            keys.client_key = v;
         } else if (!strcmp(argv[i], "--stats")) {
             stats = true;
         } else {
@@ -229,7 +239,7 @@ int cmd_chat(int argc, char **argv)
     }
 
     rc_conn_t *c = NULL;
-    int rc = rc_open(&c, C, endpoint);
+    int rc = rc_open(&c, C, endpoint, &keys);
     if (rc) return rc;
     s_conv_t cv = {.stats = stats, .msgs = json_array()};
     s_hist_t *const h = &cv.h;

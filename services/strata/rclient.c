@@ -23,7 +23,11 @@ struct rc_conn {
     char curve_server[CONFIG_CURVE_KEY_LEN + 1], curve_pub[CONFIG_CURVE_KEY_LEN + 1], curve_sec[CONFIG_CURVE_KEY_LEN + 1];
     uint8_t identity[24];
     size_t identity_len;
+    const char *srv_from, *cli_from; /* where the CURVE keys came from: a flag or a variable, for messages */
     bool connected;
+    bool hs_ok;          /* a handshake has succeeded on this socket (ZMQ_EVENT_HANDSHAKE_SUCCEEDED) */
+    double hs_fail_since; /* strata_now() of the first failed handshake since the last success, 0 = none */
+    char hs_why[1024];   /* ... and what the last one said */
     bool was_lost;       /* the connection dropped since it was last up */
     bool back;           /* ... and came back: a stream in progress must resume */
     double down_since;   /* 0 while connected */
@@ -41,6 +45,38 @@ static void s_close_socks(rc_conn_t *c)
     c->sock = c->mon = NULL;
 }
 
+const char rc_curve_help[] =
+    "  --curve-server-key FILE  the router's CURVE public key file (PREFIX.key of `strata keygen`), for a\n"
+    "                      router with [router] curve_secret_key_file (default: $STRATA_CURVE_SERVER_KEY)\n"
+    "  --curve-client-key FILE  this client's CURVE secret key file (PREFIX.secret, mode 0600), whose public\n"
+    "                      key the router's curve_clients_file lists (default: $STRATA_CURVE_CLIENT_KEY;\n"
+    "                      without either, a keypair made for this run, which such a router refuses)\n";
+
+/* A failed handshake (a monitor event with its value): what to tell the user. */
+static void s_handshake_failed(rc_conn_t *c, uint16_t ev, uint32_t val)
+{
+    const bool curve = c->curve_server[0] != 0;
+    if (c->hs_fail_since == 0) c->hs_fail_since = strata_now();
+    if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+        snprintf(c->hs_why, sizeof c->hs_why,
+                 "the router refused this client's CURVE key (ZAP status %u): its public key is not in the router's "
+                 "[router] curve_clients_file; check %s",
+                 (unsigned)val, c->cli_from ? c->cli_from : "--curve-client-key (none was given: a key made for this run was used)");
+    else if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && val == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+        snprintf(c->hs_why, sizeof c->hs_why, "%s",
+                 curve ? "the router does not serve CURVE, but this client was given CURVE keys"
+                       : "the router serves CURVE: give its public key with --curve-server-key (and this client's secret key "
+                         "with --curve-client-key)");
+    else if (curve) /* the router could not read our HELLO: what a server key that is not its does */
+        snprintf(c->hs_why, sizeof c->hs_why,
+                 "the router closed the connection during the CURVE handshake: %s is not the public key of the router at %s, "
+                 "or the router does not serve CURVE",
+                 c->srv_from, c->endpoint);
+    else
+        snprintf(c->hs_why, sizeof c->hs_why, "the ZeroMQ handshake failed (%s 0x%08x)",
+                 ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL ? "error" : "protocol error", (unsigned)val);
+}
+
 /* Apply pending monitor events (each: a frame with uint16 event + uint32 value, then one
  * with the endpoint). */
 static void s_events(rc_conn_t *c)
@@ -53,7 +89,9 @@ static void s_events(rc_conn_t *c)
             return;
         }
         uint16_t ev = 0;
+        uint32_t val = 0;
         if (zmq_msg_size(&f) >= 2) memcpy(&ev, zmq_msg_data(&f), 2);
+        if (zmq_msg_size(&f) >= 6) memcpy(&val, (const char *)zmq_msg_data(&f) + 2, 4);
         while (zmq_msg_more(&f)) {
             zmq_msg_close(&f);
             zmq_msg_init(&f);
@@ -63,14 +101,31 @@ static void s_events(rc_conn_t *c)
         if (ev == ZMQ_EVENT_CONNECTED) {
             c->connected = true;
             c->down_since = 0;
+        } else if (ev == ZMQ_EVENT_DISCONNECTED) {
+            /* a CURVE connection dropped before its handshake succeeded: the router could not
+             * read our HELLO, which is what a server key that is not its does */
+            if (c->curve_server[0] && !c->hs_ok && c->hs_fail_since == 0) {
+                c->hs_fail_since = strata_now();
+                snprintf(c->hs_why, sizeof c->hs_why,
+                         "the router closed the connection during the CURVE handshake: %s is not the public key of the router at "
+                         "%s, or the router does not serve CURVE",
+                         c->srv_from, c->endpoint);
+            }
+            c->connected = false;
+            c->was_lost = true;
+            c->down_since = strata_now();
+        } else if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+            /* back only once the router took the handshake: a TCP connection it then refuses
+             * (CURVE) is no connection to resume on */
+            c->hs_ok = true;
+            c->hs_fail_since = 0;
             if (c->was_lost) {
                 c->was_lost = false;
                 c->back = true;
             }
-        } else if (ev == ZMQ_EVENT_DISCONNECTED) {
-            c->connected = false;
-            c->was_lost = true;
-            c->down_since = strata_now();
+        } else if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH || ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
+                   ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
+            s_handshake_failed(c, ev, val);
         }
     }
 }
@@ -82,12 +137,14 @@ static int s_connect(rc_conn_t *c)
     if (!c->sock) return STRATA_EZMQ;
     char mon_ep[64];
     snprintf(mon_ep, sizeof mon_ep, "inproc://client-monitor-%d", c->n_mon++);
-    if (zmq_socket_monitor(c->sock, mon_ep, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) < 0 ||
+    const int events = ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                       ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL;
+    if (zmq_socket_monitor(c->sock, mon_ep, events) < 0 ||
         !(c->mon = zmq_socket(c->ctx, ZMQ_PAIR)) || zmq_connect(c->mon, mon_ep) < 0) {
         cli_error(c->cmd, "cannot monitor the connection: %s", zmq_strerror(zmq_errno()));
         return STRATA_EZMQ;
     }
-    c->connected = c->was_lost = c->back = false;
+    c->connected = c->was_lost = c->back = c->hs_ok = false;
     c->down_since = strata_now();
     int zero = 0, hb = 1000, hbt = 3000;
     zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof zero);
@@ -118,19 +175,23 @@ static int s_error_exit(msg_errcode_t code)
     }
 }
 
-/* The CURVE keys to connect with. From the environment: STRATA_CURVE_SERVER_KEY (a file with the
- * router's public key, as `strata keygen` writes it) and STRATA_CURVE_CLIENT_KEY (this client's
- * secret key file; without it, a keypair made now, which a router with curve_clients_file
- * refuses). Else, from a group of this user's running at this endpoint with [router]
+/* The CURVE keys to connect with. The key files of --curve-server-key / --curve-client-key
+ * (keys), each flag winning over its variable, STRATA_CURVE_SERVER_KEY (a file with the router's
+ * public key, as `strata keygen` writes it) and STRATA_CURVE_CLIENT_KEY (this client's secret
+ * key file; without any, a keypair made now, which a router with curve_clients_file refuses).
+ * Else, from a group of this user's running at this endpoint with [router]
  * curve_secret_key_file: the router's own keypair, as the group's services connect. Else none.
  * 0, or the exit code after the printed error. */
-static int s_curve_keys(rc_conn_t *c)
+static int s_curve_keys(rc_conn_t *c, const rc_keys_t *keys)
 {
     strata_errbuf_t eb = {{0}};
-    const char *srv = getenv("STRATA_CURVE_SERVER_KEY"), *cli = getenv("STRATA_CURVE_CLIENT_KEY");
+    const char *srv = keys && keys->server_key ? keys->server_key : getenv("STRATA_CURVE_SERVER_KEY");
+    const char *cli = keys && keys->client_key ? keys->client_key : getenv("STRATA_CURVE_CLIENT_KEY");
+    c->srv_from = keys && keys->server_key ? "--curve-server-key" : "STRATA_CURVE_SERVER_KEY";
+    c->cli_from = cli && *cli ? (keys && keys->client_key ? "--curve-client-key" : "STRATA_CURVE_CLIENT_KEY") : NULL;
     if (srv && *srv) {
-        if (config_read_curve_key(srv, false, "STRATA_CURVE_SERVER_KEY", c->curve_server, &eb) < 0 ||
-            (cli && *cli && config_read_curve_key(cli, true, "STRATA_CURVE_CLIENT_KEY", c->curve_sec, &eb) < 0)) {
+        if (config_read_curve_key(srv, false, c->srv_from, c->curve_server, &eb) < 0 ||
+            (cli && *cli && config_read_curve_key(cli, true, c->cli_from, c->curve_sec, &eb) < 0)) {
             cli_error(c->cmd, "%s", eb.msg);
             return 2;
         }
@@ -141,7 +202,8 @@ static int s_curve_keys(rc_conn_t *c)
         return 0;
     }
     if (cli && *cli) {
-        cli_error(c->cmd, "STRATA_CURVE_CLIENT_KEY is set but STRATA_CURVE_SERVER_KEY (the router's public key file) is not");
+        cli_error(c->cmd, "%s is given but not the router's public key file (--curve-server-key or STRATA_CURVE_SERVER_KEY)",
+                  c->cli_from);
         return 2;
     }
     gs_entry_t all[16];
@@ -159,13 +221,14 @@ static int s_curve_keys(rc_conn_t *c)
             break;
         }
         memcpy(c->curve_server, c->curve_pub, sizeof c->curve_server);
+        c->srv_from = "the running group's [router] curve_secret_key_file";
         break;
     }
     free(cfg);
     return rc;
 }
 
-int rc_open(rc_conn_t **out, const char *cmd, const char *endpoint)
+int rc_open(rc_conn_t **out, const char *cmd, const char *endpoint, const rc_keys_t *keys)
 {
     *out = NULL;
     rc_conn_t *c = calloc(1, sizeof *c);
@@ -181,7 +244,7 @@ int rc_open(rc_conn_t **out, const char *cmd, const char *endpoint)
     c->identity_len = (size_t)snprintf((char *)c->identity, sizeof c->identity, "cli-%02x%02x%02x%02x%02x%02x%02x%02x",
                                        rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
     c->next_id = ((uint64_t)rnd[0] << 24 | (uint64_t)rnd[1] << 16 | (uint64_t)rnd[2] << 8 | rnd[3]) + 1;
-    int kr = s_curve_keys(c);
+    int kr = s_curve_keys(c, keys);
     if (kr) {
         rc_close(c);
         return kr;
@@ -253,7 +316,10 @@ int rc_generate(rc_conn_t *c, const rc_req_t *q, const rc_cb_t *cb)
     for (;;) {
         double now = strata_now();
         if (now - t0 > timeout_s) {
-            cli_error(c->cmd, "no complete answer within %.1f s", timeout_s);
+            if (c->hs_fail_since > 0 && !c->hs_ok)
+                cli_error(c->cmd, "no complete answer within %.1f s: %s", timeout_s, c->hs_why);
+            else
+                cli_error(c->cmd, "no complete answer within %.1f s", timeout_s);
             rc = 1;
             goto done;
         }
@@ -265,6 +331,13 @@ int rc_generate(rc_conn_t *c, const rc_req_t *q, const rc_cb_t *cb)
             goto done;
         }
         s_events(c);
+        if (c->hs_fail_since > 0 && !c->hs_ok && strata_now() - c->hs_fail_since > gone_after) {
+            if (have_tokens) printf("\n");
+            cli_error(c->cmd, "timed out after %.1f s without a connection to the router at %s: %s", gone_after, c->endpoint,
+                      c->hs_why);
+            rc = 1;
+            goto done;
+        }
         if (c->down_since > 0 && strata_now() - c->down_since > gone_after) {
             if (have_tokens) printf("\n");
             cli_error(c->cmd, "unavailable: no router at %s (not reachable for %.1f s)", c->endpoint, gone_after);

@@ -7,7 +7,11 @@
  * what the caller has, so the answer continues where it stopped (or ends with the router's
  * error, e.g. not_found). A router that is silent for resume_after seconds gets a resume on a
  * fresh connection; one that accepts no connection for gone_after seconds ends the request
- * with `unavailable`. */
+ * with `unavailable`.
+ *
+ * A router that refuses the connection's ZeroMQ handshake (CURVE: this client's key not in its
+ * curve_clients_file, a server key that is not its, or CURVE on one side only) is said so, with
+ * the key files to check, once the handshake has failed for gone_after seconds. */
 #ifndef STRATA_RCLIENT_H
 #define STRATA_RCLIENT_H
 
@@ -50,9 +54,20 @@ typedef struct {
     bool (*on_error)(void *ctx, const msg_error_t *e);
 } rc_cb_t;
 
-/* Connect to the router at endpoint; cmd names the strata command in messages. *out NULL on
- * failure (printed). Returns 0, or the exit code (1 runtime, 2 a bad endpoint). */
-int rc_open(rc_conn_t **out, const char *cmd, const char *endpoint);
+/* The CURVE key files a command was given (--curve-server-key, --curve-client-key); NULL for
+ * one not given, which STRATA_CURVE_SERVER_KEY / STRATA_CURVE_CLIENT_KEY may then name. */
+typedef struct {
+    const char *server_key;        /* the router's public key file (PREFIX.key of `strata keygen`) */
+    const char *client_key;        /* this client's secret key file (PREFIX.secret) */
+} rc_keys_t;
+
+/* Connect to the router at endpoint; cmd names the strata command in messages; keys may be
+ * NULL (the environment's, else a running group's own). *out NULL on failure (printed).
+ * Returns 0, or the exit code (1 runtime, 2 a bad endpoint or key file). */
+int rc_open(rc_conn_t **out, const char *cmd, const char *endpoint, const rc_keys_t *keys);
+
+/* Usage lines for --curve-server-key and --curve-client-key (the commands' --help). */
+extern const char rc_curve_help[];
 /* One request, to its end: 0, or the exit code after the printed error (1 timeout, busy,
  * unavailable; 2 a request the router refused as invalid). */
 int rc_generate(rc_conn_t *c, const rc_req_t *q, const rc_cb_t *cb);

@@ -11,10 +11,15 @@
  *   - with a tiny KV cache, preemption by recompute happens and changes nothing;
  *   - with executor "crashes" (the engine is freed and a new one created, losing its KV and
  *     the plan in flight), the replay changes nothing;
- *   - canceled requests get a prefix of their answer and done(cancel).
+ *   - canceled requests get a prefix of their answer and done(cancel);
+ *   - requests that ask for log-probabilities get, with every token, its log-probability and
+ *     the top_logprobs most likely tokens under the model's own distribution, equal (1e-4) to a
+ *     log-softmax of seq_feed's logits computed here in double with a full sort; the others get
+ *     none, and their rows of the result say so (top_n -1).
  * Plus: plans the engine must refuse, submit refusals, resume and retention.
  * STRATA_SEED replays a run.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +42,12 @@ typedef struct {
     bool submitted, cancel_sent;
     int32_t ref[MAXT], n_ref;        /* generate_tokens */
     int32_t got[MAXT], n_got;        /* streamed */
+    bool lp;                         /* asks for log-probabilities, with top alternatives */
+    int32_t top;
+    float got_lp[MAXT];              /* streamed with the tokens */
+    int32_t got_top[MAXT][MSG_MAX_TOP_LOGPROBS];
+    float got_top_lp[MAXT][MSG_MAX_TOP_LOGPROBS];
+    int lp_bad;                      /* events whose log-probabilities were missing, unasked or of the wrong count */
     int dones, errors, bad_index;
     msg_finish_t finish;
     int32_t done_completion;
@@ -54,12 +65,77 @@ static treq_t *s_req(world_t *w, uint64_t id)
     return NULL;
 }
 
-static void s_tokens(void *ctx, uint64_t id, int64_t index, const int32_t *toks, int32_t n)
+static void s_tokens(void *ctx, uint64_t id, int64_t index, const int32_t *toks, int32_t n, const sched_lp_t *lp)
 {
     treq_t *q = s_req(ctx, id);
     if (!q) return;
     if (index != q->n_got) q->bad_index++;
-    for (int32_t i = 0; i < n && q->n_got < MAXT; i++) q->got[q->n_got++] = toks[i];
+    if ((lp != NULL) != q->lp || (lp && lp->top_n != q->top)) q->lp_bad++;
+    for (int32_t i = 0; i < n && q->n_got < MAXT; i++) {
+        if (lp && lp->top_n == q->top) {
+            q->got_lp[q->n_got] = lp->logprobs[i];
+            memcpy(q->got_top[q->n_got], lp->top_tokens + i * q->top, (size_t)q->top * sizeof(int32_t));
+            memcpy(q->got_top_lp[q->n_got], lp->top_logprobs + i * q->top, (size_t)q->top * sizeof(float));
+        }
+        q->got[q->n_got++] = toks[i];
+    }
+}
+
+typedef struct {
+    double v;
+    int32_t id;
+} t_lp_cand_t;
+
+static int s_lp_cmp(const void *a, const void *b)
+{
+    const t_lp_cand_t *x = a, *y = b;
+    if (x->v != y->v) return x->v > y->v ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* q's log-probabilities against a log-softmax of the logits seq_feed gives for its prompt and
+ * answer alone: double precision, libm's exp, a full sort for the alternatives. */
+static void s_check_logprobs(const model_t *m, tpool_t *pool, const char *name, int i, const treq_t *q)
+{
+    const int32_t V = m->cfg.vocab, n = q->n_prompt + q->n_got - 1;
+    int32_t *seqt = malloc((size_t)(n > 0 ? n : 1) * sizeof *seqt);
+    float *lg = malloc((size_t)(n > 0 ? n : 1) * (size_t)V * sizeof *lg);
+    t_lp_cand_t *c = malloc((size_t)V * sizeof *c);
+    seq_t sq;
+    memset(&sq, 0, sizeof sq);
+    if (!seqt || !lg || !c || seq_init(&sq, m, pool, n, n) < 0) {
+        T_CHECK(0, "%s: req %d: out of memory", name, i);
+        goto out;
+    }
+    memcpy(seqt, q->prompt, (size_t)q->n_prompt * sizeof *seqt);
+    memcpy(seqt + q->n_prompt, q->got, (size_t)(q->n_got - 1) * sizeof *seqt);
+    T_CHECK(seq_feed(&sq, seqt, n, true, lg) == 0, "%s: seq_feed", name);
+    double worst = 0;
+    for (int32_t t = 0; t < q->n_got; t++) {
+        const float *row = lg + (size_t)(q->n_prompt - 1 + t) * V;
+        double mx = row[0], z = 0;
+        for (int32_t v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+        for (int32_t v = 0; v < V; v++) z += exp((double)row[v] - mx);
+        const double lse = mx + log(z);
+        double want = row[q->got[t]] - lse;
+        worst = fmax(worst, fabs(want - q->got_lp[t]));
+        T_CHECK(q->got_lp[t] <= 0 && fabs(want - q->got_lp[t]) < 1e-4, "%s: req %d token %d: logprob %.7g, want %.7g", name, i, t,
+                q->got_lp[t], want);
+        for (int32_t v = 0; v < V; v++) c[v] = (t_lp_cand_t){row[v], v};
+        qsort(c, (size_t)V, sizeof *c, s_lp_cmp);
+        for (int32_t j = 0; j < q->top; j++) {
+            double wj = c[j].v - lse;
+            T_CHECK(q->got_top[t][j] == c[j].id && fabs(q->got_top_lp[t][j] - wj) < 1e-4,
+                    "%s: req %d token %d: alternative %d is %d (%.7g), want %d (%.7g)", name, i, t, j, q->got_top[t][j],
+                    q->got_top_lp[t][j], c[j].id, wj);
+        }
+    }
+    if (worst > 1e-5) fprintf(stderr, "%s: req %d: log-probabilities within %.2g of the reference\n", name, i, worst);
+out:
+    seq_free(&sq);
+    free(seqt);
+    free(lg);
+    free(c);
 }
 
 static void s_done(void *ctx, uint64_t id, const msg_done_t *d)
@@ -88,6 +164,9 @@ typedef struct {
     bool poison;        /* the executor dies on every plan holding request 0 */
 } scen_t;
 
+/* Requests of every s_run that ended at the model's second eos id. */
+static int s_second_eos_stops;
+
 static int s_run(const model_t *m, tpool_t *pool, const scen_t *sc, uint64_t *rng)
 {
     int fails0 = t_failed;
@@ -96,7 +175,8 @@ static int s_run(const model_t *m, tpool_t *pool, const scen_t *sc, uint64_t *rn
     exec_t *ex = NULL;
     int32_t *toks = malloc(MSG_MAX_STEP_SEQS * sizeof *toks);
     uint64_t *reqs = malloc(MSG_MAX_STEP_SEQS * sizeof *reqs);
-    int crashes = 0, mixed_steps = 0, steps = 0;
+    int crashes = 0, mixed_steps = 0, steps = 0, lp_reqs = 0;
+    int eos_stops[MODEL_MAX_EOS] = {0}; /* requests that ended at each eos id */
 
     exec_opts_t eo;
     exec_opts_default(&eo);
@@ -118,7 +198,8 @@ static int s_run(const model_t *m, tpool_t *pool, const scen_t *sc, uint64_t *rn
     so.block_size = sc->block_size;
     so.max_context = ctx;
     so.vocab = m->cfg.vocab;
-    so.eos_id = m->cfg.eos_id;
+    so.n_eos = m->cfg.n_eos;
+    memcpy(so.eos_ids, m->cfg.eos_ids, sizeof m->cfg.eos_ids);
     sched_sink_t sink = {s_tokens, s_done, s_error, w};
     T_CHECK(sched_create(&s, &so, &sink) == 0, "%s: sched_create", sc->name);
     if (!s) goto out;
@@ -140,6 +221,8 @@ static int s_run(const model_t *m, tpool_t *pool, const scen_t *sc, uint64_t *rn
             q->sp.seed = t_rng_next(rng);
         }
         q->sp.ignore_eos = t_rng_next(rng) % 4 == 0;
+        q->lp = t_rng_next(rng) % 3 == 0;
+        q->top = q->lp ? (int32_t)(t_rng_next(rng) % (MSG_MAX_TOP_LOGPROBS + 1)) : 0;
         q->arrival = (int)(t_rng_next(rng) % 30);
         int32_t mt = q->max_tokens < ctx - q->n_prompt ? q->max_tokens : ctx - q->n_prompt;
         int rc = generate_tokens(m, pool, q->prompt, q->n_prompt, mt, &q->sp, 0, q->ref, &q->n_ref, NULL);
@@ -162,6 +245,8 @@ static int s_run(const model_t *m, tpool_t *pool, const scen_t *sc, uint64_t *rn
                 sub.samp.top_p = q->sp.top_p;
                 sub.samp.seed = q->sp.seed;
                 sub.ignore_eos = q->sp.ignore_eos;
+                sub.logprobs = q->lp;
+                sub.top_logprobs = q->top;
                 char text[256];
                 msg_errcode_t code = sched_submit(s, q->id, &sub, now, text, sizeof text);
                 T_CHECK(code == MSG_E_NONE, "%s: submit %d: %s", sc->name, i, text);
@@ -221,6 +306,16 @@ static int s_run(const model_t *m, tpool_t *pool, const scen_t *sc, uint64_t *rn
             if (rc < 0) break;
             for (int i = 0; i < n; i++) reqs[i] = plan.seqs[i].req;
             msg_result_t res = {exec_instance(ex), n, reqs, toks, fus, sus};
+            exec_logprobs(ex, &res.lp);
+            bool asked = false;
+            for (int i = 0; i < n; i++) {
+                const bool want = plan.seqs[i].sample && plan.seqs[i].logprobs;
+                asked |= want;
+                if (res.lp.logprobs)
+                    T_CHECK(res.lp.top_n[i] == (want ? plan.seqs[i].top_logprobs : -1), "%s: row %d: top_n %d", sc->name, i,
+                            res.lp.top_n[i]);
+            }
+            T_CHECK(asked == (res.lp.logprobs != NULL), "%s: log-probabilities %s", sc->name, asked ? "missing" : "unasked");
             T_CHECK(sched_apply(s, &res, now) == 0, "%s: apply", sc->name);
         }
         int c = sched_check(s, text, sizeof text);
@@ -249,10 +344,17 @@ static int s_run(const model_t *m, tpool_t *pool, const scen_t *sc, uint64_t *rn
         }
         T_CHECK(q->n_got == q->n_ref && prefix, "%s: req %d (prompt %d, temp %.2f, max %d): %d tokens vs %d of generate_tokens%s",
                 sc->name, i, q->n_prompt, q->sp.temperature, q->max_tokens, q->n_got, q->n_ref, prefix ? "" : ", differing");
+        T_CHECK(q->lp_bad == 0, "%s: req %d: %d token events with wrong log-probabilities", sc->name, i, q->lp_bad);
+        if (q->lp && q->n_got > 0 && prefix) {
+            s_check_logprobs(m, pool, sc->name, i, q);
+            lp_reqs++;
+        }
         if (q->n_got > 0) {
-            bool eos = !q->sp.ignore_eos && q->got[q->n_got - 1] == m->cfg.eos_id;
+            bool eos = !q->sp.ignore_eos && model_is_eos(&m->cfg, q->got[q->n_got - 1]);
             T_CHECK(q->finish == (eos ? MSG_FINISH_STOP : MSG_FINISH_LENGTH), "%s: req %d: finish %s", sc->name, i,
                     msg_finish_name(q->finish));
+            for (int k = 0; eos && k < m->cfg.n_eos; k++) eos_stops[k] += q->got[q->n_got - 1] == m->cfg.eos_ids[k];
+            if (eos && m->cfg.n_eos > 1 && q->got[q->n_got - 1] == m->cfg.eos_ids[1]) s_second_eos_stops++;
         }
     }
     T_CHECK(cn.kv_free == sc->kv_blocks && cn.running == 0 && cn.waiting == 0, "%s: at the end %d of %d blocks free, %d running, %d waiting",
@@ -261,9 +363,12 @@ static int s_run(const model_t *m, tpool_t *pool, const scen_t *sc, uint64_t *rn
     if (sc->want_preempt) T_CHECK(cn.preemptions > 0, "%s: the tight KV cache caused no preemption", sc->name);
     if (sc->crash_every > 0) T_CHECK(crashes > 0 && cn.replayed > 0, "%s: %d crashes, %llu replayed", sc->name, crashes,
                                  (unsigned long long)cn.replayed);
-    fprintf(stderr, "%-16s %4d steps (%d mixed), %llu prefill + %llu decode tokens, %llu preemptions, %d crashes (%llu seqs replayed)%s\n",
+    T_CHECK(lp_reqs > 0 || sc->poison, "%s: no request with log-probabilities was checked", sc->name);
+    fprintf(stderr, "%-16s %4d steps (%d mixed), %llu prefill + %llu decode tokens, %llu preemptions, %d crashes (%llu seqs replayed), "
+            "%d with log-probabilities, %d + %d ended at eos %d / %d%s\n",
             sc->name, steps, mixed_steps, (unsigned long long)cn.prefill_tokens, (unsigned long long)cn.decode_tokens,
-            (unsigned long long)cn.preemptions, crashes, (unsigned long long)cn.replayed, t_failed > fails0 ? " FAILED" : "");
+            (unsigned long long)cn.preemptions, crashes, (unsigned long long)cn.replayed, lp_reqs, eos_stops[0], eos_stops[1],
+            m->cfg.eos_ids[0], m->cfg.eos_ids[1], t_failed > fails0 ? " FAILED" : "");
 out:
     sched_free(s);
     exec_free(ex);
@@ -346,7 +451,9 @@ static void s_submit_rules(void)
     so.block_size = 4;
     so.max_context = 100; /* clamped to 16 */
     so.vocab = 10;
-    so.eos_id = 9;
+    so.n_eos = 2; /* the second of two eos ids stops a request too */
+    so.eos_ids[0] = 8;
+    so.eos_ids[1] = 9;
     so.max_live = 2;
     so.retain_s = 5;
     sched_sink_t sink = {s_tokens, s_done, s_error, w};
@@ -401,7 +508,7 @@ static void s_submit_rules(void)
     T_CHECK(n == 1 && plan.seqs[0].pos0 == 3 && plan.seqs[0].n_tokens == 1 && plan.seqs[0].tokens[0] == 4 &&
                 plan.seqs[0].n_sampled == 1, "decode plan");
     rq[0] = 11;
-    tk[0] = 9; /* eos */
+    tk[0] = 9; /* the second eos id */
     res.n_seqs = 1;
     T_CHECK(sched_apply(s, &res, 0.4) == 0 && w->r[0].dones == 1 && w->r[0].finish == MSG_FINISH_STOP, "eos stops");
     T_CHECK(sched_has_work(s) == false, "idle");
@@ -456,7 +563,10 @@ int main(void)
     for (size_t a = 0; a < sizeof models / sizeof models[0]; a++) {
         model_config_t c;
         synth_config(&c, models[a].arch, 61, 32, 2, 4, 2, 8, 4, 2, 24);
-        c.eos_id = 7;
+        c.eos_id = 7; /* two eos ids: requests stop at either, as generate_tokens does */
+        c.n_eos = 2;
+        c.eos_ids[0] = 7;
+        c.eos_ids[1] = 11;
         model_t m;
         uint64_t rng = seed + a;
         int rc = synth_model(&m, &c, models[a].fmt, 32, seed + 100 + a);
@@ -468,5 +578,6 @@ int main(void)
         model_free(&m);
     }
     tpool_destroy(pool);
+    T_CHECK(s_second_eos_stops > 0, "no request ended at the second eos id");
     return t_done("engine");
 }

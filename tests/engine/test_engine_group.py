@@ -26,11 +26,18 @@ Cases:
                   answer of `strata generate`, each token once.
   q8              [executor] cpu_act = q8 on an int4 pack of the demo model: 8 clients (greedy and
                   sampled) get exactly `strata generate --cpu-act q8`; the executor reports the mode.
+  eos_set         a copy of the packed demo model whose generation_config.json lists several eos
+                  ids (an id it never produces, then a token its greedy answer reaches, as
+                  gpt-oss's list does): through the group (the executor builds the model over
+                  the arena, its hello carries the set, the scheduler finishes on it) the greedy
+                  answer stops right after that token with `stop` and without its text; sampled
+                  answers equal `strata generate` on the copy; ignore_eos ignores every id.
 
 usage: test_engine_group.py --strata BIN --prefetcher BIN --executor BIN --scheduler BIN
                             --router BIN --client-py DIR CASE...
 """
 import argparse
+import json
 import os
 import random
 import signal
@@ -298,8 +305,56 @@ def case_q8():
     print("  8 clients on the int4 pack with cpu_act = q8: every answer equals strata generate --cpu-act q8")
 
 
+def case_eos_set():
+    """A packed model with several eos ids, through the real group (see the module docstring)."""
+    m = os.path.join(A.work, "eos")
+    os.mkdir(m)
+    for f in os.listdir(A.model):  # hard links: the weights are the demo pack's, unchanged
+        if f != "generation_config.json":
+            os.link(os.path.join(A.model, f), os.path.join(m, f))
+    rnd = random.Random(A.seed + 4)
+    prompt = [rnd.randrange(3, 286) for _ in range(6)]
+    n = 24
+    g0 = reference({"prompt": prompt, "max_tokens": n, "ignore_eos": True}, model=m)
+    k = next(i for i in range(4, n) if g0[i] not in g0[:i])  # the 5th greedy token, or the next new one
+    other = next(t for t in range(8191, 0, -1) if t not in g0)
+    with open(os.path.join(m, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": 1, "eos_token_id": [other, g0[k]], "pad_token_id": 0}, f)
+    greedy = {"prompt": prompt, "max_tokens": n}
+    want = reference(greedy, model=m)
+    assert want == g0[:k + 1], "strata generate on the copy: %s, want %s" % (want, g0[:k + 1])
+    sampled = [{"prompt": [rnd.randrange(3, 286) for _ in range(4 + i)], "max_tokens": 40, "temperature": 1.3,
+                "top_k": 8, "seed": rnd.randrange(1 << 63)} for i in range(6)]
+    refs = [reference(r, model=m) for r in sampled]
+    B = argparse.Namespace(**vars(A))
+    B.model = m
+    from strata_client import StrataClient
+    with gl.Group(B, kind="real") as g:
+        g.start()
+        with StrataClient("tcp://127.0.0.1:%d" % g.port, timeout=60.0) as c:
+            text, toks, d = c.complete(tokens=prompt, max_tokens=n)
+            assert toks == want and d["finish_reason"] == "stop", (toks, d, want)
+            before = c.complete(tokens=prompt, max_tokens=k)[0]  # the text of the tokens before the eos
+            with_eos = c.complete(tokens=prompt, max_tokens=k + 1, ignore_eos=True)
+            assert text == before and with_eos[1] == want and with_eos[2]["finish_reason"] == "length", \
+                (text, before, with_eos)
+            assert with_eos[0] != before, "the eos token %d has no text of its own: %r" % (g0[k], with_eos[0])
+            text2, toks2, d2 = c.complete(tokens=prompt, max_tokens=n, stream=False)
+            assert toks2 == want and text2 == before and d2["finish_reason"] == "stop", (toks2, text2, d2)
+            _, toks3, d3 = c.complete(tokens=prompt, max_tokens=n, ignore_eos=True)
+            assert toks3 == g0 and d3["finish_reason"] == "length", (toks3, d3)
+        res = stream_all(g, sampled)
+        check_answers(sampled, res, refs)
+        log = g.read_log()
+    stops = sum(1 for r, ref in zip(sampled, refs) if len(ref) < r["max_tokens"])
+    assert "built over the weight arenas" in log, "the executor did not use the arena"
+    assert "eos %d %d," % (other, g0[k]) in log, "the scheduler did not get both eos ids:\n%s" % log
+    print("  greedy: %d tokens, stopped at the second eos id %d (token %d); 6 sampled answers equal strata generate "
+          "(%d of them stopped at an eos id)" % (len(want), g0[k], k + 1, stops))
+
+
 CASES = {"batching": case_batching, "executor_crash": case_executor_crash, "scheduler_crash": case_scheduler_crash,
-         "q8": case_q8}
+         "q8": case_q8, "eos_set": case_eos_set}
 
 
 def main():

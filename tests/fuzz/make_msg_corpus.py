@@ -47,6 +47,8 @@ usage = {"prompt_tokens": 3, "completion_tokens": 4}
 timings = {"queue_ms": 0.5, "ttft_ms": 3.0, "total_ms": 9.5}
 hello = {"type": "hello", "instance": 99, "pid": 1234, "model": "demo", "vocab": 512, "max_context": 1024,
          "bos_id": 1, "eos_id": 2, "kv_blocks": 64, "block_size": 16, "load_ms": 3.5}
+# a model with several eos ids (gpt-oss, Llama 3 instruct): eos_id is the first of eos_ids
+hello_eos = dict(hello, eos_id=200, eos_ids=[200, 2, 499])
 
 corpora = {
     "msg_client": [
@@ -92,6 +94,7 @@ corpora = {
         b"\0" + rep([("type", "submit"), ("id", 77), ("client", b"cli-1"), ("cid", 5), ("prompt", [1]),
                       ("max_tokens", 8), ("cid", 6)]),
         b"\1" + rep([("type", "tokens"), ("id", 77), ("id", 78), ("index", 3), ("tokens", [9])]),
+        b"\1" + p(hello_eos),
     ],
     "msg_exec": [
         b"\0" + p({"type": "hello"}),
@@ -112,6 +115,7 @@ corpora = {
                       ("seqs", [Pairs([("req", 3), ("pos0", 0), ("tokens", [5]), ("blocks", [0]), ("req", 4)])])]),
         b"\1" + rep([("type", "result"), ("id", 1002), ("instance", 99), ("reqs", [3]), ("tokens", [17]),
                       ("instance", 98)]),
+        b"\1" + p(hello_eos),
     ],
     "msg_prefetch": [
         b"\0" + p({"type": "status", "id": 1}),

@@ -3,7 +3,10 @@
 
 Token i of a request is a pure function of (prompt, seed, i), like the real group's
 deterministic sampling; a prompt starting with token EOS_TRIGGER ends with eos after 3
-tokens; with seed ECHO_SEED the answer repeats the prompt's tokens (text tests). One token
+tokens (the last id of the eos set); with seed ECHO_SEED the answer repeats the prompt's tokens
+(text tests), and ends at any id of the eos set it echoes. `eos` is one id (-1: none) or a list
+of them (set_eos changes it; the hello then carries eos_ids, as an executor's does for a model
+with several). One token
 per live request every `tick` seconds. Finished requests are kept for resume, and a cancel
 of one answers its done again. A done's timings count from the submission, as the real
 scheduler's do. Knobs for tests: drop_every (drop every n-th tokens event: the router must
@@ -33,7 +36,8 @@ class MockScheduler(threading.Thread):
     def __init__(self, endpoint, tick=0.005, vocab=VOCAB, eos=EOS):
         super().__init__(daemon=True)
         self.vocab = vocab
-        self.eos = eos
+        self.set_eos(eos)
+        self.hellos = 0         # hello replies sent
         self.endpoint = endpoint
         self.tick = tick
         self.instance = int.from_bytes(os.urandom(7), "little") + 1
@@ -50,6 +54,11 @@ class MockScheduler(threading.Thread):
         self._lock = threading.Lock()
         self._restart = False
         self.ready = threading.Event()
+
+    def set_eos(self, eos):
+        """The model's eos ids: one id (-1: none) or a list; the next hello reply carries them."""
+        self.eos_ids = [e for e in (eos if isinstance(eos, list) else [eos]) if e >= 0]
+        self.eos = self.eos_ids[-1] if self.eos_ids else -1
 
     def stop(self):
         self._halt.set()
@@ -121,7 +130,7 @@ class MockScheduler(threading.Thread):
                 if r["t_first"] is None:
                     r["t_first"] = time.monotonic()
                 self._tokens(sock, rid, i, [t])
-                if t == self.eos and not r["ignore_eos"]:
+                if t in self.eos_ids and not r["ignore_eos"]:
                     r["finish"] = "stop"
                 elif len(r["gen"]) >= r["max_tokens"]:
                     r["finish"] = "length"
@@ -135,9 +144,13 @@ class MockScheduler(threading.Thread):
         m = msgpack.unpackb(frame, raw=False)
         t, rid = m["type"], m.get("id")
         if t == "hello":
-            self._send(sock, {"type": "hello", "instance": self.instance, "pid": os.getpid(), "model": "mock",
-                              "vocab": self.vocab, "max_context": MAX_CONTEXT, "bos_id": -1, "eos_id": self.eos,
-                              "kv_blocks": 0, "block_size": 16, "load_ms": 0.0})
+            h = {"type": "hello", "instance": self.instance, "pid": os.getpid(), "model": "mock", "vocab": self.vocab,
+                 "max_context": MAX_CONTEXT, "bos_id": -1, "eos_id": self.eos_ids[0] if self.eos_ids else -1,
+                 "kv_blocks": 0, "block_size": 16, "load_ms": 0.0}
+            if len(self.eos_ids) > 1:
+                h["eos_ids"] = list(self.eos_ids)
+            self._send(sock, h)
+            self.hellos += 1
         elif t == "submit":
             self.submits += 1
             if rid in self.reqs and not self.reqs[rid]["finish"]:

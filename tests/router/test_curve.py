@@ -14,6 +14,12 @@
             with STRATA_CURVE_*); no keys, an unlisted key, or a wrong server key get no
             answer (a clean timeout); a key added to the clients file is served without a
             restart
+  flags     the same router: `strata client` and `strata chat` with --curve-server-key and
+            --curve-client-key (in their --help) are served; a flag wins over its
+            STRATA_CURVE_* variable either way; an unlisted client key, a server key that is not
+            the router's, and no keys at all are each refused with exit 1, within --gone-after
+            plus a little (no hang), and one line saying it timed out and which key file to
+            check; --curve-client-key alone and a key file that is not one are exit 2
   netns     in a network namespace of its own (unshare --user --net --map-root-user, lo up, an
             address of the namespace's own on lo), the whole group (strata-http too): a
             non-loopback endpoint without CURVE is refused (exit 2, `strata up` and the router
@@ -276,6 +282,96 @@ def case_loopback():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def keyed_run(cmd, endpoint, flags=None, env_keys=None, stdin=None, gone_after=2, timeout=30):
+    """`strata client --tokens` (ids out) or `strata chat` (stdin) with --curve-* flags (server, client) and/or
+    STRATA_CURVE_* (server, client); None leaves one out. Returns (CompletedProcess, seconds)."""
+    env = dict(os.environ)
+    env.pop("STRATA_CURVE_SERVER_KEY", None)
+    env.pop("STRATA_CURVE_CLIENT_KEY", None)
+    for var, val in zip(("STRATA_CURVE_SERVER_KEY", "STRATA_CURVE_CLIENT_KEY"), env_keys or (None, None)):
+        if val:
+            env[var] = val
+    args = [strata(), cmd, "--endpoint", endpoint]
+    for flag, val in zip(("--curve-server-key", "--curve-client-key"), flags or (None, None)):
+        if val:
+            args += [flag, val]
+    if cmd == "client":
+        args += ["--tokens", "1,2,3", "--max-tokens", "4", "--ids", "--timeout", "20", "--gone-after", str(gone_after)]
+    t0 = time.monotonic()
+    out = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, input=stdin)
+    return out, time.monotonic() - t0
+
+
+def case_flags():
+    d = tempfile.mkdtemp(prefix="strata-curveflags-")
+    mock = None
+    proc = None
+    try:
+        for n in ("router", "alice", "mallory"):
+            assert keygen(os.path.join(d, n)).returncode == 0
+        rkey, akey, asec, msec = (os.path.join(d, n) for n in ("router.key", "alice.key", "alice.secret", "mallory.secret"))
+        clients = os.path.join(d, "clients")
+        with open(clients, "w") as f:
+            f.write("%s alice\n" % key_lines(akey)[0])
+        os.chmod(clients, 0o644)
+        for cmd in ("client", "chat"):
+            out = subprocess.run([strata(), cmd, "--help"], capture_output=True, text=True, timeout=30)
+            assert out.returncode == 0 and "--curve-server-key FILE" in out.stdout and "--curve-client-key FILE" in out.stdout, out
+        ep = "tcp://127.0.0.1:%d" % grouplib.free_port()
+        cfg = write_config(d, ep, {"curve_secret_key_file": os.path.join(d, "router.secret"), "curve_clients_file": clients})
+        mock = MockScheduler("ipc://%s/scheduler.sock" % d, tick=0.005, vocab=300)
+        mock.start()
+        mock.ready.wait(5)
+        log = open(os.path.join(d, "router.log"), "ab")
+        proc = subprocess.Popen([router_bin(), "--config", cfg], stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 15
+        with StrataClient(ep, timeout=1, curve_server_key=rkey, curve_client_key=asec) as c:
+            while True:
+                try:
+                    if c.health()["scheduler"]:
+                        break
+                except StrataError:
+                    pass
+                assert time.monotonic() < deadline and proc.poll() is None, open(os.path.join(d, "router.log")).read()
+            want = " ".join(str(t) for t in c.complete(tokens=[1, 2, 3], max_tokens=4)[1])
+        # served: the flags alone; the flags over wrong variables
+        for what, flags, env in (("flags", (rkey, asec), None), ("flags over the variables", (rkey, asec), (akey, msec)),
+                                 ("a client flag with the server variable", (None, asec), (rkey, None))):
+            out, _ = keyed_run("client", ep, flags, env)
+            assert out.returncode == 0 and out.stdout.split() == want.split(), (what, out)
+        # strata chat: the router answers the turn (it has no tokenizer, so it refuses the chat:
+        # an answer all the same, over an authenticated connection)
+        out, _ = keyed_run("chat", ep, (rkey, asec), (akey, msec), stdin="hello\n")
+        assert out.returncode == 0 and "no tokenizer" in out.stderr and "timed out" not in out.stderr, out
+        # refused: each with exit 1, soon, and one line that says why and what to check
+        for what, flags, env, says in (
+                ("an unlisted client key", (rkey, msec), None, ["curve_clients_file", "--curve-client-key"]),
+                ("the variables' right keys under wrong flags", (rkey, msec), (rkey, asec), ["curve_clients_file", "--curve-client-key"]),
+                ("a key made for this run", (rkey, None), None, ["curve_clients_file", "made for this run"]),
+                ("a server key that is not the router's", (akey, asec), None, ["--curve-server-key", "not the public key"]),
+                ("no keys", None, None, ["serves CURVE", "--curve-server-key"])):
+            out, took = keyed_run("client", ep, flags, env, gone_after=2)
+            assert out.returncode == 1 and out.stdout.strip() == "", (what, out)
+            err = out.stderr.strip()
+            assert err.count("\n") == 0 and "timed out after 2.0 s" in err and all(w in err for w in says), (what, err)
+            assert took < 10, (what, "took %.1f s" % took)
+        out, took = keyed_run("chat", ep, (rkey, msec), None, stdin="hello\n")
+        assert "timed out" in out.stderr and "curve_clients_file" in out.stderr and took < 15, (out, took)
+        # bad usage: a client key without the server's, a file that is no key
+        out, _ = keyed_run("client", ep, (None, asec))
+        assert out.returncode == 2 and "--curve-client-key" in out.stderr and "--curve-server-key" in out.stderr, out
+        out, _ = keyed_run("client", ep, (cfg, asec))
+        assert out.returncode == 2 and "--curve-server-key" in out.stderr, out
+        assert proc.poll() is None, "the router died"
+    finally:
+        if proc and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if mock:
+            mock.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def case_netns():
     if os.environ.get("STRATA_TEST_NETNS") != "1":
         unshare = shutil.which("unshare")
@@ -362,7 +458,7 @@ def case_netns():
         shutil.rmtree(keys, ignore_errors=True)
 
 
-CASES = {"keygen": case_keygen, "config": case_config, "loopback": case_loopback, "netns": case_netns}
+CASES = {"keygen": case_keygen, "config": case_config, "loopback": case_loopback, "flags": case_flags, "netns": case_netns}
 
 
 def main():

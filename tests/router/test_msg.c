@@ -613,7 +613,7 @@ static void test_repeated_keys(void)
     mb_free(&b);
 
     /* every key of every map of one message of each type, in every family */
-    int32_t toks[] = {1, 2, 3, 40000}, blocks[] = {0, 5};
+    int32_t toks[] = {1, 2, 3, 40000}, blocks[] = {0, 5}, eos2[] = {2, 7};
     uint64_t reqs[] = {1, 2};
     msg_str_t stops[] = {msg_str("\n\n"), msg_str("User:")};
     msg_stat_t st[] = {{msg_str("router.requests"), 12}, {msg_str("router.busy"), 0.5}};
@@ -664,7 +664,7 @@ static void test_repeated_keys(void)
             x->u.submit = (msg_submit_t){{(const char *)client, 3}, 7, 3, toks, 8, {0.5f, 0.9f, 2, 3}, true};
             break;
         case MSG_SCHED_HELLO_REPLY: case MSG_EXEC_HELLO_REPLY:
-            x->u.hello = (msg_hello_t){77, 100, msg_str("m"), 300, 256, 1, 2, 64, 16, 3.5};
+            x->u.hello = (msg_hello_t){77, 100, msg_str("m"), 300, 256, 1, 2, 64, 16, 3.5, 2, eos2};
             break;
         case MSG_STEP: x->u.step = (msg_step_t){5, 2, seqs}; break;
         case MSG_STEP_RESULT: x->u.result = (msg_result_t){5, 2, reqs, toks, 12.5, 1.5}; break;
@@ -902,11 +902,289 @@ static void test_chat(void)
     mb_free(&b);
 }
 
+/* Encode m expecting the encoder to refuse it (what a decoder would refuse). */
+static void s_expect_encode_fail(const msg_t *m, const char *what)
+{
+    msg_buf_t b = {0};
+    T_CHECK(msg_encode(m, &b) == STRATA_EINVAL_INPUT, "%s: encoded but should be refused", what);
+    msg_buf_free(&b);
+}
+
+/* Log-probabilities: the ask (generate, submit, a step's sequence), the rows of result and
+ * step_tokens (packed), one request's in token / tokens / done, and the cross-field rules. */
+static void test_logprobs(void)
+{
+    msg_t m, d;
+    /* generate: absent by default, top_logprobs only with logprobs */
+    msg_init(&m, MSG_GENERATE);
+    m.has_id = true;
+    m.id = 1;
+    m.u.generate.prompt = msg_str("x");
+    m.u.generate.max_tokens = 2;
+    msg_buf_t b0 = {0};
+    T_CHECK(msg_encode(&m, &b0) == 0 && !memmem(b0.data, b0.size, "logprobs", 8), "generate without logprobs has no such key");
+    msg_buf_free(&b0);
+    m.u.generate.logprobs = true;
+    m.u.generate.top_logprobs = 20;
+    s_roundtrip(&m, &d, "generate logprobs");
+    T_CHECK(d.u.generate.logprobs && d.u.generate.top_logprobs == 20, "generate logprobs kept");
+    msg_free(&d);
+    m.u.generate.logprobs = false;
+    s_expect_encode_fail(&m, "top_logprobs without logprobs");
+    mb_t b;
+    mb_init(&b);
+    mb_head(&b, 4, "generate");
+    mb_str(&b, "id"), msgpack_pack_uint64(&b.pk, 3);
+    mb_str(&b, "prompt"), mb_str(&b, "x");
+    mb_str(&b, "max_tokens"), msgpack_pack_int(&b.pk, 2);
+    mb_str(&b, "top_logprobs"), msgpack_pack_int(&b.pk, 2);
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "only with 'logprobs'", "top_logprobs alone");
+    mb_free(&b);
+    mb_init(&b);
+    mb_head(&b, 5, "generate");
+    mb_str(&b, "id"), msgpack_pack_uint64(&b.pk, 3);
+    mb_str(&b, "prompt"), mb_str(&b, "x");
+    mb_str(&b, "max_tokens"), msgpack_pack_int(&b.pk, 2);
+    mb_str(&b, "logprobs"), msgpack_pack_true(&b.pk);
+    mb_str(&b, "top_logprobs"), msgpack_pack_int(&b.pk, 21);
+    s_expect_fail(MSG_FAM_CLIENT, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "top_logprobs", "top_logprobs 21");
+    mb_free(&b);
+
+    /* submit and a step's sequence carry the ask on */
+    int32_t prompt[] = {1, 2};
+    msg_init(&m, MSG_SUBMIT);
+    m.has_id = true;
+    m.id = 9;
+    m.u.submit = (msg_submit_t){.client = msg_str("c"), .cid = 1, .n_prompt = 2, .prompt = prompt, .max_tokens = 3,
+                                .samp = {0, 1, 0, 0}, .logprobs = true, .top_logprobs = 5};
+    s_roundtrip(&m, &d, "submit logprobs");
+    T_CHECK(d.u.submit.logprobs && d.u.submit.top_logprobs == 5, "submit logprobs kept");
+    msg_free(&d);
+    int32_t blocks[] = {0};
+    msg_step_seq_t seq = {.req = 1, .pos0 = 0, .n_tokens = 2, .tokens = prompt, .n_blocks = 1, .blocks = blocks, .sample = true,
+                          .samp = {0, 1, 0, 0}, .logprobs = true, .top_logprobs = 3};
+    msg_init(&m, MSG_STEP);
+    m.has_id = true;
+    m.id = 4;
+    m.u.step = (msg_step_t){.instance = 1, .n_seqs = 1, .seqs = &seq};
+    s_roundtrip(&m, &d, "step logprobs");
+    T_CHECK(d.u.step.seqs[0].logprobs && d.u.step.seqs[0].top_logprobs == 3, "step logprobs kept");
+    msg_free(&d);
+    seq.logprobs = false;
+    s_expect_encode_fail(&m, "step: top_logprobs without logprobs");
+
+    /* result: rows of 2, 0 and no alternatives; -0.0 and the float32 extremes survive */
+    uint64_t reqs[] = {1, 2, 3};
+    int32_t toks[] = {7, -1, 9}, top_n[] = {2, -1, 0}, top_tok[] = {7, 4};
+    float lps[] = {-0.25f, 0, -0.0f}, top_lp[] = {-0.25f, -3.0e38f};
+    msg_init(&m, MSG_STEP_RESULT);
+    m.has_id = true;
+    m.id = 4;
+    m.u.result = (msg_result_t){.instance = 1, .n_seqs = 3, .reqs = reqs, .tokens = toks};
+    m.u.result.lp = (msg_lp_rows_t){3, lps, 3, top_n, 2, 2, top_tok, top_lp};
+    s_roundtrip(&m, &d, "result logprobs");
+    const msg_lp_rows_t *rl = &d.u.result.lp;
+    T_CHECK(rl->n_logprobs == 3 && rl->logprobs[0] == -0.25f && rl->top_n[1] == -1 && rl->n_top_tokens == 2 &&
+                rl->top_tokens[1] == 4 && rl->top_logprobs[1] == -3.0e38f && signbit(rl->logprobs[2]),
+            "result logprobs kept");
+    msg_free(&d);
+    top_n[2] = 1; /* the rows' counts add up to 3, not 2 */
+    s_expect_encode_fail(&m, "result: alternatives of the wrong total");
+    top_n[2] = 0;
+    lps[0] = 0.5f;
+    s_expect_encode_fail(&m, "result: a positive log-probability");
+    lps[0] = NAN;
+    s_expect_encode_fail(&m, "result: a NaN log-probability");
+    lps[0] = -0.25f;
+    m.u.result.lp.n_logprobs = 2;
+    s_expect_encode_fail(&m, "result: fewer log-probabilities than rows");
+    m.u.result.lp.n_logprobs = 3;
+    m.u.result.lp.top_n = NULL;
+    s_expect_encode_fail(&m, "result: log-probabilities without top_n");
+    /* the same rows as a decoder sees a plain (unpacked) msgpack array */
+    mb_init(&b);
+    mb_head(&b, 6, "result");
+    mb_str(&b, "id"), msgpack_pack_uint64(&b.pk, 4);
+    mb_str(&b, "instance"), msgpack_pack_uint64(&b.pk, 1);
+    mb_str(&b, "reqs"), msgpack_pack_array(&b.pk, 1), msgpack_pack_uint64(&b.pk, 1);
+    mb_str(&b, "tokens"), msgpack_pack_array(&b.pk, 1), msgpack_pack_int(&b.pk, 7);
+    mb_str(&b, "logprobs"), msgpack_pack_array(&b.pk, 1), msgpack_pack_double(&b.pk, -1.5);
+    mb_str(&b, "top_n"), msgpack_pack_array(&b.pk, 1), msgpack_pack_int(&b.pk, 0);
+    msg_err_t err;
+    T_CHECK(msg_decode(MSG_FAM_EXEC_OUT, b.sb.data, b.sb.size, &d, &err) == 0 && d.u.result.lp.logprobs[0] == -1.5f,
+            "result logprobs as arrays: %s", err.text);
+    msg_free(&d);
+    mb_free(&b);
+    mb_init(&b);
+    mb_head(&b, 5, "result");
+    mb_str(&b, "id"), msgpack_pack_uint64(&b.pk, 4);
+    mb_str(&b, "instance"), msgpack_pack_uint64(&b.pk, 1);
+    mb_str(&b, "reqs"), msgpack_pack_array(&b.pk, 1), msgpack_pack_uint64(&b.pk, 1);
+    mb_str(&b, "tokens"), msgpack_pack_array(&b.pk, 1), msgpack_pack_int(&b.pk, 7);
+    mb_str(&b, "logprobs"), msgpack_pack_array(&b.pk, 1), msgpack_pack_double(&b.pk, 0.5);
+    s_expect_fail(MSG_FAM_EXEC_OUT, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "logprobs[0]", "result: logprob 0.5");
+    mb_free(&b);
+
+    /* step_tokens: the same rows */
+    int32_t sidx[] = {0, 3, 1};
+    msg_init(&m, MSG_SCHED_STEP_TOKENS);
+    m.u.step_tokens = (msg_step_tokens_t){.n = 3, .reqs = reqs, .index = sidx, .tokens = top_tok};
+    int32_t stok[] = {7, 4, 9};
+    m.u.step_tokens.tokens = stok;
+    m.u.step_tokens.lp = (msg_lp_rows_t){3, lps, 3, top_n, 2, 2, top_tok, top_lp};
+    s_roundtrip(&m, &d, "step_tokens logprobs");
+    T_CHECK(d.u.step_tokens.lp.top_n[0] == 2 && d.u.step_tokens.lp.top_tokens[0] == 7, "step_tokens logprobs kept");
+    msg_free(&d);
+
+    /* token: 2 tokens, 1 alternative each, with texts (one of them empty) */
+    int32_t tt[] = {5, 6}, alt[] = {5, 8};
+    float tlp[] = {-0.1f, -2.0f}, alp[] = {-0.1f, -0.5f};
+    msg_str_t txt[] = {msg_str("a"), msg_str("")}, atxt[] = {msg_str("a"), msg_str("\xc3\xa9")};
+    msg_init(&m, MSG_TOKEN);
+    m.has_id = true;
+    m.id = 2;
+    m.u.tokens = (msg_tokens_t){.index = 0, .n_tokens = 2, .tokens = tt, .text = msg_str("a")};
+    m.u.tokens.lp = (msg_logprobs_t){2, tlp, 1, 2, 2, alt, alp, 2, 2, txt, atxt};
+    s_roundtrip(&m, &d, "token logprobs");
+    const msg_logprobs_t *tl = &d.u.tokens.lp;
+    T_CHECK(tl->n_logprobs == 2 && tl->logprobs[1] == -2.0f && tl->top_n == 1 && tl->top_tokens[1] == 8 &&
+                tl->top_text[1].len == 2 && tl->token_text[1].len == 0,
+            "token logprobs kept");
+    msg_free(&d);
+    m.u.tokens.lp.n_top_text = 1;
+    s_expect_encode_fail(&m, "token: top_text of the wrong length");
+    m.u.tokens.lp.n_top_text = 2;
+    atxt[1] = (msg_str_t){"\xc3", 1};
+    s_expect_encode_fail(&m, "token: top_text not UTF-8");
+    atxt[1] = msg_str("x");
+    m.u.tokens.lp.top_n = 2;
+    s_expect_encode_fail(&m, "token: top_n 2 with 2 alternatives for 2 tokens");
+    m.u.tokens.lp = (msg_logprobs_t){0};
+    m.u.tokens.lp.top_tokens = alt;
+    m.u.tokens.lp.n_top_tokens = 2;
+    s_expect_encode_fail(&m, "token: alternatives without logprobs");
+    /* tokens (scheduler family): packed, no texts */
+    msg_init(&m, MSG_SCHED_TOKENS);
+    m.has_id = true;
+    m.id = 2;
+    m.u.tokens = (msg_tokens_t){.index = 4, .n_tokens = 2, .tokens = tt};
+    m.u.tokens.lp = (msg_logprobs_t){2, tlp, 1, 2, 2, alt, alp, 0, 0, NULL, NULL};
+    s_roundtrip(&m, &d, "tokens logprobs");
+    T_CHECK(d.u.tokens.lp.top_logprobs[1] == -0.5f && !d.u.tokens.lp.token_text, "tokens logprobs kept");
+    msg_free(&d);
+    /* done, stream=false: those of its tokens */
+    msg_init(&m, MSG_DONE);
+    m.has_id = true;
+    m.id = 2;
+    m.u.done = (msg_done_t){.finish = MSG_FINISH_LENGTH, .prompt_tokens = 1, .completion_tokens = 2, .text = msg_str("a"),
+                            .n_tokens = 2, .tokens = tt};
+    m.u.done.lp = (msg_logprobs_t){2, tlp, 0, 0, 0, NULL, NULL, 2, 0, txt, NULL};
+    s_roundtrip(&m, &d, "done logprobs");
+    T_CHECK(d.u.done.lp.n_logprobs == 2 && d.u.done.lp.top_n == 0 && d.u.done.lp.n_token_text == 2, "done logprobs kept");
+    msg_free(&d);
+    m.u.done.n_tokens = 1;
+    s_expect_encode_fail(&m, "done: log-probabilities of more tokens than it has");
+}
+
+/* A hello with eos_id eos (< 0: left out) and eos_ids ids[n] (n < 0: left out), hand-packed. */
+static void s_pack_hello(mb_t *b, int32_t eos, const int32_t *ids, int n)
+{
+    mb_init(b);
+    mb_head(b, 5 + (eos >= 0) + (n >= 0), "hello");
+    mb_str(b, "instance"); msgpack_pack_uint64(&b->pk, 7);
+    mb_str(b, "pid"); msgpack_pack_int(&b->pk, 1);
+    mb_str(b, "model"); mb_str(b, "m");
+    mb_str(b, "vocab"); msgpack_pack_int(&b->pk, 300);
+    mb_str(b, "max_context"); msgpack_pack_int(&b->pk, 256);
+    if (eos >= 0) { mb_str(b, "eos_id"); msgpack_pack_int(&b->pk, eos); }
+    if (n >= 0) {
+        mb_str(b, "eos_ids");
+        msgpack_pack_array(&b->pk, (size_t)n);
+        for (int i = 0; i < n; i++) msgpack_pack_int(&b->pk, ids[i]);
+    }
+}
+
+/* The stop set in a hello: eos_id (the first, read by any reader) and eos_ids (all of them). */
+static void test_hello_eos(void)
+{
+    msg_t m, d;
+    msg_err_t err;
+    int32_t got[MSG_MAX_EOS];
+    int32_t ids[MSG_MAX_EOS + 1] = {2, 7, 9};
+    for (int fam = 0; fam < 2; fam++) {
+        msg_init(&m, fam ? MSG_EXEC_HELLO_REPLY : MSG_SCHED_HELLO_REPLY);
+        m.u.hello = (msg_hello_t){77, 100, msg_str("m"), 300, 256, 1, 2, 64, 16, 3.5, 3, ids};
+        s_roundtrip(&m, &d, "hello with eos_ids");
+        T_CHECK(d.u.hello.eos_id == 2 && d.u.hello.n_eos == 3 && d.u.hello.eos_ids[2] == 9, "hello eos_ids kept");
+        T_CHECK(msg_hello_eos(&d.u.hello, got) == 3 && got[0] == 2 && got[1] == 7 && got[2] == 9, "msg_hello_eos: the list");
+        msg_free(&d);
+        /* the encoder refuses what a decoder would */
+        m.u.hello.eos_id = 7;
+        s_expect_encode_fail(&m, "hello: eos_id is not eos_ids[0]");
+        m.u.hello.eos_id = 2;
+        ids[2] = 2;
+        s_expect_encode_fail(&m, "hello: a repeated eos id");
+        ids[2] = 300;
+        s_expect_encode_fail(&m, "hello: an eos id outside the vocab");
+        ids[2] = 9;
+        m.u.hello.n_eos = MSG_MAX_EOS + 1;
+        s_expect_encode_fail(&m, "hello: 17 eos ids");
+        m.u.hello.n_eos = 0;
+        s_expect_encode_fail(&m, "hello: an empty eos_ids");
+    }
+    /* a hello without eos_ids (an older executor): the set is eos_id alone, or empty */
+    mb_t b;
+    s_pack_hello(&b, 5, NULL, -1);
+    T_CHECK(msg_decode(MSG_FAM_SCHED_OUT, b.sb.data, b.sb.size, &d, &err) == 0, "hello with eos_id only: %s", err.text);
+    T_CHECK(d.u.hello.eos_ids == NULL && msg_hello_eos(&d.u.hello, got) == 1 && got[0] == 5, "eos_id alone is the set");
+    msg_free(&d);
+    mb_free(&b);
+    s_pack_hello(&b, -1, NULL, -1);
+    T_CHECK(msg_decode(MSG_FAM_EXEC_OUT, b.sb.data, b.sb.size, &d, &err) == 0 && msg_hello_eos(&d.u.hello, got) == 0,
+            "hello without eos: no stop set");
+    msg_free(&d);
+    mb_free(&b);
+    /* decoders check the list */
+    int32_t bad[3] = {5, 9, 5};
+    s_pack_hello(&b, 5, bad, 3);
+    s_expect_fail(MSG_FAM_SCHED_OUT, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "'eos_ids[2]'", "hello: repeated eos id");
+    mb_free(&b);
+    s_pack_hello(&b, 9, bad, 2);
+    s_expect_fail(MSG_FAM_EXEC_OUT, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "'eos_id'", "hello: eos_id not first");
+    mb_free(&b);
+    s_pack_hello(&b, -1, bad, 2);
+    s_expect_fail(MSG_FAM_EXEC_OUT, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "'eos_id'", "hello: eos_ids without eos_id");
+    mb_free(&b);
+    bad[1] = 300;
+    s_pack_hello(&b, 5, bad, 2);
+    s_expect_fail(MSG_FAM_EXEC_OUT, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "'eos_ids[1]'", "hello: eos id past the vocab");
+    mb_free(&b);
+    bad[1] = -2;
+    s_pack_hello(&b, 5, bad, 2);
+    s_expect_fail(MSG_FAM_EXEC_OUT, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "eos_ids", "hello: negative eos id");
+    mb_free(&b);
+    s_pack_hello(&b, 5, bad, 0);
+    s_expect_fail(MSG_FAM_EXEC_OUT, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "eos_ids", "hello: empty eos_ids");
+    mb_free(&b);
+    for (int i = 0; i <= MSG_MAX_EOS; i++) ids[i] = i;
+    s_pack_hello(&b, 0, ids, MSG_MAX_EOS + 1);
+    s_expect_fail(MSG_FAM_EXEC_OUT, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "eos_ids", "hello: 17 eos ids");
+    mb_free(&b);
+    s_pack_hello(&b, 0, ids, MSG_MAX_EOS);
+    T_CHECK(msg_decode(MSG_FAM_EXEC_OUT, b.sb.data, b.sb.size, &d, &err) == 0 && msg_hello_eos(&d.u.hello, got) == MSG_MAX_EOS &&
+                got[MSG_MAX_EOS - 1] == MSG_MAX_EOS - 1,
+            "hello: 16 eos ids: %s", err.text);
+    msg_free(&d);
+    mb_free(&b);
+}
+
 int main(void)
 {
     uint64_t seed = t_seed();
+    test_hello_eos();
     test_chat();
     test_roundtrips();
+    test_logprobs();
     test_bad_input();
     test_repeated_keys();
     test_error_values();

@@ -683,6 +683,47 @@ def test_text(g, strata_bin):
                         "--top-p", "7"], capture_output=True, text=True, timeout=30)
     check(p.returncode == 2, "strata client refuses --top-p 7 (rc=%d, %s)" % (p.returncode, p.stderr.strip()))
 
+    test_text_eos_set(g)
+
+
+def set_mock_eos(g, eos):
+    """Give the mock these eos ids and wait until it has said so in a hello (the router asks every
+    second); the router reads that reply before any later event of the scheduler socket."""
+    n = g.mock.hellos
+    g.mock.set_eos(eos)
+    t0 = time.monotonic()
+    while g.mock.hellos <= n and time.monotonic() - t0 < 5:
+        time.sleep(0.02)
+    return g.mock.hellos > n
+
+
+def test_text_eos_set(g):
+    """A model with several eos ids (the scheduler's hello carries eos_ids): the answer ends at the
+    second one, and the router shows no text for it; with ignore_eos it is text like any token."""
+    with g.client() as c:
+        prompt = "alpha beta gamma delta epsilon"
+        _, toks, d = c.complete(prompt, max_tokens=64, seed=ECHO_SEED)  # the echo: the prompt's tokens
+        n = d["usage"]["prompt_tokens"]
+        toks = toks[:n]
+        k = next((i for i in range(1, n) if toks[i] < 1000 and toks.count(toks[i]) == 1), None)
+        check(k is not None, "a prompt token to use as the second eos id (%r)" % toks)
+        if k is None:
+            return
+        other = next(t for t in range(900, 1000) if t not in toks)
+        before = c.complete(prompt, max_tokens=k, seed=ECHO_SEED)[0]          # the text of toks[:k]
+        with_eos = c.complete(prompt, max_tokens=k + 1, seed=ECHO_SEED)[0]    # ... and of toks[k]
+        check(before != with_eos, "token %d has text of its own (%r vs %r)" % (toks[k], before, with_eos))
+        check(set_mock_eos(g, [other, toks[k]]), "the mock's hello carries eos_ids [%d, %d]" % (other, toks[k]))
+        text, got, d = c.complete(prompt, max_tokens=64, seed=ECHO_SEED)
+        check(d["finish_reason"] == "stop" and got == toks[:k + 1] and text == before,
+              "ends at the second eos id, which has no text (%s, %r, %r)" % (d["finish_reason"], got, text))
+        text, got, d = c.complete(prompt, max_tokens=k + 1, seed=ECHO_SEED, stream=False)
+        check(d["finish_reason"] == "stop" and text == before, "stream=false: the same text (%r)" % text)
+        text, got, d = c.complete(prompt, max_tokens=k + 1, seed=ECHO_SEED, ignore_eos=True)
+        check(d["finish_reason"] == "length" and got == toks[:k + 1] and text == with_eos,
+              "ignore_eos: the eos id is text like any token (%r)" % text)
+        check(set_mock_eos(g, -1), "the mock back to no eos")
+
 
 def main():
     if len(sys.argv) < 3 or sys.argv[2] not in ("bad_input", "resume", "text", "churn") or \
