@@ -67,7 +67,7 @@ static void s_help(FILE *f)
             "bounds (PCIe only; PCIe + CPU, bandwidths added; PCIe + CPU, host memory shared) with the\n"
             "ratio measured/bound of each and their projection onto RTX 3090 and RTX 4090 hosts.\n\n"
             "  --shape S          build a synthetic model of shape S in memory (%s)\n"
-            "  --format F         int4 (default), fp8, int8, bf16 (with --shape)\n"
+            "  --format F         int4 (default), mxfp4, fp8, int8, bf16 (with --shape)\n"
             "  --attn-format F    attention projections and lm_head: bf16 (default) or 'same' as --format\n"
             "                     (with --shape; 'same' with int4 is 4.5 bits everywhere, as llama.cpp's Q4_0)\n"
             "  --group G          int4 group (default 32)\n"
@@ -555,8 +555,8 @@ int main(int argc, char **argv)
             return 2;
         }
         int f = wfmt_parse(o.fmt);
-        if (f != WF_INT4 && f != WF_FP8 && f != WF_INT8 && f != WF_BF16) {
-            fprintf(stderr, "gpu_decode: --format '%s': expected int4, fp8, int8 or bf16\n", o.fmt);
+        if (f != WF_INT4 && f != WF_FP8 && f != WF_INT8 && f != WF_BF16 && f != WF_MXFP4) {
+            fprintf(stderr, "gpu_decode: --format '%s': expected int4, mxfp4, fp8, int8 or bf16\n", o.fmt);
             return 2;
         }
         fmt = (wfmt_t)f;
