@@ -214,12 +214,6 @@ int forward_set_remote(forward_ctx_t *f, const moe_remote_t *r)
     f->rx_e = f->rx_n = NULL;
     f->remote = NULL;
     if (!r || c->n_experts <= 0) return 0;
-    if (c->expert_bias || c->ffn_act != FFN_ACT_SILU) {
-        /* the prefetchers' expert jobs carry plain SwiGLU experts only */
-        log_warn("forward: %s's experts have biases or another activation; they all run in this process, not "
-                 "in the prefetchers", c->arch_name);
-        return 0;
-    }
     int fail = 0;
     size_t ne = (size_t)c->n_experts;
     f->posted = s_alloc(r->n_dest > 0 ? (size_t)r->n_dest : 1, 1, &fail);
@@ -366,8 +360,7 @@ static void s_gather(const forward_ctx_t *f, float *dst, int32_t p0, int32_t cnt
     for (int32_t i = 0; i < cnt; i++) memcpy(dst + (size_t)i * H, f->xn + (size_t)f->e_tok[p0 + i] * H, H * sizeof(float));
 }
 
-/* What expert e of layer L adds to plain SwiGLU: its biases and the model's activation. */
-static cpu_ffn_opts_t s_expert_opts(const model_t *m, const layer_t *L, int e)
+cpu_ffn_opts_t forward_expert_opts(const model_t *m, const layer_t *L, int e)
 {
     const model_config_t *c = &m->cfg;
     cpu_ffn_opts_t o = {.clamped = c->ffn_act == FFN_ACT_GPT_OSS, .limit = c->act_limit, .alpha = c->act_alpha};
@@ -397,7 +390,7 @@ static void s_run_here(forward_ctx_t *f, const layer_t *L)
             s_gather(f, f->xg + (size_t)rows * H, p0, cnt);
             const ffn_t *E = &L->experts[e];
             const bool ex = c->expert_bias || c->ffn_act != FFN_ACT_SILU;
-            if (ex) opts[ni] = s_expert_opts(f->m, L, e);
+            if (ex) opts[ni] = forward_expert_opts(f->m, L, e);
             items[ni] = (cpu_ffn_item_t){.x = f->xg + (size_t)rows * H, .out = f->yp + (size_t)p0 * H, .n = cnt,
                                          .gate = &E->gate, .up = &E->up, .down = &E->down,
                                          .opts = ex ? &opts[ni] : NULL};

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "common/strata.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/qmat.h"
 #include "kernels/cpu/threadpool.h"
 
@@ -198,6 +199,10 @@ typedef struct {
     /* Wait for it: 0 with *out the output rows in the same layout, or <0 (then computed here). */
     int (*wait)(void *ctx, int dest, const float **out);
 } moe_remote_t;
+
+/* What expert e of layer L adds to plain SwiGLU: its biases (gpt-oss) and the model's activation.
+ * The pointers are into L; with neither, the result is all zero (plain SwiGLU). */
+cpu_ffn_opts_t forward_expert_opts(const model_t *m, const layer_t *L, int e);
 
 /* Route the experts r->owner names to r (NULL: every expert runs here). r must outlive f.
  * Returns 0 or -ENOMEM. */

@@ -41,6 +41,9 @@ static int s_run(xserve_t *x, const ring_job_t *j, const ring_item_t *items, uin
     if (j->layer >= c->n_layers || !c->layer_sparse[j->layer] || (j->act != CPU_ACT_F32 && j->act != CPU_ACT_Q8))
         return STRATA_EINVAL_INPUT;
     const layer_t *L = &x->m.layers[j->layer];
+    /* gpt-oss's expert biases are resident tensors: an arena without them cannot run its experts */
+    if (c->expert_bias && (!L->egate_b || !L->eup_b || !L->edown_b)) return STRATA_EINVAL_INPUT;
+    const bool ex = c->expert_bias || c->ffn_act != FFN_ACT_SILU;
     for (int i = 0; i < j->n_items; i++) {
         if (items[i].expert >= c->n_experts) return STRATA_EINVAL_INPUT;
         const ffn_t *E = &L->experts[items[i].expert];
@@ -51,6 +54,7 @@ static int s_run(xserve_t *x, const ring_job_t *j, const ring_item_t *items, uin
     cpu_ops_set_act((cpu_act_t)j->act);
     int H = x->ring.ctl->geom.hidden;
     cpu_ffn_item_t sub[CPU_FFN_MANY_MAX];
+    cpu_ffn_opts_t opts[CPU_FFN_MANY_MAX];
     int ns = 0;
     int32_t rows = 0;
     *bytes = 0;
@@ -61,8 +65,10 @@ static int s_run(xserve_t *x, const ring_job_t *j, const ring_item_t *items, uin
             int32_t n = items[i].n - r0;
             if (n > SUB_ROWS - rows) n = SUB_ROWS - rows;
             size_t at = (size_t)(items[i].row0 + r0) * (size_t)H;
-            sub[ns++] = (cpu_ffn_item_t){.x = x->ring.x + at, .out = x->ring.y + at, .n = n,
-                                         .gate = &E->gate, .up = &E->up, .down = &E->down, .opts = NULL};
+            if (ex) opts[ns] = forward_expert_opts(&x->m, L, items[i].expert);
+            sub[ns] = (cpu_ffn_item_t){.x = x->ring.x + at, .out = x->ring.y + at, .n = n, .gate = &E->gate,
+                                       .up = &E->up, .down = &E->down, .opts = ex ? &opts[ns] : NULL};
+            ns++;
             rows += n;
             r0 += n;
             if (rows == SUB_ROWS || ns == CPU_FFN_MANY_MAX) {
