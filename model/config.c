@@ -810,7 +810,7 @@ static int s_parse(ctx_t *c, model_config_t *cfg)
     if ((rc = s_int(c, "num_attention_heads", a->heads, false, 1, MAX_HEADS, &v)) < 0) return rc;
     cfg->n_heads = (int32_t)v;
     if ((rc = s_int(c, "num_key_value_heads", a->kv_heads < 0 ? cfg->n_heads : a->kv_heads,
-                    a->arch == ARCH_MIXTRAL || a->arch == ARCH_OLMOE, 1, MAX_HEADS, &v)) < 0)
+                    a->arch == ARCH_MIXTRAL || a->arch == ARCH_OLMOE || a->arch == ARCH_GPT_OSS, 1, MAX_HEADS, &v)) < 0)
         return rc;
     if (json_is_null(json_object_get(c->root, "num_key_value_heads"))) v = cfg->n_heads;
     cfg->n_kv_heads = (int32_t)v;

@@ -33,6 +33,15 @@ static int s_parse(const char *extra, model_config_t *c, strata_errbuf_t *eb)
     return model_config_parse(c, buf, strlen(buf), "gpt-oss.json", eb);
 }
 
+/* Replace the first `from` in buf (capacity 8192) by `to`. */
+static void s_replace(char *buf, const char *from, const char *to)
+{
+    char *p = strstr(buf, from);
+    STRATA_ASSERT(p && strlen(buf) - strlen(from) + strlen(to) < 8192);
+    memmove(p + strlen(to), p + strlen(from), strlen(p + strlen(from)) + 1);
+    memcpy(p, to, strlen(to));
+}
+
 static void s_refused(const char *extra, const char *want, const char *what)
 {
     model_config_t c;
@@ -112,6 +121,22 @@ int main(void)
     for (int l = 0; l < 24; l++) {
         bool keep = l == 2 || (l >= 10 && l <= 19) || l == 1;
         T_CHECK(d.experts_mxfp4[l] == !keep, "regex match: layer %d mxfp4 %d", l, d.experts_mxfp4[l]);
+    }
+
+    /* GptOssConfig: num_key_value_heads null means as many as the heads; head_dim absent means
+     * hidden / heads; attention_bias false drops the q/k/v/o biases (router and expert biases stay) */
+    {
+        char cfg[8192];
+        snprintf(cfg, sizeof cfg, CFG, "");
+        s_replace(cfg, "\"num_key_value_heads\": 8", "\"num_key_value_heads\": null");
+        s_replace(cfg, " \"head_dim\": 64,", "");
+        s_replace(cfg, "\"attention_bias\": true", "\"attention_bias\": false");
+        s_replace(cfg, "\"num_attention_heads\": 64", "\"num_attention_heads\": 32");
+        rc = model_config_parse(&d, cfg, strlen(cfg), "gpt-oss.json", &eb);
+        T_CHECK(rc == 0, "null kv heads, no head_dim, no attention bias: %s", eb.msg);
+        T_CHECK(d.n_kv_heads == 32 && d.head_dim == 2880 / 32 && !d.qkv_bias && !d.o_bias && d.router_bias &&
+                    d.expert_bias && d.attn_sinks,
+                "kv %d head_dim %d bias %d/%d", d.n_kv_heads, d.head_dim, d.qkv_bias, d.o_bias);
     }
 
     /* what transformers ignores is accepted: swiglu_limit (hard-coded 7.0), experts_per_token */
