@@ -276,13 +276,17 @@ static void s_compute_here(gpu_model_t *g, int l, int n, const int32_t *idx, int
 {
     const model_config_t *c = &g->m->cfg;
     const int K = c->top_k, H = c->hidden;
+    const layer_t *L = &g->m->layers[l];
     cpu_ffn_item_t it[CPU_FFN_MANY_MAX];
+    cpu_ffn_opts_t op[CPU_FFN_MANY_MAX]; /* gpt-oss: the expert's biases and clamped activation */
     int ni = 0;
     for (int i = 0; i < n * K; i++) {
         if (g->cpu_row[i] < 0 || g->cpu_dest[idx[i]] != d) continue;
-        const ffn_t *x = &g->m->layers[l].experts[idx[i]];
-        it[ni++] = (cpu_ffn_item_t){.x = g->h_xn + (size_t)(i / K) * H, .out = g->cpu_fy + (size_t)g->cpu_row[i] * H,
-                                    .n = 1, .gate = &x->gate, .up = &x->up, .down = &x->down, .opts = NULL};
+        const ffn_t *x = &L->experts[idx[i]];
+        op[ni] = forward_expert_opts(g->m, L, idx[i]);
+        it[ni] = (cpu_ffn_item_t){.x = g->h_xn + (size_t)(i / K) * H, .out = g->cpu_fy + (size_t)g->cpu_row[i] * H,
+                                  .n = 1, .gate = &x->gate, .up = &x->up, .down = &x->down, .opts = &op[ni]};
+        ni++;
         g->st.cpu_local++;
         if (ni == CPU_FFN_MANY_MAX) {
             cpu_ffn_swiglu_many(NULL, it, ni, g->cpu_scr);

@@ -45,6 +45,10 @@
 
 typedef struct {
     float *attn_norm, *ffn_norm, *bq, *bk, *bv, *bo, *q_norm, *k_norm;
+    float *sinks;                  /* [n_heads] attention sink logits (gpt-oss), or NULL */
+    float *router_b;               /* [n_experts] the router's bias (gpt-oss), or NULL */
+    cuda_moe_opts_t mo;            /* the experts' biases ([n_experts][..], resident) and activation */
+    bool has_mo;                   /* mo is not plain SwiGLU */
     qmat_t wq, wk, wv, wo, router, shared_gate;
     ffn_t shared, dense;
     cuda_expert_t *table_dev;   /* [n_experts] device pointers of resident experts */
@@ -135,6 +139,7 @@ struct gpu_model {
     int32_t max_inflight;        /* prefetch copies on the copy streams at once */
     uint32_t n_copies;           /* prefetch copies issued: even ones on CUDA_STREAM_COPY, odd on COPY2 */
     float *pred_router;          /* [n_moe][n_experts][hidden] f32 routers x ffn_norm, or NULL */
+    float *pred_bias;            /* [n_moe][n_experts] their biases (gpt-oss), or NULL */
     float *ones;                 /* [hidden] 1.0: the unweighted RMSNorm for the prediction */
     gpu_layer_stats_t *lst;      /* [n_layers] */
 

@@ -176,6 +176,7 @@ static int s_create_layers(gpu_model_t *g, strata_errbuf_t *eb)
     const model_config_t *c = &m->cfg;
     int rc = 0;
     size_t H = (size_t)c->hidden, qd = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t E = (size_t)c->n_experts, I = (size_t)c->moe_inter;
     g->L = calloc((size_t)c->n_layers, sizeof *g->L);
     g->lst = calloc((size_t)c->n_layers, sizeof *g->lst);
     /* the MoE layers' ordinals (g->xc.moe_ord / moe_layer); the slots come with the budget */
@@ -192,6 +193,7 @@ static int s_create_layers(gpu_model_t *g, strata_errbuf_t *eb)
         if (!rc && c->qkv_bias) rc = s_upload_f32(g, &D->bk, S->bk, kd, "k bias", eb);
         if (!rc && c->qkv_bias) rc = s_upload_f32(g, &D->bv, S->bv, kd, "v bias", eb);
         if (!rc && c->o_bias) rc = s_upload_f32(g, &D->bo, S->bo, H, "o bias", eb);
+        if (!rc && c->attn_sinks) rc = s_upload_f32(g, &D->sinks, S->sinks, (size_t)c->n_heads, "attention sinks", eb);
         if (!rc && c->qk_norm != QK_NORM_NONE) rc = s_upload_f32(g, &D->q_norm, S->q_norm, qn, "q_norm", eb);
         if (!rc && c->qk_norm != QK_NORM_NONE) rc = s_upload_f32(g, &D->k_norm, S->k_norm, kn, "k_norm", eb);
         if (!rc) rc = s_upload_qmat(g, &D->wq, &S->wq, "wq", eb);
@@ -201,6 +203,14 @@ static int s_create_layers(gpu_model_t *g, strata_errbuf_t *eb)
         if (rc) break;
         if (c->layer_sparse[l]) {
             rc = s_upload_qmat(g, &D->router, &S->router, "router", eb);
+            if (!rc && c->router_bias) rc = s_upload_f32(g, &D->router_b, S->router_b, E, "router bias", eb);
+            /* the experts' biases stay resident for every expert, wherever its weights are */
+            D->mo = (cuda_moe_opts_t){.clamped = c->ffn_act == FFN_ACT_GPT_OSS, .limit = c->act_limit,
+                                      .alpha = c->act_alpha};
+            if (!rc && c->expert_bias) rc = s_upload_f32(g, (float **)&D->mo.gate_bias, S->egate_b, E * I, "gate biases", eb);
+            if (!rc && c->expert_bias) rc = s_upload_f32(g, (float **)&D->mo.up_bias, S->eup_b, E * I, "up biases", eb);
+            if (!rc && c->expert_bias) rc = s_upload_f32(g, (float **)&D->mo.down_bias, S->edown_b, E * H, "down biases", eb);
+            D->has_mo = c->expert_bias || D->mo.clamped;
             if (!rc && c->shared_inter > 0) rc = s_upload_ffn(g, &D->shared, &S->shared, "shared expert", eb);
             if (!rc && c->shared_inter > 0) rc = s_upload_qmat(g, &D->shared_gate, &S->shared_gate, "shared gate", eb);
             if (!rc)
@@ -370,6 +380,10 @@ static int s_create_prediction(gpu_model_t *g, strata_errbuf_t *eb)
         }
     }
     int rc = s_upload(g, (void **)&g->pred_router, h, sizeof(float) * (size_t)g->xc.n_moe * E * H, "prediction routers", eb);
+    if (!rc && c->router_bias) { /* their biases, stacked the same way */
+        for (int o = 0; o < g->xc.n_moe; o++) memcpy(h + (size_t)o * E, g->m->layers[g->xc.moe_layer[o]].router_b, E * 4);
+        rc = s_upload(g, (void **)&g->pred_bias, h, sizeof(float) * (size_t)g->xc.n_moe * E, "prediction biases", eb);
+    }
     for (size_t i = 0; i < H; i++) h[i] = 1.0f;
     if (!rc) rc = s_upload(g, (void **)&g->ones, h, sizeof(float) * H, "prediction norm", eb);
     free(h);
@@ -691,10 +705,6 @@ int gpu_model_create(gpu_model_t **out, const model_t *m, const gpu_opts_t *o, s
     int rc;
     if (o->max_tokens <= 0 || o->kv_blocks <= 0 || o->block_size <= 0)
         return strata_seterr(eb, STRATA_EINVAL_INPUT, "gpu: max_tokens, kv_blocks and block_size must be positive");
-    if (c->attn_sinks || c->sliding_window > 0 || c->router_bias || c->expert_bias || c->ffn_act != FFN_ACT_SILU)
-        return strata_seterr(eb, STRATA_EUNSUPPORTED,
-                             "gpu: %s (attention sinks, sliding windows, biased experts) runs on the CPU backend "
-                             "only so far ([executor] backend = cpu)", c->arch_name);
     if (cuda_device_count() <= o->device)
         return strata_seterr(eb, STRATA_EUNSUPPORTED, "gpu: no CUDA device %d (found %d)", o->device, cuda_device_count());
     gpu_model_t *g = calloc(1, sizeof *g);

@@ -76,12 +76,15 @@ static int s_attention(gpu_model_t *g, int l, int n)
                            vl, g->d_seq, g->d_bt, g->o.kv_blocks, g->o.block_size)))
         return rc;
     const float scale = 1.0f / sqrtf((float)hd);
-    rc = g->att_tc ? cuda_attention_prefill(cx, g->att, g->q, kl, vl, n, g->d_seq, g->d_pos, g->d_bt, g->o.kv_blocks,
-                                            c->n_heads, c->n_kv_heads, hd, g->o.block_size, scale)
+    /* gpt-oss: sinks, and a window on the sliding layers */
+    const cuda_attn_opts_t ao = {c->layer_sliding[l] ? c->sliding_window : 0, L->sinks};
+    const cuda_attn_opts_t *aop = ao.window > 0 || ao.sinks ? &ao : NULL;
+    rc = g->att_tc ? cuda_attention_prefill_ex(cx, g->att, g->q, kl, vl, n, g->d_seq, g->d_pos, g->d_bt, g->o.kv_blocks,
+                                               c->n_heads, c->n_kv_heads, hd, g->o.block_size, scale, aop)
                    : STRATA_EINVAL_INPUT;
     if (rc == STRATA_EINVAL_INPUT) /* not taken, or a shape it does not take */
-        rc = cuda_attention(cx, g->att, g->q, kl, vl, n, g->d_seq, g->d_pos, g->d_bt, g->o.kv_blocks, c->n_heads,
-                            c->n_kv_heads, hd, g->o.block_size, scale, &aq);
+        rc = cuda_attention_ex(cx, g->att, g->q, kl, vl, n, g->d_seq, g->d_pos, g->d_bt, g->o.kv_blocks, c->n_heads,
+                               c->n_kv_heads, hd, g->o.block_size, scale, &aq, aop);
     if (rc) return rc;
     const qmat_t *wo = &L->wo;
     const float *bo = L->bo;
@@ -122,7 +125,7 @@ static bool s_mailbox(const gpu_model_t *g, int n) { return g->split && n <= GPU
  * its head's words; only down_tail's change. */
 static bool s_early(const gpu_model_t *g, int n)
 {
-    return s_mailbox(g, n) && cuda_moe_parts_ok(n, g->expert_fmt, g->m->cfg.hidden, g->inter);
+    return s_mailbox(g, n) && g->expert_fmt != WF_MXFP4 && cuda_moe_parts_ok(n, g->expert_fmt, g->m->cfg.hidden, g->inter);
 }
 
 /* First half of the FFN of layer l: the norm, and for a MoE layer its gate; with a cache, also
@@ -144,7 +147,8 @@ static int s_ffn_pre(gpu_model_t *g, int l, int n)
     /* with a cache, the host gets the routing (and below the prediction) from the launch
      * itself, in h_idx (h_pidx), in the ring entry of the segment this gate ends */
     const size_t ri = g->all_resident ? 0 : (size_t)(g->xc.moe_ord[l] % GPU_RING);
-    if ((rc = cuda_router_topk(cx, g->rlog, g->x, n, &L->router, c->n_experts, c->top_k, renorm, g->tidx, g->tw, &pre,
+    if ((rc = cuda_router_topk(cx, g->rlog, g->x, n, &L->router, L->router_b, c->n_experts, c->top_k, renorm, g->tidx,
+                               g->tw, &pre,
                                &route, g->all_resident ? NULL : g->h_idx + ri * g->idx_n)))
         return rc;
     if (g->all_resident) return 0;
@@ -155,7 +159,8 @@ static int s_ffn_pre(gpu_model_t *g, int l, int n)
         qmat_t w = {.fmt = WF_F32, .rows = D * c->n_experts, .cols = c->hidden,
                     .data = g->pred_router + (size_t)s_window_lo(g, l) * c->n_experts * c->hidden};
         cuda_next_norm_t unit = {g->ones, g->xl, c->rms_eps, NULL};
-        if ((rc = cuda_router_topk(cx, g->prlog, g->x, n, &w, c->n_experts, c->top_k, false, g->ptidx, g->ptw, &unit,
+        const float *pb = g->pred_bias ? g->pred_bias + (size_t)s_window_lo(g, l) * c->n_experts : NULL;
+        if ((rc = cuda_router_topk(cx, g->prlog, g->x, n, &w, pb, c->n_experts, c->top_k, false, g->ptidx, g->ptw, &unit,
                                    NULL, g->h_pidx + ri * g->pidx_n)))
             return rc;
     }
@@ -177,13 +182,14 @@ static int s_ffn_pre(gpu_model_t *g, int l, int n)
 static int s_moe(gpu_model_t *g, int l, int n, int part, const cuda_next_norm_t *nn)
 {
     const model_config_t *c = &g->m->cfg;
-    const cuda_expert_t *t = g->L[l].table_dev;
+    const glayer_t *L = &g->L[l];
     const unsigned flags = (g->xn_q8 ? CUDA_MOE_X_Q8 : 0) | (g->routed ? CUDA_MOE_ROUTED : 0);
-    if (!part)
-        return cuda_moe_ffn(g->cx, g->x, g->xn, n, c->hidden, g->inter, g->expert_fmt, t, c->n_experts, g->tidx, g->tw,
-                            c->top_k, g->moe_scr, flags, nn);
-    return cuda_moe_ffn_part(g->cx, part, g->split, g->x, g->xn, n, c->hidden, g->inter, g->expert_fmt, t, c->n_experts,
-                             g->tidx, g->tw, c->top_k, g->moe_scr, flags, nn);
+    /* MXFP4 experts read fp32 rows: int8 ones cost gpt-oss's fixtures 5e-2 of their logits */
+    cuda_moe_opts_t mo = L->mo;
+    mo.f32_act = g->expert_fmt == WF_MXFP4;
+    return cuda_moe_ffn_ex(g->cx, part, g->split, g->x, g->xn, n, c->hidden, g->inter, g->expert_fmt, L->table_dev,
+                           c->n_experts, g->tidx, g->tw, c->top_k, g->moe_scr, flags, nn,
+                           L->has_mo || mo.f32_act ? &mo : NULL);
 }
 
 /* Second half: the MLP, or the routed experts' weighted sum and the shared expert's, onto the

@@ -199,6 +199,9 @@ typedef struct {
     const float *down_bias;           /* [n_experts][hidden] */
     bool clamped;
     float limit, alpha;
+    /* the experts read x in fp32 below the tensor-core sizes, not quantized to int8 (the integer
+     * path's __dp4a): exact for MXFP4, whose e2m1 values are few and far apart; no parts */
+    bool f32_act;
 } cuda_moe_opts_t;
 /* The general form of cuda_moe_ffn (part 0) and cuda_moe_ffn_part (part CUDA_MOE_HEAD or
  * CUDA_MOE_TAIL, with rows), with opts (may be NULL). A split step gives both parts the same
@@ -235,9 +238,10 @@ int cuda_gate_topk(cuda_ctx_t *c, const float *logits, int n, int n_experts, int
                    int32_t *idx, float *weight);
 /* The router matmul and the gate in one launch where it can (up to 16 tokens, an F32 or BF16
  * router of fewer than 1024 rows, cols % 4 == 0, the workspace reserved), else in steps:
- * logits[n][w->rows] = x @ w^T, then cuda_gate_topk over each group of n_experts logits
- * (w->rows / n_experts groups a token: several layers' routers stacked), into idx/weight
- * [n * groups][top_k].
+ * logits[n][w->rows] = x @ w^T (+ bias, device [w->rows], may be NULL), then cuda_gate_topk over
+ * each group of n_experts logits (w->rows / n_experts groups a token: several layers' routers
+ * stacked), into idx/weight [n * groups][top_k]. With renorm the weights are the softmax over
+ * the top-k logits alone (Mixtral's and gpt-oss's gates).
  * pre (may be NULL): the router reads pre's RMSNorm of x, and pre->y gets it (with q8_done, its
  * int8 rows as cuda_rmsnorm_q8 writes them); at one token in the launch (every block norms it).
  * route (may be NULL): at one token in the launch, one router (rows == n_experts) also routes
@@ -252,8 +256,8 @@ typedef struct {
     int inter;
     bool *routed;
 } cuda_route_into_t;
-int cuda_router_topk(cuda_ctx_t *c, float *logits, const float *x, int n, const qmat_t *w, int n_experts, int top_k,
-                     bool renorm, int32_t *idx, float *weight, const cuda_next_norm_t *pre,
+int cuda_router_topk(cuda_ctx_t *c, float *logits, const float *x, int n, const qmat_t *w, const float *bias,
+                     int n_experts, int top_k, bool renorm, int32_t *idx, float *weight, const cuda_next_norm_t *pre,
                      const cuda_route_into_t *route, int32_t *idx_host);
 /* On q[n][n_heads][head_dim] (in place) and k[n][n_kv_heads][head_dim]: a per-head RMSNorm with
  * weights q_norm / k_norm [head_dim] (each may be NULL: none), then RoPE (HF rotate_half form, the

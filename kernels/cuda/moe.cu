@@ -271,9 +271,9 @@ __device__ __forceinline__ void router_groups(const float *y, int groups, int E,
 /* Block r: logits row r (y[t][r]) for the n <= 16 tokens; then the last block to finish runs the
  * top-k of every group of E logits (n * w.rows / E groups), a warp a group. */
 template <int FMT>
-__global__ void __launch_bounds__(256) k_router_topk(float *y, const float *x, int n, qmat_t w, int E, int top_k,
-                                                     bool renorm, int32_t *idx, float *weight, unsigned *done,
-                                                     int32_t *idx_host)
+__global__ void __launch_bounds__(256) k_router_topk(float *y, const float *x, int n, qmat_t w, const float *bias,
+                                                     int E, int top_k, bool renorm, int32_t *idx, float *weight,
+                                                     unsigned *done, int32_t *idx_host)
 {
     constexpr int NT = 16;
     pdl_enter();
@@ -290,7 +290,7 @@ __global__ void __launch_bounds__(256) k_router_topk(float *y, const float *x, i
             if (t < n) acc[t] += dot4(wv, x4[(size_t)t * n4 + i]);
     }
     const float v = sums8<NT>(acc, part, n);
-    if (tid < n) y[(size_t)tid * w.rows + r] = v;
+    if (tid < n) y[(size_t)tid * w.rows + r] = bias ? v + bias[r] : v;
     __shared__ bool last;
     __threadfence();
     __syncthreads();
@@ -304,9 +304,9 @@ __global__ void __launch_bounds__(256) k_router_topk(float *y, const float *x, i
  * once into registers, normed there (nm) and dotted. The last block then runs the top-k of every
  * group of E logits, a warp a group, and with rt (one group) routes the pairs. */
 template <int FMT, int PT>
-__global__ void __launch_bounds__(256) k_router_topk1(float *y, const float *x, qmat_t w, int E, int top_k,
-                                                      bool renorm, int32_t *idx, float *weight, unsigned *done,
-                                                      rt_norm_t nm, rt_route_t rt, int32_t *idx_host)
+__global__ void __launch_bounds__(256) k_router_topk1(float *y, const float *x, qmat_t w, const float *bias, int E,
+                                                      int top_k, bool renorm, int32_t *idx, float *weight,
+                                                      unsigned *done, rt_norm_t nm, rt_route_t rt, int32_t *idx_host)
 {
     const int r = blockIdx.x, tid = threadIdx.x, n4 = w.cols / 4;
     const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -348,7 +348,7 @@ __global__ void __launch_bounds__(256) k_router_topk1(float *y, const float *x, 
     const float s = sums8<1>(&acc, part, 1);
     __shared__ bool last;
     if (tid == 0) {
-        y[r] = s;
+        y[r] = bias ? s + bias[r] : s;
         last = router_last(done);
     }
     __syncthreads(); /* orders thread 0's acquire before the other threads' reads */
@@ -357,24 +357,24 @@ __global__ void __launch_bounds__(256) k_router_topk1(float *y, const float *x, 
 }
 
 template <int FMT>
-static void s_router_topk(cuda_ctx_t *c, float *logits, const float *x, int n, const qmat_t *w, int E, int top_k,
-                          bool renorm, int32_t *idx, float *weight, const rt_norm_t &nm, const rt_route_t &rt,
-                          int32_t *idx_host)
+static void s_router_topk(cuda_ctx_t *c, float *logits, const float *x, int n, const qmat_t *w, const float *bias,
+                          int E, int top_k, bool renorm, int32_t *idx, float *weight, const rt_norm_t &nm,
+                          const rt_route_t &rt, int32_t *idx_host)
 {
     if (n > 1)
-        launch_k(k_router_topk<FMT>, w->rows, 256, 0, c->stream, logits, x, n, *w, E, top_k, renorm, idx, weight,
+        launch_k(k_router_topk<FMT>, w->rows, 256, 0, c->stream, logits, x, n, *w, bias, E, top_k, renorm, idx, weight,
                  c->rt_done, idx_host);
     else if (w->cols <= 4 * 256 * 4)
-        launch_k(k_router_topk1<FMT, 4>, w->rows, 256, 0, c->stream, logits, x, *w, E, top_k, renorm, idx, weight,
-                 c->rt_done, nm, rt, idx_host);
+        launch_k(k_router_topk1<FMT, 4>, w->rows, 256, 0, c->stream, logits, x, *w, bias, E, top_k, renorm, idx,
+                 weight, c->rt_done, nm, rt, idx_host);
     else
-        launch_k(k_router_topk1<FMT, 8>, w->rows, 256, 0, c->stream, logits, x, *w, E, top_k, renorm, idx, weight,
-                 c->rt_done, nm, rt, idx_host);
+        launch_k(k_router_topk1<FMT, 8>, w->rows, 256, 0, c->stream, logits, x, *w, bias, E, top_k, renorm, idx,
+                 weight, c->rt_done, nm, rt, idx_host);
 }
 
-extern "C" int cuda_router_topk(cuda_ctx_t *c, float *logits, const float *x, int n, const qmat_t *w, int n_experts,
-                                int top_k, bool renorm, int32_t *idx, float *weight, const cuda_next_norm_t *pre,
-                                const cuda_route_into_t *route, int32_t *idx_host)
+extern "C" int cuda_router_topk(cuda_ctx_t *c, float *logits, const float *x, int n, const qmat_t *w,
+                                const float *bias, int n_experts, int top_k, bool renorm, int32_t *idx, float *weight,
+                                const cuda_next_norm_t *pre, const cuda_route_into_t *route, int32_t *idx_host)
 {
     if (route && route->routed) *route->routed = false;
     if (n <= 0 || w->rows <= 0) return 0;
@@ -393,7 +393,7 @@ extern "C" int cuda_router_topk(cuda_ctx_t *c, float *logits, const float *x, in
     }
     if (!fused) { /* the matmul, then the gate, then a copy for the host */
         const int groups = n * (w->rows / n_experts);
-        int rc = cuda_matmul(c, logits, x, n, w, NULL);
+        int rc = cuda_matmul(c, logits, x, n, w, bias);
         if (!rc) rc = cuda_gate_topk(c, logits, groups, n_experts, top_k, renorm, idx, weight);
         if (!rc && idx_host) rc = cuda_d2h_async(c, CUDA_STREAM_COMPUTE, idx_host, idx, (size_t)groups * top_k * sizeof(int32_t));
         return rc;
@@ -413,9 +413,9 @@ extern "C" int cuda_router_topk(cuda_ctx_t *c, float *logits, const float *x, in
         if (route->routed) *route->routed = true;
     }
     if (w->fmt == WF_F32)
-        s_router_topk<WF_F32>(c, logits, x, n, w, n_experts, top_k, renorm, idx, weight, nm, rt, idx_host);
+        s_router_topk<WF_F32>(c, logits, x, n, w, bias, n_experts, top_k, renorm, idx, weight, nm, rt, idx_host);
     else
-        s_router_topk<WF_BF16>(c, logits, x, n, w, n_experts, top_k, renorm, idx, weight, nm, rt, idx_host);
+        s_router_topk<WF_BF16>(c, logits, x, n, w, bias, n_experts, top_k, renorm, idx, weight, nm, rt, idx_host);
     CUDA_LAUNCH_CHECK();
     return 0;
 }
@@ -903,7 +903,7 @@ static int s_moe_ffn(cuda_ctx_t *c, int part, int rows, float *out, const float 
         log_error("cuda_moe_ffn: bad expert counts (n_experts=%d top_k=%d)", n_experts, top_k);
         return STRATA_EINVAL_INPUT;
     }
-    if (part && (!cuda_moe_parts_ok(n, fmt, hidden, inter) || rows <= 0 || rows >= hidden || rows % 4)) {
+    if (part && (!cuda_moe_parts_ok(n, fmt, hidden, inter) || (opts && opts->f32_act) || rows <= 0 || rows >= hidden || rows % 4)) {
         log_error("cuda_moe_ffn_part: %d tokens of format %d at %d x %d, rows %d: not in parts", n, (int)fmt, hidden,
                   inter, rows);
         return STRATA_EINVAL_INPUT;
@@ -936,7 +936,8 @@ static int s_moe_ffn(cuda_ctx_t *c, int part, int rows, float *out, const float 
             return rc;
         return s_combine(st, c, out, &s, idx, weight, experts_dev, n, top_k, hidden, nn, db);
     }
-    if ((fmt == WF_INT4 || fmt == WF_INT8 || fmt == WF_MXFP4) && hidden % 32 == 0 && inter % 32 == 0) {
+    if ((fmt == WF_INT4 || fmt == WF_INT8 || fmt == WF_MXFP4) && hidden % 32 == 0 && inter % 32 == 0 &&
+        !(opts && opts->f32_act)) {
         /* token rows by expert, straight into int8 blocks, unless the tokens' rows are in the
          * context's workspace already */
         moe_xq_t xq = {s.q, s.qd, s.qs, false, top_k};

@@ -142,7 +142,8 @@ static void test_matmul(bool q8)
                 double e = t_relerr(y, ref, (size_t)n * rows);
                 bool gemm = q8 && n > 16 && f != WF_F32 && cols % 64 == 0;
                 bool intpath = q8 && n <= 16 && (f == WF_INT4 || f == WF_INT8 || f == WF_MXFP4) && cols % 32 == 0;
-                double bound = intpath ? 1e-2 : gemm ? 3e-3 : 1e-5;
+                /* MXFP4's few, far-apart values make a short row's int8 rounding show more */
+                double bound = intpath ? (f == WF_MXFP4 ? 2e-2 : 1e-2) : gemm ? 3e-3 : 1e-5;
                 T_CHECK(e < bound, "matmul %s %dx%d n=%d q8=%d rel err %.3g", wfmt_name((wfmt_t)f), rows, cols, n, q8, e);
                 /* accumulate: dy += x W^T (+ the bias when k is odd, as the first call) gives 2 ref */
                 float *want = malloc((size_t)n * rows * sizeof(float));
@@ -880,26 +881,30 @@ static void test_q8_producers(void)
 
 /* The router and the gate in one launch (cuda_router_topk) against the two launches: the same
  * top-k, logits and weights to rounding (the dot products are summed in another order);
- * stacked routers (several groups of n_experts a token); twice in a row, so the last-block
- * counter must have reset. The host indices arrive without a wait for the stream. */
+ * stacked routers (several groups of n_experts a token); with and without a bias (gpt-oss);
+ * twice in a row, so the last-block counter must have reset. The host indices arrive without a
+ * wait for the stream. */
 static void test_router_topk(void)
 {
     static const int Es[] = {8, 128}, Ds[] = {1, 3}, ns[] = {1, 5, 16, 20}; /* 20: matmul, gate, copy */
     for (int ei = 0; ei < 2; ei++)
         for (int di = 0; di < 2; di++)
             for (int ni = 0; ni < 4; ni++)
-                for (int renorm = 0; renorm < 2; renorm++) {
+                for (int rb = 0; rb < 4; rb++) {
+                    const int renorm = rb & 1, biased = rb >> 1;
                     const int E = Es[ei], D = Ds[di], n = ns[ni], H = 256, K = E == 8 ? 2 : 8, rows = E * D;
-                    float *w = malloc((size_t)rows * H * 4), *x = malloc((size_t)n * H * 4);
+                    float *w = malloc((size_t)rows * H * 4), *x = malloc((size_t)n * H * 4), *bh = malloc((size_t)rows * 4);
                     s_fill(w, (size_t)rows * H, 1.f);
                     s_fill(x, (size_t)n * H, 1.f);
+                    s_fill(bh, (size_t)rows, 2.f);
+                    float *bias = biased ? s_up(bh, (size_t)rows * 4) : NULL;
                     qmat_t wm = {WF_F32, rows, H, 0, s_up(w, (size_t)rows * H * 4), NULL};
                     float *dx = s_up(x, (size_t)n * H * 4), *l1 = s_poisoned((size_t)n * rows),
                           *l2 = s_poisoned((size_t)n * rows);
                     const size_t G = (size_t)n * D;
                     int32_t *i1 = (int32_t *)s_poisoned(G * K), *i2 = (int32_t *)s_poisoned(G * K);
                     float *w1 = s_poisoned(G * K), *w2 = s_poisoned(G * K);
-                    cuda_matmul(ctx, l1, dx, n, &wm, NULL);
+                    cuda_matmul(ctx, l1, dx, n, &wm, bias);
                     cuda_gate_topk(ctx, l1, (int)G, E, K, renorm, i1, w1);
                     int32_t *hi1 = (int32_t *)s_down((float *)i1, G * K);
                     float *hw1 = s_down(w1, G * K), *hl1 = s_down(l1, (size_t)n * rows);
@@ -907,7 +912,7 @@ static void test_router_topk(void)
                     cuda_host_alloc((void **)&host, G * K * 4);
                     for (int rep = 0; rep < 2; rep++) {
                         memset(host, 0xff, G * K * 4);
-                        T_CHECK(cuda_router_topk(ctx, l2, dx, n, &wm, E, K, renorm, i2, w2, NULL, NULL, host) == 0,
+                        T_CHECK(cuda_router_topk(ctx, l2, dx, n, &wm, bias, E, K, renorm, i2, w2, NULL, NULL, host) == 0,
                                 "router_topk launch");
                         /* every entry arrives without a wait on the stream (the host's -1s replaced) */
                         double t0 = strata_now();
@@ -923,13 +928,13 @@ static void test_router_topk(void)
                         float *hw2 = s_down(w2, G * K), *hl2 = s_down(l2, (size_t)n * rows);
                         T_CHECK(!memcmp(hi1, hi2, G * K * 4) && t_relerr(hw2, hw1, G * K) < 1e-5 &&
                                     t_relerr(hl2, hl1, (size_t)n * rows) < 1e-5,
-                                "router_topk E=%d D=%d n=%d renorm=%d run %d differs from matmul + gate", E, D, n,
-                                renorm, rep);
+                                "router_topk E=%d D=%d n=%d renorm=%d bias=%d run %d differs from matmul + gate", E, D,
+                                n, renorm, biased, rep);
                         free(hi2), free(hw2), free(hl2);
                     }
                     cuda_host_free(host);
-                    free(hi1), free(hw1), free(hl1), free(w), free(x);
-                    cuda_free((void *)wm.data), cuda_free(dx), cuda_free(l1), cuda_free(l2);
+                    free(hi1), free(hw1), free(hl1), free(w), free(x), free(bh);
+                    cuda_free((void *)wm.data), cuda_free(dx), cuda_free(l1), cuda_free(l2), cuda_free(bias);
                     cuda_free(i1), cuda_free(i2), cuda_free(w1), cuda_free(w2);
                 }
 }
@@ -965,7 +970,7 @@ static void test_router_fused(void)
                     bool q8 = false, routed = false;
                     cuda_next_norm_t pre = {dnw, y2, 1e-6f, D == 1 ? &q8 : NULL};
                     cuda_route_into_t rt = {scr, I, &routed};
-                    T_CHECK(cuda_router_topk(ctx, l2, dx, n, &wm, E, K, true, i2, w2, &pre, D == 1 ? &rt : NULL, NULL) == 0,
+                    T_CHECK(cuda_router_topk(ctx, l2, dx, n, &wm, NULL, E, K, true, i2, w2, &pre, D == 1 ? &rt : NULL, NULL) == 0,
                             "fused router launch");
                     /* the routing goes in the launch at one token; more take the steps */
                     T_CHECK(D > 1 || (q8 && routed == (n == 1)), "fused router E=%d n=%d: q8 %d routed %d", E, n, q8,
@@ -1377,11 +1382,11 @@ static void test_moe_opts(void)
     for (int fi = 0; fi < 3; fi++)
         for (int ni = 0; ni < 3; ni++)
             for (int ii = 0; ii < 2; ii++)
-                for (int var = 0; var < 3; var++) {
+                for (int var = 0; var < 4; var++) { /* 3: fp32 rows below the tensor cores' sizes */
                     const wfmt_t f = fmts[fi];
                     const int n = ns[ni], I = inters[ii];
-                    const bool biases = var < 2, clamped = var != 1, with_nn = (ni + ii + var) & 1;
-                    const bool gemm = n >= 32 && I % 64 == 0, intpath = !gemm && f != WF_BF16;
+                    const bool biases = var != 2, clamped = var != 1, with_nn = (ni + ii + var) & 1, f32 = var == 3;
+                    const bool gemm = n >= 32 && I % 64 == 0, intpath = !gemm && f != WF_BF16 && !f32;
                     tmat_t g[8], u[8], d[8];
                     cuda_expert_t ex[8];
                     s_experts(g, u, d, ex, E, f, H, I, 32);
@@ -1409,7 +1414,7 @@ static void test_moe_opts(void)
                     float *dgb = s_up(gb, (size_t)E * I * 4), *dub = s_up(ub, (size_t)E * I * 4);
                     float *ddb = s_up(dbh, (size_t)E * H * 4);
                     const cuda_moe_opts_t opts = {biases ? dgb : NULL, biases ? dub : NULL, biases ? ddb : NULL, clamped,
-                                                  1.5f, 1.702f};
+                                                  1.5f, 1.702f, f32};
                     float *dx = s_up(x, (size_t)n * H * 4), *dout = s_up(base, (size_t)n * H * 4);
                     float *nw = malloc(H * 4), *dy = s_poisoned((size_t)n * H);
                     s_fill(nw, H, 1.f);
@@ -1428,8 +1433,8 @@ static void test_moe_opts(void)
                     float *out = s_down(dout, (size_t)n * H);
                     const double e = t_relerr(out, ref, (size_t)n * H);
                     const double bound = gemm ? 5e-3 : intpath ? 2e-2 : 1e-5;
-                    T_CHECK(e < bound, "moe opts %s n=%d inter=%d biases=%d clamped=%d nn=%d rel err %.3g", wfmt_name(f), n,
-                            I, biases, clamped, with_nn, e);
+                    T_CHECK(e < bound, "moe opts %s n=%d inter=%d biases=%d clamped=%d nn=%d f32 %d rel err %.3g",
+                            wfmt_name(f), n, I, biases, clamped, with_nn, f32, e);
                     if (with_nn) { /* the next norm of what the combine wrote */
                         float *y = s_down(dy, (size_t)n * H), *yr = malloc((size_t)n * H * 4);
                         cpu_rmsnorm(yr, out, nw, n, H, 1e-6f);
@@ -1438,7 +1443,7 @@ static void test_moe_opts(void)
                                 I, ey);
                         free(y), free(yr);
                     }
-                    if (cuda_moe_parts_ok(n, f, H, I)) { /* head: down rows 0..63; tail: 64.. and the combine */
+                    if (!f32 && cuda_moe_parts_ok(n, f, H, I)) { /* head: down rows 0..63; tail: 64.. and the combine */
                         float *dout2 = s_up(base, (size_t)n * H * 4);
                         T_CHECK(cuda_moe_ffn_ex(ctx, CUDA_MOE_HEAD, 64, dout2, dx, n, H, I, f, dex, E, didx, dw, K, dscr,
                                                 0, NULL, &opts) == 0 &&

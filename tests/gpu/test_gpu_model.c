@@ -247,10 +247,10 @@ static gpu_model_t *s_gpu(const model_t *m, int kv_blocks, int max_tokens)
 
 static void test_synth_formats(uint64_t *rng)
 {
-    static const wfmt_t fmts[] = {WF_F32, WF_BF16, WF_INT8, WF_FP8, WF_INT4};
-    static const arch_t archs[] = {ARCH_MIXTRAL, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, ARCH_OLMOE};
-    for (int a = 0; a < 4; a++)
-        for (int f = 0; f < 5; f++) {
+    static const wfmt_t fmts[] = {WF_F32, WF_BF16, WF_INT8, WF_FP8, WF_INT4, WF_MXFP4};
+    static const arch_t archs[] = {ARCH_MIXTRAL, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, ARCH_OLMOE, ARCH_GPT_OSS};
+    for (int a = 0; a < 5; a++)
+        for (int f = 0; f < 6; f++) {
             model_config_t c;
             synth_config(&c, archs[a], 300, 256, 2, 4, 2, 64, 8, 2, 128);
             model_t m;

@@ -425,10 +425,14 @@ static void test_ffn(tpool_t *pool, cpu_isa_t isa, wfmt_t fmt, wfmt_t dfmt, int 
     t_fill(gb, (size_t)inter, 1.0f);
     t_fill(ub, (size_t)inter, 1.0f);
     t_fill(db, (size_t)hidden, 1.0f);
-    const cpu_ffn_opts_t opts = {.gate_bias = gb, .up_bias = ub, .down_bias = db, .clamped = mode == 2,
-                                 .limit = 0.5f + 0.25f * (float)(t_rng_next(&g_seed) % 3), .alpha = 1.702f};
+    cpu_ffn_opts_t opts = {.gate_bias = gb, .up_bias = ub, .down_bias = db, .clamped = mode == 2, .alpha = 1.702f};
     t_oracle_mm(gy, x, n, &g, mode ? gb : NULL);
     t_oracle_mm(uy, x, n, &u, mode ? ub : NULL);
+    /* the limit: a random fraction (0.3 .. 0.7) of the smallest of the largest gate, the largest
+     * up and minus the smallest up, so that each clamp bites whatever the seed */
+    float gmax = -INFINITY, umax = -INFINITY, umin = INFINITY;
+    for (int i = 0; i < n * inter; i++) gmax = fmaxf(gmax, gy[i]), umax = fmaxf(umax, uy[i]), umin = fminf(umin, uy[i]);
+    opts.limit = (0.3f + 0.2f * (float)(t_rng_next(&g_seed) % 3)) * fmaxf(fminf(fminf(gmax, umax), -umin), 1e-3f);
     int bites[3] = {0}; /* gate above the limit, up above it, up below -limit */
     for (int i = 0; i < n * inter; i++) {
         double gv = gy[i], uv = uy[i];
