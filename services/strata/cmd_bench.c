@@ -83,6 +83,7 @@
 #include "proto/msg.h"
 #include "proto/zmsg.h"
 #include "services/strata/cli_util.h"
+#include "services/strata/rclient.h"
 
 static const char *const C = "bench";
 extern char **environ;
@@ -164,8 +165,8 @@ static void s_help(FILE *f)
 }
 
 typedef struct {
-    const char *model, *endpoint_arg, *backend, *json, *results, *plot, *run_dir_arg;
-    const char *curve_server_key, *curve_client_key; /* key files for a CURVE router, NULL = plaintext */
+    const char *model, *backend, *json, *results, *plot, *run_dir_arg;
+    rc_opts_t router;        /* --endpoint (NULL: the group this bench starts) and the key files for a CURVE router */
     const char *expert_path; /* the started group's [executor] expert_path, NULL = not written (auto) */
     int cpu_moe_layers;      /* its cpu_moe_layers, 0 = not written */
     int prefetchers;        /* [prefetcher.K] sections of the started group, 1..CONFIG_MAX_PREFETCHERS */
@@ -470,8 +471,7 @@ typedef struct {
     msg_buf_t buf;
     uint64_t ctl_id;
     int32_t vocab, max_context;
-    /* CURVE: the router's public key and this client's keypair (Z85); "" = plaintext */
-    char curve_server[CONFIG_CURVE_KEY_LEN + 1], curve_pub[CONFIG_CURVE_KEY_LEN + 1], curve_sec[CONFIG_CURVE_KEY_LEN + 1];
+    rc_curve_t curve;       /* the CURVE keys of every socket; plaintext without --curve-server-key */
 } s_conn_t;
 
 static void *s_socket(s_conn_t *cn, const char *endpoint, const char *ident)
@@ -483,10 +483,7 @@ static void *s_socket(s_conn_t *cn, const char *endpoint, const char *ident)
     zmq_setsockopt(s, ZMQ_ROUTING_ID, ident, strlen(ident));
     zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &hb, sizeof hb);
     zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &hbt, sizeof hbt);
-    if ((cn->curve_server[0] && (zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, cn->curve_server, CONFIG_CURVE_KEY_LEN) < 0 ||
-                                 zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, cn->curve_pub, CONFIG_CURVE_KEY_LEN) < 0 ||
-                                 zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, cn->curve_sec, CONFIG_CURVE_KEY_LEN) < 0)) ||
-        zmq_connect(s, endpoint) < 0) {
+    if (rc_curve_set(s, &cn->curve) < 0 || zmq_connect(s, endpoint) < 0) {
         zmq_close(s);
         return NULL;
     }
@@ -876,7 +873,7 @@ static int s_level(s_conn_t *cn, const s_opts_t *o, s_level_t *L, uint64_t level
         }
     }
     s_cpu_experts(L, &snap0, &snap1, moe_pairs);
-    if (!strcmp(o->backend, "cpu") && !o->endpoint_arg) L->cpu_share = 1.0;
+    if (!strcmp(o->backend, "cpu") && !o->router.endpoint) L->cpu_share = 1.0;
 #undef S_ISSUE
 done:
     free(req), free(itl), free(ttft), free(pseq), free(pre), free(tok), free(arrive), free(items);
@@ -968,16 +965,16 @@ static void s_case(char *buf, size_t cap, const s_opts_t *o, const s_model_t *mi
         size_t n = strlen(extra);
         snprintf(extra + n, sizeof extra - n, ", max-batch-tokens %d", o->max_batch_tokens);
     }
-    if (o->expert_path && strcmp(o->expert_path, "auto") && !o->endpoint_arg) {
+    if (o->expert_path && strcmp(o->expert_path, "auto") && !o->router.endpoint) {
         size_t n = strlen(extra);
         snprintf(extra + n, sizeof extra - n, ", expert-path %s", o->expert_path);
     }
-    if (o->prefetchers > 1 && !o->endpoint_arg) {
+    if (o->prefetchers > 1 && !o->router.endpoint) {
         size_t n = strlen(extra);
         snprintf(extra + n, sizeof extra - n, ", %d prefetchers", o->prefetchers);
     }
     snprintf(buf, cap, "%s %s %s %s decode%s, prompt %d gen %d [strata bench%s%s]", mi->have ? mi->shape : "?", fmt,
-             budget, load, extra, o->prompt, o->gen, o->endpoint_arg ? " endpoint" : "", cpu && !o->endpoint_arg ? " cpu" : "");
+             budget, load, extra, o->prompt, o->gen, o->router.endpoint ? " endpoint" : "", cpu && !o->router.endpoint ? " cpu" : "");
 }
 
 /* `strata bench`; returns the exit code. */
@@ -996,15 +993,8 @@ int cmd_bench(int argc, char **argv)
         if ((r = cli_opt(C, argc, argv, &i, "--model", &v))) {
             if (r < 0) return 2;
             o.model = v;
-        } else if ((r = cli_opt(C, argc, argv, &i, "--endpoint", &v))) {
-            if (r < 0) return 2;
-            o.endpoint_arg = v;
-        } else if ((r = cli_opt(C, argc, argv, &i, "--curve-server-key", &v))) {
-            if (r < 0) return 2;
-            o.curve_server_key = v;
-        } else if ((r = cli_opt(C, argc, argv, &i, "--curve-client-key", &v))) {
-            if (r < 0) return 2;
-            o.curve_client_key = v;
+        } else if ((r = rc_opt(C, argc, argv, &i, &o.router))) {
+            if (r == 2) return 2;
         } else if ((r = cli_opt(C, argc, argv, &i, "--backend", &v))) {
             if (r < 0) return 2;
             if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
@@ -1088,20 +1078,18 @@ int cmd_bench(int argc, char **argv)
             return 2;
         }
     }
-    if (!o.model && !o.endpoint_arg) {
+    if (!o.model && !o.router.endpoint) {
         cli_error(C, "give --model DIR (and/or --endpoint E) (see --help)");
         return 2;
     }
-    if (!o.curve_server_key && getenv("STRATA_CURVE_SERVER_KEY") && *getenv("STRATA_CURVE_SERVER_KEY"))
-        o.curve_server_key = getenv("STRATA_CURVE_SERVER_KEY");
-    if (!o.curve_client_key && getenv("STRATA_CURVE_CLIENT_KEY") && *getenv("STRATA_CURVE_CLIENT_KEY"))
-        o.curve_client_key = getenv("STRATA_CURVE_CLIENT_KEY");
-    if ((o.curve_server_key || o.curve_client_key) && !o.endpoint_arg) {
+    const rc_keys_t *keys = &o.router.keys;
+    rc_keys_env(&o.router.keys);
+    if ((keys->server_key || keys->client_key) && !o.router.endpoint) {
         cli_error(C, "--curve-server-key and --curve-client-key (or STRATA_CURVE_*) are for --endpoint: the group bench "
                      "starts listens on loopback without CURVE");
         return 2;
     }
-    if (o.curve_client_key && !o.curve_server_key) {
+    if (keys->client_key && !keys->server_key) {
         cli_error(C, "--curve-client-key needs --curve-server-key (the router's public key file)");
         return 2;
     }
@@ -1182,26 +1170,15 @@ int cmd_bench(int argc, char **argv)
     s_group_t g = {0};
     s_conn_t cn = {0};
     json_t *rows = json_array();
-    const char *endpoint = o.endpoint_arg;
+    const char *endpoint = o.router.endpoint;
     s_level_t *res = calloc((size_t)o.n_levels, sizeof *res);
     if (!endpoint) {
         if ((rc = s_group_start(&o, &g, max_conc))) goto done;
         endpoint = g.endpoint;
     }
-    if (o.curve_server_key) {
-        strata_errbuf_t keb = {{0}};
-        if (config_read_curve_key(o.curve_server_key, false, "--curve-server-key", cn.curve_server, &keb) < 0 ||
-            (o.curve_client_key && config_read_curve_key(o.curve_client_key, true, "--curve-client-key", cn.curve_sec, &keb) < 0)) {
-            cli_error(C, "%s", keb.msg);
-            rc = 2;
-            goto done;
-        }
-        if (o.curve_client_key ? zmq_curve_public(cn.curve_pub, cn.curve_sec) < 0 : zmq_curve_keypair(cn.curve_pub, cn.curve_sec) < 0) {
-            cli_error(C, "CURVE keys: %s", zmq_strerror(zmq_errno()));
-            rc = 2;
-            goto done;
-        }
-    }
+    if (keys->server_key &&
+        (rc = rc_curve_read(C, keys->server_key, "--curve-server-key", keys->client_key, "--curve-client-key", &cn.curve)))
+        goto done;
     cn.ctx = zmq_ctx_new();
     cn.n_cl = max_conc > OPEN_SOCKETS ? max_conc : OPEN_SOCKETS;
     cn.cl = calloc((size_t)cn.n_cl, sizeof *cn.cl);
@@ -1303,9 +1280,9 @@ int cmd_bench(int argc, char **argv)
         json_object_set_new(row, "host", json_string(machine));
         json_object_set_new(row, "model_shape", mi.have ? json_string(mi.shape) : json_null());
         json_object_set_new(row, "format", mi.have ? json_string(mi.format) : json_null());
-        json_object_set_new(row, "backend", o.endpoint_arg ? json_null() : json_string(o.backend));
-        json_object_set_new(row, "expert_path", o.endpoint_arg ? json_null() : json_string(o.expert_path ? o.expert_path : "auto"));
-        json_object_set_new(row, "prefetchers", o.endpoint_arg ? json_null() : json_integer(o.prefetchers));
+        json_object_set_new(row, "backend", o.router.endpoint ? json_null() : json_string(o.backend));
+        json_object_set_new(row, "expert_path", o.router.endpoint ? json_null() : json_string(o.expert_path ? o.expert_path : "auto"));
+        json_object_set_new(row, "prefetchers", o.router.endpoint ? json_null() : json_integer(o.prefetchers));
         json_object_set_new(row, "gpu_mem", json_integer(o.gpu_mem));
         json_object_set_new(row, "load", json_string(o.open_loop ? "open" : "closed"));
         json_object_set_new(row, "batch", json_integer(bb));
@@ -1351,7 +1328,7 @@ int cmd_bench(int argc, char **argv)
         json_object_set_new(row, "bound_host_shared_limit", hb ? json_string(bo.host_shared_limit) : json_null());
         json_object_set_new(row, "host_shared_gb_s_used", hb ? json_real(bo.host_bw / 1e9) : json_null());
         json_object_set_new(row, "host_shared_assumed", hb ? json_boolean(bo.host_bw_assumed) : json_null());
-        json_object_set_new(row, "max_batch_tokens", o.endpoint_arg ? json_null()
+        json_object_set_new(row, "max_batch_tokens", o.router.endpoint ? json_null()
                                                                     : json_integer(o.max_batch_tokens > 0 ? o.max_batch_tokens
                                                                                    : max_conc > 256 ? max_conc : 256));
         json_object_set_new(row, "bound_rtx3090_tok_s", s_num(s_proj(&mi, &roofline_rtx3090, &o, bb)));
@@ -1440,7 +1417,7 @@ done:
     free(cn.cl);
     msg_buf_free(&cn.buf);
     if (cn.ctx) zmq_ctx_term(cn.ctx);
-    explicit_bzero(cn.curve_sec, sizeof cn.curve_sec);
+    explicit_bzero(cn.curve.sec, sizeof cn.curve.sec);
     if (g.started) {
         if (o.keep) {
             fprintf(stderr, "bench: the group keeps running: strata down --config %s\n", g.config);

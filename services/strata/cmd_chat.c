@@ -48,14 +48,11 @@ static void s_help(FILE *f)
             "%s"
             "  -h, --help          this help\n"
             "\n"
-            "A router that serves CURVE (a non-loopback endpoint): its public key and this client's\n"
-            "secret key file, from `strata keygen`, by --curve-server-key and --curve-client-key (or\n"
-            "STRATA_CURVE_SERVER_KEY and STRATA_CURVE_CLIENT_KEY; a flag wins over its variable); a\n"
-            "group of this user is found with its keys. A router that refuses the keys is reported,\n"
+            "%s"
             "with the file to check, after 3 seconds (exit 1).\n"
             "\n"
             "Exit codes: 0 ended (Ctrl-D, /quit), 1 runtime failure, 2 bad usage.\n",
-            cli_sampling_help, rc_curve_help);
+            cli_sampling_help, rc_curve_help, rc_curve_note);
 }
 
 /* Whether the model folder ships a chat template. */
@@ -182,25 +179,20 @@ int cmd_chat(int argc, char **argv)
 {
     const char *v, *model_arg = NULL;
     char endpoint[512], model[512] = "";
-    bool endpoint_given = false, stats = false;
-    rc_keys_t keys = {NULL, NULL};
+    bool stats = false;
     int64_t max_tokens = 128;
     float timeout_s = 300.0f;
     sampler_params_t sp;
     sampler_params_default(&sp);
-    snprintf(endpoint, sizeof endpoint, "%s", RC_DEFAULT_ENDPOINT);
+    rc_opts_t ro = {.sp = &sp};
     int r;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             s_help(stdout);
             return 0;
         }
-        if ((r = cli_sampling_opt(C, argc, argv, &i, &sp))) {
+        if ((r = rc_opt(C, argc, argv, &i, &ro))) {
             if (r == 2) return 2;
-        } else if ((r = cli_opt(C, argc, argv, &i, "--endpoint", &v))) {
-            if (r < 0) return 2;
-            snprintf(endpoint, sizeof endpoint, "%s", v);
-            endpoint_given = true;
         } else if ((r = cli_opt(C, argc, argv, &i, "--model", &v))) {
             if (r < 0) return 2;
             model_arg = v;
@@ -208,12 +200,6 @@ int cmd_chat(int argc, char **argv)
             if (r < 0 || cli_parse_i64(C, "--max-tokens", v, 1, MSG_MAX_MAX_TOKENS, &max_tokens)) return 2;
         } else if ((r = cli_opt(C, argc, argv, &i, "--timeout", &v))) {
             if (r < 0 || cli_parse_f32(C, "--timeout", v, 0.1f, 1e6f, &timeout_s)) return 2;
-        } else if ((r = cli_opt(C, argc, argv, &i, "--curve-server-key", &v))) {
-            if (r < 0) return 2;
-            keys.server_key = v;
-        } else if ((r = cli_opt(C, argc, argv, &i, "--curve-client-key", &v))) {
-            if (r < 0) return 2;
-            keys.client_key = v;
         } else if (!strcmp(argv[i], "--stats")) {
             stats = true;
         } else {
@@ -221,7 +207,8 @@ int cmd_chat(int argc, char **argv)
             return 2;
         }
     }
-    if (!endpoint_given && (r = gs_find_router(C, endpoint, sizeof endpoint, model, sizeof model))) return r;
+    snprintf(endpoint, sizeof endpoint, "%s", ro.endpoint ? ro.endpoint : RC_DEFAULT_ENDPOINT);
+    if (!ro.endpoint && (r = gs_find_router(C, endpoint, sizeof endpoint, model, sizeof model))) return r;
     if (model_arg) snprintf(model, sizeof model, "%s", model_arg);
     /* chat: the conversation goes as messages (the router renders them); else as text */
     bool chat = true;
@@ -239,7 +226,7 @@ int cmd_chat(int argc, char **argv)
     }
 
     rc_conn_t *c = NULL;
-    int rc = rc_open(&c, C, endpoint, &keys);
+    int rc = rc_open(&c, C, endpoint, &ro.keys);
     if (rc) return rc;
     s_conv_t cv = {.stats = stats, .msgs = json_array()};
     s_hist_t *const h = &cv.h;

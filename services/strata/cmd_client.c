@@ -51,15 +51,12 @@ static void s_help(FILE *f)
             "%s"
             "  -h, --help          this help\n"
             "\n"
-            "A router that serves CURVE (a non-loopback endpoint): its public key and this client's\n"
-            "secret key file, from `strata keygen`, by --curve-server-key and --curve-client-key (or\n"
-            "STRATA_CURVE_SERVER_KEY and STRATA_CURVE_CLIENT_KEY; a flag wins over its variable); a\n"
-            "group of this user is found with its keys. A router that refuses the keys is reported,\n"
+            "%s"
             "with the file to check, after --gone-after seconds (exit 1).\n"
             "\n"
             "Exit codes: 0 ok, 1 runtime failure (timeout, busy, unavailable), 2 bad input or usage\n"
             "(including a request the router refused as invalid).\n",
-            cli_sampling_help, MSG_MAX_STOP, rc_curve_help);
+            cli_sampling_help, MSG_MAX_STOP, rc_curve_help, rc_curve_note);
 }
 
 /* How the answer is printed: text as it streams, or with --ids the token ids. */
@@ -173,26 +170,20 @@ int cmd_client(int argc, char **argv)
     int64_t max_tokens = 16;
     float timeout_s = 300, resume_after = 5, gone_after = 3;
     bool ids = false, stream = true, stats = false;
-    rc_keys_t keys = {NULL, NULL};
     sampler_params_t sp;
     sampler_params_default(&sp);
+    rc_opts_t ro = {.sp = &sp};
     char endpoint[512];
     int32_t *tok = NULL, n_tok = 0;
     int rc = 0, r;
-    snprintf(endpoint, sizeof endpoint, "%s", RC_DEFAULT_ENDPOINT);
-    bool endpoint_given = false;
 
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             s_help(stdout);
             return 0;
         }
-        if ((r = cli_sampling_opt(C, argc, argv, &i, &sp))) {
+        if ((r = rc_opt(C, argc, argv, &i, &ro))) {
             if (r == 2) return 2;
-        } else if ((r = cli_opt(C, argc, argv, &i, "--endpoint", &v))) {
-            if (r < 0) return 2;
-            snprintf(endpoint, sizeof endpoint, "%s", v);
-            endpoint_given = true;
         } else if ((r = cli_opt(C, argc, argv, &i, "--prompt", &v))) {
             if (r < 0) return 2;
             prompt = v;
@@ -224,12 +215,6 @@ int cmd_client(int argc, char **argv)
             if (r < 0 || cli_parse_f32(C, "--resume-after", v, 0.1f, 1e6f, &resume_after)) return 2;
         } else if ((r = cli_opt(C, argc, argv, &i, "--gone-after", &v))) {
             if (r < 0 || cli_parse_f32(C, "--gone-after", v, 0.1f, 1e6f, &gone_after)) return 2;
-        } else if ((r = cli_opt(C, argc, argv, &i, "--curve-server-key", &v))) {
-            if (r < 0) return 2;
-            keys.server_key = v;
-        } else if ((r = cli_opt(C, argc, argv, &i, "--curve-client-key", &v))) {
-            if (r < 0) return 2;
-            keys.client_key = v;
         } else if (!strcmp(argv[i], "--ids")) {
             ids = true;
         } else if (!strcmp(argv[i], "--no-stream")) {
@@ -259,9 +244,10 @@ int cmd_client(int argc, char **argv)
     }
     if (tokens_arg && (rc = cli_parse_tokens(C, "--tokens", tokens_arg, &tok, &n_tok))) return rc;
     rc_conn_t *c = NULL;
-    if (!endpoint_given && (rc = gs_find_router(C, endpoint, sizeof endpoint, NULL, 0))) goto done;
+    snprintf(endpoint, sizeof endpoint, "%s", ro.endpoint ? ro.endpoint : RC_DEFAULT_ENDPOINT);
+    if (!ro.endpoint && (rc = gs_find_router(C, endpoint, sizeof endpoint, NULL, 0))) goto done;
 
-    if ((rc = rc_open(&c, C, endpoint, &keys))) goto done;
+    if ((rc = rc_open(&c, C, endpoint, &ro.keys))) goto done;
     const rc_req_t q = {.prompt = prompt, .tokens = tok, .n_tokens = n_tok, .messages = messages,
                         .template_vars = template_vars, .add_generation_prompt = add_generation_prompt,
                         .max_tokens = max_tokens, .sp = sp,

@@ -19,8 +19,7 @@ struct rc_conn {
     int n_mon;           /* monitors made so far (each needs its own inproc name) */
     const char *cmd;     /* the strata command, for messages */
     char endpoint[512];
-    /* CURVE (s_curve_keys): the router's public key and this client's keypair, Z85; "" = plaintext */
-    char curve_server[CONFIG_CURVE_KEY_LEN + 1], curve_pub[CONFIG_CURVE_KEY_LEN + 1], curve_sec[CONFIG_CURVE_KEY_LEN + 1];
+    rc_curve_t curve;    /* its CURVE keys (s_curve_keys) */
     uint8_t identity[24];
     size_t identity_len;
     const char *srv_from, *cli_from; /* where the CURVE keys came from: a flag or a variable, for messages */
@@ -52,10 +51,64 @@ const char rc_curve_help[] =
     "                      key the router's curve_clients_file lists (default: $STRATA_CURVE_CLIENT_KEY;\n"
     "                      without either, a keypair made for this run, which such a router refuses)\n";
 
+const char rc_curve_note[] =
+    "A router that serves CURVE (a non-loopback endpoint): its public key and this client's\n"
+    "secret key file, from `strata keygen`, by --curve-server-key and --curve-client-key (or\n"
+    "STRATA_CURVE_SERVER_KEY and STRATA_CURVE_CLIENT_KEY; a flag wins over its variable); a\n"
+    "group of this user is found with its keys. A router that refuses the keys is reported,\n";
+
+int rc_opt(const char *cmd, int argc, char **argv, int *i, rc_opts_t *o)
+{
+    static const char *const names[] = {"--endpoint", "--curve-server-key", "--curve-client-key"};
+    const char **const dst[] = {&o->endpoint, &o->keys.server_key, &o->keys.client_key};
+    if (o->sp) {
+        int r = cli_sampling_opt(cmd, argc, argv, i, o->sp);
+        if (r) return r;
+    }
+    for (int k = 0; k < 3; k++) {
+        int r = cli_opt(cmd, argc, argv, i, names[k], dst[k]);
+        if (r) return r < 0 ? 2 : 1;
+    }
+    return 0;
+}
+
+void rc_keys_env(rc_keys_t *k)
+{
+    const char *srv = getenv("STRATA_CURVE_SERVER_KEY"), *cli = getenv("STRATA_CURVE_CLIENT_KEY");
+    if (!k->server_key && srv && *srv) k->server_key = srv;
+    if (!k->client_key && cli && *cli) k->client_key = cli;
+}
+
+int rc_curve_read(const char *cmd, const char *srv, const char *srv_what, const char *cli, const char *cli_what,
+                  rc_curve_t *k)
+{
+    strata_errbuf_t eb = {{0}};
+    if (config_read_curve_key(srv, false, srv_what, k->server, &eb) < 0 ||
+        (cli && config_read_curve_key(cli, true, cli_what, k->sec, &eb) < 0)) {
+        cli_error(cmd, "%s", eb.msg);
+        return 2;
+    }
+    if (cli ? zmq_curve_public(k->pub, k->sec) < 0 : zmq_curve_keypair(k->pub, k->sec) < 0) {
+        cli_error(cmd, "CURVE keys: %s", zmq_strerror(zmq_errno()));
+        return 2;
+    }
+    return 0;
+}
+
+int rc_curve_set(void *sock, const rc_curve_t *k)
+{
+    if (!k->server[0]) return 0;
+    if (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, k->server, CONFIG_CURVE_KEY_LEN) < 0 ||
+        zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, k->pub, CONFIG_CURVE_KEY_LEN) < 0 ||
+        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, k->sec, CONFIG_CURVE_KEY_LEN) < 0)
+        return -1;
+    return 0;
+}
+
 /* A failed handshake (a monitor event with its value): what to tell the user. */
 static void s_handshake_failed(rc_conn_t *c, uint16_t ev, uint32_t val)
 {
-    const bool curve = c->curve_server[0] != 0;
+    const bool curve = c->curve.server[0] != 0;
     if (c->hs_fail_since == 0) c->hs_fail_since = strata_now();
     if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
         snprintf(c->hs_why, sizeof c->hs_why,
@@ -104,7 +157,7 @@ static void s_events(rc_conn_t *c)
         } else if (ev == ZMQ_EVENT_DISCONNECTED) {
             /* a CURVE connection dropped before its handshake succeeded: the router could not
              * read our HELLO, which is what a server key that is not its does */
-            if (c->curve_server[0] && !c->hs_ok && c->hs_fail_since == 0) {
+            if (c->curve.server[0] && !c->hs_ok && c->hs_fail_since == 0) {
                 c->hs_fail_since = strata_now();
                 snprintf(c->hs_why, sizeof c->hs_why,
                          "the router closed the connection during the CURVE handshake: %s is not the public key of the router at "
@@ -151,9 +204,7 @@ static int s_connect(rc_conn_t *c)
     zmq_setsockopt(c->sock, ZMQ_ROUTING_ID, c->identity, c->identity_len);
     zmq_setsockopt(c->sock, ZMQ_HEARTBEAT_IVL, &hb, sizeof hb);
     zmq_setsockopt(c->sock, ZMQ_HEARTBEAT_TIMEOUT, &hbt, sizeof hbt);
-    if (c->curve_server[0] && (zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, c->curve_server, CONFIG_CURVE_KEY_LEN) < 0 ||
-                               zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, c->curve_pub, CONFIG_CURVE_KEY_LEN) < 0 ||
-                               zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, c->curve_sec, CONFIG_CURVE_KEY_LEN) < 0)) {
+    if (rc_curve_set(c->sock, &c->curve) < 0) {
         cli_error(c->cmd, "CURVE socket options: %s", zmq_strerror(zmq_errno()));
         return STRATA_EINVAL_INPUT;
     }
@@ -184,28 +235,19 @@ static int s_error_exit(msg_errcode_t code)
  * 0, or the exit code after the printed error. */
 static int s_curve_keys(rc_conn_t *c, const rc_keys_t *keys)
 {
-    strata_errbuf_t eb = {{0}};
-    const char *srv = keys && keys->server_key ? keys->server_key : getenv("STRATA_CURVE_SERVER_KEY");
-    const char *cli = keys && keys->client_key ? keys->client_key : getenv("STRATA_CURVE_CLIENT_KEY");
-    c->srv_from = keys && keys->server_key ? "--curve-server-key" : "STRATA_CURVE_SERVER_KEY";
-    c->cli_from = cli && *cli ? (keys && keys->client_key ? "--curve-client-key" : "STRATA_CURVE_CLIENT_KEY") : NULL;
-    if (srv && *srv) {
-        if (config_read_curve_key(srv, false, c->srv_from, c->curve_server, &eb) < 0 ||
-            (cli && *cli && config_read_curve_key(cli, true, c->cli_from, c->curve_sec, &eb) < 0)) {
-            cli_error(c->cmd, "%s", eb.msg);
-            return 2;
-        }
-        if (cli && *cli ? zmq_curve_public(c->curve_pub, c->curve_sec) < 0 : zmq_curve_keypair(c->curve_pub, c->curve_sec) < 0) {
-            cli_error(c->cmd, "CURVE keys: %s", zmq_strerror(zmq_errno()));
-            return 2;
-        }
-        return 0;
-    }
-    if (cli && *cli) {
+    rc_keys_t k = keys ? *keys : (rc_keys_t){NULL, NULL};
+    c->srv_from = k.server_key ? "--curve-server-key" : "STRATA_CURVE_SERVER_KEY";
+    const char *cli_from = k.client_key ? "--curve-client-key" : "STRATA_CURVE_CLIENT_KEY";
+    rc_keys_env(&k);
+    const char *srv = k.server_key, *cli = k.client_key && *k.client_key ? k.client_key : NULL;
+    c->cli_from = cli ? cli_from : NULL;
+    if (srv && *srv) return rc_curve_read(c->cmd, srv, c->srv_from, cli, c->cli_from, &c->curve);
+    if (cli) {
         cli_error(c->cmd, "%s is given but not the router's public key file (--curve-server-key or STRATA_CURVE_SERVER_KEY)",
                   c->cli_from);
         return 2;
     }
+    strata_errbuf_t eb = {{0}};
     gs_entry_t all[16];
     int n = gs_running(all, 16);
     strata_config_t *cfg = n > 0 ? malloc(sizeof *cfg) : NULL;
@@ -214,13 +256,13 @@ static int s_curve_keys(rc_conn_t *c, const rc_keys_t *keys)
         if (config_load(cfg, all[i].config, &eb) < 0 || strcmp(cfg->router.endpoint, c->endpoint) ||
             !cfg->router.curve_secret_key_file[0])
             continue;
-        if (config_read_curve_key(cfg->router.curve_secret_key_file, true, "[router] curve_secret_key_file", c->curve_sec, &eb) < 0 ||
-            zmq_curve_public(c->curve_pub, c->curve_sec) < 0) {
+        if (config_read_curve_key(cfg->router.curve_secret_key_file, true, "[router] curve_secret_key_file", c->curve.sec, &eb) < 0 ||
+            zmq_curve_public(c->curve.pub, c->curve.sec) < 0) {
             cli_error(c->cmd, "the running group '%s': %s", all[i].name, eb.msg[0] ? eb.msg : "not a CURVE secret key");
             rc = 2;
             break;
         }
-        memcpy(c->curve_server, c->curve_pub, sizeof c->curve_server);
+        memcpy(c->curve.server, c->curve.pub, sizeof c->curve.server);
         c->srv_from = "the running group's [router] curve_secret_key_file";
         break;
     }
@@ -269,7 +311,7 @@ void rc_close(rc_conn_t *c)
     s_close_socks(c);
     if (c->ctx) zmq_ctx_term(c->ctx);
     msg_buf_free(&c->buf);
-    explicit_bzero(c->curve_sec, sizeof c->curve_sec);
+    explicit_bzero(c->curve.sec, sizeof c->curve.sec);
     free(c);
 }
 

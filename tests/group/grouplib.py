@@ -337,8 +337,9 @@ class Group:
         self.close()
 
 
-def run_cases(cases, names):
-    """Run the named test functions; print a line each; exit 1 if any failed."""
+def run_cases(cases, names, after_failure=None):
+    """Run the named test functions; print a line each; exit 1 if any failed (after calling
+    after_failure, when given: e.g. to print a log)."""
     failed = 0
     for n in names:
         t0 = time.time()
@@ -348,4 +349,6 @@ def run_cases(cases, names):
         except Exception as e:  # noqa: BLE001 - report every failure the same way
             failed += 1
             print("FAIL %-28s %.1fs: %s" % (n, time.time() - t0, e), flush=True)
+    if failed and after_failure:
+        after_failure()
     sys.exit(1 if failed else 0)

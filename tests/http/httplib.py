@@ -1,21 +1,28 @@
 """httplib.py - what the strata-http tests share: a model folder with a tokenizer and a chat
 template, a real group with an [http] section (tests/group/grouplib.py's Group), small HTTP
-functions over raw sockets and http.client, and the router's stats over ZeroMQ.
+functions over raw sockets and http.client, the router's stats over ZeroMQ, the command line
+and case loop of a test (require, case_args, run_cases for cases that share one group, run_case
+for one case a call, openai_client), and a network namespace of a case's own (enter_netns).
 
 The model is the transformers fixture tests/fixtures/mixtral (random weights, vocab 512) with a
 byte-level tokenizer written here: ids 0-255 are the bytes, 256 is <s>, 257 is </s>; its
 tokenizer_config.json carries a small ChatML chat template."""
+import argparse
 import http.client
+import importlib
 import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "group"))
 import grouplib  # noqa: E402
+
+NS_ADDR = "192.0.2.10"  # an address of a test's own network namespace (on its lo), reachable from nowhere else
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -171,3 +178,95 @@ def router_stats(g):
         return c.stats()
     finally:
         c.close()
+
+
+def require(*names):
+    """Import the named modules (a dotted name: that module of its package) and return their
+    packages. A missing one is a failure, not a skip (CI installs them): exit 1, saying what to
+    install."""
+    try:
+        for n in names:
+            importlib.import_module(n)
+    except ImportError as e:
+        print("FAIL: %s (pip install %s; .ci/run does)" % (e, " ".join(n.split(".")[0] for n in names)))
+        sys.exit(1)
+    return [sys.modules[n.split(".")[0]] for n in names]
+
+
+def case_args(one_of=None):
+    """A test's command line: --build DIR --source DIR, then the cases to run on one group
+    (args.cases, none: all), or with one_of the one case of them to run (args.case)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--source", required=True)
+    if one_of is None:
+        ap.add_argument("cases", nargs="*")
+    else:
+        ap.add_argument("case", choices=sorted(one_of))
+    return ap.parse_args()
+
+
+def run_case(cases, name):
+    """Run one case (it raises on failure) and print "ok CASE SECONDS"; returns 0."""
+    t0 = time.time()
+    cases[name]()
+    print("ok   %s %.1fs" % (name, time.time() - t0))
+    return 0
+
+
+def run_cases(g, cases, names):
+    """Start g, wait for its /health, run the named cases (every case without names) with
+    grouplib.run_cases, the tail of the group's log after a failure; g closed at the end. Exits
+    0, or 1 when a case failed."""
+    try:
+        g.start(timeout=60)
+        g.wait_health()
+        grouplib.run_cases(cases, names or list(cases), after_failure=lambda: print(g.read_log()[-4000:]))
+    finally:
+        g.close()
+
+
+def openai_client(g):
+    """An OpenAI SDK client of g's strata-http (no retries: a failure shows at once)."""
+    import openai
+    return openai.OpenAI(base_url=g.base_url, api_key="unused", max_retries=0, timeout=60)
+
+
+def enter_netns(a, script, case):
+    """A case that needs a network namespace of its own. Outside one: run `script --build --source
+    case` again inside a new one (unshare --user --net --map-root-user) and return False, the case
+    done (AssertionError if it failed there; exit 77 where no namespace can be made here, 1
+    without unshare). Inside it (STRATA_TEST_NETNS=1): lo up with NS_ADDR on it; True, the case
+    goes on."""
+    if os.environ.get("STRATA_TEST_NETNS") != "1":
+        unshare = shutil.which("unshare")
+        if not unshare:
+            print("FAIL: no unshare(1) (util-linux) to make a network namespace")
+            sys.exit(1)
+        probe = subprocess.run([unshare, "--user", "--net", "--map-root-user", "true"], capture_output=True, text=True)
+        if probe.returncode != 0:
+            why = probe.stderr.strip()
+            limited = ""
+            for p in ("/proc/sys/kernel/unprivileged_userns_clone", "/proc/sys/user/max_user_namespaces"):
+                try:
+                    with open(p) as f:
+                        if f.read().strip() == "0":
+                            limited = "%s is 0" % p
+                except OSError:
+                    pass
+            if limited or "Operation not permitted" in why:
+                # a container or a kernel that forbids namespaces to this user: not this code's failure
+                print("skipped: cannot make a network namespace here (%s%s%s)" % (why, "; " if limited else "", limited))
+                sys.exit(77)
+            print("FAIL: unshare --user --net --map-root-user failed: %s" % why)
+            sys.exit(1)
+        env = dict(os.environ, STRATA_TEST_NETNS="1")
+        r = subprocess.run([unshare, "--user", "--net", "--map-root-user", sys.executable, os.path.abspath(script),
+                            "--build", a.build, "--source", a.source, case], env=env, timeout=170)
+        if r.returncode:
+            raise AssertionError("the test inside the namespace failed (exit %d)" % r.returncode)
+        return False
+    for cmd in (["ip", "link", "set", "lo", "up"], ["ip", "addr", "add", NS_ADDR + "/32", "dev", "lo"]):
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        assert r.returncode == 0, "%s: %s" % (" ".join(cmd), r.stderr)
+    return True

@@ -17,7 +17,6 @@
 
 usage: test_http_group.py --build DIR --source DIR CASE
 """
-import argparse
 import json
 import os
 import shutil
@@ -151,42 +150,12 @@ def case_config():
         shutil.rmtree(d, ignore_errors=True)
 
 
-NS_ADDR = "192.0.2.10"  # an address of the test's own network namespace (on its lo), reachable from nowhere else
+NS_ADDR = httplib.NS_ADDR
 
 
 def case_netns():
-    if os.environ.get("STRATA_TEST_NETNS") != "1":
-        unshare = shutil.which("unshare")
-        if not unshare:
-            print("FAIL: no unshare(1) (util-linux) to make a network namespace")
-            sys.exit(1)
-        probe = subprocess.run([unshare, "--user", "--net", "--map-root-user", "true"], capture_output=True, text=True)
-        if probe.returncode != 0:
-            why = probe.stderr.strip()
-            limited = ""
-            for p in ("/proc/sys/kernel/unprivileged_userns_clone", "/proc/sys/user/max_user_namespaces"):
-                try:
-                    with open(p) as f:
-                        v = f.read().strip()
-                    if v == "0":
-                        limited = "%s is 0" % p
-                except OSError:
-                    pass
-            if limited or "Operation not permitted" in why:
-                # a container or a kernel that forbids namespaces to this user: not this code's failure
-                print("skipped: cannot make a network namespace here (%s%s%s)" % (why, "; " if limited else "", limited))
-                sys.exit(77)
-            print("FAIL: unshare --user --net --map-root-user failed: %s" % why)
-            sys.exit(1)
-        env = dict(os.environ, STRATA_TEST_NETNS="1")
-        r = subprocess.run([unshare, "--user", "--net", "--map-root-user", sys.executable, os.path.abspath(__file__),
-                            "--build", A.build, "--source", A.source, "netns"], env=env, timeout=170)
-        if r.returncode:
-            raise AssertionError("the test inside the namespace failed (exit %d)" % r.returncode)
+    if not httplib.enter_netns(A, __file__, "netns"):
         return
-    for cmd in (["ip", "link", "set", "lo", "up"], ["ip", "addr", "add", NS_ADDR + "/32", "dev", "lo"]):
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        assert r.returncode == 0, "%s: %s" % (" ".join(cmd), r.stderr)
     # no key: refused before anything starts, by the launcher and by strata-http itself
     with httplib.HttpGroup(A, http={"host": NS_ADDR}) as g:
         out = subprocess.run([g.strata, "up", "--config", g.config, "--bin-dir", g.bin_dir, "--foreground"], capture_output=True,
@@ -263,15 +232,8 @@ CASES = {"kill9": case_kill9, "netns": case_netns, "config": case_config, "templ
 
 def main():
     global A
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", required=True)
-    ap.add_argument("--source", required=True)
-    ap.add_argument("case", choices=sorted(CASES))
-    A = ap.parse_args()
-    t0 = time.time()
-    CASES[A.case]()
-    print("ok   %s %.1fs" % (A.case, time.time() - t0))
-    return 0
+    A = httplib.case_args(one_of=CASES)
+    return httplib.run_case(CASES, A.case)
 
 
 if __name__ == "__main__":

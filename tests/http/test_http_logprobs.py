@@ -22,7 +22,6 @@ with a byte-level tokenizer: httplib.py).
 
 usage: test_http_logprobs.py --build DIR --source DIR [CASE...]
 """
-import argparse
 import math
 import os
 import subprocess
@@ -33,12 +32,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import httplib  # noqa: E402
 
-try:
-    import numpy as np
-    import openai
-except ImportError as e:  # a missing package is a failure, not a skip
-    print("FAIL: %s (pip install openai numpy; .ci/run does)" % e)
-    sys.exit(1)
+_, np = httplib.require("openai", "numpy")
 
 A = None
 G = None
@@ -48,7 +42,7 @@ CHAT = [{"role": "user", "content": "Tell me."}]
 
 
 def client():
-    return openai.OpenAI(base_url=G.base_url, api_key="unused", max_retries=0, timeout=60)
+    return httplib.openai_client(G)
 
 
 def rendered_chat(msgs):
@@ -295,30 +289,9 @@ CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
 
 def main():
     global A, G
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", required=True)
-    ap.add_argument("--source", required=True)
-    ap.add_argument("cases", nargs="*")
-    A = ap.parse_args()
-    names = A.cases or list(CASES)
+    A = httplib.case_args()
     G = httplib.HttpGroup(A, sections={"scheduler": {"max_context": "512"}})
-    try:
-        G.start(timeout=60)
-        G.wait_health()
-        failed = 0
-        for n in names:
-            t0 = time.time()
-            try:
-                CASES[n]()
-                print("ok   %-24s %.1fs" % (n, time.time() - t0), flush=True)
-            except Exception as e:  # noqa: BLE001 - every failure reported alike
-                failed += 1
-                print("FAIL %-24s %.1fs: %r" % (n, time.time() - t0, e), flush=True)
-        if failed:
-            print(G.read_log()[-4000:])
-        return 1 if failed else 0
-    finally:
-        G.close()
+    httplib.run_cases(G, CASES, A.cases)
 
 
 if __name__ == "__main__":

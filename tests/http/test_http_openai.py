@@ -11,7 +11,6 @@ installs them, .ci/run).
 
 usage: test_http_openai.py --build DIR --source DIR [CASE...]
 """
-import argparse
 import os
 import subprocess
 import sys
@@ -20,19 +19,14 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import httplib  # noqa: E402
 
-try:
-    import openai
-    import prometheus_client.parser
-except ImportError as e:  # a missing package is a failure, not a skip
-    print("FAIL: %s (pip install openai prometheus_client; .ci/run does)" % e)
-    sys.exit(1)
+openai, prometheus_client = httplib.require("openai", "prometheus_client.parser")
 
 A = None
 G = None
 
 
 def client():
-    return openai.OpenAI(base_url=G.base_url, api_key="unused", max_retries=0, timeout=60)
+    return httplib.openai_client(G)
 
 
 def model_name():
@@ -235,31 +229,10 @@ CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
 
 def main():
     global A, G
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", required=True)
-    ap.add_argument("--source", required=True)
-    ap.add_argument("cases", nargs="*")
-    A = ap.parse_args()
+    A = httplib.case_args()
     A.context = 1024
-    names = A.cases or list(CASES)
     G = httplib.HttpGroup(A, sections={"scheduler": {"max_context": str(A.context)}})
-    try:
-        G.start(timeout=60)
-        G.wait_health()
-        failed = 0
-        for n in names:
-            t0 = time.time()
-            try:
-                CASES[n]()
-                print("ok   %-24s %.1fs" % (n, time.time() - t0), flush=True)
-            except Exception as e:  # noqa: BLE001 - every failure reported alike
-                failed += 1
-                print("FAIL %-24s %.1fs: %r" % (n, time.time() - t0, e), flush=True)
-        if failed:
-            print(G.read_log()[-4000:])
-        return 1 if failed else 0
-    finally:
-        G.close()
+    httplib.run_cases(G, CASES, A.cases)
 
 
 if __name__ == "__main__":

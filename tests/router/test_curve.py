@@ -29,7 +29,7 @@
 
 usage: test_curve.py --build DIR --source DIR CASE
 """
-import argparse
+import contextlib
 import os
 import shutil
 import stat
@@ -52,7 +52,7 @@ from strata_client import StrataClient, StrataError, read_key_file  # noqa: E402
 
 A = None
 Z85 = set("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#")
-NS_ADDR = "192.0.2.10"  # an address of the test's own network namespace (on its lo), reachable from nowhere else
+NS_ADDR = httplib.NS_ADDR
 
 
 def strata():
@@ -221,17 +221,31 @@ def client_run(endpoint, env_keys, tokens="1,2,3", timeout=20, extra_env=None):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def case_loopback():
-    d = tempfile.mkdtemp(prefix="strata-curvelo-")
+def make_keys(d, clients_text=None):
+    """Keypairs of router, alice and mallory (`strata keygen`) in d, and d/clients (mode 0644,
+    whatever the umask: no other user may write it) listing alice: clients_text with "%s" for her
+    public key, or a copy of alice.key. Returns the paths of router.key, alice.key, alice.secret,
+    mallory.secret and clients."""
+    for n in ("router", "alice", "mallory"):
+        assert keygen(os.path.join(d, n)).returncode == 0
+    clients = os.path.join(d, "clients")
+    if clients_text is None:
+        shutil.copy(os.path.join(d, "alice.key"), clients)
+    else:
+        with open(clients, "w") as f:
+            f.write(clients_text % key_lines(os.path.join(d, "alice.key"))[0])
+    os.chmod(clients, 0o644)
+    return tuple(os.path.join(d, n) for n in ("router.key", "alice.key", "alice.secret", "mallory.secret", "clients"))
+
+
+@contextlib.contextmanager
+def curve_router(d, clients):
+    """strata-router alone on a loopback endpoint with CURVE (d/router.secret and the clients
+    file), over a mock scheduler (vocab 300), its log in d/router.log; yields (endpoint, config,
+    process) once a client with alice's keys sees the scheduler, and kills both at the end."""
     mock = None
     proc = None
     try:
-        for n in ("router", "alice", "mallory"):
-            assert keygen(os.path.join(d, n)).returncode == 0
-        clients = os.path.join(d, "clients")
-        with open(clients, "w") as f:
-            f.write("# who may connect\n%s alice\n" % key_lines(os.path.join(d, "alice.key"))[0])
-        os.chmod(clients, 0o644)  # whatever the umask: no other user may write it
         ep = "tcp://127.0.0.1:%d" % grouplib.free_port()
         cfg = write_config(d, ep, {"curve_secret_key_file": os.path.join(d, "router.secret"), "curve_clients_file": clients})
         mock = MockScheduler("ipc://%s/scheduler.sock" % d, tick=0.005, vocab=300)
@@ -239,8 +253,8 @@ def case_loopback():
         mock.ready.wait(5)
         log = open(os.path.join(d, "router.log"), "ab")
         proc = subprocess.Popen([router_bin(), "--config", cfg], stdout=log, stderr=subprocess.STDOUT)
-        rkey, akey, asec, msec = (os.path.join(d, n) for n in ("router.key", "alice.key", "alice.secret", "mallory.secret"))
         deadline = time.monotonic() + 15
+        rkey, asec = os.path.join(d, "router.key"), os.path.join(d, "alice.secret")
         with StrataClient(ep, timeout=1, curve_server_key=rkey, curve_client_key=asec) as c:
             while True:
                 try:
@@ -249,36 +263,46 @@ def case_loopback():
                 except StrataError:
                     pass
                 assert time.monotonic() < deadline and proc.poll() is None, open(os.path.join(d, "router.log")).read()
-            got = [t for ev in c.generate(tokens=[5, 6, 7], max_tokens=4) for t in ev["tokens"]]
-            assert got == [token_at([5, 6, 7], 0, i, 300) for i in range(4)], got
-        out = client_run(ep, (rkey, asec))
-        assert out.returncode == 0 and len(out.stdout.split()) >= 4, out
-        # refused: no keys at all, a keypair made on the spot, mallory's unlisted key, the wrong server key
-        for what, kw in (("plaintext", {}), ("ephemeral key", {"curve_server_key": rkey}),
-                         ("unlisted key", {"curve_server_key": rkey, "curve_client_key": msec}),
-                         ("wrong server key", {"curve_server_key": akey, "curve_client_key": asec})):
-            with StrataClient(ep, timeout=3, gone_after=3, **kw) as c:
-                expect_silence(c, what)
-        out = client_run(ep, (rkey, msec))
-        assert out.returncode == 1 and out.stdout.strip() == "", out
-        out = client_run(ep, None)
-        assert out.returncode == 1 and out.stdout.strip() == "", out
-        assert proc.poll() is None, "the router died"
-        # mallory's key added: served at the next handshake, no restart
-        time.sleep(0.05)
-        with open(clients, "a") as f:
-            f.write("%s mallory\n" % key_lines(os.path.join(d, "mallory.key"))[0])
-        with StrataClient(ep, timeout=5, curve_server_key=rkey, curve_client_key=msec) as c:
-            assert c.health()["status"] in ("ok", "degraded")
-        text = open(os.path.join(d, "router.log")).read()
-        assert "refused" in text and "not in [router] curve_clients_file" in text, text
-        assert "2 client keys" in text, text
+        yield ep, cfg, proc
     finally:
         if proc and proc.poll() is None:
             proc.kill()
             proc.wait()
         if mock:
             mock.stop()
+
+
+def case_loopback():
+    d = tempfile.mkdtemp(prefix="strata-curvelo-")
+    try:
+        rkey, akey, asec, msec, clients = make_keys(d, "# who may connect\n%s alice\n")
+        with curve_router(d, clients) as (ep, _, proc):
+            with StrataClient(ep, timeout=1, curve_server_key=rkey, curve_client_key=asec) as c:
+                got = [t for ev in c.generate(tokens=[5, 6, 7], max_tokens=4) for t in ev["tokens"]]
+                assert got == [token_at([5, 6, 7], 0, i, 300) for i in range(4)], got
+            out = client_run(ep, (rkey, asec))
+            assert out.returncode == 0 and len(out.stdout.split()) >= 4, out
+            # refused: no keys at all, a keypair made on the spot, mallory's unlisted key, the wrong server key
+            for what, kw in (("plaintext", {}), ("ephemeral key", {"curve_server_key": rkey}),
+                             ("unlisted key", {"curve_server_key": rkey, "curve_client_key": msec}),
+                             ("wrong server key", {"curve_server_key": akey, "curve_client_key": asec})):
+                with StrataClient(ep, timeout=3, gone_after=3, **kw) as c:
+                    expect_silence(c, what)
+            out = client_run(ep, (rkey, msec))
+            assert out.returncode == 1 and out.stdout.strip() == "", out
+            out = client_run(ep, None)
+            assert out.returncode == 1 and out.stdout.strip() == "", out
+            assert proc.poll() is None, "the router died"
+            # mallory's key added: served at the next handshake, no restart
+            time.sleep(0.05)
+            with open(clients, "a") as f:
+                f.write("%s mallory\n" % key_lines(os.path.join(d, "mallory.key"))[0])
+            with StrataClient(ep, timeout=5, curve_server_key=rkey, curve_client_key=msec) as c:
+                assert c.health()["status"] in ("ok", "degraded")
+            text = open(os.path.join(d, "router.log")).read()
+            assert "refused" in text and "not in [router] curve_clients_file" in text, text
+            assert "2 client keys" in text, text
+    finally:
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -304,115 +328,55 @@ def keyed_run(cmd, endpoint, flags=None, env_keys=None, stdin=None, gone_after=2
 
 def case_flags():
     d = tempfile.mkdtemp(prefix="strata-curveflags-")
-    mock = None
-    proc = None
     try:
-        for n in ("router", "alice", "mallory"):
-            assert keygen(os.path.join(d, n)).returncode == 0
-        rkey, akey, asec, msec = (os.path.join(d, n) for n in ("router.key", "alice.key", "alice.secret", "mallory.secret"))
-        clients = os.path.join(d, "clients")
-        with open(clients, "w") as f:
-            f.write("%s alice\n" % key_lines(akey)[0])
-        os.chmod(clients, 0o644)
+        rkey, akey, asec, msec, clients = make_keys(d, "%s alice\n")
         for cmd in ("client", "chat"):
             out = subprocess.run([strata(), cmd, "--help"], capture_output=True, text=True, timeout=30)
             assert out.returncode == 0 and "--curve-server-key FILE" in out.stdout and "--curve-client-key FILE" in out.stdout, out
-        ep = "tcp://127.0.0.1:%d" % grouplib.free_port()
-        cfg = write_config(d, ep, {"curve_secret_key_file": os.path.join(d, "router.secret"), "curve_clients_file": clients})
-        mock = MockScheduler("ipc://%s/scheduler.sock" % d, tick=0.005, vocab=300)
-        mock.start()
-        mock.ready.wait(5)
-        log = open(os.path.join(d, "router.log"), "ab")
-        proc = subprocess.Popen([router_bin(), "--config", cfg], stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 15
-        with StrataClient(ep, timeout=1, curve_server_key=rkey, curve_client_key=asec) as c:
-            while True:
-                try:
-                    if c.health()["scheduler"]:
-                        break
-                except StrataError:
-                    pass
-                assert time.monotonic() < deadline and proc.poll() is None, open(os.path.join(d, "router.log")).read()
-            want = " ".join(str(t) for t in c.complete(tokens=[1, 2, 3], max_tokens=4)[1])
-        # served: the flags alone; the flags over wrong variables
-        for what, flags, env in (("flags", (rkey, asec), None), ("flags over the variables", (rkey, asec), (akey, msec)),
-                                 ("a client flag with the server variable", (None, asec), (rkey, None))):
-            out, _ = keyed_run("client", ep, flags, env)
-            assert out.returncode == 0 and out.stdout.split() == want.split(), (what, out)
-        # strata chat: the router answers the turn (it has no tokenizer, so it refuses the chat:
-        # an answer all the same, over an authenticated connection)
-        out, _ = keyed_run("chat", ep, (rkey, asec), (akey, msec), stdin="hello\n")
-        assert out.returncode == 0 and "no tokenizer" in out.stderr and "timed out" not in out.stderr, out
-        # refused: each with exit 1, soon, and one line that says why and what to check
-        for what, flags, env, says in (
-                ("an unlisted client key", (rkey, msec), None, ["curve_clients_file", "--curve-client-key"]),
-                ("the variables' right keys under wrong flags", (rkey, msec), (rkey, asec), ["curve_clients_file", "--curve-client-key"]),
-                ("a key made for this run", (rkey, None), None, ["curve_clients_file", "made for this run"]),
-                ("a server key that is not the router's", (akey, asec), None, ["--curve-server-key", "not the public key"]),
-                ("no keys", None, None, ["serves CURVE", "--curve-server-key"])):
-            out, took = keyed_run("client", ep, flags, env, gone_after=2)
-            assert out.returncode == 1 and out.stdout.strip() == "", (what, out)
-            err = out.stderr.strip()
-            assert err.count("\n") == 0 and "timed out after 2.0 s" in err and all(w in err for w in says), (what, err)
-            assert took < 10, (what, "took %.1f s" % took)
-        out, took = keyed_run("chat", ep, (rkey, msec), None, stdin="hello\n")
-        assert "timed out" in out.stderr and "curve_clients_file" in out.stderr and took < 15, (out, took)
-        # bad usage: a client key without the server's, a file that is no key
-        out, _ = keyed_run("client", ep, (None, asec))
-        assert out.returncode == 2 and "--curve-client-key" in out.stderr and "--curve-server-key" in out.stderr, out
-        out, _ = keyed_run("client", ep, (cfg, asec))
-        assert out.returncode == 2 and "--curve-server-key" in out.stderr, out
-        assert proc.poll() is None, "the router died"
+        with curve_router(d, clients) as (ep, cfg, proc):
+            with StrataClient(ep, timeout=1, curve_server_key=rkey, curve_client_key=asec) as c:
+                want = " ".join(str(t) for t in c.complete(tokens=[1, 2, 3], max_tokens=4)[1])
+            # served: the flags alone; the flags over wrong variables
+            for what, flags, env in (("flags", (rkey, asec), None), ("flags over the variables", (rkey, asec), (akey, msec)),
+                                     ("a client flag with the server variable", (None, asec), (rkey, None))):
+                out, _ = keyed_run("client", ep, flags, env)
+                assert out.returncode == 0 and out.stdout.split() == want.split(), (what, out)
+            # strata chat: the router answers the turn (it has no tokenizer, so it refuses the chat:
+            # an answer all the same, over an authenticated connection)
+            out, _ = keyed_run("chat", ep, (rkey, asec), (akey, msec), stdin="hello\n")
+            assert out.returncode == 0 and "no tokenizer" in out.stderr and "timed out" not in out.stderr, out
+            # refused: each with exit 1, soon, and one line that says why and what to check
+            for what, flags, env, says in (
+                    ("an unlisted client key", (rkey, msec), None, ["curve_clients_file", "--curve-client-key"]),
+                    ("the variables' right keys under wrong flags", (rkey, msec), (rkey, asec), ["curve_clients_file", "--curve-client-key"]),
+                    ("a key made for this run", (rkey, None), None, ["curve_clients_file", "made for this run"]),
+                    ("a server key that is not the router's", (akey, asec), None, ["--curve-server-key", "not the public key"]),
+                    ("no keys", None, None, ["serves CURVE", "--curve-server-key"])):
+                out, took = keyed_run("client", ep, flags, env, gone_after=2)
+                assert out.returncode == 1 and out.stdout.strip() == "", (what, out)
+                err = out.stderr.strip()
+                assert err.count("\n") == 0 and "timed out after 2.0 s" in err and all(w in err for w in says), (what, err)
+                assert took < 10, (what, "took %.1f s" % took)
+            out, took = keyed_run("chat", ep, (rkey, msec), None, stdin="hello\n")
+            assert "timed out" in out.stderr and "curve_clients_file" in out.stderr and took < 15, (out, took)
+            # bad usage: a client key without the server's, a file that is no key
+            out, _ = keyed_run("client", ep, (None, asec))
+            assert out.returncode == 2 and "--curve-client-key" in out.stderr and "--curve-server-key" in out.stderr, out
+            out, _ = keyed_run("client", ep, (cfg, asec))
+            assert out.returncode == 2 and "--curve-server-key" in out.stderr, out
+            assert proc.poll() is None, "the router died"
     finally:
-        if proc and proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if mock:
-            mock.stop()
         shutil.rmtree(d, ignore_errors=True)
 
 
 def case_netns():
-    if os.environ.get("STRATA_TEST_NETNS") != "1":
-        unshare = shutil.which("unshare")
-        if not unshare:
-            print("FAIL: no unshare(1) (util-linux) to make a network namespace")
-            sys.exit(1)
-        probe = subprocess.run([unshare, "--user", "--net", "--map-root-user", "true"], capture_output=True, text=True)
-        if probe.returncode != 0:
-            why = probe.stderr.strip()
-            limited = ""
-            for p in ("/proc/sys/kernel/unprivileged_userns_clone", "/proc/sys/user/max_user_namespaces"):
-                try:
-                    with open(p) as f:
-                        if f.read().strip() == "0":
-                            limited = "%s is 0" % p
-                except OSError:
-                    pass
-            if limited or "Operation not permitted" in why:
-                print("skipped: cannot make a network namespace here (%s%s%s)" % (why, "; " if limited else "", limited))
-                sys.exit(77)
-            print("FAIL: unshare --user --net --map-root-user failed: %s" % why)
-            sys.exit(1)
-        env = dict(os.environ, STRATA_TEST_NETNS="1")
-        r = subprocess.run([unshare, "--user", "--net", "--map-root-user", sys.executable, os.path.abspath(__file__),
-                            "--build", A.build, "--source", A.source, "netns"], env=env, timeout=170)
-        if r.returncode:
-            raise AssertionError("the test inside the namespace failed (exit %d)" % r.returncode)
+    if not httplib.enter_netns(A, __file__, "netns"):
         return
-    for cmd in (["ip", "link", "set", "lo", "up"], ["ip", "addr", "add", NS_ADDR + "/32", "dev", "lo"]):
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        assert r.returncode == 0, "%s: %s" % (" ".join(cmd), r.stderr)
     keys = tempfile.mkdtemp(prefix="strata-curvekeys-")
     # the groups of this test only, for `strata client` finding the running group
     os.environ["STRATA_REGISTRY"] = os.path.join(keys, "registry")
     try:
-        for n in ("router", "alice", "mallory"):
-            assert keygen(os.path.join(keys, n)).returncode == 0
-        rkey, asec, msec = (os.path.join(keys, n) for n in ("router.key", "alice.secret", "mallory.secret"))
-        clients = os.path.join(keys, "clients")
-        shutil.copy(os.path.join(keys, "alice.key"), clients)
-        os.chmod(clients, 0o644)
+        rkey, _, asec, msec, clients = make_keys(keys)
         ep = "tcp://%s:%d" % (NS_ADDR, grouplib.free_port())
         # no CURVE: refused before the router binds, by the launcher's group and the router itself
         with httplib.HttpGroup(A, sections={"router": {"endpoint": ep}}) as g:
@@ -463,15 +427,8 @@ CASES = {"keygen": case_keygen, "config": case_config, "loopback": case_loopback
 
 def main():
     global A
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", required=True)
-    ap.add_argument("--source", required=True)
-    ap.add_argument("case", choices=sorted(CASES))
-    A = ap.parse_args()
-    t0 = time.time()
-    CASES[A.case]()
-    print("ok   %s %.1fs" % (A.case, time.time() - t0))
-    return 0
+    A = httplib.case_args(one_of=CASES)
+    return httplib.run_case(CASES, A.case)
 
 
 if __name__ == "__main__":
