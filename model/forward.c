@@ -24,6 +24,7 @@ struct forward_ctx {
     int32_t max_tokens;       /* T: most tokens one step may carry */
     int n_threads;            /* tpool_size(pool), 1 without a pool */
     int32_t max_inter;        /* largest FFN intermediate size over all layers */
+    int32_t window;           /* sliding_window when some layer slides, else 0 (batch_t.win_tables unused) */
     /* activations, row-major, fp32 */
     float *x;                 /* [T][hidden] residual stream */
     float *xn;                /* [T][hidden] normed input of the current sublayer */
@@ -141,6 +142,8 @@ forward_ctx_t *forward_ctx_create(const model_t *m, int32_t max_tokens, tpool_t 
     f->n_threads = pool ? tpool_size(pool) : 1;
     if (f->n_threads < 1) f->n_threads = 1;
     f->max_inter = mi;
+    for (int32_t l = 0; l < c->n_layers && l < 256; l++)
+        if (c->layer_sliding[l] && c->sliding_window > 0) f->window = c->sliding_window;
     size_t T = (size_t)max_tokens, H = (size_t)c->hidden;
     size_t qd = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->n_kv_heads * c->head_dim;
     size_t ne = c->n_experts > 0 ? (size_t)c->n_experts : 1, tk = c->top_k > 0 ? (size_t)c->top_k : 1;
@@ -262,6 +265,19 @@ static int s_check_batch(const forward_ctx_t *f, const kv_cache_t *kv, const bat
                 return STRATA_EINVAL_INPUT;
             }
         }
+        /* the window table's entries from the token's window on (those a sliding layer reads) */
+        const int32_t *wt = b->win_tables && f->window > 0 ? b->win_tables[s] : bt;
+        if (!wt) {
+            log_error("forward: row %d (seq %d) has no window table", t, s);
+            return STRATA_EINVAL_INPUT;
+        }
+        const int32_t w0 = f->window > 0 && pos + 1 > f->window ? pos + 1 - f->window : 0;
+        for (int32_t j = w0 / kv->block_size; wt != bt && j <= pos / kv->block_size; j++) {
+            if (wt[j] < 0 || wt[j] >= kv->n_blocks) {
+                log_error("forward: row %d (seq %d pos %d) uses window block %d of %d", t, s, pos, wt[j], kv->n_blocks);
+                return STRATA_EINVAL_INPUT;
+            }
+        }
         if (pos + 1 > mc) mc = pos + 1;
     }
     if (b->n_logits < 0 || b->n_logits > b->n_tokens || (b->n_logits > 0 && !b->logit_rows)) {
@@ -285,7 +301,15 @@ typedef struct {
     int layer;
 } s_attn_job_t;
 
-/* Attention for tokens [i0, i1): each attends over 0..pos of its own sequence. */
+/* The block table layer l reads and writes for sequence s: a sliding layer's is the window table
+ * when the batch has them. */
+static const int32_t *s_table(const model_config_t *c, const batch_t *b, int l, int32_t s)
+{
+    return b->win_tables && c->layer_sliding[l] && c->sliding_window > 0 ? b->win_tables[s] : b->block_tables[s];
+}
+
+/* Attention for tokens [i0, i1): each attends over 0..pos of its own sequence (the window's
+ * positions on a sliding layer). */
 static void s_attn_fn(void *ctx, int64_t i0, int64_t i1, int tid)
 {
     s_attn_job_t *j = ctx;
@@ -302,7 +326,7 @@ static void s_attn_fn(void *ctx, int64_t i0, int64_t i1, int tid)
     const int32_t win = c->layer_sliding[j->layer] ? c->sliding_window : 0;
     const float *sinks = f->m->layers[j->layer].sinks;
     for (int64_t t = i0; t < i1; t++) {
-        const int32_t *bt = j->b->block_tables[j->b->seq[t]];
+        const int32_t *bt = s_table(c, j->b, j->layer, j->b->seq[t]);
         int32_t n_ctx = j->b->pos[t] + 1, start = win > 0 && n_ctx > win ? n_ctx - win : 0;
         cpu_attention(f->att + t * qd, f->q + t * qd, kl, vl, bt, start, n_ctx, c->n_heads, c->n_kv_heads,
                       c->head_dim, kv->block_size, scale, sinks, scratch);
@@ -340,7 +364,7 @@ static void s_attention(forward_ctx_t *f, kv_cache_t *kv, const batch_t *b, int 
     float *kl = kv->k + (size_t)l * layer_elems, *vl = kv->v + (size_t)l * layer_elems;
     for (int t = 0; t < n; t++) {
         int32_t pos = b->pos[t];
-        int32_t blk = b->block_tables[b->seq[t]][pos / kv->block_size], off = pos % kv->block_size;
+        int32_t blk = s_table(c, b, l, b->seq[t])[pos / kv->block_size], off = pos % kv->block_size;
         for (int h = 0; h < c->n_kv_heads; h++) {
             size_t dst = (((size_t)blk * kv->n_kv_heads + h) * kv->block_size + off) * hd;
             memcpy(kl + dst, f->k + (size_t)t * kd + (size_t)h * hd, (size_t)hd * sizeof(float));

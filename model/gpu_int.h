@@ -85,6 +85,10 @@ struct gpu_model {
     bool pre_attn, pre_attn_q8; /* s_ffn_post normed x into xn for the next layer's attention
                                    (and left its int8 rows in the workspace) */
     int32_t *tidx, *ptidx, *d_pos, *d_seq, *d_bt, *d_rows, *d_ids;
+    /* a sequence's row of d_bt / h_bt: its block table (kv_blocks entries), then for a model with
+     * sliding-window layers its window table (batch_t.win_tables) as many more */
+    int32_t bt_stride;
+    bool win;                    /* the model has sliding-window layers */
     int32_t *d_tok;              /* [max_tokens] a step's tokens, for the lookup on the GPU (s_stage) */
     cuda_sample_param_t *d_samp; /* [max_tokens] a sampled step's parameters by logit row */
     void *moe_scr;

@@ -236,7 +236,7 @@ static int s_create_workspace(gpu_model_t *g, strata_errbuf_t *eb)
     const size_t box_n = 2 + 2 * ne * (sizeof(cuda_expert_t) / 8);
     /* positions, sequences, logit rows and block tables: one buffer (d_pos, staged in h_meta);
      * + 2: gpu_step.c's s_put_meta's last 64-bit word */
-    const size_t meta_bytes = ((3 + (size_t)g->o.kv_blocks) * T + 2) * 4;
+    const size_t meta_bytes = ((3 + (size_t)g->bt_stride) * T + 2) * 4;
     const size_t moe_bytes = c->n_experts > 0 ? cuda_moe_scratch_bytes((int)T, c->top_k, c->hidden, g->inter, c->n_experts) : 0;
     size_t mi = 0;
     for (int l = 0; l < c->n_layers; l++) {
@@ -735,6 +735,8 @@ int gpu_model_create(gpu_model_t **out, const model_t *m, const gpu_opts_t *o, s
     if ((rc = s_upload_qmat(g, &g->lm_head, &m->lm_head, "lm_head", eb))) goto fail;
     g->st.resident_bytes = g->used;
     g->layer_elems = (size_t)o->kv_blocks * c->n_kv_heads * o->block_size * c->head_dim;
+    for (int l = 0; l < c->n_layers && c->sliding_window > 0; l++) g->win |= c->layer_sliding[l];
+    g->bt_stride = o->kv_blocks * (g->win ? 2 : 1);
     if ((rc = s_dalloc(g, (void **)&g->k_cache, g->layer_elems * c->n_layers * 4, "KV cache (k)", eb))) goto fail;
     if ((rc = s_dalloc(g, (void **)&g->v_cache, g->layer_elems * c->n_layers * 4, "KV cache (v)", eb))) goto fail;
     g->st.kv_bytes = (int64_t)(2 * g->layer_elems * c->n_layers * 4);

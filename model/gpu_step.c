@@ -71,19 +71,22 @@ static int s_attention(gpu_model_t *g, int l, int n)
     }
     float *kl = g->k_cache + (size_t)l * g->layer_elems, *vl = g->v_cache + (size_t)l * g->layer_elems;
     bool head_norm = c->qk_norm == QK_NORM_HEAD;
+    /* a sliding layer's K/V go through the sequences' window tables */
+    const bool sliding = c->layer_sliding[l] && c->sliding_window > 0;
+    const int32_t *bt = sliding && g->win ? g->d_bt + g->o.kv_blocks : g->d_bt;
     if ((rc = cuda_rope_kv(cx, g->q, g->k, g->v, n, c->n_heads, c->n_kv_heads, hd, c->rot_dim, g->d_pos, g->inv_freq,
                            c->attn_factor, head_norm ? L->q_norm : NULL, head_norm ? L->k_norm : NULL, c->rms_eps, kl,
-                           vl, g->d_seq, g->d_bt, g->o.kv_blocks, g->o.block_size)))
+                           vl, g->d_seq, bt, g->bt_stride, g->o.block_size)))
         return rc;
     const float scale = 1.0f / sqrtf((float)hd);
     /* gpt-oss: sinks, and a window on the sliding layers */
-    const cuda_attn_opts_t ao = {c->layer_sliding[l] ? c->sliding_window : 0, L->sinks};
+    const cuda_attn_opts_t ao = {sliding ? c->sliding_window : 0, L->sinks};
     const cuda_attn_opts_t *aop = ao.window > 0 || ao.sinks ? &ao : NULL;
-    rc = g->att_tc ? cuda_attention_prefill_ex(cx, g->att, g->q, kl, vl, n, g->d_seq, g->d_pos, g->d_bt, g->o.kv_blocks,
+    rc = g->att_tc ? cuda_attention_prefill_ex(cx, g->att, g->q, kl, vl, n, g->d_seq, g->d_pos, bt, g->bt_stride,
                                                c->n_heads, c->n_kv_heads, hd, g->o.block_size, scale, aop)
                    : STRATA_EINVAL_INPUT;
     if (rc == STRATA_EINVAL_INPUT) /* not taken, or a shape it does not take */
-        rc = cuda_attention_ex(cx, g->att, g->q, kl, vl, n, g->d_seq, g->d_pos, g->d_bt, g->o.kv_blocks, c->n_heads,
+        rc = cuda_attention_ex(cx, g->att, g->q, kl, vl, n, g->d_seq, g->d_pos, bt, g->bt_stride, c->n_heads,
                                c->n_kv_heads, hd, g->o.block_size, scale, &aq, aop);
     if (rc) return rc;
     const qmat_t *wo = &L->wo;
@@ -378,6 +381,28 @@ static int s_blocks_needed(const gpu_model_t *g, const batch_t *b, int s)
     return need;
 }
 
+/* The first entry of sequence s's window table that a sliding layer reads this step: the block
+ * of its first row's window start (every entry below it may be -1). */
+static int s_window_first(const gpu_model_t *g, const batch_t *b, int s)
+{
+    int first = INT32_MAX;
+    for (int t = 0; t < b->n_tokens; t++)
+        if (b->seq[t] == s) {
+            const int lo = b->pos[t] + 1 - g->m->cfg.sliding_window;
+            const int j = lo > 0 ? lo / g->o.block_size : 0;
+            if (j < first) first = j;
+        }
+    return first == INT32_MAX ? 0 : first;
+}
+
+/* Sequence s's window-table entry j as staged in h_bt's second half: the table's, or its block
+ * table's without window tables; an entry below the step's windows (-1, never read) as 0. */
+static int32_t s_win_entry(const batch_t *b, int s, int j, int first)
+{
+    if (!b->win_tables) return b->block_tables[s][j];
+    return j < first ? 0 : b->win_tables[s][j];
+}
+
 /* h_meta[0..words) onto the device: the 64-bit words that differ from what it holds (dev_meta)
  * as a kernel's parameters (cuda_patch_words: a decode step moves a position, now and then a
  * block; a copy waited about 7 us in the stream on either side), else one DMA. */
@@ -427,14 +452,21 @@ static int s_stage(gpu_model_t *g, const batch_t *b, const int32_t *d_tok)
             return STRATA_EINVAL_INPUT;
         }
     for (int s = 0; s < n_seqs; s++) {
-        int need = s_blocks_needed(g, b, s);
+        const int need = s_blocks_needed(g, b, s), first = g->win ? s_window_first(g, b, s) : 0;
+        if (need > 0 && g->win && b->win_tables && !b->win_tables[s]) {
+            log_error("gpu: sequence %d has no window table", s);
+            return STRATA_EINVAL_INPUT;
+        }
+        int32_t *row = g->h_bt + (size_t)s * g->bt_stride;
         for (int j = 0; j < need; j++) {
-            int32_t blk = b->block_tables[s][j];
-            if (blk < 0 || blk >= g->o.kv_blocks) {
-                log_error("gpu: sequence %d uses KV block %d of %d", s, blk, g->o.kv_blocks);
+            const int32_t blk = b->block_tables[s][j], wb = g->win ? s_win_entry(b, s, j, first) : 0;
+            if (blk < 0 || blk >= g->o.kv_blocks || wb < 0 || wb >= g->o.kv_blocks) {
+                log_error("gpu: sequence %d uses KV block %d of %d", s, blk < 0 || blk >= g->o.kv_blocks ? blk : wb,
+                          g->o.kv_blocks);
                 return STRATA_EINVAL_INPUT;
             }
-            g->h_bt[(size_t)s * g->o.kv_blocks + j] = blk;
+            row[j] = blk;
+            if (g->win) row[g->o.kv_blocks + j] = wb;
         }
     }
     /* the tensor-core kernel makes a pass per sequence in each 64-row tile: worth it when the
@@ -446,7 +478,7 @@ static int s_stage(gpu_model_t *g, const batch_t *b, const int32_t *d_tok)
     memcpy(g->h_meta, b->pos, (size_t)n * 4);
     memcpy(g->h_meta + T, b->seq, (size_t)n * 4);
     memcpy(g->h_meta + 2 * T, b->logit_rows, (size_t)b->n_logits * 4);
-    if ((rc = s_put_meta(g, 3 * T + (size_t)n_seqs * g->o.kv_blocks))) return rc;
+    if ((rc = s_put_meta(g, 3 * T + (size_t)n_seqs * g->bt_stride))) return rc;
     if (!d_tok && g->embed_dev.data) {
         /* the ids up (h_tok is not written again before this step has run), the lookup on the
          * GPU: the host's, in the executor's threads, took about 400 us before a 128-token
@@ -509,9 +541,12 @@ static bool s_ahead_is(const gpu_model_t *g, const batch_t *b)
         return false;
     for (int t = 0; t < n; t++) {
         const int s = b->seq[t];
-        if (!b->block_tables[s]) return false;
+        if (!b->block_tables[s] || (g->win && b->win_tables && !b->win_tables[s])) return false;
+        const int32_t *row = g->h_bt + (size_t)s * g->bt_stride;
+        const int first = g->win ? s_window_first(g, b, s) : 0;
         for (int j = 0, need = s_blocks_needed(g, b, s); j < need; j++)
-            if (b->block_tables[s][j] != g->h_bt[(size_t)s * g->o.kv_blocks + j]) return false;
+            if (b->block_tables[s][j] != row[j] || (g->win && s_win_entry(b, s, j, first) != row[g->o.kv_blocks + j]))
+                return false;
     }
     return true;
 }

@@ -162,8 +162,12 @@ int kv_cache_init(kv_cache_t *kv, const model_config_t *c, int32_t n_blocks, int
 void kv_cache_free(kv_cache_t *kv);
 
 /* One step's tokens. Tokens of one sequence appear in increasing position order; every token
- * first writes its K/V at (seq, pos), then attends over positions 0..pos of its sequence, so a
- * prefill chunk, decode tokens of many sequences, or a mix of both share one step. */
+ * first writes its K/V at (seq, pos), then attends over positions 0..pos of its sequence (a
+ * sliding layer: max(0, pos - sliding_window + 1)..pos), so a prefill chunk, decode tokens of
+ * many sequences, or a mix of both share one step. With win_tables, the sliding layers write and
+ * read their K/V through them and the other layers through block_tables; both are indexed alike
+ * (position p in entry p / block_size), and a sliding layer never reads an entry wholly below a
+ * token's window, which may be -1. */
 typedef struct {
     int32_t n_tokens;
     const int32_t *tokens;             /* [n_tokens] */
@@ -172,6 +176,8 @@ typedef struct {
     const int32_t *const *block_tables;/* [n_seqs] -> block ids, enough for pos/block_size+1 */
     int32_t n_logits;                  /* rows that need logits */
     const int32_t *logit_rows;         /* [n_logits] indices into tokens */
+    const int32_t *const *win_tables;  /* [n_seqs] block ids of the sliding layers (-1: freed, out of every
+                                          later query's window), or NULL: the sliding layers use block_tables */
 } batch_t;
 
 typedef struct forward_ctx forward_ctx_t;

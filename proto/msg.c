@@ -363,6 +363,7 @@ static const fdesc_t s_f_hello[] = {
     {"block_size", F_I32, 0, offsetof(msg_hello_t, block_size), 0, 0, I32MAX, 0, 0, NULL, 0},
     {"load_ms", F_F64, 0, offsetof(msg_hello_t, load_ms), 0, 0, 1e12, 0, 0, NULL, 0},
     {"eos_ids", F_I32S, 0, offsetof(msg_hello_t, eos_ids), offsetof(msg_hello_t, n_eos), 1, MSG_MAX_EOS, 0, I32MAX, NULL, 0},
+    {"sliding_window", F_I32, 0, offsetof(msg_hello_t, sliding_window), 0, 0, I32MAX, 0, 0, NULL, 0},
     END_FIELDS};
 
 static const fdesc_t s_f_step_seq[] = {
@@ -375,6 +376,7 @@ static const fdesc_t s_f_step_seq[] = {
     {"n_sampled", F_U64, 0, offsetof(msg_step_seq_t, n_sampled), 0, 0, 0, 0, 0, NULL, 0},
     {"last", F_BOOL, 0, offsetof(msg_step_seq_t, last), 0, 0, 0, 0, 0, NULL, 0},
     LP_ASK_FIELDS(msg_step_seq_t),
+    {"win_blocks", F_I32S, FL_PACKED, offsetof(msg_step_seq_t, win_blocks), offsetof(msg_step_seq_t, n_win_blocks), 1, MSG_MAX_TOKENS_ARRAY, -1, I32MAX, NULL, 0},
     END_FIELDS};
 
 static const fdesc_t s_f_step[] = {
@@ -585,7 +587,15 @@ static int s_check_type(msg_type_t t, const void *body, const char *ctx, msg_err
     case MSG_SUBMIT: rc = s_check_ask(((const msg_submit_t *)body)->logprobs, ((const msg_submit_t *)body)->top_logprobs, ctx, err); break;
     case MSG_STEP: {
         const msg_step_t *st = body;
-        for (int32_t i = 0; i < st->n_seqs && rc == 0; i++) rc = s_check_ask(st->seqs[i].logprobs, st->seqs[i].top_logprobs, ctx, err);
+        for (int32_t i = 0; i < st->n_seqs && rc == 0; i++) {
+            const msg_step_seq_t *q = &st->seqs[i];
+            rc = s_check_ask(q->logprobs, q->top_logprobs, ctx, err);
+            /* the window table is indexed as blocks: as long (which ids a step needs is the
+             * executor's check, it knows the window and the block size) */
+            if (rc == 0 && q->win_blocks && q->n_win_blocks != q->n_blocks)
+                rc = s_fail(err, MSG_E_INVALID_PARAM, "%s: seqs[%d] field 'win_blocks': %d entries, 'blocks' has %d", ctx, i,
+                            q->n_win_blocks, q->n_blocks);
+        }
         break;
     }
     case MSG_TOKEN:

@@ -270,6 +270,9 @@ typedef struct {
     int32_t n_eos;              /* [1, MSG_MAX_EOS] when eos_ids is given */
     const int32_t *eos_ids;     /* [n_eos] every id that ends a generation, distinct, in [0, vocab); NULL:
                                    absent, the set is {eos_id} (or none when eos_id is -1) */
+    int32_t sliding_window;     /* tokens a sliding-window layer attends to, itself included (gpt-oss);
+                                   0: no layer slides. The scheduler then gives each sequence a window
+                                   table (msg_step_seq_t.win_blocks) */
 } msg_hello_t;
 
 /* The stop set of a hello into ids[MSG_MAX_EOS]: eos_ids when given, else eos_id alone when it is
@@ -278,7 +281,10 @@ int32_t msg_hello_eos(const msg_hello_t *h, int32_t *ids);
 
 /* One sequence of a step plan. Its tokens sit at positions pos0 .. pos0+n_tokens-1; the
  * executor writes their K/V into blocks[] and, if sample, samples the next token from the
- * logits of the last one with RNG stream (samp.seed, n_sampled). */
+ * logits of the last one with RNG stream (samp.seed, n_sampled). With win_blocks (a model with
+ * sliding-window layers), the sliding layers write and read their K/V through win_blocks
+ * instead, indexed as blocks (position p in entry p / block_size); entries below every later
+ * query's window are -1 (freed). */
 typedef struct {
     uint64_t req;               /* scheduler request id */
     int32_t pos0;               /* >= 0 */
@@ -293,6 +299,9 @@ typedef struct {
                                    step of this sequence follows */
     bool logprobs;              /* sample: also return the sampled token's log-probability */
     int32_t top_logprobs;       /* [0, MSG_MAX_TOP_LOGPROBS], with logprobs: and that many most likely */
+    int32_t n_win_blocks;       /* n_blocks when win_blocks is given, else 0 */
+    const int32_t *win_blocks;  /* [n_win_blocks] the window table: KV block ids >= 0 of the sliding layers,
+                                   -1 where freed; NULL: absent (the sliding layers use blocks) */
 } msg_step_seq_t;
 
 /* step: scheduler -> executor. id = step number (increasing). */

@@ -48,10 +48,13 @@ struct exec {
     int32_t *nx;                        /* [4][MSG_MAX_STEP_SEQS] the step guessed next (s_guess):
                                            tokens, positions, sequences, logit rows */
     const int32_t **nx_tables;          /* [MSG_MAX_STEP_SEQS] its block tables */
+    const int32_t **nx_win;             /* [MSG_MAX_STEP_SEQS] its window tables */
 #endif
+    int32_t window;                     /* the model's sliding window, 0 when no layer slides */
     /* one step, built from the plan */
     int32_t *tok, *pos, *seq;           /* [o.max_tokens] */
     const int32_t **tables;             /* [MSG_MAX_STEP_SEQS] block table per sequence */
+    const int32_t **win_tables;         /* [MSG_MAX_STEP_SEQS] window table per sequence (sliding layers) */
     int32_t *rows;                      /* [MSG_MAX_STEP_SEQS] logit row -> token index */
     int32_t *row_of;                    /* [MSG_MAX_STEP_SEQS] sequence -> its logit row or -1 */
     int32_t *ids;                       /* [MSG_MAX_STEP_SEQS] ids the GPU picked (greedy or sampled) */
@@ -147,12 +150,15 @@ int exec_create(exec_t **out, const model_t *m, const exec_opts_t *o, strata_err
     if (o->max_context > 0 && o->max_context < mc) mc = o->max_context;
     if ((int64_t)o->kv_blocks * o->block_size < mc) mc = (int64_t)o->kv_blocks * o->block_size;
     e->max_context = (int32_t)mc;
+    for (int32_t l = 0; l < m->cfg.n_layers && l < 256; l++)
+        if (m->cfg.layer_sliding[l] && m->cfg.sliding_window > 0) e->window = m->cfg.sliding_window;
 
     size_t T = (size_t)o->max_tokens;
     e->tok = malloc(T * sizeof *e->tok);
     e->pos = malloc(T * sizeof *e->pos);
     e->seq = malloc(T * sizeof *e->seq);
     e->tables = malloc(MSG_MAX_STEP_SEQS * sizeof *e->tables);
+    e->win_tables = malloc(MSG_MAX_STEP_SEQS * sizeof *e->win_tables);
     e->rows = malloc(MSG_MAX_STEP_SEQS * sizeof *e->rows);
     e->row_of = malloc(MSG_MAX_STEP_SEQS * sizeof *e->row_of);
     e->ids = malloc(MSG_MAX_STEP_SEQS * sizeof *e->ids);
@@ -164,10 +170,11 @@ int exec_create(exec_t **out, const model_t *m, const exec_opts_t *o, strata_err
     e->samp = malloc(MSG_MAX_STEP_SEQS * sizeof *e->samp);
     e->nx = malloc(4 * MSG_MAX_STEP_SEQS * sizeof *e->nx);
     e->nx_tables = malloc(MSG_MAX_STEP_SEQS * sizeof *e->nx_tables);
-    samp_ok = e->samp && e->nx && e->nx_tables;
+    e->nx_win = malloc(MSG_MAX_STEP_SEQS * sizeof *e->nx_win);
+    samp_ok = e->samp && e->nx && e->nx_tables && e->nx_win;
 #endif
-    if (!e->tok || !e->pos || !e->seq || !e->tables || !e->rows || !e->row_of || !e->ids || !e->seq_of || !e->u ||
-        !e->rng || !samp_ok) {
+    if (!e->tok || !e->pos || !e->seq || !e->tables || !e->win_tables || !e->rows || !e->row_of || !e->ids || !e->seq_of ||
+        !e->u || !e->rng || !samp_ok) {
         rc = STRATA_ENOMEM;
         goto fail;
     }
@@ -244,6 +251,7 @@ void exec_free(exec_t *e)
     free(e->pos);
     free(e->seq);
     free(e->tables);
+    free(e->win_tables);
     free(e->rows);
     free(e->row_of);
     free(e->ids);
@@ -253,6 +261,7 @@ void exec_free(exec_t *e)
     free(e->samp);
     free(e->nx);
     free(e->nx_tables);
+    free(e->nx_win);
 #endif
     free(e->logits);
     free(e->rng);
@@ -268,6 +277,8 @@ void exec_free(exec_t *e)
 uint64_t exec_instance(const exec_t *e) { return e->instance; }
 
 int32_t exec_max_context(const exec_t *e) { return e->max_context; }
+
+int32_t exec_sliding_window(const exec_t *e) { return e->window; }
 
 /* Count a refused plan and say why in text[tlen]. */
 __attribute__((format(printf, 4, 5)))
@@ -311,6 +322,24 @@ static int s_validate(exec_t *e, const msg_step_t *st, msg_errcode_t *code, char
             if (q->blocks[b] < 0 || q->blocks[b] >= e->o.kv_blocks)
                 return s_refuse(e, text, tlen, "step: seqs[%d] field 'blocks[%lld]': block %d outside the KV cache [0, %d)",
                                 i, (long long)b, q->blocks[b], e->o.kv_blocks);
+        if ((q->win_blocks != NULL) != (st->seqs[0].win_blocks != NULL))
+            return s_refuse(e, text, tlen, "step: seqs[%d] field 'win_blocks': on some sequences of the step only", i);
+        if (q->win_blocks && e->window == 0)
+            return s_refuse(e, text, tlen, "step: seqs[%d] field 'win_blocks': the model has no sliding-window layer", i);
+        if (q->win_blocks) {
+            /* the sliding layers write positions pos0 .. end-1 and attend from pos0 - W + 1 on:
+             * entries below that may be freed (-1), none from there on */
+            int64_t lo = q->pos0 - (int64_t)e->window + 1;
+            lo = lo > 0 ? lo / bs : 0;
+            if (q->n_win_blocks < need)
+                return s_refuse(e, text, tlen, "step: seqs[%d] field 'win_blocks': %d entries for position %lld, need %lld", i,
+                                q->n_win_blocks, (long long)end - 1, (long long)need);
+            for (int64_t b = 0; b < need; b++)
+                if (q->win_blocks[b] >= e->o.kv_blocks || (b >= lo && q->win_blocks[b] < 0))
+                    return s_refuse(e, text, tlen,
+                                    "step: seqs[%d] field 'win_blocks[%lld]': block %d%s outside the KV cache [0, %d)", i,
+                                    (long long)b, q->win_blocks[b], b >= lo ? ", within the window," : "", e->o.kv_blocks);
+        }
         if (q->top_logprobs < 0 || q->top_logprobs > SAMPLER_MAX_TOP)
             return s_refuse(e, text, tlen, "step: seqs[%d] field 'top_logprobs': %d, must be 0..%d", i, q->top_logprobs,
                             SAMPLER_MAX_TOP);
@@ -437,7 +466,12 @@ static bool s_guess(exec_t *e, const msg_step_t *st, const int32_t *tokens, batc
             return false;
         /* a block past the plan's positions was not validated with it */
         if (q->blocks[p / bs] < 0 || q->blocks[p / bs] >= e->o.kv_blocks) return false;
+        /* nor was the window table's (its entries from p - W + 1 on were, but for p's own) */
+        if (q->win_blocks &&
+            (p / bs >= q->n_win_blocks || q->win_blocks[p / bs] < 0 || q->win_blocks[p / bs] >= e->o.kv_blocks))
+            return false;
         e->nx_tables[i] = q->blocks;
+        e->nx_win[i] = q->win_blocks;
         tok[i] = tokens ? tokens[i] : -1;
         pos[i] = p;
         seq[i] = i;
@@ -451,6 +485,7 @@ static bool s_guess(exec_t *e, const msg_step_t *st, const int32_t *tokens, batc
         .block_tables = e->nx_tables,
         .n_logits = st->n_seqs,
         .logit_rows = rows,
+        .win_tables = st->seqs[0].win_blocks ? e->nx_win : NULL,
     };
     return true;
 }
@@ -472,6 +507,7 @@ int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_
     for (int32_t i = 0; i < st->n_seqs; i++) {
         const msg_step_seq_t *q = &st->seqs[i];
         e->tables[i] = q->blocks;
+        e->win_tables[i] = q->win_blocks;
         for (int32_t t = 0; t < q->n_tokens; t++, n++) {
             e->tok[n] = q->tokens[t];
             e->pos[n] = q->pos0 + t;
@@ -508,6 +544,7 @@ int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_
         .block_tables = e->tables,
         .n_logits = n_logits,
         .logit_rows = e->rows,
+        .win_tables = st->seqs[0].win_blocks ? e->win_tables : NULL,
     };
     /* the sampled rows' uniforms, in plan order (the RNG cache is not thread-safe), for
      * cpu_sample or for the GPU's sampler, which makes cpu_sample's decisions with them; none

@@ -74,11 +74,15 @@ void exec_free(exec_t *e);
 uint64_t exec_instance(const exec_t *e);
 /* Positions a sequence may reach: min(model max_pos, opts.max_context, kv_blocks*block_size). */
 int32_t exec_max_context(const exec_t *e);
+/* Tokens the model's sliding-window layers attend to, itself included; 0 when no layer slides
+ * (the hello's sliding_window: the scheduler then sends window tables, msg_step_seq_t.win_blocks). */
+int32_t exec_sliding_window(const exec_t *e);
 
 /* Run plan st: tokens[st->n_seqs] receives each sequence's sampled token (-1 where sample is
  * false); *forward_us / *sample_us the time spent. A plan that is not valid for this engine
- * (stale instance, too many tokens, positions or blocks outside the cache, token ids outside
- * the vocab) is refused before anything runs: returns STRATA_EINVAL_INPUT with *code
+ * (stale instance, too many tokens, positions or blocks outside the cache, a window table
+ * without a block that a position written or attended needs, token ids outside the vocab) is
+ * refused before anything runs: returns STRATA_EINVAL_INPUT with *code
  * (MSG_E_UNAVAILABLE for a stale instance, else MSG_E_INVALID_PARAM) and text[tlen] naming
  * the sequence and field. A compute failure returns another <0 with MSG_E_INTERNAL. */
 int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_us, double *sample_us,

@@ -117,6 +117,7 @@ static void s_hello(svc_t *S, msg_hello_t *h)
     h->kv_blocks = S->cfg->scheduler.kv_blocks;
     h->block_size = S->cfg->scheduler.block_size;
     h->load_ms = S->em.load_ms;
+    h->sliding_window = exec_sliding_window(S->ex);
 }
 
 static int s_send_hello(svc_t *S, const void *route, size_t len, int flags)

@@ -164,6 +164,9 @@ static void s_group(FILE *f, const stats_t *s)
         s_one(f, "strata_kv_blocks_in_use", "gauge", "KV cache blocks in use", a - b);
         s_one(f, "strata_kv_cache_usage_ratio", "gauge", "Share of the KV cache blocks in use", a > 0 ? (a - b) / a : 0);
     }
+    /* a model with sliding-window layers: the blocks of its window tables (within those in use) */
+    if (s_get(s, "scheduler.kv_sliding_window", &a) && a > 0 && s_get(s, "scheduler.kv_win_blocks_used", &b))
+        s_one(f, "strata_kv_window_blocks_in_use", "gauge", "KV cache blocks the sliding-window layers hold", b);
     s_stat(f, s, "scheduler.executor_restarts", "strata_executor_restarts_seen_total", "counter", "Executor restarts the scheduler saw", 1);
     double hits, misses;
     if (s_get(s, "scheduler.executor.hits", &hits) && s_get(s, "scheduler.executor.misses", &misses)) {

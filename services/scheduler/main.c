@@ -268,6 +268,11 @@ static void s_reply_stats(svc_t *S, const void *route, size_t len, bool has_id, 
     S_STAT("requests_poisoned", c.poisoned);
     S_STAT("kv_blocks", S->sc ? sched_opts(S->sc)->kv_blocks : 0);
     S_STAT("kv_blocks_free", c.kv_free);
+    /* window tables (sched.h): the window (0: none), the blocks they hold now, and the most one
+     * sequence held after a step */
+    S_STAT("kv_sliding_window", S->sc ? sched_opts(S->sc)->sliding_window : 0);
+    S_STAT("kv_win_blocks_used", c.kv_win_used);
+    S_STAT("kv_win_blocks_seq_max", c.kv_win_seq_max);
     S_STAT("executor_restarts", S->exec_restarts);
     S_STAT("executor_up", S->exec_instance != 0);
     S_STAT("executor_load_ms", S->ex.load_ms);
@@ -495,6 +500,7 @@ static int s_make_sched(svc_t *S)
     if (S->ex.kv_blocks > 0 && S->ex.kv_blocks < o.kv_blocks) o.kv_blocks = S->ex.kv_blocks;
     o.vocab = S->ex.vocab;
     o.n_eos = msg_hello_eos(&S->ex, o.eos_ids);
+    o.sliding_window = S->ex.sliding_window; /* window tables for the sliding layers (sched.h) */
     o.max_live = c->router.max_queue + 64;
     sched_sink_t sink = {s_ev_tokens, s_ev_done, s_ev_error, S};
     int rc = sched_create(&S->sc, &o, &sink);
@@ -504,6 +510,10 @@ static int s_make_sched(svc_t *S)
         at += snprintf(eos + at, sizeof eos - (size_t)at, "%s%d", i ? " " : "", o.eos_ids[i]);
     log_info("model %s: vocab %d, eos %s, context %d; KV %d blocks x %d, %d tokens and %d sequences a step", S->model, o.vocab,
              eos, sched_opts(S->sc)->max_context, o.kv_blocks, o.block_size, o.max_batch_tokens, o.max_seqs);
+    if (sched_opts(S->sc)->sliding_window > 0)
+        log_info("sliding-window layers over %d tokens: each sequence keeps their K/V in a window table", o.sliding_window);
+    else if (o.sliding_window > 0)
+        log_info("sliding-window layers over %d tokens, no shorter than the context: no window tables", o.sliding_window);
     return 0;
 }
 

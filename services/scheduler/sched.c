@@ -27,6 +27,9 @@ typedef struct {
     int32_t n_computed;       /* leading tokens whose K/V the executor holds */
     int32_t *blocks;          /* [max_blocks] KV block table; [n_blocks] used */
     int32_t n_blocks;
+    int32_t *win;             /* [max_blocks] window table of the sliding layers (NULL without window
+                               * tables): [n_blocks] entries, indexed as blocks; -1 where freed */
+    int32_t win_lo;           /* win[0 .. win_lo) are -1: below every later query's window */
     uint64_t preempt_round;   /* plan round in which it was preempted (not re-admitted in it) */
     uint64_t plan_round;      /* plan round in which it was put into the plan */
     int32_t losses;           /* plans holding it lost with the executor in a row */
@@ -63,8 +66,10 @@ struct sched {
     req_t **finished;         /* [cap_finished] in finishing order, for expiry */
     int32_t n_finished, cap_finished;
 
-    int32_t *free_blocks;     /* [kv_blocks] stack */
+    int32_t *free_blocks;     /* [kv_blocks] stack, shared by the main and the window tables */
     int32_t n_free;
+    int32_t tables;           /* block tables a sequence holds: 1, or 2 with window tables (o.sliding_window > 0) */
+    int32_t win_used;         /* blocks held by window tables */
 
     /* the plan in flight */
     bool inflight;
@@ -162,6 +167,7 @@ static void s_req_free(req_t *r)
     if (!r) return;
     free(r->toks);
     free(r->blocks);
+    free(r->win);
     free(r->lp);
     free(r->lp_tok);
     free(r->lp_top);
@@ -240,16 +246,46 @@ static int s_wait_push(sched_t *s, req_t *r, bool front)
 static void s_release_blocks(sched_t *s, req_t *r)
 {
     for (int32_t i = 0; i < r->n_blocks; i++) s->free_blocks[s->n_free++] = r->blocks[i];
+    for (int32_t i = r->win_lo; r->win && i < r->n_blocks; i++) {
+        STRATA_ASSERT(r->win[i] >= 0);
+        s->free_blocks[s->n_free++] = r->win[i];
+        s->win_used--;
+    }
     r->n_blocks = 0;
+    r->win_lo = 0;
     r->n_computed = 0;
 }
 
-/* Give r blocks until they cover `tokens` positions, as far as free blocks allow. */
+/* Give r blocks until they cover `tokens` positions, as far as free blocks allow: one for each
+ * of its tables per block of positions (the window table grows with the main one). */
 static void s_take_blocks(sched_t *s, req_t *r, int32_t tokens)
 {
     int32_t need = (tokens + s->o.block_size - 1) / s->o.block_size;
     STRATA_ASSERT(need <= s->max_blocks);
-    while (r->n_blocks < need && s->n_free > 0) r->blocks[r->n_blocks++] = s->free_blocks[--s->n_free];
+    while (r->n_blocks < need && s->n_free >= s->tables) {
+        if (r->win) {
+            r->win[r->n_blocks] = s->free_blocks[--s->n_free];
+            s->win_used++;
+        }
+        r->blocks[r->n_blocks++] = s->free_blocks[--s->n_free];
+    }
+}
+
+/* The window blocks of r below every later query's window, back to the free list: the next
+ * query, at position n_computed, attends from n_computed - W + 1 on (sliding_window W, the query
+ * itself included), so block j is dead once (j + 1) * block_size <= n_computed - W + 1. Called
+ * whenever n_computed advances; a chunk's blocks stay until the step after it. */
+static void s_free_window(sched_t *s, req_t *r)
+{
+    if (!r->win) return;
+    const int64_t lo = (int64_t)r->n_computed - s->o.sliding_window + 1;
+    while (r->win_lo < r->n_blocks && (int64_t)(r->win_lo + 1) * s->o.block_size <= lo) {
+        s->free_blocks[s->n_free++] = r->win[r->win_lo];
+        r->win[r->win_lo++] = -1;
+        s->win_used--;
+    }
+    int32_t held = r->n_blocks - r->win_lo;
+    if (held > s->c.kv_win_seq_max) s->c.kv_win_seq_max = held;
 }
 
 /* ---- events ---- */
@@ -278,7 +314,8 @@ static void s_retire(sched_t *s, req_t *r, msg_finish_t fin, double now)
     else if (r->state == R_WAITING) s_list_del(s->waiting, &s->n_waiting, r);
     s_release_blocks(s, r);
     free(r->blocks);
-    r->blocks = NULL;
+    free(r->win);
+    r->blocks = r->win = NULL;
     r->state = R_FINISHED;
     r->finish = fin;
     r->t_done = now;
@@ -320,7 +357,23 @@ int sched_create(sched_t **out, const sched_opts_t *o, const sched_sink_t *sink)
     if (!s) return STRATA_ENOMEM;
     s->o = *o;
     if (sink) s->sink = *sink;
+    /* Window tables: a sequence's sliding-layer K/V in blocks of its own, freed as its window moves
+     * on, from the same pool. A lone sequence must always fit: its main table for max_context and
+     * a window of W - 1 positions (ceil((W - 1) / block_size) blocks) plus the block of the next
+     * one, which caps max_context below kv_blocks * block_size. When no query's window could start
+     * past position 0 within the context, the window table would free nothing: none. */
     int64_t cap = (int64_t)o->kv_blocks * o->block_size;
+    s->tables = 1;
+    if (o->sliding_window > 0) {
+        int64_t win_max = ((int64_t)o->sliding_window - 1 + o->block_size - 1) / o->block_size + 1;
+        int64_t wcap = ((int64_t)o->kv_blocks - win_max) * o->block_size;
+        int64_t mc = s->o.max_context < wcap ? s->o.max_context : wcap;
+        if (mc >= 2 && o->sliding_window < mc) {
+            cap = wcap;
+            s->tables = 2;
+        }
+    }
+    if (s->tables == 1) s->o.sliding_window = 0;
     if (s->o.max_context > cap) s->o.max_context = (int32_t)cap;
     if (s->o.max_live < 1) s->o.max_live = 1;
     s->max_blocks = (s->o.max_context + o->block_size - 1) / o->block_size;
@@ -434,13 +487,14 @@ msg_errcode_t sched_submit(sched_t *s, uint64_t id, const msg_submit_t *sub, dou
     r->cap = r->n_prompt + r->max_tokens;
     r->toks = malloc((size_t)r->cap * sizeof *r->toks);
     r->blocks = malloc((size_t)s->max_blocks * sizeof *r->blocks);
+    if (s->tables == 2) r->win = malloc((size_t)s->max_blocks * sizeof *r->win);
     r->samp = sub->samp;
     r->ignore_eos = sub->ignore_eos;
     r->logprobs = sub->logprobs;
     r->top_n = !sub->logprobs ? 0 : sub->top_logprobs < s->o.vocab ? sub->top_logprobs : s->o.vocab;
     r->t_submit = now;
     /* room for every live request in the waiting list, so a preemption never needs to grow it */
-    if (!r->toks || !r->blocks || s_grow(&s->waiting, &s->cap_waiting, s->n_running + s->n_waiting + 1) < 0 ||
+    if (!r->toks || !r->blocks || (s->tables == 2 && !r->win) || s_grow(&s->waiting, &s->cap_waiting, s->n_running + s->n_waiting + 1) < 0 ||
         s_wait_push(s, r, false) < 0) {
         s_req_free(r);
         return s_refuse(MSG_E_INTERNAL, text, tlen, "out of memory");
@@ -521,6 +575,10 @@ static void s_add(sched_t *s, req_t *r, int32_t n, double now)
     q->tokens = r->toks + r->n_computed;
     q->n_blocks = r->n_blocks;
     q->blocks = r->blocks;
+    if (r->win) {
+        q->n_win_blocks = r->n_blocks;
+        q->win_blocks = r->win;
+    }
     q->sample = r->n_computed + n == len;
     q->samp = r->samp;
     q->n_sampled = (uint64_t)r->n_gen;
@@ -537,10 +595,10 @@ static void s_add(sched_t *s, req_t *r, int32_t n, double now)
 }
 
 /* Tokens r may feed now, at most want: limited by its blocks plus the free ones (keeping
- * `reserve` free blocks). */
+ * `reserve` free blocks), each further block of positions costing one block per table. */
 static int32_t s_fit(const sched_t *s, const req_t *r, int32_t want, int32_t reserve)
 {
-    int64_t blocks = (int64_t)r->n_blocks + (s->n_free > reserve ? s->n_free - reserve : 0);
+    int64_t blocks = (int64_t)r->n_blocks + (s->n_free > reserve ? s->n_free - reserve : 0) / s->tables;
     int64_t room = blocks * s->o.block_size - r->n_computed;
     if (room < want) want = room > 0 ? (int32_t)room : 0;
     return want;
@@ -604,7 +662,7 @@ int sched_plan(sched_t *s, uint64_t instance, msg_step_t *plan, double now)
     while (s->n_waiting > 0 && budget > 0 && s->n_running < s->max_running && s->n_fly < MSG_MAX_STEP_SEQS) {
         req_t *r = s->waiting[0];
         if (r->preempt_round == s->round) break;
-        int32_t reserve = s->n_running; /* one block of growth per running sequence */
+        int32_t reserve = s->n_running * s->tables; /* one block of growth per running sequence and table */
         int32_t len = r->n_prompt + r->n_gen;
         int32_t want = len < budget ? len : budget;
         int32_t n = s_fit(s, r, want, reserve);
@@ -667,6 +725,7 @@ int sched_apply(sched_t *s, const msg_result_t *res, double now)
         if (!r || r->serial != f->serial || r->state != R_RUNNING) continue; /* canceled meanwhile */
         r->n_computed += f->n_fed;
         r->losses = 0;
+        s_free_window(s, r);
         if (!f->sample) continue;
         int32_t t = res->tokens[i];
         if (t >= s->o.vocab) {
@@ -737,7 +796,11 @@ void sched_reset_kv(sched_t *s, double now)
     for (int32_t i = 0; i < s->n_running; i++) {
         req_t *r = s->running[i];
         if (r->n_computed > 0) s->c.replayed++;
-        r->n_computed = 0; /* keeps its blocks: prefill rewrites every position before reading it */
+        /* keeps its blocks: prefill rewrites every position before reading it; but a window
+         * table has freed the blocks of the positions below its window, which the replay writes
+         * again: such a sequence takes its blocks anew */
+        if (r->win) s_release_blocks(s, r);
+        r->n_computed = 0;
     }
 }
 
@@ -763,11 +826,13 @@ void sched_get_counters(const sched_t *s, sched_counters_t *c)
     c->running = s->n_running;
     c->retained = s->n_finished;
     c->kv_free = s->n_free;
+    c->kv_win_used = s->win_used;
 }
 
 int sched_check(const sched_t *s, char *text, size_t tlen)
 {
     int rc = 0;
+    int32_t win_owned = 0;
     uint8_t *owner = calloc((size_t)s->o.kv_blocks, 1);
     if (!owner) return STRATA_ENOMEM;
 #define S_BAD(...)                               \
@@ -794,7 +859,22 @@ int sched_check(const sched_t *s, char *text, size_t tlen)
             if (b < 0 || b >= s->o.kv_blocks || owner[b]) S_BAD("running[%d]: block %d invalid or shared", i, b);
             owner[b] = 1;
         }
+        if ((r->win != NULL) != (s->tables == 2)) S_BAD("running[%d]: %s window table", i, r->win ? "a" : "no");
+        /* the window table holds exactly the blocks some later query's window reaches */
+        const int64_t lo = (int64_t)r->n_computed - s->o.sliding_window + 1;
+        for (int32_t k = 0; r->win && k < r->n_blocks; k++) {
+            int32_t b = r->win[k];
+            bool dead = (int64_t)(k + 1) * s->o.block_size <= lo;
+            if (dead != (k < r->win_lo) || (dead && b != -1))
+                S_BAD("running[%d]: window entry %d is %d (first live %d, %d computed, window %d)", i, k, b, r->win_lo,
+                      r->n_computed, s->o.sliding_window);
+            if (dead) continue;
+            if (b < 0 || b >= s->o.kv_blocks || owner[b]) S_BAD("running[%d]: window block %d invalid or shared", i, b);
+            owner[b] = 1;
+            win_owned++;
+        }
     }
+    if (win_owned != s->win_used) S_BAD("window tables hold %d blocks, counted %d", win_owned, s->win_used);
     for (int32_t i = 0; i < s->n_waiting; i++) {
         const req_t *r = s->waiting[i];
         if (r->state != R_WAITING || r->n_blocks != 0 || r->n_computed != 0)

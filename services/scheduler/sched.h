@@ -18,7 +18,18 @@
  * needs a block when none is free preempts the newest running sequence not in the plan
  * (possibly itself): its blocks are freed and it goes back to the front of the waiting queue
  * to be recomputed later (prefill of prompt + generated tokens). The oldest sequence always
- * progresses, because max_context <= kv_blocks * block_size.
+ * progresses, because max_context <= kv_blocks * block_size (less a window's blocks, below).
+ *
+ * Window tables (a model with sliding-window layers, sched_opts_t.sliding_window = W > 0): each
+ * sequence has a second block table, indexed as the first, from the same free blocks. The
+ * sliding layers keep their K/V in it, the other layers in the main table; a step grows both
+ * (a block of positions costs one block per table, which admission, growth and the reserve
+ * count). After each step the blocks that lie entirely below the next query's window
+ * (positions < n_computed - W + 1) go back to the free list and their entries become -1, so a
+ * sequence holds at most ceil(W / block_size) + 1 window blocks between steps, whatever its
+ * length (a prefill chunk's blocks stay until the step after it). An executor restart frees a
+ * windowed sequence's blocks (the replay needs the freed ones again). Without sliding layers
+ * there is no window table and nothing of this costs anything.
  *
  * An executor restart loses the KV contents: sched_reset_kv() drops the plan in flight and
  * sets every running sequence back to "nothing computed", so the next steps re-prefill them.
@@ -44,7 +55,11 @@ typedef struct {
     int32_t max_seqs;          /* running sequences at most, >= 1 */
     int32_t kv_blocks;         /* blocks in the executor's KV cache, >= 1 */
     int32_t block_size;        /* tokens per block, >= 1 */
-    int32_t max_context;       /* positions per sequence (prompt + generated); clamped to kv_blocks*block_size */
+    int32_t max_context;       /* positions per sequence (prompt + generated); clamped to kv_blocks*block_size,
+                                  less a window's blocks with window tables */
+    int32_t sliding_window;    /* tokens a sliding-window layer attends to, itself included (0: no layer
+                                  slides): each sequence gets a window table; 0 after sched_create when
+                                  no query's window would start past position 0 within max_context */
     int32_t vocab;             /* token ids are in [0, vocab) */
     int32_t n_eos;             /* [0, MSG_MAX_EOS]: ids that end a request (0: none) */
     int32_t eos_ids[MSG_MAX_EOS]; /* [n_eos] a sampled one finishes the request with "stop", unless ignore_eos */
@@ -76,6 +91,8 @@ typedef struct {
     uint64_t mixed_steps;      /* steps holding both a prefill chunk and a decode token */
     uint64_t preemptions, replayed, kv_resets, poisoned;
     int32_t waiting, running, retained, kv_free;
+    int32_t kv_win_used;       /* blocks held by window tables now (included in kv_blocks - kv_free) */
+    int32_t kv_win_seq_max;    /* most window blocks one sequence held after a step's freeing */
     int32_t step_tokens_max, step_seqs_max;
 } sched_counters_t;
 
@@ -128,8 +145,9 @@ void sched_reset_kv(sched_t *s, double now);
 void sched_expire(sched_t *s, double now);
 
 void sched_get_counters(const sched_t *s, sched_counters_t *c);
-/* Check the bookkeeping (every block free or owned by exactly one running sequence, block
- * tables cover what is computed, list membership matches states). 0, or <0 with text. */
+/* Check the bookkeeping (every block free or owned exactly once, by one table of one running
+ * sequence; block tables cover what is computed; a window table holds exactly the blocks some
+ * later query's window reaches; list membership matches states). 0, or <0 with text. */
 int sched_check(const sched_t *s, char *text, size_t tlen);
 
 #endif

@@ -16,7 +16,11 @@
  *     the top_logprobs most likely tokens under the model's own distribution, equal (1e-4) to a
  *     log-softmax of seq_feed's logits computed here in double with a full sort; the others get
  *     none, and their rows of the result say so (top_n -1).
- * Plus: plans the engine must refuse, submit refusals, resume and retention.
+ * The models: Mixtral- and Qwen3-MoE-shaped, and gpt-oss-shaped with a sliding window shorter
+ * than most requests, whose plans carry window tables (the scheduler frees the blocks below each
+ * window as it moves on; the executor's sliding layers read and write only those).
+ * Plus: plans the engine must refuse (window tables among them), submit refusals, resume and
+ * retention.
  * STRATA_SEED replays a run.
  */
 #include <math.h>
@@ -200,9 +204,14 @@ static int s_run(const model_t *m, tpool_t *pool, const scen_t *sc, uint64_t *rn
     so.vocab = m->cfg.vocab;
     so.n_eos = m->cfg.n_eos;
     memcpy(so.eos_ids, m->cfg.eos_ids, sizeof m->cfg.eos_ids);
+    so.sliding_window = exec_sliding_window(ex); /* window tables, as the hello says */
     sched_sink_t sink = {s_tokens, s_done, s_error, w};
     T_CHECK(sched_create(&s, &so, &sink) == 0, "%s: sched_create", sc->name);
     if (!s) goto out;
+    ctx = sched_opts(s)->max_context; /* a window table's blocks may take some of the cache */
+    const bool windowed = sched_opts(s)->sliding_window > 0;
+    T_CHECK(windowed == (so.sliding_window > 0), "%s: window tables %s for window %d", sc->name, windowed ? "on" : "off",
+            so.sliding_window);
 
     /* requests and their references */
     w->n = sc->n_reqs;
@@ -275,6 +284,8 @@ static int s_run(const model_t *m, tpool_t *pool, const scen_t *sc, uint64_t *rn
             if (plan.seqs[i].n_tokens == 1 && plan.seqs[i].sample && plan.seqs[i].pos0 > 0) has_decode = true;
             int32_t need = (plan.seqs[i].pos0 + plan.seqs[i].n_tokens + sc->block_size - 1) / sc->block_size;
             T_CHECK(plan.seqs[i].n_blocks >= need, "%s: seq %d has %d blocks for %d", sc->name, i, plan.seqs[i].n_blocks, need);
+            T_CHECK((plan.seqs[i].win_blocks != NULL) == windowed, "%s: seq %d: window table %s", sc->name, i,
+                    plan.seqs[i].win_blocks ? "unasked" : "missing");
             for (int j = 0; j < i; j++)
                 for (int a = 0; a < plan.seqs[i].n_blocks; a++)
                     for (int b = 0; b < plan.seqs[j].n_blocks; b++)
@@ -359,16 +370,20 @@ static int s_run(const model_t *m, tpool_t *pool, const scen_t *sc, uint64_t *rn
     }
     T_CHECK(cn.kv_free == sc->kv_blocks && cn.running == 0 && cn.waiting == 0, "%s: at the end %d of %d blocks free, %d running, %d waiting",
             sc->name, cn.kv_free, sc->kv_blocks, cn.running, cn.waiting);
+    T_CHECK(cn.kv_win_used == 0 && (windowed ? cn.kv_win_seq_max > 0 &&
+                                                   cn.kv_win_seq_max <= (so.sliding_window + sc->block_size - 1) / sc->block_size + 1
+                                             : cn.kv_win_seq_max == 0),
+            "%s: window blocks: %d held at the end, at most %d by one sequence", sc->name, cn.kv_win_used, cn.kv_win_seq_max);
     T_CHECK(mixed_steps > 0, "%s: no step mixed a prefill chunk with decode tokens", sc->name);
     if (sc->want_preempt) T_CHECK(cn.preemptions > 0, "%s: the tight KV cache caused no preemption", sc->name);
     if (sc->crash_every > 0) T_CHECK(crashes > 0 && cn.replayed > 0, "%s: %d crashes, %llu replayed", sc->name, crashes,
                                  (unsigned long long)cn.replayed);
     T_CHECK(lp_reqs > 0 || sc->poison, "%s: no request with log-probabilities was checked", sc->name);
     fprintf(stderr, "%-16s %4d steps (%d mixed), %llu prefill + %llu decode tokens, %llu preemptions, %d crashes (%llu seqs replayed), "
-            "%d with log-probabilities, %d + %d ended at eos %d / %d%s\n",
+            "%d with log-probabilities, %d + %d ended at eos %d / %d, at most %d window blocks a sequence%s\n",
             sc->name, steps, mixed_steps, (unsigned long long)cn.prefill_tokens, (unsigned long long)cn.decode_tokens,
             (unsigned long long)cn.preemptions, crashes, (unsigned long long)cn.replayed, lp_reqs, eos_stops[0], eos_stops[1],
-            m->cfg.eos_ids[0], m->cfg.eos_ids[1], t_failed > fails0 ? " FAILED" : "");
+            m->cfg.eos_ids[0], m->cfg.eos_ids[1], cn.kv_win_seq_max, t_failed > fails0 ? " FAILED" : "");
 out:
     sched_free(s);
     exec_free(ex);
@@ -421,6 +436,14 @@ static void s_refusals(const model_t *m)
     q.pos0 = 0;
     q.n_tokens = 17;
     T_CHECK(exec_step(ex, &st, out, &f, &sm, &code, text, sizeof text) < 0 && strstr(text, "max_batch_tokens"), "over budget: %s", text);
+    q.n_tokens = 5;
+    q.n_blocks = 2;
+    int32_t win[2] = {3, 4};
+    q.win_blocks = win;
+    q.n_win_blocks = 2;
+    T_CHECK(exec_sliding_window(ex) == 0 && exec_step(ex, &st, out, &f, &sm, &code, text, sizeof text) < 0 &&
+                strstr(text, "no sliding-window layer"),
+            "window table without sliding layers: %s", text);
     exec_free(ex);
 
     eo.kv_blocks = 0;
@@ -440,6 +463,67 @@ static void s_refusals(const model_t *m)
         double u = sampler_rng_uniform(&r);
         T_CHECK(exec_draw(1234, (uint64_t)i) == u, "draw %d", i);
     }
+}
+
+/* Window tables the gpt-oss engine (window 6, blocks of 4) must refuse, and those it runs: entries
+ * below the first position's window may be -1. */
+static void s_win_refusals(const model_t *m)
+{
+    exec_opts_t eo;
+    exec_opts_default(&eo);
+    eo.threads = 1;
+    eo.kv_blocks = 16;
+    eo.block_size = 4;
+    eo.max_tokens = 16;
+    exec_t *ex = NULL;
+    strata_errbuf_t eb = {{0}};
+    T_CHECK(exec_create(&ex, m, &eo, &eb) == 0, "exec_create: %s", eb.msg);
+    if (!ex) return;
+    T_CHECK(exec_sliding_window(ex) == 6, "sliding window %d", exec_sliding_window(ex));
+    int32_t tk[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, blocks[4] = {0, 1, 2, 3}, win[4] = {4, 5, 6, 7}, out[2];
+    msg_step_seq_t q[2] = {{.req = 7, .pos0 = 0, .n_tokens = 12, .tokens = tk, .n_blocks = 3, .blocks = blocks, .sample = true,
+                            .n_win_blocks = 3, .win_blocks = win},
+                           {.req = 8, .pos0 = 0, .n_tokens = 1, .tokens = tk, .n_blocks = 1, .blocks = blocks + 3, .sample = true,
+                            .n_win_blocks = 1, .win_blocks = win + 3}};
+    q[0].samp.top_p = q[1].samp.top_p = 1;
+    msg_step_t st = {exec_instance(ex), 1, q};
+    double f, sm;
+    msg_errcode_t code;
+    char text[300];
+    T_CHECK(exec_step(ex, &st, out, &f, &sm, &code, text, sizeof text) == 0, "prefill of 12 with a window table: %s", text);
+    /* position 12 attends from 7 on: block 0 (positions 0..3) may be freed, block 1 not */
+    q[0].pos0 = 12;
+    q[0].n_tokens = 1;
+    q[0].tokens = tk + 4;
+    q[0].n_blocks = q[0].n_win_blocks = 4;
+    win[3] = 8;
+    win[0] = -1;
+    T_CHECK(exec_step(ex, &st, out, &f, &sm, &code, text, sizeof text) == 0, "block 0 freed: %s", text);
+    win[1] = -1;
+    T_CHECK(exec_step(ex, &st, out, &f, &sm, &code, text, sizeof text) < 0 && code == MSG_E_INVALID_PARAM &&
+                strstr(text, "'win_blocks[1]'") && strstr(text, "within the window"),
+            "block 1 freed within the window: %s", text);
+    win[1] = 16;
+    T_CHECK(exec_step(ex, &st, out, &f, &sm, &code, text, sizeof text) < 0 && strstr(text, "'win_blocks[1]'"),
+            "window block past the cache: %s", text);
+    win[1] = 5;
+    q[0].n_win_blocks = 3;
+    T_CHECK(exec_step(ex, &st, out, &f, &sm, &code, text, sizeof text) < 0 && strstr(text, "'win_blocks': 3 entries"),
+            "a window table too short: %s", text);
+    q[0].n_win_blocks = 4;
+    st.n_seqs = 2;
+    win[3] = 9;
+    q[1].win_blocks = NULL;
+    q[1].n_win_blocks = 0;
+    T_CHECK(exec_step(ex, &st, out, &f, &sm, &code, text, sizeof text) < 0 && strstr(text, "some sequences"),
+            "window tables on one sequence of two: %s", text);
+    q[1].win_blocks = win + 3;
+    q[1].n_win_blocks = 1;
+    q[0].win_blocks = NULL;
+    q[0].n_win_blocks = 0;
+    T_CHECK(exec_step(ex, &st, out, &f, &sm, &code, text, sizeof text) < 0 && strstr(text, "some sequences"),
+            "window tables on the second of two: %s", text);
+    exec_free(ex);
 }
 
 static void s_submit_rules(void)
@@ -551,7 +635,7 @@ int main(void)
     static const struct {
         arch_t arch;
         wfmt_t fmt;
-    } models[] = {{ARCH_MIXTRAL, WF_F32}, {ARCH_QWEN3_MOE, WF_BF16}};
+    } models[] = {{ARCH_MIXTRAL, WF_F32}, {ARCH_QWEN3_MOE, WF_BF16}, {ARCH_GPT_OSS, WF_F32}};
     static const scen_t scens[] = {
         {"roomy", 64, 8, 256, 4, 0, 24, 0, 0, false},
         {"tight-kv", 12, 6, 20, 4, 0, 20, 0, 0, true},
@@ -567,6 +651,7 @@ int main(void)
         c.n_eos = 2;
         c.eos_ids[0] = 7;
         c.eos_ids[1] = 11;
+        if (models[a].arch == ARCH_GPT_OSS) c.sliding_window = 6; /* layer 0 slides: shorter than most requests */
         model_t m;
         uint64_t rng = seed + a;
         int rc = synth_model(&m, &c, models[a].fmt, 32, seed + 100 + a);
@@ -574,6 +659,7 @@ int main(void)
         if (rc < 0) continue;
         m.cfg.max_pos = 64;
         if (a == 0) s_refusals(&m);
+        if (models[a].arch == ARCH_GPT_OSS) s_win_refusals(&m);
         for (size_t k = 0; k < sizeof scens / sizeof scens[0]; k++) s_run(&m, pool, &scens[k], &rng);
         model_free(&m);
     }

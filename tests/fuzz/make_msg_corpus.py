@@ -116,6 +116,12 @@ corpora = {
         b"\1" + rep([("type", "result"), ("id", 1002), ("instance", 99), ("reqs", [3]), ("tokens", [17]),
                       ("instance", 98)]),
         b"\1" + p(hello_eos),
+        # a model with sliding-window layers: its hello, and a step with window tables (-1: freed)
+        b"\1" + p(dict(hello, sliding_window=128)),
+        b"\0" + p({"type": "step", "id": 1003, "instance": 99, "seqs": [
+            {"req": 5, "pos0": 300, "tokens": struct.pack("<2i", 5, 6), "blocks": struct.pack("<19i", *range(19)),
+             "win_blocks": struct.pack("<19i", *([-1] * 10 + list(range(20, 29)))), "sample": True},
+            {"req": 6, "pos0": 0, "tokens": [7], "blocks": [40], "win_blocks": [41], "sample": False}]}),
     ],
     "msg_prefetch": [
         b"\0" + p({"type": "status", "id": 1}),

@@ -6,7 +6,11 @@
  *     each sequence run alone in one prefill (relative error < 1e-5 per row);
  *   - chunked prefill and token-by-token decode equal one prefill;
  *   - greedy generation picks the argmax of the eval logits; sampling with a seed repeats;
- *   - malformed batches are refused, not run.
+ *   - malformed batches are refused, not run;
+ *   - gpt-oss with window tables (batch_t.win_tables): the sliding layers keep their K/V in
+ *     blocks of their own, whose entries below every later query's window are -1 and whose
+ *     blocks are then poisoned with NaN, and the logits still equal one prefill through the
+ *     main table alone.
  * STRATA_SEED re-runs a failure.
  */
 #include <string.h>
@@ -170,6 +174,78 @@ static void s_check_model(const char *name, const model_t *m, tpool_t *pool, uin
     free(step_logits);
 }
 
+/* gpt-oss (sliding_window W = 5 on layers 0 and 2, blocks of BS = 4): one sequence in steps of
+ * 3, 1, 4, 2, ... tokens through a main table and a window table of other blocks; after each
+ * step the window blocks wholly below the next query's window are freed: entry -1 and the
+ * block's K/V (every layer) NaN, so a read of one would show in the logits. */
+static void s_check_window(const char *name, const model_t *m, tpool_t *pool, uint64_t *rng)
+{
+    enum { N = 29, W = 5, NB = 24 };
+    const int V = m->cfg.vocab;
+    int32_t tok[N];
+    for (int i = 0; i < N; i++) tok[i] = (int32_t)(t_rng_next(rng) % (uint64_t)V);
+    float *ref = calloc((size_t)N * V, sizeof(float)), *got = calloc((size_t)N * V, sizeof(float));
+    T_CHECK(s_run_alone(m, pool, tok, N, N, ref) == 0, "%s: alone", name);
+    kv_cache_t kv;
+    T_CHECK(kv_cache_init(&kv, &m->cfg, NB, BS) == 0, "%s: kv init", name);
+    int32_t bt[8], wt[8];
+    for (int i = 0; i < 8; i++) {
+        bt[i] = i;          /* main: blocks 0..7 */
+        wt[i] = NB - 1 - i; /* window: 23, 22, ... */
+    }
+    const int32_t *tables[1] = {bt}, *wins[1] = {wt};
+    forward_ctx_t *f = forward_ctx_create(m, 8, pool);
+    T_CHECK(f != NULL, "%s: forward ctx", name);
+    static const int chunks[] = {3, 1, 4, 2, 1, 1, 5, 1, 3, 1, 1, 6};
+    const size_t blk_elems = (size_t)kv.n_kv_heads * BS * kv.head_dim, layer_elems = (size_t)NB * blk_elems;
+    for (size_t e = 0; e < (size_t)kv.n_layers * layer_elems; e++) kv.k[e] = kv.v[e] = 7.0f; /* never a K/V value */
+    int freed = 0;
+    for (int c = 0, p0 = 0; f && p0 < N; c++) {
+        int n = chunks[c % (int)(sizeof chunks / sizeof chunks[0])];
+        if (n > N - p0) n = N - p0;
+        int32_t pos[8], seq[8], rows[8];
+        for (int i = 0; i < n; i++) pos[i] = p0 + i, seq[i] = 0, rows[i] = i;
+        batch_t b = {n, tok + p0, pos, seq, tables, n, rows, wins};
+        T_CHECK(model_forward(f, &kv, &b, got + (size_t)p0 * V) == 0, "%s: window step at %d", name, p0);
+        p0 += n;
+        for (int j = 0; j < 8; j++) {
+            if (wt[j] < 0 || (j + 1) * BS > p0 - W + 1) continue;
+            for (int l = 0; l < kv.n_layers; l++)
+                for (size_t e = 0; e < blk_elems; e++)
+                    kv.k[l * layer_elems + (size_t)wt[j] * blk_elems + e] = kv.v[l * layer_elems + (size_t)wt[j] * blk_elems + e] = NAN;
+            wt[j] = -1;
+            freed++;
+        }
+    }
+    double e = s_max_row_err(got, ref, N, V);
+    T_CHECK(e < 1e-5 && freed >= 5, "%s: window tables vs one prefill: %.3g (%d blocks freed)", name, e, freed);
+    /* each layer wrote through its own table only: the sliding layers (0, 2) none of the main
+     * blocks, the full layer (1) none of the window's still held (the freed ones are NaN) */
+    int foreign = 0;
+    for (int l = 0; l < kv.n_layers; l++)
+        for (int j = 0; j < 8; j++) {
+            if (!m->cfg.layer_sliding[l] && wt[j] < 0) continue;
+            const int32_t blk = m->cfg.layer_sliding[l] ? bt[j] : wt[j];
+            for (size_t x = 0; x < blk_elems; x++) foreign += kv.k[l * layer_elems + (size_t)blk * blk_elems + x] != 7.0f;
+        }
+    T_CHECK(foreign == 0 && m->cfg.layer_sliding[0] && !m->cfg.layer_sliding[1], "%s: %d K values written through the other table",
+            name, foreign);
+    if (f) {
+        fprintf(stderr, "%s: 2 malformed batches follow; their error lines are expected\n", name);
+        int32_t t0 = 0, pos = N - 1, sq = 0, row = 0;
+        wt[(N - W) / BS] = -1; /* within the last position's window */
+        batch_t b = {1, &t0, &pos, &sq, tables, 1, &row, wins};
+        T_CHECK(model_forward(f, &kv, &b, got) == STRATA_EINVAL_INPUT, "%s: window block -1 inside the window", name);
+        const int32_t *none[1] = {NULL};
+        b.win_tables = none;
+        T_CHECK(model_forward(f, &kv, &b, got) == STRATA_EINVAL_INPUT, "%s: no window table", name);
+    }
+    forward_ctx_free(f);
+    kv_cache_free(&kv);
+    free(ref);
+    free(got);
+}
+
 int main(void)
 {
     uint64_t seed = t_seed();
@@ -199,6 +275,19 @@ int main(void)
             s_check_model(name, &m, pool, &rng);
             model_free(&m);
         }
+    }
+    for (int q = 0; q < 2; q++) {
+        model_config_t c;
+        synth_config(&c, ARCH_GPT_OSS, 97, 64, 3, 4, 2, 16, 8, 2, 32);
+        c.sliding_window = 5; /* layers 0 and 2 */
+        model_t m;
+        const char *name = q ? "gpt-oss/int4" : "gpt-oss/f32";
+        int rc = synth_model(&m, &c, q ? WF_INT4 : WF_F32, 32, t_rng_next(&rng));
+        T_CHECK(rc == 0, "%s: synth_model: %s", name, strata_strerror(rc));
+        if (rc < 0) continue;
+        s_check_model(name, &m, pool, &rng);
+        s_check_window(name, &m, pool, &rng);
+        model_free(&m);
     }
     tpool_destroy(pool);
     return t_done("test_batch");

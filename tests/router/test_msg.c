@@ -613,7 +613,7 @@ static void test_repeated_keys(void)
     mb_free(&b);
 
     /* every key of every map of one message of each type, in every family */
-    int32_t toks[] = {1, 2, 3, 40000}, blocks[] = {0, 5}, eos2[] = {2, 7};
+    int32_t toks[] = {1, 2, 3, 40000}, blocks[] = {0, 5}, eos2[] = {2, 7}, winb[] = {-1, 6};
     uint64_t reqs[] = {1, 2};
     msg_str_t stops[] = {msg_str("\n\n"), msg_str("User:")};
     msg_stat_t st[] = {{msg_str("router.requests"), 12}, {msg_str("router.busy"), 0.5}};
@@ -622,7 +622,8 @@ static void test_repeated_keys(void)
     msg_step_seq_t seqs[2] = {
         {.req = 1, .pos0 = 0, .n_tokens = 3, .tokens = toks, .n_blocks = 1, .blocks = blocks, .sample = true,
          .samp = {0.5f, 0.9f, 4, 9}, .n_sampled = 2, .last = true},
-        {.req = 2, .pos0 = 20, .n_tokens = 1, .tokens = toks + 3, .n_blocks = 2, .blocks = blocks, .samp = {0, 1, 0, 0}},
+        {.req = 2, .pos0 = 20, .n_tokens = 1, .tokens = toks + 3, .n_blocks = 2, .blocks = blocks, .samp = {0, 1, 0, 0},
+         .n_win_blocks = 2, .win_blocks = winb},
     };
     msg_t all[32];
     int n = 0;
@@ -664,7 +665,7 @@ static void test_repeated_keys(void)
             x->u.submit = (msg_submit_t){{(const char *)client, 3}, 7, 3, toks, 8, {0.5f, 0.9f, 2, 3}, true};
             break;
         case MSG_SCHED_HELLO_REPLY: case MSG_EXEC_HELLO_REPLY:
-            x->u.hello = (msg_hello_t){77, 100, msg_str("m"), 300, 256, 1, 2, 64, 16, 3.5, 2, eos2};
+            x->u.hello = (msg_hello_t){77, 100, msg_str("m"), 300, 256, 1, 2, 64, 16, 3.5, 2, eos2, 128};
             break;
         case MSG_STEP: x->u.step = (msg_step_t){5, 2, seqs}; break;
         case MSG_STEP_RESULT: x->u.result = (msg_result_t){5, 2, reqs, toks, 12.5, 1.5}; break;
@@ -1178,10 +1179,174 @@ static void test_hello_eos(void)
     mb_free(&b);
 }
 
+/* A step of one sequence (pos0 32, one token, blocks [0, 1, 2]) with win_blocks packed by pack(). */
+static void s_pack_win_step(mb_t *b, void (*pack)(mb_t *, const void *), const void *arg)
+{
+    mb_init(b);
+    mb_head(b, 3, "step");
+    mb_str(b, "id"); msgpack_pack_uint64(&b->pk, 1);
+    mb_str(b, "instance"); msgpack_pack_uint64(&b->pk, 5);
+    mb_str(b, "seqs");
+    msgpack_pack_array(&b->pk, 1);
+    msgpack_pack_map(&b->pk, 6);
+    mb_str(b, "req"); msgpack_pack_uint64(&b->pk, 9);
+    mb_str(b, "pos0"); msgpack_pack_int(&b->pk, 32);
+    mb_str(b, "tokens"); msgpack_pack_array(&b->pk, 1); msgpack_pack_int(&b->pk, 4);
+    mb_str(b, "blocks"); msgpack_pack_array(&b->pk, 3);
+    for (int i = 0; i < 3; i++) msgpack_pack_int(&b->pk, i);
+    mb_str(b, "sample"); msgpack_pack_true(&b->pk);
+    mb_str(b, "win_blocks");
+    pack(b, arg);
+}
+/* arg: int32_t[4] = {n, e0, e1, e2}: an array of n elements (n <= 3) */
+static void s_pk_win_arr(mb_t *b, const void *a)
+{
+    const int32_t *v = a;
+    msgpack_pack_array(&b->pk, (size_t)v[0]);
+    for (int i = 0; i < v[0]; i++) msgpack_pack_int(&b->pk, v[1 + i]);
+}
+/* arg: int32_t[4] as above, sent as a bin of n int32 (7 bytes when n < 0) */
+static void s_pk_win_bin(mb_t *b, const void *a)
+{
+    const int32_t *v = a;
+    if (v[0] < 0) {
+        msgpack_pack_bin_with_body(&b->pk, v + 1, 7); /* not a multiple of 4 */
+        return;
+    }
+    msgpack_pack_bin_with_body(&b->pk, v + 1, (size_t)v[0] * 4);
+}
+static void s_pk_str_x(mb_t *b, const void *a) { (void)a; mb_str(b, "x"); }
+static void s_pk_win_big(mb_t *b, const void *a)
+{
+    (void)a;
+    msgpack_pack_array(&b->pk, 3);
+    msgpack_pack_int(&b->pk, -1);
+    msgpack_pack_int(&b->pk, 4);
+    msgpack_pack_uint64(&b->pk, 1ull << 31);
+}
+static void s_pk_win_float(mb_t *b, const void *a)
+{
+    (void)a;
+    msgpack_pack_array(&b->pk, 3);
+    msgpack_pack_double(&b->pk, 1.5);
+    msgpack_pack_int(&b->pk, 4);
+    msgpack_pack_int(&b->pk, 5);
+}
+
+/* A model with sliding-window layers: the hello's sliding_window and a step's window tables
+ * (win_blocks, -1 where freed, as long as blocks). */
+static void test_window(void)
+{
+    msg_t m, d;
+    msg_err_t err;
+    mb_t b;
+    int32_t toks[] = {4, 5}, blocks[] = {0, 1, 2}, win[] = {-1, 7, 8};
+    msg_init(&m, MSG_EXEC_HELLO_REPLY);
+    m.u.hello = (msg_hello_t){.instance = 7, .pid = 1, .model = msg_str("m"), .vocab = 300, .max_context = 256,
+                              .bos_id = -1, .eos_id = -1, .sliding_window = 128};
+    s_roundtrip(&m, &d, "hello with sliding_window");
+    T_CHECK(d.u.hello.sliding_window == 128, "hello: sliding_window %d", d.u.hello.sliding_window);
+    msg_free(&d);
+    m.u.hello.sliding_window = 0;
+    s_roundtrip(&m, &d, "hello without sliding_window");
+    T_CHECK(d.u.hello.sliding_window == 0, "hello: no sliding_window is 0");
+    msg_free(&d);
+    m.u.hello.sliding_window = -1;
+    s_expect_encode_fail(&m, "hello: sliding_window -1");
+    /* hand-packed: a string, a negative window */
+    mb_init(&b);
+    mb_head(&b, 6, "hello");
+    mb_str(&b, "instance"); msgpack_pack_uint64(&b.pk, 7);
+    mb_str(&b, "pid"); msgpack_pack_int(&b.pk, 1);
+    mb_str(&b, "model"); mb_str(&b, "m");
+    mb_str(&b, "vocab"); msgpack_pack_int(&b.pk, 300);
+    mb_str(&b, "max_context"); msgpack_pack_int(&b.pk, 256);
+    mb_str(&b, "sliding_window"); mb_str(&b, "128");
+    s_expect_fail(MSG_FAM_EXEC_OUT, b.sb.data, b.sb.size, MSG_E_WRONG_TYPE, "sliding_window", "hello: sliding_window a string");
+    mb_free(&b);
+    mb_init(&b);
+    mb_head(&b, 6, "hello");
+    mb_str(&b, "instance"); msgpack_pack_uint64(&b.pk, 7);
+    mb_str(&b, "pid"); msgpack_pack_int(&b.pk, 1);
+    mb_str(&b, "model"); mb_str(&b, "m");
+    mb_str(&b, "vocab"); msgpack_pack_int(&b.pk, 300);
+    mb_str(&b, "max_context"); msgpack_pack_int(&b.pk, 256);
+    mb_str(&b, "sliding_window"); msgpack_pack_int(&b.pk, -8);
+    s_expect_fail(MSG_FAM_SCHED_OUT, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "'sliding_window': must be in [0,",
+                  "hello: sliding_window -8");
+    mb_free(&b);
+
+    /* a step: the encoder packs win_blocks beside blocks, -1 kept */
+    msg_step_seq_t seqs[2] = {
+        {.req = 1, .pos0 = 32, .n_tokens = 1, .tokens = toks, .n_blocks = 3, .blocks = blocks, .sample = true,
+         .samp = {0, 1, 0, 0}, .n_win_blocks = 3, .win_blocks = win},
+        {.req = 2, .pos0 = 0, .n_tokens = 1, .tokens = toks + 1, .n_blocks = 1, .blocks = blocks, .samp = {0, 1, 0, 0}},
+    };
+    msg_init(&m, MSG_STEP);
+    m.has_id = true;
+    m.id = 3;
+    m.u.step = (msg_step_t){5, 2, seqs};
+    s_roundtrip(&m, &d, "step with win_blocks");
+    T_CHECK(d.u.step.seqs[0].n_win_blocks == 3 && d.u.step.seqs[0].win_blocks[0] == -1 && d.u.step.seqs[0].win_blocks[2] == 8 &&
+                d.u.step.seqs[1].win_blocks == NULL && d.u.step.seqs[1].n_win_blocks == 0,
+            "step: win_blocks kept, absent stays absent");
+    msg_free(&d);
+    seqs[0].n_win_blocks = 2;
+    s_expect_encode_fail(&m, "step: win_blocks shorter than blocks");
+    seqs[0].n_win_blocks = 3;
+    win[1] = -2;
+    s_expect_encode_fail(&m, "step: win_blocks entry -2");
+    win[1] = 7;
+    blocks[0] = -1; /* -1 is a window table's only */
+    s_expect_encode_fail(&m, "step: blocks entry -1");
+    blocks[0] = 0;
+
+    /* decoders: both forms, each kind of bad value */
+    const int32_t ok[4] = {3, -1, 7, 8};
+    for (int packed = 0; packed < 2; packed++) {
+        void (*pk)(mb_t *, const void *) = packed ? s_pk_win_bin : s_pk_win_arr;
+        s_pack_win_step(&b, pk, ok);
+        T_CHECK(msg_decode(MSG_FAM_EXEC_IN, b.sb.data, b.sb.size, &d, &err) == 0 && d.u.step.seqs[0].win_blocks[0] == -1 &&
+                    d.u.step.seqs[0].win_blocks[2] == 8,
+                "step: win_blocks %s: %s", packed ? "packed" : "as an array", err.text);
+        msg_free(&d);
+        mb_free(&b);
+        const int32_t neg[4] = {3, -1, -2, 8};
+        s_pack_win_step(&b, pk, neg);
+        s_expect_fail(MSG_FAM_EXEC_IN, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "'win_blocks[1]': must be in [-1,",
+                      "step: win_blocks entry -2");
+        mb_free(&b);
+        const int32_t shorter[4] = {2, -1, 7, 0};
+        s_pack_win_step(&b, pk, shorter);
+        s_expect_fail(MSG_FAM_EXEC_IN, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "'win_blocks': 2 entries, 'blocks' has 3",
+                      "step: win_blocks shorter than blocks");
+        mb_free(&b);
+        const int32_t empty[4] = {0, 0, 0, 0};
+        s_pack_win_step(&b, pk, empty);
+        s_expect_fail(MSG_FAM_EXEC_IN, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "win_blocks", "step: empty win_blocks");
+        mb_free(&b);
+    }
+    const int32_t odd[4] = {-1, 1, 2, 3};
+    s_pack_win_step(&b, s_pk_win_bin, odd);
+    s_expect_fail(MSG_FAM_EXEC_IN, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "'win_blocks': packed length 7",
+                  "step: win_blocks of 7 bytes");
+    mb_free(&b);
+    s_pack_win_step(&b, s_pk_str_x, NULL);
+    s_expect_fail(MSG_FAM_EXEC_IN, b.sb.data, b.sb.size, MSG_E_WRONG_TYPE, "win_blocks", "step: win_blocks a string");
+    mb_free(&b);
+    s_pack_win_step(&b, s_pk_win_big, NULL);
+    s_expect_fail(MSG_FAM_EXEC_IN, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "'win_blocks[2]'", "step: win_blocks entry 2^31");
+    mb_free(&b);
+    s_pack_win_step(&b, s_pk_win_float, NULL);
+    s_expect_fail(MSG_FAM_EXEC_IN, b.sb.data, b.sb.size, MSG_E_WRONG_TYPE, "'win_blocks[0]'", "step: win_blocks entry 1.5");
+    mb_free(&b);
+}
+
 int main(void)
 {
     uint64_t seed = t_seed();
     test_hello_eos();
+    test_window();
     test_chat();
     test_roundtrips();
     test_logprobs();
