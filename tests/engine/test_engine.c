@@ -393,18 +393,25 @@ out:
     return 0;
 }
 
-/* Plans an engine must refuse, before touching anything. */
-static void s_refusals(const model_t *m)
+/* A one-thread engine of kv_blocks blocks of 4 and 16 tokens a step, or NULL (a failed check). */
+static exec_t *s_small_engine(const model_t *m, int kv_blocks)
 {
     exec_opts_t eo;
     exec_opts_default(&eo);
     eo.threads = 1;
-    eo.kv_blocks = 8;
+    eo.kv_blocks = kv_blocks;
     eo.block_size = 4;
     eo.max_tokens = 16;
     exec_t *ex = NULL;
     strata_errbuf_t eb = {{0}};
     T_CHECK(exec_create(&ex, m, &eo, &eb) == 0, "exec_create: %s", eb.msg);
+    return ex;
+}
+
+/* Plans an engine must refuse, before touching anything. */
+static void s_refusals(const model_t *m)
+{
+    exec_t *ex = s_small_engine(m, 8);
     if (!ex) return;
     T_CHECK(exec_max_context(ex) == 32, "max context %d (8 blocks x 4)", exec_max_context(ex));
     int32_t tk[20] = {1, 2, 3, 4, 5}, blocks[3] = {0, 1, 2}, out[2];
@@ -446,6 +453,12 @@ static void s_refusals(const model_t *m)
             "window table without sliding layers: %s", text);
     exec_free(ex);
 
+    exec_opts_t eo;
+    exec_opts_default(&eo);
+    eo.threads = 1;
+    eo.block_size = 4;
+    eo.max_tokens = 16;
+    strata_errbuf_t eb = {{0}};
     eo.kv_blocks = 0;
     T_CHECK(exec_create(&ex, m, &eo, &eb) < 0, "kv_blocks 0 refused");
     eo.kv_blocks = 8;
@@ -469,15 +482,7 @@ static void s_refusals(const model_t *m)
  * below the first position's window may be -1. */
 static void s_win_refusals(const model_t *m)
 {
-    exec_opts_t eo;
-    exec_opts_default(&eo);
-    eo.threads = 1;
-    eo.kv_blocks = 16;
-    eo.block_size = 4;
-    eo.max_tokens = 16;
-    exec_t *ex = NULL;
-    strata_errbuf_t eb = {{0}};
-    T_CHECK(exec_create(&ex, m, &eo, &eb) == 0, "exec_create: %s", eb.msg);
+    exec_t *ex = s_small_engine(m, 16);
     if (!ex) return;
     T_CHECK(exec_sliding_window(ex) == 6, "sliding window %d", exec_sliding_window(ex));
     int32_t tk[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, blocks[4] = {0, 1, 2, 3}, win[4] = {4, 5, 6, 7}, out[2];
