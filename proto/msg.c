@@ -1805,3 +1805,15 @@ int msg_encode(const msg_t *m, msg_buf_t *b)
     }
     return 0;
 }
+
+int msg_lp_reserve(float **lp, int32_t **top_tokens, float **top_logprobs, size_t cap, int32_t top_n)
+{
+    const size_t k = (size_t)(top_n > 0 ? top_n : 1);
+    float *l = realloc(*lp, cap * sizeof *l);
+    if (l) *lp = l;
+    int32_t *t = realloc(*top_tokens, cap * k * sizeof *t);
+    if (t) *top_tokens = t;
+    float *p = realloc(*top_logprobs, cap * k * sizeof *p);
+    if (p) *top_logprobs = p;
+    return l && t && p ? 0 : STRATA_ENOMEM;
+}

@@ -188,6 +188,10 @@ typedef struct {
     const msg_str_t *top_text;  /* client family: [n][top_n] each alternative decoded on its own */
 } msg_logprobs_t;
 
+/* Grows a holder's log-probability arrays to cap tokens: lp [cap], top_tokens and top_logprobs
+ * [cap][max(top_n, 1)], each realloc'd (one that fails keeps its old block). 0 or STRATA_ENOMEM. */
+int msg_lp_reserve(float **lp, int32_t **top_tokens, float **top_logprobs, size_t cap, int32_t top_n);
+
 /* token (router -> client) and tokens (scheduler -> router). */
 typedef struct {
     int64_t index;              /* index of tokens[0] among the request's generated tokens */

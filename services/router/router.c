@@ -558,16 +558,7 @@ static void s_on_tokens(router_t *r, req_t *q, const msg_tokens_t *t)
         int32_t *ng = realloc(q->gen, (size_t)cap * sizeof *ng);
         if (ng) q->gen = ng;
         bool ok = ng != NULL;
-        if (ok && q->logprobs) {
-            const size_t k = (size_t)(q->top_n > 0 ? q->top_n : 1);
-            float *nl = realloc(q->lp, (size_t)cap * sizeof *nl);
-            if (nl) q->lp = nl;
-            int32_t *nk = realloc(q->lp_tok, (size_t)cap * k * sizeof *nk);
-            if (nk) q->lp_tok = nk;
-            float *np = realloc(q->lp_top, (size_t)cap * k * sizeof *np);
-            if (np) q->lp_top = np;
-            ok = nl && nk && np;
-        }
+        if (ok && q->logprobs) ok = msg_lp_reserve(&q->lp, &q->lp_tok, &q->lp_top, (size_t)cap, q->top_n) == 0;
         if (!ok) {
             log_error("out of memory for request %llu", (unsigned long long)q->cid);
             return;

@@ -180,14 +180,7 @@ static int s_lp_grow(req_t *r)
     if (r->n_gen < r->lp_cap) return 0;
     int32_t cap = r->lp_cap ? 2 * r->lp_cap : 64;
     if (cap > r->max_tokens) cap = r->max_tokens;
-    size_t k = (size_t)(r->top_n > 0 ? r->top_n : 1);
-    float *lp = realloc(r->lp, (size_t)cap * sizeof *lp);
-    if (lp) r->lp = lp;
-    int32_t *tk = realloc(r->lp_tok, (size_t)cap * k * sizeof *tk);
-    if (tk) r->lp_tok = tk;
-    float *tp = realloc(r->lp_top, (size_t)cap * k * sizeof *tp);
-    if (tp) r->lp_top = tp;
-    if (!lp || !tk || !tp) return STRATA_ENOMEM;
+    if (msg_lp_reserve(&r->lp, &r->lp_tok, &r->lp_top, (size_t)cap, r->top_n)) return STRATA_ENOMEM;
     r->lp_cap = cap;
     return 0;
 }
