@@ -142,8 +142,7 @@ forward_ctx_t *forward_ctx_create(const model_t *m, int32_t max_tokens, tpool_t 
     f->n_threads = pool ? tpool_size(pool) : 1;
     if (f->n_threads < 1) f->n_threads = 1;
     f->max_inter = mi;
-    for (int32_t l = 0; l < c->n_layers && l < 256; l++)
-        if (c->layer_sliding[l] && c->sliding_window > 0) f->window = c->sliding_window;
+    f->window = model_sliding_window(c);
     size_t T = (size_t)max_tokens, H = (size_t)c->hidden;
     size_t qd = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->n_kv_heads * c->head_dim;
     size_t ne = c->n_experts > 0 ? (size_t)c->n_experts : 1, tk = c->top_k > 0 ? (size_t)c->top_k : 1;
@@ -305,7 +304,7 @@ typedef struct {
  * when the batch has them. */
 static const int32_t *s_table(const model_config_t *c, const batch_t *b, int l, int32_t s)
 {
-    return b->win_tables && c->layer_sliding[l] && c->sliding_window > 0 ? b->win_tables[s] : b->block_tables[s];
+    return b->win_tables && model_layer_window(c, l) > 0 ? b->win_tables[s] : b->block_tables[s];
 }
 
 /* Attention for tokens [i0, i1): each attends over 0..pos of its own sequence (the window's
@@ -323,7 +322,7 @@ static void s_attn_fn(void *ctx, int64_t i0, int64_t i1, int tid)
     size_t qd = (size_t)c->n_heads * c->head_dim;
     float scale = 1.0f / sqrtf((float)c->head_dim);
     float *scratch = f->att_scratch + (size_t)tid * (size_t)f->att_cap;
-    const int32_t win = c->layer_sliding[j->layer] ? c->sliding_window : 0;
+    const int32_t win = model_layer_window(c, j->layer);
     const float *sinks = f->m->layers[j->layer].sinks;
     for (int64_t t = i0; t < i1; t++) {
         const int32_t *bt = s_table(c, j->b, j->layer, j->b->seq[t]);

@@ -47,8 +47,8 @@ typedef struct {
     float *attn_norm, *ffn_norm, *bq, *bk, *bv, *bo, *q_norm, *k_norm;
     float *sinks;                  /* [n_heads] attention sink logits (gpt-oss), or NULL */
     float *router_b;               /* [n_experts] the router's bias (gpt-oss), or NULL */
-    cuda_moe_opts_t mo;            /* the experts' biases ([n_experts][..], resident) and activation */
-    bool has_mo;                   /* mo is not plain SwiGLU */
+    cuda_moe_opts_t mo;            /* the experts' biases ([n_experts][..], resident) and activation;
+                                      all zero: plain SwiGLU */
     qmat_t wq, wk, wv, wo, router, shared_gate;
     ffn_t shared, dense;
     cuda_expert_t *table_dev;   /* [n_experts] device pointers of resident experts */

@@ -210,7 +210,6 @@ static int s_create_layers(gpu_model_t *g, strata_errbuf_t *eb)
             if (!rc && c->expert_bias) rc = s_upload_f32(g, (float **)&D->mo.gate_bias, S->egate_b, E * I, "gate biases", eb);
             if (!rc && c->expert_bias) rc = s_upload_f32(g, (float **)&D->mo.up_bias, S->eup_b, E * I, "up biases", eb);
             if (!rc && c->expert_bias) rc = s_upload_f32(g, (float **)&D->mo.down_bias, S->edown_b, E * H, "down biases", eb);
-            D->has_mo = c->expert_bias || D->mo.clamped;
             if (!rc && c->shared_inter > 0) rc = s_upload_ffn(g, &D->shared, &S->shared, "shared expert", eb);
             if (!rc && c->shared_inter > 0) rc = s_upload_qmat(g, &D->shared_gate, &S->shared_gate, "shared gate", eb);
             if (!rc)
@@ -735,7 +734,7 @@ int gpu_model_create(gpu_model_t **out, const model_t *m, const gpu_opts_t *o, s
     if ((rc = s_upload_qmat(g, &g->lm_head, &m->lm_head, "lm_head", eb))) goto fail;
     g->st.resident_bytes = g->used;
     g->layer_elems = (size_t)o->kv_blocks * c->n_kv_heads * o->block_size * c->head_dim;
-    for (int l = 0; l < c->n_layers && c->sliding_window > 0; l++) g->win |= c->layer_sliding[l];
+    g->win = model_sliding_window(c) > 0;
     g->bt_stride = o->kv_blocks * (g->win ? 2 : 1);
     if ((rc = s_dalloc(g, (void **)&g->k_cache, g->layer_elems * c->n_layers * 4, "KV cache (k)", eb))) goto fail;
     if ((rc = s_dalloc(g, (void **)&g->v_cache, g->layer_elems * c->n_layers * 4, "KV cache (v)", eb))) goto fail;

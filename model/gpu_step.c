@@ -72,15 +72,15 @@ static int s_attention(gpu_model_t *g, int l, int n)
     float *kl = g->k_cache + (size_t)l * g->layer_elems, *vl = g->v_cache + (size_t)l * g->layer_elems;
     bool head_norm = c->qk_norm == QK_NORM_HEAD;
     /* a sliding layer's K/V go through the sequences' window tables */
-    const bool sliding = c->layer_sliding[l] && c->sliding_window > 0;
-    const int32_t *bt = sliding && g->win ? g->d_bt + g->o.kv_blocks : g->d_bt;
+    const int32_t window = model_layer_window(c, l);
+    const int32_t *bt = window > 0 ? g->d_bt + g->o.kv_blocks : g->d_bt;
     if ((rc = cuda_rope_kv(cx, g->q, g->k, g->v, n, c->n_heads, c->n_kv_heads, hd, c->rot_dim, g->d_pos, g->inv_freq,
                            c->attn_factor, head_norm ? L->q_norm : NULL, head_norm ? L->k_norm : NULL, c->rms_eps, kl,
                            vl, g->d_seq, bt, g->bt_stride, g->o.block_size)))
         return rc;
     const float scale = 1.0f / sqrtf((float)hd);
     /* gpt-oss: sinks, and a window on the sliding layers */
-    const cuda_attn_opts_t ao = {sliding ? c->sliding_window : 0, L->sinks};
+    const cuda_attn_opts_t ao = {window, L->sinks};
     const cuda_attn_opts_t *aop = ao.window > 0 || ao.sinks ? &ao : NULL;
     rc = g->att_tc ? cuda_attention_prefill_ex(cx, g->att, g->q, kl, vl, n, g->d_seq, g->d_pos, bt, g->bt_stride,
                                                c->n_heads, c->n_kv_heads, hd, g->o.block_size, scale, aop)
@@ -122,13 +122,17 @@ static int s_window(const gpu_model_t *g, int l)
  * compute stream between segments. */
 static bool s_mailbox(const gpu_model_t *g, int n) { return g->split && n <= GPU_HOST_READ_ROWS; }
 
+/* Whether the experts read fp32 rows (cuda_moe_opts_t.f32_act), which take no parts: MXFP4's,
+ * whose int8 rows put gpt-oss's fixtures 5e-2 off their logits. */
+static bool s_f32_rows(const gpu_model_t *g) { return g->expert_fmt == WF_MXFP4; }
+
 /* Whether a step of n tokens computes each MoE layer's experts in two parts around the wait for
  * its mailbox (cuda_moe_ffn_part): the heads, resident, while the routed tails are still on their
  * way, then the tails' rows of down once the host has placed them. A split expert's entry keeps
  * its head's words; only down_tail's change. */
 static bool s_early(const gpu_model_t *g, int n)
 {
-    return s_mailbox(g, n) && g->expert_fmt != WF_MXFP4 && cuda_moe_parts_ok(n, g->expert_fmt, g->m->cfg.hidden, g->inter);
+    return s_mailbox(g, n) && !s_f32_rows(g) && cuda_moe_parts_ok(n, g->expert_fmt, g->m->cfg.hidden, g->inter);
 }
 
 /* First half of the FFN of layer l: the norm, and for a MoE layer its gate; with a cache, also
@@ -187,12 +191,10 @@ static int s_moe(gpu_model_t *g, int l, int n, int part, const cuda_next_norm_t 
     const model_config_t *c = &g->m->cfg;
     const glayer_t *L = &g->L[l];
     const unsigned flags = (g->xn_q8 ? CUDA_MOE_X_Q8 : 0) | (g->routed ? CUDA_MOE_ROUTED : 0);
-    /* MXFP4 experts read fp32 rows: int8 ones cost gpt-oss's fixtures 5e-2 of their logits */
-    cuda_moe_opts_t mo = L->mo;
-    mo.f32_act = g->expert_fmt == WF_MXFP4;
+    cuda_moe_opts_t mo = L->mo; /* all zero: plain SwiGLU */
+    mo.f32_act = s_f32_rows(g);
     return cuda_moe_ffn_ex(g->cx, part, g->split, g->x, g->xn, n, c->hidden, g->inter, g->expert_fmt, L->table_dev,
-                           c->n_experts, g->tidx, g->tw, c->top_k, g->moe_scr, flags, nn,
-                           L->has_mo || mo.f32_act ? &mo : NULL);
+                           c->n_experts, g->tidx, g->tw, c->top_k, g->moe_scr, flags, nn, &mo);
 }
 
 /* Second half: the MLP, or the routed experts' weighted sum and the shared expert's, onto the

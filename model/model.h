@@ -88,6 +88,20 @@ static inline bool model_is_eos(const model_config_t *c, int32_t tok)
     return false;
 }
 
+/* The layer's window when layer l slides (attends to its last sliding_window positions), else 0. */
+static inline int32_t model_layer_window(const model_config_t *c, int32_t l)
+{
+    return l >= 0 && l < 256 && c->layer_sliding[l] ? c->sliding_window : 0;
+}
+
+/* The model's sliding window when some layer slides, else 0. */
+static inline int32_t model_sliding_window(const model_config_t *c)
+{
+    for (int32_t l = 0; l < c->n_layers; l++)
+        if (model_layer_window(c, l) > 0) return c->sliding_window;
+    return 0;
+}
+
 /* Parse config.json at path into c, then the generation_config.json beside it when there is
  * one (model_config_apply_generation). Every field of a real config is honoured or refused:
  * on error returns <0 and eb names the file and the field. */

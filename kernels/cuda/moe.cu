@@ -903,7 +903,8 @@ static int s_moe_ffn(cuda_ctx_t *c, int part, int rows, float *out, const float 
         log_error("cuda_moe_ffn: bad expert counts (n_experts=%d top_k=%d)", n_experts, top_k);
         return STRATA_EINVAL_INPUT;
     }
-    if (part && (!cuda_moe_parts_ok(n, fmt, hidden, inter) || (opts && opts->f32_act) || rows <= 0 || rows >= hidden || rows % 4)) {
+    if (part && (!cuda_moe_parts_ok(n, fmt, hidden, inter) || (opts && opts->f32_act) || rows <= 0 || rows >= hidden ||
+                 rows % 4)) {
         log_error("cuda_moe_ffn_part: %d tokens of format %d at %d x %d, rows %d: not in parts", n, (int)fmt, hidden,
                   inter, rows);
         return STRATA_EINVAL_INPUT;

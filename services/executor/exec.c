@@ -150,8 +150,7 @@ int exec_create(exec_t **out, const model_t *m, const exec_opts_t *o, strata_err
     if (o->max_context > 0 && o->max_context < mc) mc = o->max_context;
     if ((int64_t)o->kv_blocks * o->block_size < mc) mc = (int64_t)o->kv_blocks * o->block_size;
     e->max_context = (int32_t)mc;
-    for (int32_t l = 0; l < m->cfg.n_layers && l < 256; l++)
-        if (m->cfg.layer_sliding[l] && m->cfg.sliding_window > 0) e->window = m->cfg.sliding_window;
+    e->window = model_sliding_window(&m->cfg);
 
     size_t T = (size_t)o->max_tokens;
     e->tok = malloc(T * sizeof *e->tok);

@@ -1233,6 +1233,18 @@ static void s_pk_win_float(mb_t *b, const void *a)
     msgpack_pack_int(&b->pk, 5);
 }
 
+/* A hand-packed hello of six fields, five written: its last key and value are the caller's. */
+static void s_hello_head(mb_t *b)
+{
+    mb_init(b);
+    mb_head(b, 6, "hello");
+    mb_str(b, "instance"); msgpack_pack_uint64(&b->pk, 7);
+    mb_str(b, "pid"); msgpack_pack_int(&b->pk, 1);
+    mb_str(b, "model"); mb_str(b, "m");
+    mb_str(b, "vocab"); msgpack_pack_int(&b->pk, 300);
+    mb_str(b, "max_context"); msgpack_pack_int(&b->pk, 256);
+}
+
 /* A model with sliding-window layers: the hello's sliding_window and a step's window tables
  * (win_blocks, -1 where freed, as long as blocks). */
 static void test_window(void)
@@ -1254,23 +1266,11 @@ static void test_window(void)
     m.u.hello.sliding_window = -1;
     s_expect_encode_fail(&m, "hello: sliding_window -1");
     /* hand-packed: a string, a negative window */
-    mb_init(&b);
-    mb_head(&b, 6, "hello");
-    mb_str(&b, "instance"); msgpack_pack_uint64(&b.pk, 7);
-    mb_str(&b, "pid"); msgpack_pack_int(&b.pk, 1);
-    mb_str(&b, "model"); mb_str(&b, "m");
-    mb_str(&b, "vocab"); msgpack_pack_int(&b.pk, 300);
-    mb_str(&b, "max_context"); msgpack_pack_int(&b.pk, 256);
+    s_hello_head(&b);
     mb_str(&b, "sliding_window"); mb_str(&b, "128");
     s_expect_fail(MSG_FAM_EXEC_OUT, b.sb.data, b.sb.size, MSG_E_WRONG_TYPE, "sliding_window", "hello: sliding_window a string");
     mb_free(&b);
-    mb_init(&b);
-    mb_head(&b, 6, "hello");
-    mb_str(&b, "instance"); msgpack_pack_uint64(&b.pk, 7);
-    mb_str(&b, "pid"); msgpack_pack_int(&b.pk, 1);
-    mb_str(&b, "model"); mb_str(&b, "m");
-    mb_str(&b, "vocab"); msgpack_pack_int(&b.pk, 300);
-    mb_str(&b, "max_context"); msgpack_pack_int(&b.pk, 256);
+    s_hello_head(&b);
     mb_str(&b, "sliding_window"); msgpack_pack_int(&b.pk, -8);
     s_expect_fail(MSG_FAM_SCHED_OUT, b.sb.data, b.sb.size, MSG_E_INVALID_PARAM, "'sliding_window': must be in [0,",
                   "hello: sliding_window -8");
