@@ -85,7 +85,7 @@ void config_defaults(strata_config_t *c)
     c->http.max_connections = 1024;
     c->http.timeout_s = 30;
     c->http.request_timeout_s = 600;
-    c->http.threads = 2;
+    c->http.threads = 0;
     c->http.place.numa_node = -1;
 }
 
@@ -334,7 +334,7 @@ static int s_on_key(void *user, const char *sec, const char *key, const char *v)
                     return s_err(x, sec, key, "may not hold quotes, backslashes or control characters");
             return s_str(x, sec, key, v, c->http.model_name, sizeof c->http.model_name);
         }
-        if (!strcmp(key, "threads")) return s_int(x, sec, key, v, 1, 64, &c->http.threads);
+        if (!strcmp(key, "threads")) return s_int(x, sec, key, v, 0, 64, &c->http.threads);
         int r = s_place(x, sec, key, v, &c->http.place, &handled);
         if (handled) return r;
     } else {

@@ -31,7 +31,7 @@
  *   [http]       (optional; its presence starts strata-http, the OpenAI-compatible HTTP service)
  *                host = 127.0.0.1   port = 7758   api_key =   api_key_file =   insecure = false
  *                max_body_bytes = 4M   max_connections = 1024   timeout_s = 30 (idle connection)
- *                request_timeout_s = 600   model_name = (the router's model name)   threads = 2
+ *                request_timeout_s = 600   model_name = (the router's model name)   threads = 0 (auto)
  *                cpus =   numa_node = -1
  *                A host that is not a loopback address needs api_key or api_key_file, unless
  *                insecure = true (config_check_http).
@@ -127,7 +127,7 @@ typedef struct {
         int timeout_s;            /* an idle or stalled connection is closed after this */
         int request_timeout_s;    /* longest a generation may take before it is canceled */
         char model_name[128];     /* the model id clients see and send; "" = the router's model name */
-        int threads;              /* HTTP worker threads */
+        int threads;              /* HTTP workers; 0: half the usable cpus, 1 to 8 */
         config_placement_t place;
     } http;
 } strata_config_t;

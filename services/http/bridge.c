@@ -1,18 +1,25 @@
-/* bridge.c - the ZeroMQ side of strata-http: one thread, DEALER sockets to the router, the
- * router's events turned into each call's output (see http.h).
+/* bridge.c - a worker of strata-http: one thread that holds DEALER sockets to the router and
+ * drives one libmicrohttpd daemon (external polling, epoll), so that a router event becomes bytes
+ * on the client's socket in the thread that received it (see http.h).
  *
  * Sockets. The router limits the requests one client identity has in flight
- * ([router] max_inflight_per_client), and to it strata-http is one client per socket, so the
- * bridge opens ceil(max_connections / max_inflight_per_client) sockets (at most BRIDGE_MAX_SOCKS),
- * each with its own identity, random per process start, and puts each request on the one with
- * the fewest in flight. Identities are stable while the process lives, so after a router restart
+ * ([router] max_inflight_per_client), and to it a worker is one client per socket, so each worker
+ * opens ceil(its connections / max_inflight_per_client) sockets (at most BRIDGE_MAX_SOCKS), each
+ * with its own identity, random per process start, and puts each request on the one with the
+ * fewest in flight. Identities are stable while the process lives, so after a router restart
  * (seen as its uptime going back) every open request is resumed from what it has received, as
  * `strata client` does (PROTOCOL.md "Resume").
  *
+ * The loop. zmq_poll waits on the sockets, an eventfd (stop) and the daemon's epoll descriptor,
+ * for at most the daemon's own timeout; every WATCH_S the sockets of suspended connections are
+ * polled too (a client that closes one). Router events are applied to their calls (resuming their connections), then MHD_run
+ * lets libmicrohttpd accept, read, call the access handler and the content reader, and write:
+ * all in this thread.
+ *
  * Locking. One mutex (b->mu) guards every call, the submit queue, the hash of open calls and the
- * router info. The thread takes it to apply each event; MHD_resume_connection is called with it
- * held, which is safe: libmicrohttpd never calls the access handler or the content reader with a
- * lock that MHD_resume_connection takes. Nothing blocks while it is held. */
+ * router info. The thread takes it to apply each event and releases it around MHD_run, whose
+ * callbacks take it (main's thread reads the info and shuts the worker down). MHD_resume_connection
+ * is called with it held. Nothing blocks while it is held. */
 #include <errno.h>
 #include <jansson.h>
 #include <microhttpd.h>
@@ -34,15 +41,23 @@
 #define INFO_STALE_S 3.0
 #define INTERNAL_ID (1ull << 63)   /* ids of the bridge's own health / models requests */
 #define POLL_MS 50
+#define WATCH_S 0.05               /* how often suspended connections' clients are checked */
 
 struct bridge {
     const strata_config_t *cfg;
+    int index;                    /* the worker's number */
+    int share;                    /* the connections it may hold */
+    struct MHD_Daemon *d;         /* the daemon it drives (bridge_start) */
+    int mhd_fd;                   /* ... its epoll descriptor */
     char endpoint[300];
     void *zctx;
     void *socks[BRIDGE_MAX_SOCKS];
     int inflight[BRIDGE_MAX_SOCKS];
-    int n_socks;
-    int efd;                      /* eventfd: new work for the thread */
+    int n_socks;                  /* opened (as requests in flight need them) */
+    int max_socks;                /* for share connections */
+    uint8_t ident[8];             /* the sockets' identities: random per process start */
+    char curve_sec[CONFIG_CURVE_KEY_LEN + 1], curve_pub[CONFIG_CURVE_KEY_LEN + 1];
+    int efd;                      /* eventfd: wakes the thread from another one (stop) */
     pthread_t th;
     bool started;
     atomic_bool stop;
@@ -60,6 +75,9 @@ struct bridge {
     bool resume_all;              /* the router restarted: resume every open call */
     bool closing;                 /* bridge_shutdown: calls are refused, not suspended */
     msg_buf_t buf;
+    struct pollfd *watch;         /* s_watch's descriptors and their calls' ids */
+    uint64_t *watch_ids;
+    size_t cap_watch, cap_watch_ids;
 };
 
 hmetrics_t g_hm;
@@ -84,6 +102,7 @@ static void s_call_free(hcall_t *c)
     free(c->stat_names);
     free(c->stat_vals);
     free(c->out);
+    free(c->sse_head);
     free(c);
 }
 
@@ -146,8 +165,44 @@ static void s_close(bridge_t *b, hcall_t *c)
 
 static void s_wakeup(bridge_t *b)
 {
+    if (b->started && pthread_equal(pthread_self(), b->th)) return; /* the loop flushes before it polls */
     uint64_t one = 1;
     (void)!write(b->efd, &one, sizeof one);
+}
+
+/* Open the next DEALER socket to the router (the thread's, or before it starts). */
+static int s_open_sock(bridge_t *b, strata_errbuf_t *eb)
+{
+    const int i = b->n_socks;
+    void *s = zmq_socket(b->zctx, ZMQ_DEALER);
+    if (!s) return strata_seterr(eb, STRATA_EZMQ, "zmq_socket: %s", zmq_strerror(zmq_errno()));
+    const uint8_t *r = b->ident;
+    char ident[48];
+    int il = snprintf(ident, sizeof ident, "http-%02x%02x%02x%02x%02x%02x%02x%02x-%d-%d", r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7],
+                      b->index, i);
+    int zero = 0, hb = 1000, hbt = 3000, hwm = 100000;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_ROUTING_ID, ident, (size_t)il);
+    zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &hb, sizeof hb);
+    zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &hbt, sizeof hbt);
+    zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    const char *sec = b->curve_sec, *pub = b->curve_pub;
+    if (sec[0] && (zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, pub, CONFIG_CURVE_KEY_LEN) < 0 ||
+                   zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, pub, CONFIG_CURVE_KEY_LEN) < 0 ||
+                   zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, sec, CONFIG_CURVE_KEY_LEN) < 0)) {
+        zmq_close(s);
+        return strata_seterr(eb, STRATA_EZMQ, "CURVE socket options: %s", zmq_strerror(zmq_errno()));
+    }
+    if (zmq_connect(s, b->endpoint) < 0) {
+        int e = zmq_errno();
+        zmq_close(s);
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "cannot connect to the router at %s: %s", b->endpoint, zmq_strerror(e));
+    }
+    b->socks[i] = s;
+    b->inflight[i] = 0;
+    b->n_socks = i + 1;
+    return 0;
 }
 
 uint64_t bridge_next_id(bridge_t *b)
@@ -171,6 +226,11 @@ void bridge_submit(bridge_t *b, hcall_t *c, struct MHD_Connection *conn, int fd)
     int best = 0;
     for (int i = 1; i < b->n_socks; i++)
         if (b->inflight[i] < b->inflight[best]) best = i;
+    if (b->inflight[best] >= b->cfg->router.max_inflight_per_client && b->n_socks < b->max_socks) {
+        strata_errbuf_t eb = {{0}};
+        if (s_open_sock(b, &eb) == 0) best = b->n_socks - 1;
+        else log_warn("%s", eb.msg);
+    }
     c->sock = best;
     b->inflight[best]++;
     c->refs++; /* the bridge's */
@@ -247,16 +307,19 @@ static int s_out(hcall_t *c, const char *p, size_t n)
     return 0;
 }
 
+static int s_dump_cb(const char *p, size_t n, void *data) { return s_out(data, p, n) < 0 ? -1 : 0; }
+
+/* Add v as compact JSON (a value of any kind). */
+static void s_out_json(hcall_t *c, const json_t *v) { json_dump_callback(v, s_dump_cb, c, JSON_COMPACT | JSON_ENCODE_ANY); }
+
 /* Add "data: JSON\n\n" for o (its reference is taken). */
 static void s_sse(hcall_t *c, json_t *o)
 {
-    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
-    if (!s) return;
+    if (!o) return;
     s_out(c, "data: ", 6);
-    s_out(c, s, strlen(s));
+    s_out_json(c, o);
     s_out(c, "\n\n", 2);
-    free(s);
+    json_decref(o);
 }
 
 static json_t *s_text(const char *t, size_t n)
@@ -377,8 +440,45 @@ static json_t *s_usage(const hcall_t *c)
 
 /* One streamed chunk: text (or NULL), its tokens' log-probabilities (s_logprobs; NULL for none)
  * and the finish reason (or NULL). */
+/* The chunk of text alone, the one sent for nearly every token: the chunk's fields before "text"
+ * or "delta" are dumped once a call (c->sse_head), the text each time; the same JSON as s_chunk
+ * builds. 0, or -1 out of memory (then s_chunk builds it). */
+static int s_text_chunk(hcall_t *c, const char *text, size_t n)
+{
+    if (!c->sse_head) {
+        json_t *o = json_pack("{s:s, s:s, s:I, s:s}", "id", c->resp_id, "object", c->api == HREQ_CHAT ? "chat.completion.chunk" : "text_completion",
+                              "created", (json_int_t)c->created, "model", c->model);
+        char *d = o ? json_dumps(o, JSON_COMPACT) : NULL;
+        json_decref(o);
+        size_t k = d ? strlen(d) : 0;
+        if (k < 2 || d[k - 1] != '}' || !(c->sse_head = malloc(k + 32))) {
+            free(d);
+            return -1;
+        }
+        memcpy(c->sse_head, d, k - 1);
+        c->sse_head_len = (size_t)snprintf(c->sse_head + k - 1, 33, ",\"choices\":[{\"index\":0,") + k - 1;
+        free(d);
+    }
+    json_t *t = s_text(text, n);
+    if (!t) return -1;
+    s_out(c, "data: ", 6);
+    s_out(c, c->sse_head, c->sse_head_len);
+    static const char delta[] = "\"delta\":{\"content\":", txt[] = "\"text\":", usage[] = ",\"usage\":null";
+    if (c->api == HREQ_CHAT) s_out(c, delta, sizeof delta - 1);
+    else s_out(c, txt, sizeof txt - 1);
+    s_out_json(c, t);
+    json_decref(t);
+    if (c->api == HREQ_CHAT) s_out(c, "}", 1);
+    static const char tail[] = ",\"logprobs\":null,\"finish_reason\":null}]";
+    s_out(c, tail, sizeof tail - 1);
+    if (c->include_usage) s_out(c, usage, sizeof usage - 1);
+    s_out(c, "}\n\n", 3);
+    return 0;
+}
+
 static void s_chunk(hcall_t *c, const char *text, size_t n, json_t *logprobs, const char *finish)
 {
+    if (text && !logprobs && !finish && (c->api != HREQ_CHAT || c->role_sent) && s_text_chunk(c, text, n) == 0) return;
     if (!logprobs) logprobs = json_null();
     json_t *choice;
     if (c->api == HREQ_CHAT) {
@@ -652,20 +752,43 @@ static void s_check_fd(bridge_t *b, hcall_t *c)
     s_close(b, c);
 }
 
+/* How long the loop may wait: POLL_MS, or less when libmicrohttpd has a connection to go on
+ * with (0) or a timeout due sooner. */
+static long s_poll_ms(bridge_t *b)
+{
+    MHD_UNSIGNED_LONG_LONG t;
+    if (MHD_get_timeout(b->d, &t) == MHD_YES && t < POLL_MS) return (long)t;
+    return POLL_MS;
+}
+
+/* The clients of suspended connections, polled every WATCH_S: cancel the requests of those that
+ * have closed (the mutex is held). */
+static void s_watch(bridge_t *b)
+{
+    size_t n = 0;
+    for (size_t h = 0; h < b->n_hash; h++)
+        for (hcall_t *c = b->hash[h]; c; c = c->next)
+            if (c->suspended && c->watch_fd && !c->finished) {
+                if (strata_grow(&b->watch, &b->cap_watch, n, sizeof *b->watch, 64) < 0 ||
+                    strata_grow(&b->watch_ids, &b->cap_watch_ids, n, sizeof *b->watch_ids, 64) < 0)
+                    return;
+                b->watch[n] = (struct pollfd){c->fd, POLLIN, 0};
+                b->watch_ids[n++] = c->id;
+            }
+    if (n == 0 || poll(b->watch, n, 0) <= 0) return;
+    for (size_t i = 0; i < n; i++) {
+        if (!(b->watch[i].revents & (POLLIN | POLLERR | POLLHUP))) continue;
+        hcall_t *c = s_find(b, b->watch_ids[i]);
+        /* still the same connection, still suspended (else libmicrohttpd owns the socket again) */
+        if (c && c->suspended && c->watch_fd && c->fd == b->watch[i].fd && !c->finished) s_check_fd(b, c);
+    }
+}
+
 static void *s_thread(void *arg)
 {
     bridge_t *b = arg;
-    size_t cap = (size_t)b->n_socks + 1 + (size_t)b->cfg->http.max_connections;
-    zmq_pollitem_t *items = calloc(cap, sizeof *items);
-    uint64_t *watch_ids = calloc(cap, sizeof *watch_ids);
-    if (!items || !watch_ids) {
-        log_error("bridge: out of memory");
-        free(items);
-        free(watch_ids);
-        atomic_store(&b->dead, true);
-        return NULL;
-    }
-    double t_deadline = 0;
+    zmq_pollitem_t items[BRIDGE_MAX_SOCKS + 2];
+    double t_deadline = 0, t_watch = 0;
     while (!atomic_load(&b->stop)) {
         double now = strata_now();
         pthread_mutex_lock(&b->mu);
@@ -679,63 +802,57 @@ static void *s_thread(void *arg)
             s_deadlines(b, now);
             t_deadline = now;
         }
-        size_t n = 0;
-        for (int i = 0; i < b->n_socks; i++) items[n++] = (zmq_pollitem_t){b->socks[i], 0, ZMQ_POLLIN, 0};
-        items[n++] = (zmq_pollitem_t){NULL, b->efd, ZMQ_POLLIN, 0};
-        size_t first_fd = n;
-        for (size_t h = 0; h < b->n_hash && n < cap; h++)
-            for (hcall_t *c = b->hash[h]; c && n < cap; c = c->next)
-                if (c->suspended && c->watch_fd && !c->finished) {
-                    watch_ids[n - first_fd] = c->id;
-                    items[n++] = (zmq_pollitem_t){NULL, c->fd, ZMQ_POLLIN, 0};
-                }
+        if (now - t_watch > WATCH_S) {
+            s_watch(b);
+            t_watch = now;
+        }
         pthread_mutex_unlock(&b->mu);
+        const int ns = b->n_socks;
+        for (int i = 0; i < ns; i++) items[i] = (zmq_pollitem_t){b->socks[i], 0, ZMQ_POLLIN, 0};
+        items[ns] = (zmq_pollitem_t){NULL, b->efd, ZMQ_POLLIN, 0};
+        items[ns + 1] = (zmq_pollitem_t){NULL, b->mhd_fd, ZMQ_POLLIN, 0};
         if (now - b->t_info_tx >= INFO_EVERY_S) {
             s_send_simple(b, 0, MSG_HEALTH, INTERNAL_ID | 1);
             s_send_simple(b, 0, MSG_MODELS, INTERNAL_ID | 2);
             b->t_info_tx = now;
         }
-        int pr = zmq_poll(items, (int)n, POLL_MS);
+        int pr = zmq_poll(items, ns + 2, s_poll_ms(b));
         if (pr < 0 && zmq_errno() != EINTR) {
             log_error("bridge: zmq_poll: %s", zmq_strerror(zmq_errno()));
             break;
         }
-        if (pr <= 0) continue;
-        if (items[b->n_socks].revents & ZMQ_POLLIN) {
-            uint64_t v;
-            (void)!read(b->efd, &v, sizeof v);
-        }
-        for (int i = 0; i < b->n_socks; i++) {
-            if (!(items[i].revents & ZMQ_POLLIN)) continue;
-            for (int k = 0; k < 1024; k++) {
-                msg_t m;
-                msg_err_t err;
-                int r = zmsg_recv(b->socks[i], MSG_FAM_REPLY, &m, &err, ZMQ_DONTWAIT);
-                if (r == -EAGAIN) {
+        if (pr > 0) {
+            if (items[ns].revents & ZMQ_POLLIN) {
+                uint64_t v;
+                (void)!read(b->efd, &v, sizeof v);
+            }
+            for (int i = 0; i < ns; i++) {
+                if (!(items[i].revents & ZMQ_POLLIN)) continue;
+                for (int k = 0; k < 1024; k++) {
+                    msg_t m;
+                    msg_err_t err;
+                    int r = zmsg_recv(b->socks[i], MSG_FAM_REPLY, &m, &err, ZMQ_DONTWAIT);
+                    if (r == -EAGAIN) {
+                        msg_free(&m);
+                        break;
+                    }
+                    if (r < 0) {
+                        log_warn("bridge: bad reply from the router: %s", err.text);
+                    } else {
+                        pthread_mutex_lock(&b->mu);
+                        s_on_msg(b, &m);
+                        pthread_mutex_unlock(&b->mu);
+                    }
                     msg_free(&m);
-                    break;
                 }
-                if (r < 0) {
-                    log_warn("bridge: bad reply from the router: %s", err.text);
-                } else {
-                    pthread_mutex_lock(&b->mu);
-                    s_on_msg(b, &m);
-                    pthread_mutex_unlock(&b->mu);
-                }
-                msg_free(&m);
             }
         }
-        pthread_mutex_lock(&b->mu);
-        for (size_t i = first_fd; i < n; i++) {
-            if (!(items[i].revents & (ZMQ_POLLIN | ZMQ_POLLERR))) continue;
-            hcall_t *c = s_find(b, watch_ids[i - first_fd]);
-            /* still the same connection, still suspended (else libmicrohttpd owns the socket again) */
-            if (c && c->suspended && c->watch_fd && c->fd == items[i].fd && !c->finished) s_check_fd(b, c);
+        /* accept, read, answer and write what the events above resumed */
+        if (MHD_run(b->d) != MHD_YES) {
+            log_error("bridge: libmicrohttpd stopped serving");
+            break;
         }
-        pthread_mutex_unlock(&b->mu);
     }
-    free(items);
-    free(watch_ids);
     if (!atomic_load(&b->stop)) atomic_store(&b->dead, true);
     return NULL;
 }
@@ -753,86 +870,69 @@ static void s_endpoint(const char *ep, char *out, size_t cap)
     else snprintf(out, cap, "%s", ep);
 }
 
-int bridge_create(const strata_config_t *cfg, bridge_t **out, strata_errbuf_t *eb)
+int bridge_create(const strata_config_t *cfg, int index, int share, bridge_t **out, strata_errbuf_t *eb)
 {
     int rc = 0;
     bridge_t *b = calloc(1, sizeof *b);
     if (!b) return STRATA_ENOMEM;
     b->cfg = cfg;
+    b->index = index;
+    b->share = share > 0 ? share : 1;
     b->efd = -1;
+    b->mhd_fd = -1;
     pthread_mutex_init(&b->mu, NULL);
     s_endpoint(cfg->router.endpoint, b->endpoint, sizeof b->endpoint);
     b->n_hash = 64;
-    while (b->n_hash < 2 * (size_t)cfg->http.max_connections) b->n_hash *= 2;
+    while (b->n_hash < 2 * (size_t)b->share) b->n_hash *= 2;
     b->hash = calloc(b->n_hash, sizeof *b->hash);
     if (!b->hash) { rc = STRATA_ENOMEM; goto fail; }
-    uint8_t rnd[8] = {0};
-    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
+    if (getrandom(b->ident, sizeof b->ident, 0) != (ssize_t)sizeof b->ident) {
         uint64_t t = strata_now_ns() ^ (uint64_t)getpid();
-        memcpy(rnd, &t, 8);
+        memcpy(b->ident, &t, 8);
     }
-    memcpy(&b->next_id, rnd, 4);
+    memcpy(&b->next_id, b->ident, 4);
     b->next_id = (b->next_id & 0xffffffffu) + 1;
     int per = cfg->router.max_inflight_per_client;
-    b->n_socks = (cfg->http.max_connections + per - 1) / per;
-    if (b->n_socks < 1) b->n_socks = 1;
-    if (b->n_socks > BRIDGE_MAX_SOCKS) b->n_socks = BRIDGE_MAX_SOCKS;
+    b->max_socks = (b->share + per - 1) / per;
+    if (b->max_socks < 1) b->max_socks = 1;
+    if (b->max_socks > BRIDGE_MAX_SOCKS) b->max_socks = BRIDGE_MAX_SOCKS;
     if ((b->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
         rc = strata_seterr(eb, -errno, "eventfd: %s", strerror(errno));
         goto fail;
     }
     /* a router with CURVE: connect with its own keypair, which it always accepts (the group's own
      * services read its secret key; no other client can) */
-    char sec[CONFIG_CURVE_KEY_LEN + 1] = "", pub[CONFIG_CURVE_KEY_LEN + 1] = "";
     if (cfg->router.curve_secret_key_file[0]) {
-        if ((rc = config_read_curve_key(cfg->router.curve_secret_key_file, true, "[router] curve_secret_key_file", sec, eb)) < 0)
+        if ((rc = config_read_curve_key(cfg->router.curve_secret_key_file, true, "[router] curve_secret_key_file", b->curve_sec, eb)) < 0)
             goto fail;
-        if (zmq_curve_public(pub, sec) < 0) {
+        if (zmq_curve_public(b->curve_pub, b->curve_sec) < 0) {
             rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "[router] curve_secret_key_file %s: not a CURVE secret key",
                                cfg->router.curve_secret_key_file);
             goto fail;
         }
     }
     if (!(b->zctx = zmq_ctx_new())) { rc = STRATA_EZMQ; goto fail; }
-    zmq_ctx_set(b->zctx, ZMQ_MAX_SOCKETS, b->n_socks + 16);
-    for (int i = 0; i < b->n_socks; i++) {
-        void *s = zmq_socket(b->zctx, ZMQ_DEALER);
-        if (!s) { rc = strata_seterr(eb, STRATA_EZMQ, "zmq_socket: %s", zmq_strerror(zmq_errno())); goto fail; }
-        b->socks[i] = s;
-        char ident[48];
-        int il = snprintf(ident, sizeof ident, "http-%02x%02x%02x%02x%02x%02x%02x%02x-%d", rnd[0], rnd[1], rnd[2], rnd[3], rnd[4],
-                          rnd[5], rnd[6], rnd[7], i);
-        int zero = 0, hb = 1000, hbt = 3000, hwm = 100000;
-        zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
-        zmq_setsockopt(s, ZMQ_ROUTING_ID, ident, (size_t)il);
-        zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &hb, sizeof hb);
-        zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &hbt, sizeof hbt);
-        zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
-        zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
-        if (sec[0] && (zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, pub, CONFIG_CURVE_KEY_LEN) < 0 ||
-                       zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, pub, CONFIG_CURVE_KEY_LEN) < 0 ||
-                       zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, sec, CONFIG_CURVE_KEY_LEN) < 0)) {
-            rc = strata_seterr(eb, STRATA_EZMQ, "CURVE socket options: %s", zmq_strerror(zmq_errno()));
-            goto fail;
-        }
-        if (zmq_connect(s, b->endpoint) < 0) {
-            rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "cannot connect to the router at %s: %s", b->endpoint, zmq_strerror(zmq_errno()));
-            goto fail;
-        }
-    }
-    if (pthread_create(&b->th, NULL, s_thread, b) != 0) {
-        rc = strata_seterr(eb, STRATA_ENOMEM, "cannot start the bridge thread");
-        goto fail;
-    }
-    b->started = true;
-    explicit_bzero(sec, sizeof sec);
-    log_info("router at %s, over %d socket%s%s", b->endpoint, b->n_socks, b->n_socks == 1 ? "" : "s", pub[0] ? ", CURVE" : "");
+    zmq_ctx_set(b->zctx, ZMQ_MAX_SOCKETS, b->max_socks + 16);
+    /* the first socket now (it also asks the router's health); the others as requests need them */
+    if ((rc = s_open_sock(b, eb)) < 0) goto fail;
+    log_debug("worker %d: router at %s, up to %d socket%s%s", index, b->endpoint, b->max_socks, b->max_socks == 1 ? "" : "s",
+              b->curve_pub[0] ? ", CURVE" : "");
     *out = b;
     return 0;
 fail:
-    explicit_bzero(sec, sizeof sec);
     bridge_destroy(b);
     return rc;
+}
+
+int bridge_start(bridge_t *b, struct MHD_Daemon *d, strata_errbuf_t *eb)
+{
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_EPOLL_FD);
+    if (!di || di->epoll_fd < 0) return strata_seterr(eb, STRATA_EIO, "libmicrohttpd has no epoll descriptor");
+    b->d = d;
+    b->mhd_fd = di->epoll_fd;
+    if (pthread_create(&b->th, NULL, s_thread, b) != 0) return strata_seterr(eb, STRATA_ENOMEM, "cannot start worker %d's thread", b->index);
+    b->started = true;
+    return 0;
 }
 
 void bridge_shutdown(bridge_t *b)
@@ -875,7 +975,10 @@ void bridge_destroy(bridge_t *b)
     free(b->hash);
     free(b->cancels);
     free(b->cancel_socks);
+    free(b->watch);
+    free(b->watch_ids);
     msg_buf_free(&b->buf);
+    explicit_bzero(b->curve_sec, sizeof b->curve_sec);
     pthread_mutex_destroy(&b->mu);
     free(b);
 }

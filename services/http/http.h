@@ -1,6 +1,10 @@
 /* http.h - strata-http's parts and what they share: the server (server.c: libmicrohttpd, the
- * OpenAI routes), the bridge (bridge.c: one thread holding the ZeroMQ sockets to the router) and
- * the metrics page (metrics.c).
+ * OpenAI routes), the bridge (bridge.c: a worker thread holding ZeroMQ sockets to the router and
+ * running one libmicrohttpd daemon) and the metrics page (metrics.c).
+ *
+ * [http] threads workers share one listening socket; each serves the connections it accepts from
+ * start to end in its own thread, so a token from the router reaches its client's socket without
+ * another thread hop, and the streams are spread over the workers.
  *
  * An HTTP request that needs the router becomes an hcall_t, shared by its connection and the
  * bridge, each holding a reference, under the bridge's one mutex. The connection encodes the
@@ -23,6 +27,7 @@
 #include "services/http/hreq.h"
 
 struct MHD_Connection;
+struct MHD_Daemon;
 typedef struct bridge bridge_t;
 
 typedef enum { HC_GENERATE = 0, HC_STATS } hcall_kind_t;
@@ -56,6 +61,8 @@ typedef struct hcall {
     herr_t err;                   /* failed: why */
     char *out;                    /* [out_len] output not yet taken: SSE bytes, or the whole answer */
     size_t out_len, out_off, out_cap;
+    char *sse_head;               /* a text chunk's JSON up to its "text" / "delta" (s_text_chunk) */
+    size_t sse_head_len;
     int64_t n_tokens;             /* generated tokens received */
     int64_t n_text;               /* bytes of text received */
     int64_t text_offset;          /* completions with logprobs: the next token's text_offset (code points) */
@@ -98,8 +105,11 @@ int hm_status_index(int status);
 
 /* ---- bridge.c ---- */
 
-/* Create the bridge for cfg (its [router] endpoint, [http] limits) and start its thread. */
-int bridge_create(const strata_config_t *cfg, bridge_t **out, strata_errbuf_t *eb);
+/* Create worker index's bridge for cfg (its [router] endpoint, [http] limits), for at most share
+ * connections. */
+int bridge_create(const strata_config_t *cfg, int index, int share, bridge_t **out, strata_errbuf_t *eb);
+/* Start its thread, which runs the daemon d (server_daemon) as well. */
+int bridge_start(bridge_t *b, struct MHD_Daemon *d, strata_errbuf_t *eb);
 /* Stop the thread, cancel upstream and fail every call still open (their connections are
  * resumed, as MHD_stop_daemon requires); calls submitted after it fail at once. */
 void bridge_shutdown(bridge_t *b);
@@ -134,9 +144,14 @@ char *metrics_render(const strata_config_t *cfg, char *const *names, const doubl
 /* ---- server.c ---- */
 
 typedef struct hserver hserver_t;
-/* Bind [http] host:port and serve on cfg->http.threads threads. 0, or <0 with eb: STRATA_EINVAL_INPUT
- * for an address that can never work (exit 2), other errors for one that may (a port in use). */
-int server_start(const strata_config_t *cfg, bridge_t *b, const char *api_key, hserver_t **out, strata_errbuf_t *eb);
+/* Bind and listen on [http] host:port (non-blocking). 0, or <0 with eb: STRATA_EINVAL_INPUT for an
+ * address that can never work (exit 2), other errors for one that may (a port in use). */
+int server_listen(const strata_config_t *cfg, int *fd, strata_errbuf_t *eb);
+/* A daemon on a duplicate of listen_fd for worker b, holding at most share connections; no thread
+ * of its own (bridge_start runs it). */
+int server_start(const strata_config_t *cfg, bridge_t *b, const char *api_key, int listen_fd, int share, hserver_t **out,
+                 strata_errbuf_t *eb);
+struct MHD_Daemon *server_daemon(const hserver_t *s);
 void server_stop(hserver_t *s);
 
 #endif

@@ -5,12 +5,14 @@
  * router unreachable at start), 2 bad config or usage (no [http] section, a non-loopback host
  * without a key, an unreadable or open key file, an address this host does not have). */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/config.h"
 #include "common/notify.h"
@@ -31,7 +33,9 @@ static void s_usage(FILE *f)
             "                              KV blocks, expert cache, prefetch, PCIe, service restarts\n"
             "Streaming is server-sent events (\"stream\": true). Errors are OpenAI's JSON error object.\n"
             "It talks to the router ([router] endpoint) over ZeroMQ and keeps no request state: a\n"
-            "client whose connection drops mid-answer has its request canceled upstream.\n\n"
+            "client whose connection drops mid-answer has its request canceled upstream. It serves on\n"
+            "[http] threads workers (0, the default: half the usable cpus, 1 to 8), each a thread with\n"
+            "its own connections and router sockets.\n\n"
             "With [http] api_key or api_key_file set, /v1/* needs 'Authorization: Bearer KEY'. A host\n"
             "that is not a loopback address needs a key, unless [http] insecure = true (then every\n"
             "start logs a warning).\n\n"
@@ -72,6 +76,14 @@ static int s_read_key(const char *path, char *out, size_t cap, strata_errbuf_t *
     return 0;
 }
 
+/* Stop the workers' threads (failing what is open), then their daemons, then free them. */
+static void s_stop(bridge_t **b, hserver_t **s, int n)
+{
+    for (int i = 0; i < n; i++) bridge_shutdown(b[i]);
+    for (int i = 0; i < n; i++) server_stop(s[i]);
+    for (int i = 0; i < n; i++) bridge_destroy(b[i]);
+}
+
 int main(int argc, char **argv)
 {
     static strata_config_t cfg;
@@ -104,43 +116,59 @@ int main(int argc, char **argv)
     }
     volatile sig_atomic_t *stop = service_signals();
     g_hm.t_start = strata_now();
-    bridge_t *b = NULL;
-    hserver_t *s = NULL;
-    if ((rc = bridge_create(&cfg, &b, &eb)) < 0) {
-        log_error("%s", eb.msg[0] ? eb.msg : strata_strerror(rc));
-        return rc == STRATA_EINVAL_INPUT ? SERVICE_EXIT_CONFIG : SERVICE_EXIT_FAIL;
+    /* [http] threads workers, each a bridge and a daemon on the one listening socket, holding a
+     * share of max_connections */
+    int nw = cfg.http.threads;
+    if (nw == 0) {
+        cpu_set_t cs;
+        int ncpu = sched_getaffinity(0, sizeof cs, &cs) == 0 ? CPU_COUNT(&cs) : 2;
+        nw = ncpu / 2 < 1 ? 1 : ncpu / 2 > 8 ? 8 : ncpu / 2;
     }
-    if ((rc = server_start(&cfg, b, key, &s, &eb)) < 0) {
-        log_error("%s", eb.msg[0] ? eb.msg : strata_strerror(rc));
-        bridge_destroy(b);
-        return rc == STRATA_EINVAL_INPUT ? SERVICE_EXIT_CONFIG : SERVICE_EXIT_FAIL;
+    if (nw > cfg.http.max_connections) nw = cfg.http.max_connections;
+    bridge_t *b[64] = {0};
+    hserver_t *s[64] = {0};
+    int lfd = -1;
+    if ((rc = server_listen(&cfg, &lfd, &eb)) < 0) goto fail;
+    for (int i = 0; i < nw; i++) {
+        int share = cfg.http.max_connections / nw + (i < cfg.http.max_connections % nw);
+        if ((rc = bridge_create(&cfg, i, share, &b[i], &eb)) < 0) goto fail;
+        if ((rc = server_start(&cfg, b[i], key, lfd, share, &s[i], &eb)) < 0) goto fail;
     }
-    log_info("serving http://%s%s%s:%d/v1 (%s; router %s)", strchr(cfg.http.host, ':') ? "[" : "", cfg.http.host,
-             strchr(cfg.http.host, ':') ? "]" : "", cfg.http.port, key[0] ? "API key required" : "no API key", cfg.router.endpoint);
+    close(lfd);
+    lfd = -1;
+    for (int i = 0; i < nw; i++)
+        if ((rc = bridge_start(b[i], server_daemon(s[i]), &eb)) < 0) goto fail;
+    log_info("serving http://%s%s%s:%d/v1 (%s; %d worker%s; router %s)", strchr(cfg.http.host, ':') ? "[" : "", cfg.http.host,
+             strchr(cfg.http.host, ':') ? "]" : "", cfg.http.port, key[0] ? "API key required" : "no API key", nw, nw == 1 ? "" : "s",
+             cfg.router.endpoint);
     /* ready once the router has answered (its model name is needed to serve), or after 3 s
      * without: the router may be down, and then /health says 503 */
     for (int i = 0; i < 60 && !*stop; i++) {
         bridge_info_t in;
-        bridge_info(b, &in);
+        bridge_info(b[0], &in);
         if (in.reachable && in.model[0]) break;
         struct timespec ts = {0, 50 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
     notify_ready();
     rc = SERVICE_EXIT_OK;
-    while (!*stop) {
+    while (!*stop && rc == SERVICE_EXIT_OK) {
         struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);
-        if (bridge_dead(b)) {
-            log_error("the router bridge stopped; exiting to be restarted");
-            rc = SERVICE_EXIT_FAIL;
-            break;
-        }
+        for (int i = 0; i < nw; i++)
+            if (bridge_dead(b[i])) {
+                log_error("http worker %d stopped; exiting to be restarted", i);
+                rc = SERVICE_EXIT_FAIL;
+                break;
+            }
         notify_watchdog();
     }
     service_stopping();
-    bridge_shutdown(b);
-    server_stop(s);
-    bridge_destroy(b);
+    s_stop(b, s, nw);
     return rc;
+fail:
+    log_error("%s", eb.msg[0] ? eb.msg : strata_strerror(rc));
+    if (lfd >= 0) close(lfd);
+    s_stop(b, s, nw);
+    return rc == STRATA_EINVAL_INPUT ? SERVICE_EXIT_CONFIG : SERVICE_EXIT_FAIL;
 }

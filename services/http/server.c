@@ -1,8 +1,9 @@
 /* server.c - the HTTP side of strata-http: libmicrohttpd, the routes, authentication, limits.
  *
- * libmicrohttpd runs its own threads ([http] threads, epoll), with suspend/resume so that a
- * connection waiting for the router costs no thread. A request goes through the access handler
- * three times at most:
+ * One libmicrohttpd daemon a worker ([http] threads of them), on duplicates of one listening
+ * socket, each run by its worker's thread (bridge.c), with suspend/resume so that a connection
+ * waiting for the router costs nothing. A request goes through the access handler three times at
+ * most:
  *   1. headers only: the route, the method, the key, the content type and the declared length
  *      are checked (an error is answered at once, before the body is read);
  *   2. body chunks: copied while they fit max_body_bytes (the rest is counted and dropped: 413);
@@ -11,9 +12,10 @@
  *      error, the whole JSON, or a stream whose content reader takes the SSE bytes the bridge
  *      produces (and suspends the connection again while there are none).
  * Slow or stalled clients are closed after [http] timeout_s (MHD_OPTION_CONNECTION_TIMEOUT);
- * connections beyond max_connections are refused by libmicrohttpd. */
+ * a worker refuses connections beyond its share of max_connections. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <microhttpd.h>
 #include <netdb.h>
@@ -35,7 +37,6 @@ struct hserver {
     bridge_t *b;
     struct MHD_Daemon *d;
     char key[256];                /* "" = no authentication */
-    int listen_fd;
 };
 
 typedef struct {
@@ -518,49 +519,58 @@ static void s_mhd_log(void *cls, const char *fmt, va_list ap)
     log_debug("libmicrohttpd: %s", buf);
 }
 
-int server_start(const strata_config_t *cfg, bridge_t *b, const char *api_key, hserver_t **out, strata_errbuf_t *eb)
+int server_listen(const strata_config_t *cfg, int *fd_out, strata_errbuf_t *eb)
 {
-    hserver_t *s = calloc(1, sizeof *s);
-    if (!s) return STRATA_ENOMEM;
-    s->cfg = cfg;
-    s->b = b;
-    s->listen_fd = -1;
-    snprintf(s->key, sizeof s->key, "%s", api_key ? api_key : "");
-    int rc;
     char port[16];
     snprintf(port, sizeof port, "%d", cfg->http.port);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *res = NULL;
     int g = getaddrinfo(cfg->http.host, port, &hints, &res);
-    if (g != 0) {
-        rc = strata_seterr(eb, STRATA_EINVAL_INPUT, "[http] host: cannot resolve '%s': %s", cfg->http.host, gai_strerror(g));
-        goto fail;
-    }
+    if (g != 0) return strata_seterr(eb, STRATA_EINVAL_INPUT, "[http] host: cannot resolve '%s': %s", cfg->http.host, gai_strerror(g));
     int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
-        rc = strata_seterr(eb, -errno, "socket: %s", strerror(errno));
+        int err = errno;
         freeaddrinfo(res);
-        goto fail;
+        return strata_seterr(eb, -err, "socket: %s", strerror(err));
     }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    bool v6 = res->ai_family == AF_INET6;
     if (bind(fd, res->ai_addr, res->ai_addrlen) < 0 || listen(fd, 1024) < 0) {
         int err = errno;
         close(fd);
         freeaddrinfo(res);
         /* an address this host does not have can never work; a port in use may free up */
-        rc = strata_seterr(eb, err == EADDRNOTAVAIL || err == EACCES || err == EAFNOSUPPORT ? STRATA_EINVAL_INPUT : -err,
-                           "cannot listen on [http] host %s port %d: %s", cfg->http.host, cfg->http.port, strerror(err));
-        goto fail;
+        return strata_seterr(eb, err == EADDRNOTAVAIL || err == EACCES || err == EAFNOSUPPORT ? STRATA_EINVAL_INPUT : -err,
+                             "cannot listen on [http] host %s port %d: %s", cfg->http.host, cfg->http.port, strerror(err));
     }
     freeaddrinfo(res);
-    s->listen_fd = fd;
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    *fd_out = fd;
+    return 0;
+}
+
+int server_start(const strata_config_t *cfg, bridge_t *b, const char *api_key, int listen_fd, int share, hserver_t **out,
+                 strata_errbuf_t *eb)
+{
+    hserver_t *s = calloc(1, sizeof *s);
+    if (!s) return STRATA_ENOMEM;
+    s->cfg = cfg;
+    s->b = b;
+    snprintf(s->key, sizeof s->key, "%s", api_key ? api_key : "");
+    /* each daemon closes the descriptor it was given: its own duplicate of the one socket */
+    int fd = fcntl(listen_fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) {
+        int err = errno;
+        free(s);
+        return strata_seterr(eb, -err, "dup of the listening socket: %s", strerror(err));
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    bool v6 = getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 && ss.ss_family == AF_INET6;
+    /* no thread of its own: the worker's loop runs it (bridge_start) */
+    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (v6) flags |= MHD_USE_IPv6;
     s->d = MHD_start_daemon(flags, (uint16_t)cfg->http.port, NULL, NULL, s_access, s,
                             MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
-                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http.threads,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->http.max_connections,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)share,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->http.timeout_s,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024),
                             MHD_OPTION_NOTIFY_COMPLETED, s_completed, s,
@@ -568,25 +578,21 @@ int server_start(const strata_config_t *cfg, bridge_t *b, const char *api_key, h
                             MHD_OPTION_EXTERNAL_LOGGER, s_mhd_log, s,
                             MHD_OPTION_END);
     if (!s->d) {
-        rc = strata_seterr(eb, STRATA_EIO, "libmicrohttpd did not start on %s port %d", cfg->http.host, cfg->http.port);
-        goto fail;
+        close(fd);
+        free(s);
+        return strata_seterr(eb, STRATA_EIO, "libmicrohttpd did not start on %s port %d", cfg->http.host, cfg->http.port);
     }
     *out = s;
     return 0;
-fail:
-    server_stop(s);
-    return rc;
 }
+
+struct MHD_Daemon *server_daemon(const hserver_t *s) { return s->d; }
 
 void server_stop(hserver_t *s)
 {
     if (!s) return;
-    if (s->d) {
-        /* the bridge has resumed every suspended connection (bridge_destroy runs first), as
-         * MHD_stop_daemon requires */
-        MHD_stop_daemon(s->d);
-    } else if (s->listen_fd >= 0) {
-        close(s->listen_fd);
-    }
+    /* the worker's thread has stopped and resumed every suspended connection
+     * (bridge_shutdown runs first), as MHD_stop_daemon requires */
+    if (s->d) MHD_stop_daemon(s->d);
     free(s);
 }
