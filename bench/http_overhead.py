@@ -6,10 +6,13 @@ It starts a real group on the CPU backend (`strata up` of a config written here:
 --model, default the demo model that `strata demo` writes; an [http] section on loopback) and
 sends the same greedy request (--prompt, --max-tokens tokens, ignore_eos) two ways: as
 POST /v1/completions with "stream": true (server-sent events over HTTP/1.1, raw sockets), and as
-a `generate` straight to the router (pyzmq + msgpack, proto/PROTOCOL.md). One thread drives every
-stream of a run with one poll loop: each arrival is stamped with the time the poll returned and
-kept raw; SSE, chunked encoding and msgpack are parsed after the run, so that both paths cost
-the loop the same little per arrival.
+a `generate` straight to the router (pyzmq + msgpack, proto/PROTOCOL.md). Each path's streams are
+driven by client processes of their own (--client-procs a path at most, the streams split among
+them), as separate clients would be: one client reading both paths would stamp whichever arrived
+second late by its own time spent on the first. A client drives its streams with one poll loop:
+each arrival is stamped with the time the poll returned (CLOCK_MONOTONIC, the same clock in every
+process) and kept raw; SSE, chunked encoding and msgpack are parsed after the run, so that both
+paths cost a client the same little per arrival.
 
 Two figures, each measured the way that isolates it:
 
@@ -32,10 +35,12 @@ The client is Python: its own time per arrival is part of both paths' figures, a
 machine it competes with the group for the cores (the machine is in the JSON).
 
 usage: http_overhead.py --build BUILD_DIR [--model DIR] [--concurrency 1,64] [--rounds N]
-                        [--max-tokens N] [--prompt TEXT] [--json FILE]
+                        [--max-tokens N] [--prompt TEXT] [--threads N] [--client-procs N]
+                        [--json FILE]
 """
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import shutil
@@ -49,6 +54,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "proto", "python"))
 import strata_client  # noqa: E402  (encode / decode of the ZeroMQ protocol)
+import msgpack  # noqa: E402
 import zmq  # noqa: E402
 
 TARGETS = {"per_token_added_p50_us": 50.0, "ttft_added_p50_ms": 1.0}
@@ -168,6 +174,13 @@ class HttpStream:
         self.sock.sendall(self.req)
         self.sock.setblocking(False)
 
+    @classmethod
+    def done_with(cls, t0, raw):
+        """A finished stream as a client process sent it back: its start and raw arrivals."""
+        h = cls.__new__(cls)
+        h.t0, h.raw, h.done = t0, raw, True
+        return h
+
     def on_readable(self, t):
         try:
             d = self.sock.recv(1 << 20)
@@ -232,6 +245,13 @@ class ZmqStream:
         self.sock, self.rid, self.msg = sock, rid, msg
         self.frames, self.done, self.t0 = [], False, None
 
+    @classmethod
+    def done_with(cls, t0, frames):
+        """A finished stream as a client process sent it back: its start and raw frames."""
+        z = cls.__new__(cls)
+        z.t0, z.frames, z.done = t0, frames, True
+        return z
+
     def send(self):
         f = strata_client.encode(self.msg)
         self.t0 = time.perf_counter()
@@ -239,7 +259,8 @@ class ZmqStream:
 
     def arrivals(self):
         out, cum, text = [], 0, b""
-        for t, m in self.frames:
+        for t, f in self.frames:
+            m = strata_client.decode(f)
             if m["type"] == "error":
                 raise RuntimeError("router error: %s %s" % (m.get("code"), m.get("message")))
             if m["type"] == "token" and m.get("text"):
@@ -250,36 +271,34 @@ class ZmqStream:
         return out, text
 
 
-def run(g, n_http, n_zmq, a, timeout=600):
-    """Start n_http HTTP and n_zmq ZeroMQ streams together, interleaved; all to their end."""
+def client(g, kind, n, a, barrier, out, timeout):
+    """One client process: n streams of one kind ("http" or "zmq"), sent when every client is
+    ready (barrier), read to their end; their raw arrivals go back through out."""
     body = {"prompt": a.prompt, "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
-    ctx = zmq.Context.instance()
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
-    dealer.setsockopt(zmq.RCVHWM, 1000000)
-    dealer.connect("tcp://127.0.0.1:%d" % g.port)
-    hs = [HttpStream(g, body) for _ in range(n_http)]
-    base = int.from_bytes(os.urandom(3), "little") << 20
-    zs = {}
-    for i in range(n_zmq):
-        rid = base + i
-        msg = {"type": "generate", "id": rid, "prompt": a.prompt, "max_tokens": a.max_tokens, "temperature": 0.0,
-               "ignore_eos": True, "stream": True}
-        zs[rid] = ZmqStream(dealer, rid, msg)
+    poller = zmq.Poller()  # zmq_poll over the HTTP sockets' descriptors, or the DEALER
+    dealer, by_fd, zs = None, {}, {}
+    if kind == "http":
+        streams = [HttpStream(g, body) for _ in range(n)]
+        for h in streams:
+            poller.register(h.sock.fileno(), zmq.POLLIN)
+            by_fd[h.sock.fileno()] = h
+    else:
+        dealer = zmq.Context.instance().socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.RCVHWM, 1000000)
+        dealer.connect("tcp://127.0.0.1:%d" % g.port)
+        base = int.from_bytes(os.urandom(3), "little") << 20
+        for i in range(n):
+            msg = {"type": "generate", "id": base + i, "prompt": a.prompt, "max_tokens": a.max_tokens, "temperature": 0.0,
+                   "ignore_eos": True, "stream": True}
+            zs[base + i] = ZmqStream(dealer, base + i, msg)
+        streams = list(zs.values())
+        poller.register(dealer, zmq.POLLIN)
     time.sleep(0.05)  # connections up
-    zl = list(zs.values())
-    for i in range(max(n_http, n_zmq)):
-        # alternate which path goes first, so neither is always the later one
-        pair = ([hs[i]] if i < n_http else []) + ([zl[i]] if i < n_zmq else [])
-        for s in (pair if i % 2 == 0 else pair[::-1]):
-            s.send()
-    poller = zmq.Poller()  # zmq_poll: the DEALER and the HTTP sockets' descriptors in one call
-    by_fd = {}
-    for h in hs:
-        poller.register(h.sock.fileno(), zmq.POLLIN)
-        by_fd[h.sock.fileno()] = h
-    poller.register(dealer, zmq.POLLIN)
-    left = n_http + n_zmq
+    barrier.wait()
+    for st in streams:
+        st.send()
+    left = n
     deadline = time.perf_counter() + timeout
     while left:
         ready = poller.poll(100)
@@ -293,12 +312,12 @@ def run(g, n_http, n_zmq, a, timeout=600):
                         f = dealer.recv(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    m = strata_client.decode(f)
-                    z = zs.get(m.get("id"))
+                    m = msgpack.unpackb(f)  # the id and the type only; checked after the run
+                    z = zs.get(m.get("id")) if isinstance(m, dict) else None
                     if z is None:
                         continue
-                    z.frames.append((t, m))
-                    if m["type"] in ("done", "error") and not z.done:
+                    z.frames.append((t, f))
+                    if m.get("type") in ("done", "error") and not z.done:
                         z.done = True
                         left -= 1
                 continue
@@ -309,9 +328,40 @@ def run(g, n_http, n_zmq, a, timeout=600):
             if h.done:
                 poller.unregister(sock)
                 left -= 1
-    for h in hs:
-        h.sock.close()
-    dealer.close()
+    out.send([(st.t0, st.raw if kind == "http" else st.frames) for st in streams])
+    for st in streams:
+        if kind == "http":
+            st.sock.close()
+    if dealer is not None:
+        dealer.close()
+
+
+def run(g, n_http, n_zmq, a, timeout=600):
+    """Start n_http HTTP and n_zmq ZeroMQ streams together, each path from its own client
+    processes (--client-procs of them a path at most), all to their end: ([HTTP], [ZeroMQ])
+    streams with their arrivals."""
+    mp = multiprocessing.get_context("fork")
+    jobs = []
+    for kind, n in (("http", n_http), ("zmq", n_zmq)):
+        k = min(a.client_procs, n)
+        jobs += [(kind, n // k + (i < n % k)) for i in range(k)]
+    barrier = mp.Barrier(len(jobs))
+    procs = []
+    for kind, n in jobs:
+        rx, tx = mp.Pipe(duplex=False)
+        p = mp.Process(target=client, args=(g, kind, n, a, barrier, tx, timeout))
+        p.start()
+        tx.close()
+        procs.append((kind, p, rx))
+    hs, zl = [], []
+    for kind, p, rx in procs:
+        try:
+            res = rx.recv()
+        except EOFError:
+            raise RuntimeError("a %s client process failed (its error is above)" % kind)
+        for t0, raw in res:
+            (hs if kind == "http" else zl).append(HttpStream.done_with(t0, raw) if kind == "http" else ZmqStream.done_with(t0, raw))
+        p.join()
     return hs, zl
 
 
@@ -408,15 +458,17 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per stream (default 64)")
     ap.add_argument("--prompt", default="Once upon a time")
     ap.add_argument("--threads", type=int, default=0, help="[executor] threads (default 0: all CPUs)")
+    ap.add_argument("--client-procs", type=int, default=4,
+                    help="client processes a path at most, the streams split among them (default 4)")
     ap.add_argument("--json", default="http_overhead.json", help="where to write the JSON (default http_overhead.json)")
     a = ap.parse_args()
     cs = [int(x) for x in a.concurrency.split(",") if x]
-    if not cs or min(cs) < 1 or a.rounds < 1 or a.max_tokens < 2:
-        ap.error("--concurrency, --rounds and --max-tokens must be positive (--max-tokens >= 2)")
+    if not cs or min(cs) < 1 or a.rounds < 1 or a.max_tokens < 2 or a.client_procs < 1:
+        ap.error("--concurrency, --rounds, --client-procs and --max-tokens must be positive (--max-tokens >= 2)")
     g = Group(a, max_seqs=max(64, 2 * max(cs)))
     try:
         g.start()
-        run(g, 1, 1, argparse.Namespace(prompt=a.prompt, max_tokens=4))  # warm up both paths
+        run(g, 1, 1, argparse.Namespace(prompt=a.prompt, max_tokens=4, client_procs=1))  # warm up both paths
         rows = []
         for c in cs:
             rows.append(measure(g, c, a))
@@ -426,7 +478,7 @@ def main():
         g.close()
     doc = {"bench": "http_overhead", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit(),
            "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]), "machine": machine(),
-           "model": a.model or "demo", "backend": "cpu",
+           "model": a.model or "demo", "backend": "cpu", "executor_threads": a.threads, "client_procs": a.client_procs,
            "request": {"prompt": a.prompt, "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True},
            "targets": TARGETS, "results": rows,
            "meets_targets": all(all(r["meets_targets"].values()) for r in rows)}
