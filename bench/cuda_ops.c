@@ -3,7 +3,8 @@
  *
  * Cases: cuda_matmul on the Mixtral-8x7B projections (4096x4096, 1024x4096, 14336x4096,
  * 4096x14336, 32000x4096) and cuda_moe_ffn on a Mixtral-8x7B layer (8 experts, top 2) and a
- * Qwen3-30B-A3B layer (128 experts, top 8), in int4 g32 (integer path) and bf16, at token
+ * Qwen3-30B-A3B layer (128 experts, top 8), in int4 g32 (integer path) and bf16, and a gpt-oss-20b
+ * layer (32 experts, top 4, MXFP4 on int8 and on fp32 activation rows), at token
  * counts 1, 16, 64, 128 and 512 (the GEMM's k parts in a lent scratch, as the GPU model lends
  * its MoE scratch); cuda_attention at 1 token over 64/1024 positions and a 512-token
  * prefill. Weights are random bytes (timing does not depend on their values).
@@ -118,12 +119,14 @@ typedef struct {
     cuda_expert_t *ex;
     int32_t *idx;
     void *scr;
+    cuda_moe_opts_t opts;
 } s_moe_t;
 
 static int s_moe(void *a)
 {
     s_moe_t *m = a;
-    return cuda_moe_ffn(ctx, m->out, m->x, m->n, m->H, m->I, m->fmt, m->ex, m->E, m->idx, m->w, m->K, m->scr, 0, NULL);
+    return cuda_moe_ffn_ex(ctx, 0, m->H, m->out, m->x, m->n, m->H, m->I, m->fmt, m->ex, m->E, m->idx, m->w, m->K, m->scr, 0,
+                           NULL, &m->opts);
 }
 
 typedef struct {
@@ -140,11 +143,65 @@ static int s_att(void *a)
                           0.088f, NULL);
 }
 
+/* cuda_moe_ffn on one layer of E experts (top K) of H x I in fmt, at each token count of ns,
+ * uniformly routed; f32_rows: the activations stay fp32 (cuda_moe_opts_t.f32_act, gpt-oss's
+ * clamped SwiGLU), as the GPU model runs MXFP4 experts below the tensor cores' sizes. */
+static int s_moe_case(const char *name, int H, int I, int E, int K, wfmt_t fmt, bool f32_rows, float *x, float *y,
+                      const int *ns, size_t n_ns)
+{
+    size_t off = 0;
+    cuda_expert_t *hx = calloc((size_t)E, sizeof *hx);
+    for (int e = 0; e < E; e++) {
+        hx[e].gate = s_mat(fmt, I, H, &off);
+        hx[e].up = s_mat(fmt, I, H, &off);
+        hx[e].down = s_mat(fmt, H, I, &off);
+    }
+    double eb = 2.0 * (qmat_data_bytes(fmt, I, H) + qmat_scale_bytes(fmt, I, H, 32)) + qmat_data_bytes(fmt, H, I) +
+                qmat_scale_bytes(fmt, H, I, 32);
+    cuda_expert_t *dex = s_dev((size_t)E * sizeof *hx);
+    if (cuda_h2d(ctx, dex, hx, (size_t)E * sizeof *hx)) return 1;
+    for (size_t k = 0; k < n_ns; k++) {
+        int n = ns[k];
+        int32_t *hidx = malloc(sizeof(int32_t) * n * K);
+        float *hw = malloc(sizeof(float) * n * K);
+        uint8_t *used = calloc((size_t)E, 1);
+        uint64_t st = 12345 + (uint64_t)n;
+        for (int t = 0; t < n; t++)
+            for (int j = 0; j < K; j++) {
+                int e;
+                bool dup;
+                do { /* uniform routing, top_k distinct experts */
+                    st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+                    e = (int)(st % (uint64_t)E);
+                    dup = false;
+                    for (int i = 0; i < j; i++) dup |= hidx[t * K + i] == e;
+                } while (dup);
+                hidx[t * K + j] = e;
+                hw[t * K + j] = 1.0f / K;
+                used[e] = 1;
+            }
+        int distinct = 0;
+        for (int e = 0; e < E; e++) distinct += used[e];
+        s_moe_t a = {y, x, NULL, n, H, I, E, K, fmt, dex, NULL, NULL, {0}};
+        if (f32_rows) a.opts = (cuda_moe_opts_t){.clamped = true, .limit = 7.0f, .alpha = 1.702f, .f32_act = true};
+        a.idx = s_dev(sizeof(int32_t) * n * K);
+        a.w = s_dev(sizeof(float) * n * K);
+        a.scr = s_dev(cuda_moe_scratch_bytes(n, K, H, I, E));
+        if (cuda_h2d(ctx, a.idx, hidx, sizeof(int32_t) * n * K) || cuda_h2d(ctx, a.w, hw, sizeof(float) * n * K)) return 1;
+        s_report("moe", name, wfmt_name(fmt), n, s_time(s_moe, &a), eb * distinct, 2.0 * 3 * (double)n * K * H * I);
+        cuda_free(a.idx), cuda_free(a.w), cuda_free(a.scr);
+        free(hidx), free(hw), free(used);
+    }
+    cuda_free(dex);
+    free(hx);
+    return 0;
+}
+
 static void s_help(FILE *f)
 {
     fprintf(f, "usage: cuda_ops [--device N] [--only matmul|moe|attention] [--json FILE]\n\n"
                "Time the CUDA ops at Mixtral-8x7B and Qwen3-30B-A3B shapes (int4 g32 and bf16; 1, 16, 64 and\n"
-               "512 tokens) against GPU memory bandwidth: columns are microseconds per call, weight GB/s,\n"
+               "512 tokens), and a gpt-oss-20b MoE layer (MXFP4, int8 and fp32 activation rows), against GPU memory bandwidth: columns are microseconds per call, weight GB/s,\n"
                "that over the measured read bandwidth, and TFLOP/s.\n\n"
                "Exit codes: 0 ok, 1 no GPU or a CUDA failure, 2 bad usage.\n");
 }
@@ -235,57 +292,13 @@ int main(int argc, char **argv)
         static const struct {
             const char *name;
             int H, I, E, K;
-        } ms[] = {{"mixtral-8x7b", 4096, 14336, 8, 2}, {"qwen3-30b-a3b", 2048, 768, 128, 8}};
-        for (size_t s = 0; s < 2; s++)
-            for (size_t f = 0; f < 2; f++) {
-                int H = ms[s].H, I = ms[s].I, E = ms[s].E, K = ms[s].K;
-                cuda_expert_t *hx = calloc((size_t)E, sizeof *hx);
-                off = 0;
-                for (int e = 0; e < E; e++) {
-                    hx[e].gate = s_mat(fmts[f], I, H, &off);
-                    hx[e].up = s_mat(fmts[f], I, H, &off);
-                    hx[e].down = s_mat(fmts[f], H, I, &off);
-                }
-                double eb = 2.0 * (qmat_data_bytes(fmts[f], I, H) + qmat_scale_bytes(fmts[f], I, H, 32)) +
-                            qmat_data_bytes(fmts[f], H, I) + qmat_scale_bytes(fmts[f], H, I, 32);
-                cuda_expert_t *dex = s_dev((size_t)E * sizeof *hx);
-                if (cuda_h2d(ctx, dex, hx, (size_t)E * sizeof *hx)) return 1;
-                for (size_t k = 0; k < n_ns; k++) {
-                    int n = ns[k];
-                    int32_t *hidx = malloc(sizeof(int32_t) * n * K);
-                    float *hw = malloc(sizeof(float) * n * K);
-                    uint8_t *used = calloc((size_t)E, 1);
-                    uint64_t st = 12345 + (uint64_t)n;
-                    for (int t = 0; t < n; t++)
-                        for (int j = 0; j < K; j++) {
-                            int e;
-                            bool dup;
-                            do { /* uniform routing, top_k distinct experts */
-                                st ^= st << 13, st ^= st >> 7, st ^= st << 17;
-                                e = (int)(st % (uint64_t)E);
-                                dup = false;
-                                for (int i = 0; i < j; i++) dup |= hidx[t * K + i] == e;
-                            } while (dup);
-                            hidx[t * K + j] = e;
-                            hw[t * K + j] = 1.0f / K;
-                            used[e] = 1;
-                        }
-                    int distinct = 0;
-                    for (int e = 0; e < E; e++) distinct += used[e];
-                    s_moe_t a = {y, x, NULL, n, H, I, E, K, fmts[f], dex, NULL, NULL};
-                    a.idx = s_dev(sizeof(int32_t) * n * K);
-                    a.w = s_dev(sizeof(float) * n * K);
-                    a.scr = s_dev(cuda_moe_scratch_bytes(n, K, H, I, E));
-                    if (cuda_h2d(ctx, a.idx, hidx, sizeof(int32_t) * n * K) || cuda_h2d(ctx, a.w, hw, sizeof(float) * n * K))
-                        return 1;
-                    s_report("moe", ms[s].name, wfmt_name(fmts[f]), n, s_time(s_moe, &a), eb * distinct,
-                             2.0 * 3 * (double)n * K * H * I);
-                    cuda_free(a.idx), cuda_free(a.w), cuda_free(a.scr);
-                    free(hidx), free(hw), free(used);
-                }
-                cuda_free(dex);
-                free(hx);
-            }
+            wfmt_t fmt;
+            bool f32_rows;
+        } ms[] = {{"mixtral-8x7b", 4096, 14336, 8, 2, WF_INT4, false},  {"mixtral-8x7b", 4096, 14336, 8, 2, WF_BF16, false},
+                  {"qwen3-30b-a3b", 2048, 768, 128, 8, WF_INT4, false}, {"qwen3-30b-a3b", 2048, 768, 128, 8, WF_BF16, false},
+                  {"gpt-oss-20b", 2880, 2880, 32, 4, WF_MXFP4, false},  {"gpt-oss-20b fp32 rows", 2880, 2880, 32, 4, WF_MXFP4, true}};
+        for (size_t s = 0; s < sizeof ms / sizeof *ms; s++)
+            if (s_moe_case(ms[s].name, ms[s].H, ms[s].I, ms[s].E, ms[s].K, ms[s].fmt, ms[s].f32_rows, x, y, ns, n_ns)) return 1;
     }
     if (!only || !strcmp(only, "attention")) {
         /* 32 heads, 8 KV heads, head_dim 128, blocks of 16; KV for 1024 positions of one sequence,
