@@ -16,14 +16,16 @@ paths cost a client the same little per arrival.
 
 Two figures, each measured the way that isolates it:
 
-  per-token added  twin runs: C streams over HTTP and C over ZeroMQ, started together, all in
-                   the scheduler's batch, so token j of an HTTP stream and token j of its ZeroMQ
-                   twin (same prompt, greedy: the same text) come out of the same decode step
-                   and leave the router together. The added latency of that token is its HTTP
-                   arrival minus its twin's arrival. A twin admitted one step earlier or later
-                   (the requests reach the router microseconds apart and a step boundary may fall
-                   between them) is matched at that offset: the offset k in [-3, 3] whose median
-                   difference is smallest; the offsets are reported. Tokens after the first.
+  per-token added  twin runs: C streams over HTTP and C over ZeroMQ, all in the scheduler's
+                   batch, so token j of an HTTP stream and token j of its ZeroMQ twin (same
+                   prompt, greedy: the same text) come out of the same decode step. The requests
+                   are sent one at a time, --pace-us apart, twin after twin (which path goes
+                   first alternates), so the scheduler admits them in that order and a step's
+                   tokens leave the router with twins side by side. The added latency of a token
+                   is its HTTP arrival minus its twin's arrival. A twin admitted one step earlier
+                   or later (a step boundary may fall between them) is matched at that offset:
+                   the offset k in [-3, 3] whose median difference is smallest; the offsets are
+                   reported. Tokens after the first.
   TTFT added       HTTP-only and ZeroMQ-only runs of C streams each, alternated round by round:
                    the p50 (p99) of HTTP's TTFT minus the p50 (p99) of ZeroMQ's. TTFT is from
                    sending the request (the TCP connection is opened before) to the first event
@@ -35,7 +37,8 @@ The client is Python: its own time per arrival is part of both paths' figures, a
 machine it competes with the group for the cores (the machine is in the JSON).
 
 usage: http_overhead.py --build BUILD_DIR [--model DIR] [--concurrency 1,64] [--rounds N]
-                        [--max-tokens N] [--prompt TEXT] [--threads N] [--client-procs N]
+                        [--max-tokens N] [--prompt TEXT] [--threads N] [--http-threads N]
+                        [--client-procs N] [--pace-us US]
                         [--json FILE]
 """
 import argparse
@@ -129,7 +132,7 @@ class Group:
             f.write("[scheduler]\nmax_batch_tokens = %d\nmax_seqs = %d\nkv_blocks = %d\nblock_size = 16\n\n" %
                     (max(256, 16 * max_seqs), max_seqs, max(1024, max_seqs * (a.max_tokens + 64) // 16 + 64)))
             f.write("[executor]\nbackend = cpu\nthreads = %d\n\n[prefetcher.0]\nnuma_node = -1\n\n" % a.threads)
-            f.write("[http]\nhost = 127.0.0.1\nport = %d\ncpus =\n" % self.http_port)
+            f.write("[http]\nhost = 127.0.0.1\nport = %d\ncpus =\nthreads = %d\n" % (self.http_port, a.http_threads))
         self.up = False
 
     def start(self):
@@ -271,9 +274,10 @@ class ZmqStream:
         return out, text
 
 
-def client(g, kind, n, a, barrier, out, timeout):
+def client(g, kind, n, a, barrier, out, timeout, at=None):
     """One client process: n streams of one kind ("http" or "zmq"), sent when every client is
-    ready (barrier), read to their end; their raw arrivals go back through out."""
+    ready (barrier), or each at its time of at (perf_counter seconds), read to their end; their
+    raw arrivals go back through out."""
     body = {"prompt": a.prompt, "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
     poller = zmq.Poller()  # zmq_poll over the HTTP sockets' descriptors, or the DEALER
     dealer, by_fd, zs = None, {}, {}
@@ -296,7 +300,10 @@ def client(g, kind, n, a, barrier, out, timeout):
         poller.register(dealer, zmq.POLLIN)
     time.sleep(0.05)  # connections up
     barrier.wait()
-    for st in streams:
+    for i, st in enumerate(streams):
+        if at:
+            while time.perf_counter() < at[i]:
+                time.sleep(max(0.0, min(0.001, at[i] - time.perf_counter() - 0.0002)))
         st.send()
     left = n
     deadline = time.perf_counter() + timeout
@@ -336,20 +343,32 @@ def client(g, kind, n, a, barrier, out, timeout):
         dealer.close()
 
 
-def run(g, n_http, n_zmq, a, timeout=600):
-    """Start n_http HTTP and n_zmq ZeroMQ streams together, each path from its own client
-    processes (--client-procs of them a path at most), all to their end: ([HTTP], [ZeroMQ])
-    streams with their arrivals."""
+def run(g, n_http, n_zmq, a, paced=False, timeout=600):
+    """Start n_http HTTP and n_zmq ZeroMQ streams, each path from its own client processes
+    (--client-procs of them a path at most), all to their end: ([HTTP], [ZeroMQ]) streams with
+    their arrivals. At once, or paced (twins, n_http == n_zmq): the requests one at a time
+    --pace-us apart, each pair of twins together (which goes first alternates), so that the
+    scheduler admits them in that order and twins leave the router side by side in every step
+    (sent at once, the HTTP requests, which take longer to reach the router, would be admitted
+    after all the ZeroMQ ones, and each step's HTTP tokens would leave the router last)."""
     mp = multiprocessing.get_context("fork")
     jobs = []
+    t0 = time.perf_counter() + 1.0  # the clients are up by then
     for kind, n in (("http", n_http), ("zmq", n_zmq)):
         k = min(a.client_procs, n)
-        jobs += [(kind, n // k + (i < n % k)) for i in range(k)]
+        first = 0
+        for i in range(k):
+            m = n // k + (i < n % k)
+            at = None
+            if paced:  # pair j: slots 2j and 2j + 1, HTTP first in even pairs
+                at = [t0 + a.pace_us * 1e-6 * (2 * j + ((kind == "http") == (j % 2 == 1))) for j in range(first, first + m)]
+            jobs.append((kind, m, at))
+            first += m
     barrier = mp.Barrier(len(jobs))
     procs = []
-    for kind, n in jobs:
+    for kind, n, at in jobs:
         rx, tx = mp.Pipe(duplex=False)
-        p = mp.Process(target=client, args=(g, kind, n, a, barrier, tx, timeout))
+        p = mp.Process(target=client, args=(g, kind, n, a, barrier, tx, timeout, at))
         p.start()
         tx.close()
         procs.append((kind, p, rx))
@@ -395,7 +414,7 @@ def measure(g, c, a):
     """The figures at concurrency c."""
     added, offsets, tpot_h, tpot_z, ttft_h, ttft_z, differ = [], {}, [], [], [], [], 0
     for r in range(a.rounds):
-        hs, zl = run(g, c, c, a)
+        hs, zl = run(g, c, c, a, paced=True)
         for h, z in zip(hs, zl):
             d, k, same = twin_added(h, z)
             added += d
@@ -458,12 +477,16 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per stream (default 64)")
     ap.add_argument("--prompt", default="Once upon a time")
     ap.add_argument("--threads", type=int, default=0, help="[executor] threads (default 0: all CPUs)")
+    ap.add_argument("--http-threads", type=int, default=0,
+                    help="[http] threads, strata-http's workers (default 0: the service's default, half the cpus up to 8)")
+    ap.add_argument("--pace-us", type=float, default=500.0,
+                    help="twin runs: microseconds between one request and the next (default 500)")
     ap.add_argument("--client-procs", type=int, default=4,
                     help="client processes a path at most, the streams split among them (default 4)")
     ap.add_argument("--json", default="http_overhead.json", help="where to write the JSON (default http_overhead.json)")
     a = ap.parse_args()
     cs = [int(x) for x in a.concurrency.split(",") if x]
-    if not cs or min(cs) < 1 or a.rounds < 1 or a.max_tokens < 2 or a.client_procs < 1:
+    if not cs or min(cs) < 1 or a.rounds < 1 or a.max_tokens < 2 or a.client_procs < 1 or a.pace_us < 0:
         ap.error("--concurrency, --rounds, --client-procs and --max-tokens must be positive (--max-tokens >= 2)")
     g = Group(a, max_seqs=max(64, 2 * max(cs)))
     try:
@@ -478,7 +501,8 @@ def main():
         g.close()
     doc = {"bench": "http_overhead", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit(),
            "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]), "machine": machine(),
-           "model": a.model or "demo", "backend": "cpu", "executor_threads": a.threads, "client_procs": a.client_procs,
+           "model": a.model or "demo", "backend": "cpu", "executor_threads": a.threads,
+           "http_threads": a.http_threads, "client_procs": a.client_procs, "pace_us": a.pace_us,
            "request": {"prompt": a.prompt, "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True},
            "targets": TARGETS, "results": rows,
            "meets_targets": all(all(r["meets_targets"].values()) for r in rows)}
