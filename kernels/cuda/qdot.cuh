@@ -107,6 +107,39 @@ __device__ __forceinline__ void q_row_dot(const qmat_t &w, int r, const float *x
     const int lane = first;
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.f;
+    if constexpr (FMT == WF_MXFP4) {
+        if (vec) {
+            /* 4-byte words, consecutive threads consecutive words: word k is columns 8k .. 8k + 7
+             * (byte i: columns 8k + 2i, 8k + 2i + 1) of block k / 4, so the threads of a warp read
+             * 1 KB of each x row contiguously (16-byte chunks a thread put 128 bytes between
+             * neighbours' activations and made gpt-oss-20b's MoE layer 2.6x the int8 path's time) */
+            const uint32_t *row = (const uint32_t *)((const uint8_t *)w.data + (size_t)r * (w.cols / 2));
+            const uint8_t *sc = (const uint8_t *)w.scales + (size_t)r * (w.cols / 32);
+            const int nw = w.cols / 8;
+#pragma unroll 4
+            for (int k = lane; k < nw; k += step) {
+                const uint32_t u = __ldg(row + k);
+                const float s = d_e8m0(__ldg(sc + (k >> 2)));
+                float wv[8];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const uint32_t b = u >> (8 * i);
+                    wv[2 * i] = d_e2m1(b) * s;
+                    wv[2 * i + 1] = d_e2m1(b >> 4) * s;
+                }
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t < n) {
+                        const float4 *xp = (const float4 *)(x + (size_t)t * ldx + (size_t)k * 8);
+                        const float4 a = __ldg(xp), c = __ldg(xp + 1);
+                        acc[t] += wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w + wv[4] * c.x + wv[5] * c.y +
+                                  wv[6] * c.z + wv[7] * c.w;
+                    }
+                }
+            }
+            return;
+        }
+    }
     if (vec) {
         constexpr int C = qfmt<FMT>::COLS;
         const int nch = w.cols / C;
