@@ -23,7 +23,9 @@
  *                expert_cache = split|whole (cuda, when the experts do not all fit: every expert
  *                resident but its down projection's last rows, which slots cache (split, default),
  *                or slots caching whole experts)
- *                cpu_act = f32|q8 (cpu backend: INT4 matmul activations; default STRATA_CPU_ACT, else f32)
+ *                cpu_act = f32|q8 (INT4 and MXFP4 matmul activations on the CPU; default STRATA_CPU_ACT,
+ *                else f32 on the cpu backend, and on cuda the rows the GPU's experts read: q8 for
+ *                INT4 experts, f32 for MXFP4)
  *   [prefetcher.N]  (one per NUMA node N) endpoint = ipc://{run_dir}/prefetcher-N.sock
  *                numa_node = N   cpus =   threads = 0
  *   [launcher]   restart_backoff_ms = 200   restart_backoff_max_ms = 10000   ready_timeout_s = 60

@@ -269,6 +269,17 @@ static int s_recv(svc_t *S)
 
 static int s_setopt_int(void *s, int opt, int v) { return zmq_setsockopt(s, opt, &v, sizeof v); }
 
+/* On the GPU backend, the activations of the experts the CPU computes (the prefetchers' and the
+ * executor's own fallback) are the rows the GPU's experts read (model/gpu_step.c s_f32_rows):
+ * int8 blocks for INT4, its integer path and about 3x less CPU work a weight than fp32 rows
+ * (kernels/cpu/ops.h CPU_ACT_Q8), and fp32 for MXFP4, whose int8 rows are too coarse. */
+static cpu_act_t s_gpu_rows_act(const model_t *m)
+{
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        if (m->cfg.layer_sparse[l]) return m->layers[l].experts[0].gate.fmt == WF_INT4 ? CPU_ACT_Q8 : CPU_ACT_F32;
+    return cpu_ops_act();
+}
+
 int main(int argc, char **argv)
 {
     static strata_config_t cfg;
@@ -298,7 +309,10 @@ int main(int argc, char **argv)
     exec_opts_default(&o);
     snprintf(o.backend, sizeof o.backend, "%s", cfg.executor.backend);
     o.threads = cfg.executor.threads;
-    if (cfg.executor.cpu_act[0]) cpu_ops_set_act((cpu_act_t)cpu_act_parse(cfg.executor.cpu_act));
+    if (cfg.executor.cpu_act[0])
+        cpu_ops_set_act((cpu_act_t)cpu_act_parse(cfg.executor.cpu_act));
+    else if (!strcmp(cfg.executor.backend, "cuda") && !getenv("STRATA_CPU_ACT"))
+        cpu_ops_set_act(s_gpu_rows_act(&S.em.m));
     o.gpu_mem = cfg.executor.gpu_mem;
     o.prefetch_depth = cfg.executor.prefetch_depth;
     o.whole_experts = !strcmp(cfg.executor.expert_cache, "whole");
