@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <signal.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -247,7 +248,9 @@ int ring_wait(ring_t *r, int spin_us, int stale_ms, int timeout_ms, ring_result_
         }
         uint64_t now = s_mono_ns();
         if (now < spin_end) {
-            s_relax();
+            /* the first RING_PAUSE_US on the core alone, then yielding it between looks */
+            if (now - t0 < RING_PAUSE_US * 1000ull) s_relax();
+            else sched_yield();
             continue;
         }
         if (__atomic_load_n(&c->gen, __ATOMIC_ACQUIRE) != r->gen) return STRATA_EIO; /* restarted: the job is lost */

@@ -46,6 +46,7 @@
 #define RING_VERSION 1u
 #define RING_BEAT_MS 10           /* the prefetcher's heartbeat period, at most */
 #define RING_SPIN_US 1000         /* the prefetcher spins this long for a job before its futex */
+#define RING_PAUSE_US 50          /* a ring_wait spins on its core alone this long, then yields it */
 #define RING_MAX_ITEMS 1024       /* experts of one layer in one job */
 
 /* What a ring holds, from the model and the scheduler's token budget. */
@@ -142,7 +143,8 @@ bool ring_peer_up(const ring_t *r, int stale_ms);
 /* Post a job: items[0..n_items) and their input rows must be written into r->ctl->items and
  * r->x already. Sets seq and gen. */
 void ring_post(ring_t *r, int32_t layer, int32_t n_items, int32_t n_rows, int32_t act, uint64_t step);
-/* Wait for the posted job's result, spinning spin_us first, then on the futex; gives up when the
+/* Wait for the posted job's result, spinning spin_us first (after RING_PAUSE_US, yielding the
+ * core between looks), then on the futex; gives up when the
  * peer is down (see ring_peer_up) or after timeout_ms. 0 with *res, STRATA_ETIMEOUT or
  * STRATA_EIO (the peer died), or the job's own negative status. */
 int ring_wait(ring_t *r, int spin_us, int stale_ms, int timeout_ms, ring_result_t *res);

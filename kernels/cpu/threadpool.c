@@ -3,7 +3,8 @@
  * Dispatch protocol. The pool has one job slot (fn, ctx, n, chunk) and a generation counter
  * `gen`, which is also the futex word. tpool_run fills the slot, resets the chunk counter,
  * then publishes with a release increment of `gen`. Workers spin on `gen` for a short while
- * (SPIN_NS) and then sleep in futex_wait(gen, seen). Each worker, and the caller, grabs
+ * (SPIN_NS), yield the core between looks until the pool's idle spin has passed (if it is
+ * longer), and then sleep in futex_wait(gen, seen). Each worker, and the caller, grabs
  * chunks with fetch_add on `next` until it runs past n, then increments `done`. The caller
  * returns once `done` == number of workers, so no worker is still inside the old job when
  * the slot is rewritten for the next one.
@@ -21,6 +22,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -33,6 +35,7 @@ struct tpool {
     int n;              /* threads including the caller */
     pthread_t *th;      /* [n - 1] workers */
     int n_started;
+    _Atomic int64_t idle_ns;            /* tpool_set_idle_spin: spin, then yield, this long */
     /* job slot, written by the caller before publishing gen */
     tpool_fn_t fn;
     void *ctx;
@@ -82,11 +85,16 @@ static void *s_worker(void *arg)
     for (;;) {
         uint32_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
         if (g == seen) {
-            uint64_t t0 = strata_now_ns();
+            const uint64_t t0 = strata_now_ns(), idle = (uint64_t)atomic_load_explicit(&p->idle_ns, memory_order_relaxed);
+            bool yield = false;
             for (int i = 1; g == seen; i++) {
-                s_pause();
+                if (yield) sched_yield();
+                else s_pause();
                 g = atomic_load_explicit(&p->gen, memory_order_acquire);
-                if ((i & 255) == 0 && strata_now_ns() - t0 > SPIN_NS) break;
+                if (!yield && (i & 255) != 0) continue;
+                const uint64_t dt = strata_now_ns() - t0;
+                if (dt > idle) break;
+                yield = dt > SPIN_NS;
             }
             if (g == seen) {
                 atomic_fetch_add(&p->sleepers, 1);
@@ -122,6 +130,7 @@ tpool_t *tpool_create(int n)
     tpool_t *p = calloc(1, sizeof(*p));
     if (!p) return NULL;
     p->n = n;
+    p->idle_ns = SPIN_NS;
     if (n > 1) {
         p->th = calloc((size_t)n - 1, sizeof(pthread_t));
         if (!p->th) goto fail;
@@ -159,6 +168,11 @@ void tpool_destroy(tpool_t *p)
 int tpool_size(const tpool_t *p)
 {
     return p ? p->n : 1;
+}
+
+void tpool_set_idle_spin(tpool_t *p, int64_t ns)
+{
+    if (p) atomic_store_explicit(&p->idle_ns, ns > SPIN_NS ? ns : SPIN_NS, memory_order_relaxed);
 }
 
 void tpool_run(tpool_t *p, int64_t n, int64_t grain, tpool_fn_t fn, void *ctx)

@@ -14,6 +14,10 @@ typedef void (*tpool_fn_t)(void *ctx, int64_t i0, int64_t i1, int tid);
 tpool_t *tpool_create(int n);
 void tpool_destroy(tpool_t *p);
 int tpool_size(const tpool_t *p);
+/* How long an idle worker waits for the next job before it sleeps on the futex (default 100 us,
+ * spent spinning): a longer wait yields the core between looks (sched_yield), so a job that
+ * comes within it starts without a futex wake-up, and another thread that wants the core gets it. */
+void tpool_set_idle_spin(tpool_t *p, int64_t ns);
 /* Split [0, n) into chunks of at least `grain` items and run fn over them on all threads;
  * returns when every chunk is done. pool may be NULL (runs inline). Not reentrant. */
 void tpool_run(tpool_t *p, int64_t n, int64_t grain, tpool_fn_t fn, void *ctx);

@@ -10,7 +10,9 @@
 #include "model/packed.h"
 #include "store/ring.h"
 
-#define SPIN_US 50          /* spin this long on `done` before sleeping on the futex */
+#define SPIN_US 3000        /* spin this long on `done` before sleeping on the futex: a job takes
+                               about a MoE layer's CPU experts, up to a few ms, and a futex wake-up
+                               after it would add its latency to every layer */
 #define REATTACH_S 0.2      /* how often a ring that is down is attached again */
 
 typedef struct {

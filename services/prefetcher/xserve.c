@@ -149,6 +149,9 @@ int xserve_start(xserve_t **out, const strata_config_t *cfg, int part, const shm
         rc = strata_seterr(eb, STRATA_ENOMEM, "cpu experts: %d threads", threads);
         goto fail;
     }
+    /* the workers wait for the next job as long as the ring thread does: a job comes once a MoE
+     * layer, and a futex wake-up of every worker would add its latency to each */
+    tpool_set_idle_spin(x->pool, (int64_t)RING_SPIN_US * 1000);
     cpu_ops_init();
     char name[SHM_NAME_MAX];
     if (ring_shm_name(name, sizeof name, cfg->name, cfg->prefetcher[part].node) < 0) {
