@@ -90,10 +90,11 @@ static int s_size_class(int n) { return n <= 1 ? 0 : n <= 4 ? 1 : 2; }
 
 /* The CPU's side of the split: the share x of the experts a layer moves (M of them, as averaged
  * for steps of n tokens, each of B bytes in the model's unit) that the prefetchers finish, their fixed cost
- * L once, in the time the link moves the rest: L + x M B c = (1 - x) M B p, with c and p the us
- * per byte of the prefetchers together and of the link. Where one layer's copies take less than
- * L (small experts at batch 1) that is none: a hand-off to the CPU would only add its latency
- * to every layer. Every miss with ALL. */
+ * L once, after the layer's serial part S (cpu_ser_us: the link copies through it, the CPU
+ * cannot start before the layer's rows are there), in the time the link moves the rest:
+ * S + L + x M B c = (1 - x) M B p, with c and p the us per byte of the prefetchers together and
+ * of the link. Where one layer's copies take less than S + L (small experts at batch 1) that is
+ * none: a hand-off to the CPU would only add its latency to every layer. Every miss with ALL. */
 static double s_phi(const gpu_model_t *g, int n)
 {
     if (g->o.cpu_policy == GPU_CPU_ALL) return 1.0;
@@ -108,7 +109,7 @@ static double s_phi(const gpu_model_t *g, int n)
     const double tpe = (double)n * c->top_k / (c->n_experts > 0 ? c->n_experts : 1); /* tokens per expert */
     const double B = (double)g->copy_bytes * (1.0 + GPU_CPU_ROW_COST * (tpe > 1 ? tpe - 1 : 0));
     if (M <= 0) return p / (p + cu);
-    const double x = (M * B * p - lat) / (M * B * (p + cu));
+    const double x = (M * B * p - lat - g->cpu_ser_us) / (M * B * (p + cu));
     return x < 0 ? 0 : x > 1 ? 1 : x;
 }
 
@@ -240,6 +241,15 @@ int gcpu_post(gpu_model_t *g, int k, int n, const int32_t *idx)
     }
     int rc = s_wait_flag(g, g->h_xflag + (size_t)(k % GPU_RING) * 8);
     if (rc) return rc;
+    if (k == 0 && g->st.steps > 0 && (g->st.steps == 64 || g->st.steps % 4096 == 0))
+        log_info("cpu experts, the cost model at step %llu: the link %.1f GB/s, prefetcher 0 %.1f GB/s + %.0f us a job, "
+                 "a layer's serial part %.0f us, the CPU's share of a 1-token step's misses %.2f",
+                 (unsigned long long)g->st.steps, 1e-3 / g->pcie_us_b, 1e-3 / g->cpu_us_b[0], g->cpu_lat_us[0],
+                 g->cpu_ser_us, s_phi(g, 1));
+    if (g->cpu_t_box > 0 && g->cpu_k_box == k - 1 && g->cpu_step_box == g->st.steps) {
+        const double us = (strata_now() - g->cpu_t_box) * 1e6;
+        g->cpu_ser_us += (g->cpu_ser_us == 0 ? 1.0 : GPU_CPU_EMA) * (us - g->cpu_ser_us);
+    }
     int32_t ex[GPU_CPU_MISS_MAX], cnt[GPU_CPU_MISS_MAX];
     for (int i = 0; i < n * K; i++) g->cpu_row[i] = -1;
     for (int d = 0; d < r->n_dest && d < GPU_CPU_DEST; d++) {
@@ -328,5 +338,8 @@ int gcpu_finish(gpu_model_t *g, int k, int n, const int32_t *idx)
     g->st.cpu_uses += (uint64_t)g->cpu_n;
     g->st.cpu_wait_us += (strata_now() - t0) * 1e6;
     __atomic_store_n(box, (uint64_t)1, __ATOMIC_RELEASE);
+    g->cpu_t_box = strata_now();
+    g->cpu_k_box = k;
+    g->cpu_step_box = g->st.steps;
     return 0;
 }

@@ -170,6 +170,12 @@ struct gpu_model {
                                     averaged over layers, by step size (1, 2-4, more) */
     uint64_t cpu_moved;          /* st.prefetches + st.misses + st.cpu_uses at the last plan */
     double cpu_t_post[GPU_CPU_DEST]; /* the current layer's job: posted at (strata_now), 0: none */
+    double cpu_t_box;            /* when the host last set a layer's box (strata_now), */
+    int32_t cpu_k_box;           /* that layer's MoE ordinal */
+    uint64_t cpu_step_box;       /* and its step (st.steps) */
+    double cpu_ser_us;           /* the serial part of a layer: from one layer's box to the next
+                                    one's rows on the host (the GPU's combine, attention and gate,
+                                    which neither side's experts overlap), averaged */
     double cpu_bytes[GPU_CPU_DEST];  /* its expert bytes x row factor (the model's unit) */
 
     /* gpu_step.c: the graphs, steps ahead and chained steps */
