@@ -1,13 +1,19 @@
 /* threadpool.c - persistent worker threads with low-latency dispatch.
  *
- * Dispatch protocol. The pool has one job slot (fn, ctx, n, chunk) and a generation counter
- * `gen`, which is also the futex word. tpool_run fills the slot, resets the chunk counter,
- * then publishes with a release increment of `gen`. Workers spin on `gen` for a short while
- * (SPIN_NS), yield the core between looks until the pool's idle spin has passed (if it is
- * longer), and then sleep in futex_wait(gen, seen). Each worker, and the caller, grabs
- * chunks with fetch_add on `next` until it runs past n, then increments `done`. The caller
- * returns once `done` == number of workers, so no worker is still inside the old job when
- * the slot is rewritten for the next one.
+ * Dispatch protocol. The pool has one job slot (fn, ctx, n, chunk), a claim word and a
+ * generation counter `gen`, which is also the futex word. tpool_run fills the slot, resets
+ * `done`, stores the claim word (the generation, the job's chunk count, the next chunk: 0)
+ * with release, then stores the new `gen`. Workers spin on `gen` for a short while (SPIN_NS),
+ * yield the core between looks until the pool's idle spin has passed (if it is longer), and
+ * then sleep in futex_wait(gen, seen). Each worker, and the caller, claims chunks by a
+ * compare-and-swap of the claim word that holds the generation it woke for, runs them, and
+ * counts each in `done`; the caller returns once `done` is the job's chunk count.
+ *
+ * So a job waits only for the chunks claimed, never for a worker that has not woken yet (one
+ * descheduled on a busy machine, or asleep): that worker's late claim finds another
+ * generation, or no chunk left, and does nothing. A claim that succeeds is of a chunk the job
+ * still waits for, so the slot it reads then is that job's: the caller rewrites the slot only
+ * after every chunk is done, and the word it claimed from was stored after the slot.
  *
  * Lost wake-ups: a worker increments `sleepers` and then futex_waits on the generation it
  * has seen; the caller stores the new generation and then reads `sleepers`. Both sides use
@@ -31,6 +37,16 @@
 
 #define SPIN_NS 100000 /* spin this long before sleeping: decode issues a job every few us */
 
+/* The claim word: the low 24 bits of the generation, the job's chunk count and the next chunk
+ * to claim, 20 bits each (a job has at most 4 chunks a thread, and at most 4096 threads). */
+#define CLAIM_BITS 20
+#define CLAIM_MASK ((1u << CLAIM_BITS) - 1)
+#define GEN_MASK 0xffffffu
+#define CLAIM(g, n, k) (((uint64_t)((g) & GEN_MASK) << (2 * CLAIM_BITS)) | ((uint64_t)(n) << CLAIM_BITS) | (uint64_t)(k))
+#define CLAIM_GEN(c) ((uint32_t)((c) >> (2 * CLAIM_BITS)) & GEN_MASK)
+#define CLAIM_N(c) ((uint32_t)((c) >> CLAIM_BITS) & CLAIM_MASK)
+#define CLAIM_NEXT(c) ((uint32_t)(c) & CLAIM_MASK)
+
 struct tpool {
     int n;              /* threads including the caller */
     pthread_t *th;      /* [n - 1] workers */
@@ -43,8 +59,8 @@ struct tpool {
     _Alignas(64) _Atomic uint32_t gen;   /* futex word: job generation */
     _Atomic int sleepers;                /* workers inside futex_wait */
     _Atomic int stop;
-    _Alignas(64) _Atomic int64_t next;   /* next unclaimed item */
-    _Alignas(64) _Atomic int done;       /* workers finished with the current generation */
+    _Alignas(64) _Atomic uint64_t claim; /* CLAIM(generation, chunks, next chunk) */
+    _Alignas(64) _Atomic int64_t done;   /* chunks of the current job finished */
     _Atomic int busy;                    /* a tpool_run is in progress (not reentrant) */
 };
 
@@ -65,14 +81,19 @@ static inline void s_pause(void)
 #endif
 }
 
-static void s_work(tpool_t *p, int tid)
+/* Claim and run chunks of generation g's job until none is left, or the job is another's. */
+static void s_work(tpool_t *p, uint32_t g, int tid)
 {
-    const int64_t n = p->n_items, chunk = p->chunk;
+    uint64_t c = atomic_load_explicit(&p->claim, memory_order_relaxed);
     for (;;) {
-        int64_t i0 = atomic_fetch_add_explicit(&p->next, chunk, memory_order_relaxed);
-        if (i0 >= n) break;
-        int64_t i1 = i0 + chunk < n ? i0 + chunk : n;
+        if (CLAIM_GEN(c) != (g & GEN_MASK) || CLAIM_NEXT(c) >= CLAIM_N(c)) return;
+        if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acquire, memory_order_relaxed))
+            continue;
+        const int64_t n = p->n_items, i0 = (int64_t)CLAIM_NEXT(c) * p->chunk;
+        const int64_t i1 = i0 + p->chunk < n ? i0 + p->chunk : n;
         p->fn(p->ctx, i0, i1, tid);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        c = atomic_load_explicit(&p->claim, memory_order_relaxed);
     }
 }
 
@@ -105,8 +126,7 @@ static void *s_worker(void *arg)
         }
         seen = g;
         if (atomic_load_explicit(&p->stop, memory_order_acquire)) break;
-        s_work(p, a.tid);
-        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        s_work(p, g, a.tid);
     }
     return NULL;
 }
@@ -127,6 +147,7 @@ static int s_default_threads(void)
 tpool_t *tpool_create(int n)
 {
     if (n <= 0) n = s_default_threads();
+    if (n > 4096) n = 4096; /* the claim word's bound (CLAIM_BITS) */
     tpool_t *p = calloc(1, sizeof(*p));
     if (!p) return NULL;
     p->n = n;
@@ -188,19 +209,21 @@ void tpool_run(tpool_t *p, int64_t n, int64_t grain, tpool_fn_t fn, void *ctx)
      * chunks so small that the per-chunk overhead shows. */
     int64_t chunk = (n + (int64_t)p->n * 4 - 1) / ((int64_t)p->n * 4);
     if (chunk < grain) chunk = grain;
+    const int64_t n_chunks = (n + chunk - 1) / chunk;
+    STRATA_ASSERT(n_chunks <= (int64_t)CLAIM_MASK);
     p->fn = fn;
     p->ctx = ctx;
     p->n_items = n;
     p->chunk = chunk;
-    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
-    atomic_fetch_add(&p->gen, 1); /* seq_cst: publishes the slot, then read sleepers */
+    const uint32_t g = atomic_load_explicit(&p->gen, memory_order_relaxed) + 1;
+    atomic_store_explicit(&p->claim, CLAIM(g, n_chunks, 0), memory_order_release); /* publishes the slot */
+    atomic_store(&p->gen, g); /* seq_cst: then read sleepers */
     if (atomic_load(&p->sleepers) > 0) s_futex(&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX);
-    s_work(p, 0);
-    const int workers = p->n - 1;
-    for (int i = 1; atomic_load_explicit(&p->done, memory_order_acquire) < workers; i++) {
+    s_work(p, g, 0);
+    for (int i = 1; atomic_load_explicit(&p->done, memory_order_acquire) < n_chunks; i++) {
         s_pause();
-        if ((i & 1023) == 0) sched_yield(); /* a worker may be descheduled on a busy machine */
+        if ((i & 1023) == 0) sched_yield(); /* a worker that claimed a chunk may be descheduled */
     }
     atomic_store_explicit(&p->busy, 0, memory_order_release);
 }
