@@ -241,11 +241,13 @@ int gcpu_post(gpu_model_t *g, int k, int n, const int32_t *idx)
     }
     int rc = s_wait_flag(g, g->h_xflag + (size_t)(k % GPU_RING) * 8);
     if (rc) return rc;
-    if (k == 0 && g->st.steps > 0 && (g->st.steps == 64 || g->st.steps % 4096 == 0))
+    if (g->st.steps > 0 && (g->st.steps == 64 || g->st.steps % 4096 == 0) && g->cpu_log_step != g->st.steps) {
+        g->cpu_log_step = g->st.steps; /* the step's first layer with CPU experts */
         log_info("cpu experts, the cost model at step %llu: the link %.1f GB/s, prefetcher 0 %.1f GB/s + %.0f us a job, "
                  "a layer's serial part %.0f us, the CPU's share of a 1-token step's misses %.2f",
                  (unsigned long long)g->st.steps, 1e-3 / g->pcie_us_b, 1e-3 / g->cpu_us_b[0], g->cpu_lat_us[0],
                  g->cpu_ser_us, s_phi(g, 1));
+    }
     if (g->cpu_t_box > 0 && g->cpu_k_box == k - 1 && g->cpu_step_box == g->st.steps) {
         const double us = (strata_now() - g->cpu_t_box) * 1e6;
         g->cpu_ser_us += (g->cpu_ser_us == 0 ? 1.0 : GPU_CPU_EMA) * (us - g->cpu_ser_us);

@@ -176,6 +176,7 @@ struct gpu_model {
     double cpu_ser_us;           /* the serial part of a layer: from one layer's box to the next
                                     one's rows on the host (the GPU's combine, attention and gate,
                                     which neither side's experts overlap), averaged */
+    uint64_t cpu_log_step;       /* the step whose cost-model figures were logged last */
     double cpu_bytes[GPU_CPU_DEST];  /* its expert bytes x row factor (the model's unit) */
 
     /* gpu_step.c: the graphs, steps ahead and chained steps */
