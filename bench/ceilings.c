@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "bench/build_commit.h"
+#include "build_commit.h"
 #include "bench/results.h"
 #include "bench/roofline.h"
 #ifdef STRATA_HAVE_CUDA

@@ -30,7 +30,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "bench/build_commit.h"
+#include "build_commit.h"
 #include "bench/results.h"
 #include "bench/roofline.h"
 #include "bench/shapes.h"

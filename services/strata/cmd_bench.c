@@ -76,6 +76,7 @@
 
 #include "bench/results.h"
 #include "bench/roofline.h"
+#include "build_commit.h"
 #include "common/config.h"
 #include "common/placement.h"
 #include "model/packed.h"
@@ -1158,7 +1159,8 @@ int cmd_bench(int argc, char **argv)
     char commit[128], command[8192], self_dir[4096];
     if (!pr.desc[0]) results_machine(pr.desc, sizeof pr.desc, NULL, 0, 0);
     s_self_dir(self_dir, sizeof self_dir);
-    results_commit(commit, sizeof commit, pr.built, self_dir);
+    /* the tree this strata was built from; with none (not a git checkout), the probe's, then git */
+    results_commit(commit, sizeof commit, STRATA_BUILD_COMMIT[0] ? STRATA_BUILD_COMMIT : pr.built, self_dir);
     if (!commit[0]) results_commit(commit, sizeof commit, NULL, NULL);
     results_command(command, sizeof command, "strata", argc, argv);
 
