@@ -6,13 +6,15 @@ It starts a real group on the CPU backend (`strata up` of a config written here:
 --model, default the demo model that `strata demo` writes; an [http] section on loopback) and
 sends the same greedy request (--prompt, --max-tokens tokens, ignore_eos) two ways: as
 POST /v1/completions with "stream": true (server-sent events over HTTP/1.1, raw sockets), and as
-a `generate` straight to the router (pyzmq + msgpack, proto/PROTOCOL.md). Each path's streams are
-driven by client processes of their own (--client-procs a path at most, the streams split among
-them), as separate clients would be: one client reading both paths would stamp whichever arrived
-second late by its own time spent on the first. A client drives its streams with one poll loop:
-each arrival is stamped with the time the poll returned (CLOCK_MONOTONIC, the same clock in every
-process) and kept raw; SSE, chunked encoding and msgpack are parsed after the run, so that both
-paths cost a client the same little per arrival.
+a `generate` straight to the router (proto/PROTOCOL.md). Each path's streams are driven by client
+processes of their own (--client-procs a path at most, the streams split among them), as separate
+clients would be: one client reading both paths would stamp whichever arrived second late by its
+own time spent on the first. A client drives its streams with one poll loop: each arrival is
+stamped with the time the poll returned (CLOCK_MONOTONIC, the same clock in every process) and
+kept raw; SSE, chunked encoding and msgpack are parsed here after the run, so that both paths cost
+a client the same little per arrival. The clients are bench/stream_client (C, about a microsecond
+an arrival; --client c, the default) or this script's own loop (--client python: pyzmq, tens of
+microseconds an arrival, which land in the figures of whichever stream it reads second).
 
 Two figures, each measured the way that isolates it:
 
@@ -33,12 +35,12 @@ Two figures, each measured the way that isolates it:
 
 The inter-token time (time per streamed token) of both paths in the twin runs is reported too.
 Targets (bench/README.md): HTTP adds < 50 us p50 per streamed token and < 1 ms p50 to TTFT.
-The client is Python: its own time per arrival is part of both paths' figures, and on a small
-machine it competes with the group for the cores (the machine is in the JSON).
+The clients' own time per arrival is part of both paths' figures, and on a small machine they
+compete with the group for the cores (the machine is in the JSON).
 
 usage: http_overhead.py --build BUILD_DIR [--model DIR] [--concurrency 1,64] [--rounds N]
                         [--max-tokens N] [--prompt TEXT] [--threads N] [--http-threads N]
-                        [--client-procs N] [--pace-us US]
+                        [--client-procs N] [--pace-us US] [--client c|python]
                         [--json FILE]
 """
 import argparse
@@ -343,6 +345,58 @@ def client(g, kind, n, a, barrier, out, timeout, at=None):
         dealer.close()
 
 
+def c_client_bin(a):
+    """bench/stream_client of the build, or on PATH."""
+    p = os.path.join(a.build, "bench", "stream_client")
+    return p if os.access(p, os.X_OK) else shutil.which("stream_client")
+
+
+def c_client_parse(out):
+    """stream_client's stdout: [(send time, [(time, bytes), ...]), ...] in stream order."""
+    res, i, cur = [], 0, None
+    while i < len(out):
+        j = out.index(b"\n", i)
+        line = out[i:j].split()
+        i = j + 1
+        if line[0] == b"S":
+            cur = (float(line[1]), [])
+            res.append(cur)
+        elif line[0] == b"A":
+            n = int(line[2])
+            cur[1].append((float(line[1]), out[i:i + n]))
+            i += n
+        elif line[0] != b"E":
+            raise RuntimeError("stream_client: unexpected output %r" % out[i - 40:i])
+    return res
+
+
+def run_c(g, jobs, a, timeout):
+    """The jobs [(kind, n, at)] as stream_client processes, started together (at: their send
+    times, else all at a start time 1 s ahead): ([HTTP], [ZeroMQ]) streams."""
+    exe = c_client_bin(a)
+    if not exe:
+        raise RuntimeError("no stream_client under %s/bench or on PATH (build it, or --client python)" % a.build)
+    start = time.perf_counter() + 1.0
+    body = json.dumps({"prompt": a.prompt, "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True, "stream": True})
+    procs = []
+    for kind, n, at in jobs:
+        spec = {"kind": kind, "port": g.http_port if kind == "http" else g.port, "n": n, "start": start, "at": at,
+                "timeout": timeout, "body": body, "prompt": a.prompt, "max_tokens": a.max_tokens,
+                "id_base": int.from_bytes(os.urandom(3), "little") << 20}
+        p = subprocess.Popen([exe], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        p.stdin.write(json.dumps(spec).encode())
+        p.stdin.close()
+        procs.append((kind, p))
+    hs, zl = [], []
+    for kind, p in procs:
+        out = p.stdout.read()
+        if p.wait() != 0:
+            raise RuntimeError("a %s stream_client failed (exit %d; its error is above)" % (kind, p.returncode))
+        for t0, raw in c_client_parse(out):
+            (hs if kind == "http" else zl).append(HttpStream.done_with(t0, raw) if kind == "http" else ZmqStream.done_with(t0, raw))
+    return hs, zl
+
+
 def run(g, n_http, n_zmq, a, paced=False, timeout=600):
     """Start n_http HTTP and n_zmq ZeroMQ streams, each path from its own client processes
     (--client-procs of them a path at most), all to their end: ([HTTP], [ZeroMQ]) streams with
@@ -364,6 +418,8 @@ def run(g, n_http, n_zmq, a, paced=False, timeout=600):
                 at = [t0 + a.pace_us * 1e-6 * (2 * j + ((kind == "http") == (j % 2 == 1))) for j in range(first, first + m)]
             jobs.append((kind, m, at))
             first += m
+    if a.client == "c":
+        return run_c(g, jobs, a, timeout)
     barrier = mp.Barrier(len(jobs))
     procs = []
     for kind, n, at in jobs:
@@ -483,6 +539,9 @@ def main():
                     help="twin runs: microseconds between one request and the next (default 500)")
     ap.add_argument("--client-procs", type=int, default=4,
                     help="client processes a path at most, the streams split among them (default 4)")
+    ap.add_argument("--client", choices=("c", "python"), default="c",
+                    help="the client processes: c (bench/stream_client, about a microsecond an arrival; default) "
+                         "or python (this script's own loop, tens of microseconds an arrival)")
     ap.add_argument("--json", default="http_overhead.json", help="where to write the JSON (default http_overhead.json)")
     a = ap.parse_args()
     cs = [int(x) for x in a.concurrency.split(",") if x]
@@ -491,7 +550,8 @@ def main():
     g = Group(a, max_seqs=max(64, 2 * max(cs)))
     try:
         g.start()
-        run(g, 1, 1, argparse.Namespace(prompt=a.prompt, max_tokens=4, client_procs=1))  # warm up both paths
+        run(g, 1, 1, argparse.Namespace(prompt=a.prompt, max_tokens=4, client_procs=1, client=a.client,
+                                        build=a.build))  # warm up both paths
         rows = []
         for c in cs:
             rows.append(measure(g, c, a))
@@ -503,6 +563,7 @@ def main():
            "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]), "machine": machine(),
            "model": a.model or "demo", "backend": "cpu", "executor_threads": a.threads,
            "http_threads": a.http_threads, "client_procs": a.client_procs, "pace_us": a.pace_us,
+           "client": a.client,
            "request": {"prompt": a.prompt, "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True},
            "targets": TARGETS, "results": rows,
            "meets_targets": all(all(r["meets_targets"].values()) for r in rows)}

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """test_http_overhead_smoke.py - bench/http_overhead.py end to end on a tiny run (the demo model,
-1 and 2 streams, one round, a few tokens): it exits 0 and its JSON has the machine, the targets
-and, per concurrency, every figure. No speed target is checked here (bench/README.md).
+1 and 2 streams, one round, a few tokens), with each client (bench/stream_client, and the
+script's own Python loop): it exits 0 and its JSON has the machine, the targets and, per
+concurrency, every figure. No speed target is checked here (bench/README.md).
 
 usage: test_http_overhead_smoke.py --build DIR --source DIR
 """
@@ -19,14 +20,22 @@ def main():
     ap.add_argument("--source", required=True)
     a = ap.parse_args()
     bench = os.path.join(a.source, "bench", "http_overhead.py")
-    with tempfile.TemporaryDirectory(prefix="strata-httpbench-test-") as d:
-        out_json = os.path.join(d, "out.json")
-        r = subprocess.run([sys.executable, bench, "--build", a.build, "--concurrency", "1,2", "--rounds", "1", "--max-tokens", "6",
-                            "--threads", "1", "--json", out_json], capture_output=True, text=True, timeout=240)
-        assert r.returncode == 0, "exit %d\n%s\n%s" % (r.returncode, r.stdout, r.stderr)
-        assert "| streams |" in r.stdout, r.stdout
-        with open(out_json) as f:
-            doc = json.load(f)
+    for client in ("c", "python"):
+        with tempfile.TemporaryDirectory(prefix="strata-httpbench-test-") as d:
+            out_json = os.path.join(d, "out.json")
+            r = subprocess.run([sys.executable, bench, "--build", a.build, "--concurrency", "1,2", "--rounds", "1",
+                                "--max-tokens", "6", "--threads", "1", "--client", client, "--json", out_json],
+                               capture_output=True, text=True, timeout=240)
+            assert r.returncode == 0, "%s client: exit %d\n%s\n%s" % (client, r.returncode, r.stdout, r.stderr)
+            assert "| streams |" in r.stdout, r.stdout
+            with open(out_json) as f:
+                doc = json.load(f)
+        assert doc.get("client") == client, doc.get("client")
+        check(doc)
+    return 0
+
+
+def check(doc):
     for k in ("bench", "date", "commit", "command", "machine", "model", "backend", "request", "targets", "results", "meets_targets"):
         assert k in doc, "no %r in the JSON" % k
     assert doc["bench"] == "http_overhead" and isinstance(doc["meets_targets"], bool)
@@ -47,9 +56,8 @@ def main():
             assert row["tpot_ms"][path]["n"] > 0 and row["tpot_ms"][path]["p50"] >= 0, row["tpot_ms"]
         assert sum(row["step_offsets"].values()) == row["streams_per_path"], row["step_offsets"]
         assert set(row["meets_targets"]) == set(doc["targets"]), row["meets_targets"]
-    print("test_http_overhead_smoke: ok (%s)" % "; ".join("%d streams: %.1f us, %.3f ms" % (
-        r["concurrency"], r["per_token_added_us"]["p50"], r["ttft_added_ms"]["p50"]) for r in doc["results"]))
-    return 0
+    print("test_http_overhead_smoke: %s client ok (%s)" % (doc["client"], "; ".join("%d streams: %.1f us, %.3f ms" % (
+        r["concurrency"], r["per_token_added_us"]["p50"], r["ttft_added_ms"]["p50"]) for r in doc["results"])))
 
 
 if __name__ == "__main__":
