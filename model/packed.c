@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -284,7 +285,7 @@ int packed_manifest_parse(packed_manifest_t *pm, const char *json, size_t len, c
     static const char *const file_keys[] = {"name", "bytes", "crc32", NULL};
     static const char *const tensor_keys[] = {"name", "format", "shape", "group", "file", "offset", "bytes",
                                               "scale_offset", "scale_bytes", NULL};
-    static const char *const block_keys[] = {"layer", "expert", "file", "offset", "bytes", NULL};
+    static const char *const block_keys[] = {"layer", "expert", "file", "offset", "bytes", "crc32", NULL};
     const int64_t U63 = INT64_MAX;
     int rc = 0;
     int64_t x;
@@ -453,6 +454,11 @@ int packed_manifest_parse(packed_manifest_t *pm, const char *json, size_t len, c
         b->offset = (uint64_t)x;
         S_TRY(s_get_int(o, "bytes", where, 1, U63, &x, name, eb));
         b->bytes = (uint64_t)x;
+        if (json_object_get(o, "crc32")) { /* optional: manifests before block crc32s have none */
+            S_TRY(s_get_int(o, "crc32", where, 0, UINT32_MAX, &x, name, eb));
+            b->crc32 = (uint32_t)x;
+            b->has_crc = true;
+        }
     }
     json_decref(root);
     return 0;
@@ -884,9 +890,10 @@ int packed_manifest_save(const packed_manifest_t *pm, const char *path, strata_e
     for (int32_t i = 0; i < pm->n_blocks; i++) {
         const packed_block_t *b = &pm->blocks[i];
         s_cat(&s, "    ");
-        s_cat_json(&s, json_pack("{s:i,s:i,s:s,s:I,s:I}", "layer", b->layer, "expert", b->expert, "file",
-                                 pm->files[b->file].name, "offset", (json_int_t)b->offset, "bytes",
-                                 (json_int_t)b->bytes));
+        json_t *o = json_pack("{s:i,s:i,s:s,s:I,s:I}", "layer", b->layer, "expert", b->expert, "file",
+                              pm->files[b->file].name, "offset", (json_int_t)b->offset, "bytes", (json_int_t)b->bytes);
+        if (o && b->has_crc) json_object_set_new(o, "crc32", json_integer((json_int_t)b->crc32));
+        s_cat_json(&s, o);
         s_cat(&s, i + 1 < pm->n_blocks ? ",\n" : "\n");
     }
     s_cat(&s, "  ]\n}\n");
@@ -933,13 +940,40 @@ bool packed_is_packed(const char *dir)
     return access(path, F_OK) == 0;
 }
 
-int packed_verify(const char *dir, const packed_manifest_t *pm, strata_errbuf_t *eb)
+/* The blocks of file fi, by offset, into out (n_blocks entries at most); returns their count. */
+static int32_t s_file_blocks(const packed_manifest_t *pm, int32_t fi, int32_t *out)
+{
+    int32_t n = 0;
+    for (int32_t b = 0; b < pm->n_blocks; b++) {
+        if (pm->blocks[b].file != fi) continue;
+        int32_t k = n++;
+        while (k > 0 && pm->blocks[out[k - 1]].offset > pm->blocks[b].offset) out[k] = out[k - 1], k--;
+        out[k] = b;
+    }
+    return n;
+}
+
+/* A damaged block: STRATA_EFORMAT, for it will not read better a second time. */
+static int s_block_mismatch(const packed_block_t *b, const char *where, uint32_t got, strata_errbuf_t *eb)
+{
+    return strata_seterr(eb, STRATA_EFORMAT,
+                         "%s: the block of layer %d expert %d at offset %" PRIu64 " (%" PRIu64 " bytes) has crc32 0x%08x; "
+                         "the manifest says 0x%08x: the file is damaged",
+                         where, b->layer, b->expert, b->offset, b->bytes, (unsigned)got, (unsigned)b->crc32);
+}
+
+int packed_verify(const char *dir, packed_manifest_t *pm, bool set_blocks, strata_errbuf_t *eb)
 {
     enum { CHUNK = 4 << 20 };
     int rc = 0, fd = -1;
     char path[4200];
     unsigned char *buf = malloc(CHUNK);
-    if (!buf) return -ENOMEM;
+    int32_t *blk = malloc(sizeof *blk * (size_t)(pm->n_blocks + 1));
+    uLong *bcrc = malloc(sizeof *bcrc * (size_t)(pm->n_blocks + 1));
+    if (!buf || !blk || !bcrc) {
+        rc = -ENOMEM;
+        goto fail;
+    }
     for (int32_t i = 0; i < pm->n_files; i++) {
         const packed_file_t *f = &pm->files[i];
         snprintf(path, sizeof path, "%s/%s", dir, f->name);
@@ -951,8 +985,11 @@ int packed_verify(const char *dir, const packed_manifest_t *pm, strata_errbuf_t 
         /* Drop cached pages (clean after the writer's fdatasync) so the re-read comes from the
          * device where the kernel allows it; best effort. */
         (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        const int32_t nb = s_file_blocks(pm, i, blk);
+        for (int32_t k = 0; k < nb; k++) bcrc[k] = crc32(0, Z_NULL, 0);
         uLong crc = crc32(0, Z_NULL, 0);
         uint64_t total = 0;
+        int32_t first = 0; /* blocks before it end at or before total */
         for (;;) {
             ssize_t r = read(fd, buf, CHUNK);
             if (r < 0 && errno == EINTR) continue;
@@ -962,19 +999,83 @@ int packed_verify(const char *dir, const packed_manifest_t *pm, strata_errbuf_t 
             }
             if (r == 0) break;
             crc = crc32(crc, buf, (uInt)r);
-            total += (uint64_t)r;
+            const uint64_t end = total + (uint64_t)r;
+            for (int32_t k = first; k < nb; k++) { /* each block's share of these bytes */
+                const packed_block_t *b = &pm->blocks[blk[k]];
+                if (b->offset >= end) break;
+                const uint64_t lo = b->offset > total ? b->offset : total;
+                const uint64_t hi = b->offset + b->bytes < end ? b->offset + b->bytes : end;
+                if (hi > lo) bcrc[k] = crc32_z(bcrc[k], buf + (lo - total), (size_t)(hi - lo));
+                if (b->offset + b->bytes <= end && k == first) first++;
+            }
+            total = end;
         }
         close(fd);
         fd = -1;
+        /* a damaged block is named first (the file's crc32 then differs too) */
+        for (int32_t k = 0; k < nb && !set_blocks && total == f->bytes; k++) {
+            const packed_block_t *bk = &pm->blocks[blk[k]];
+            if (bk->has_crc && (uint32_t)bcrc[k] != bk->crc32) {
+                rc = s_block_mismatch(bk, path, (uint32_t)bcrc[k], eb);
+                goto fail;
+            }
+        }
         if (total != f->bytes || (uint32_t)crc != f->crc32) {
             rc = strata_seterr(eb, STRATA_EIO, "%s: re-read gives %" PRIu64 " bytes crc32 0x%08x; expected %" PRIu64 " bytes crc32 0x%08x",
                                path, total, (unsigned)crc, f->bytes, (unsigned)f->crc32);
             goto fail;
         }
+        for (int32_t k = 0; k < nb && set_blocks; k++) {
+            pm->blocks[blk[k]].crc32 = (uint32_t)bcrc[k];
+            pm->blocks[blk[k]].has_crc = true;
+        }
     }
 fail:
     if (fd >= 0) close(fd);
     free(buf);
+    free(blk);
+    free(bcrc);
+    return rc;
+}
+
+typedef struct {
+    const packed_manifest_t *pm;
+    const int32_t *blk;
+    const unsigned char *data;
+    _Atomic int32_t bad;       /* first failing position in blk + 1, 0: none */
+    uint32_t got;
+} s_blocks_t;
+
+static void s_check_blocks_fn(void *ctx, int64_t i0, int64_t i1, int tid)
+{
+    (void)tid;
+    s_blocks_t *c = ctx;
+    for (int64_t k = i0; k < i1; k++) {
+        const packed_block_t *b = &c->pm->blocks[c->blk[k]];
+        if (!b->has_crc) continue;
+        const uint32_t got = (uint32_t)crc32_z(crc32(0, Z_NULL, 0), c->data + b->offset, (size_t)b->bytes);
+        int32_t none = 0;
+        if (got != b->crc32 && atomic_compare_exchange_strong(&c->bad, &none, (int32_t)k + 1)) c->got = got;
+    }
+}
+
+int packed_check_blocks(const packed_manifest_t *pm, const char *file, const unsigned char *data, tpool_t *pool,
+                        strata_errbuf_t *eb)
+{
+    int32_t fi = -1;
+    for (int32_t i = 0; i < pm->n_files && fi < 0; i++)
+        if (!strcmp(pm->files[i].name, file)) fi = i;
+    if (fi < 0 || pm->n_blocks == 0) return 0;
+    int32_t *blk = malloc(sizeof *blk * (size_t)pm->n_blocks);
+    if (!blk) return -ENOMEM;
+    s_blocks_t c = {.pm = pm, .blk = blk, .data = data};
+    atomic_init(&c.bad, 0);
+    const int32_t nb = s_file_blocks(pm, fi, blk);
+    tpool_run(pool, nb, 1, s_check_blocks_fn, &c);
+    int rc = 0;
+    const int32_t bad = atomic_load(&c.bad);
+    if (bad) rc = s_block_mismatch(&pm->blocks[blk[bad - 1]], file, c.got, eb);
+    free(blk);
     return rc;
 }
 

@@ -17,6 +17,7 @@
 
 #include "common/strata.h"
 #include "kernels/cpu/qmat.h"
+#include "kernels/cpu/threadpool.h"
 #include "model/model.h"
 #include "store/arena.h"
 
@@ -76,6 +77,8 @@ typedef struct {
 typedef struct {
     int32_t layer, expert, file;
     uint64_t offset, bytes;      /* offset is a multiple of the manifest alignment */
+    uint32_t crc32;              /* zlib crc32 of the block's bytes, when has_crc */
+    bool has_crc;                /* a manifest written before block crc32s has none: not checked */
 } packed_block_t;
 
 typedef struct {
@@ -155,8 +158,15 @@ int model_arena_of(const arena_set_t *s, const void *p);
  * releases). */
 int packed_model_build(model_t *m, const packed_manifest_t *pm, const int32_t *idx, const unsigned char *const *files);
 
-/* Re-read every weight file of the packed folder dir and compare size and crc32 with pm. */
-int packed_verify(const char *dir, const packed_manifest_t *pm, strata_errbuf_t *eb);
+/* Re-read every weight file of the packed folder dir and compare size and crc32 with pm, and each
+ * expert block's crc32 where pm has one; with set_blocks (a writer, before it saves pm) every
+ * block's crc32 is set from the bytes re-read instead, once their file's crc32 matched. */
+int packed_verify(const char *dir, packed_manifest_t *pm, bool set_blocks, strata_errbuf_t *eb);
+/* Check the crc32 of every expert block of pm that lies in weight file `file` (pm->files[] name),
+ * whose bytes are at data, on pool (NULL: this thread). A block without a crc32 passes. On a
+ * mismatch <0, eb naming the file, the block's layer, expert and offset, and both crc32s. */
+int packed_check_blocks(const packed_manifest_t *pm, const char *file, const unsigned char *data, tpool_t *pool,
+                        strata_errbuf_t *eb);
 
 /* Copy the file src to dst (created 0644, fdatasync'd); a missing src is an error when required,
  * else nothing is done. *crc_out (if not NULL) gets the crc32 of the bytes copied. */

@@ -701,6 +701,13 @@ typedef struct {
     int32_t *chunk_file;     /* [n_chunks] */
     uint64_t *chunk_off;     /* [n_chunks] */
     uint32_t *chunk_crc;     /* [n_chunks] or NULL */
+    /* the expert blocks' crc32s (with chunk_crc): a block's piece in each chunk it overlaps,
+     * combined in order after the run */
+    int32_t *fblk;           /* [n_blocks] block indices by (file, offset) */
+    int32_t *fblk_start;     /* [n_files + 1] each file's first entry in fblk */
+    int64_t *chunk_base;     /* [n_files] each file's first chunk */
+    int64_t *piece_base;     /* [n_blocks] a block's first piece in piece_crc */
+    uint32_t *piece_crc;
     uint8_t **bufs;          /* [threads] S_CHUNK staging each (writer), or NULL */
     int *fds;                /* [n_files] output fds (writer, not virtual), or NULL */
     uint8_t **images;        /* [n_files] in-memory images, or NULL */
@@ -752,6 +759,80 @@ static int s_write_spans(const synth_gen_t *g, int32_t f, int fd, uint64_t off, 
     return 0;
 }
 
+/* The blocks' pieces of chunk c (file f, [off, off + len) in buf). */
+static void s_block_pieces(s_job_t *J, int64_t c, int32_t f, uint64_t off, const uint8_t *buf, size_t len)
+{
+    const packed_block_t *B = J->g->pm.blocks;
+    int32_t lo = J->fblk_start[f], hi = J->fblk_start[f + 1];
+    while (lo < hi) { /* the first block that ends after off */
+        const int32_t mid = (lo + hi) / 2;
+        const packed_block_t *b = &B[J->fblk[mid]];
+        if (b->offset + b->bytes <= off) lo = mid + 1;
+        else hi = mid;
+    }
+    for (int32_t k = lo; k < J->fblk_start[f + 1]; k++) {
+        const int32_t bi = J->fblk[k];
+        const packed_block_t *b = &B[bi];
+        if (b->offset >= off + len) break;
+        const uint64_t a = b->offset > off ? b->offset : off;
+        const uint64_t e = b->offset + b->bytes < off + len ? b->offset + b->bytes : off + len;
+        const int64_t piece = c - (J->chunk_base[f] + (int64_t)(b->offset / S_CHUNK));
+        J->piece_crc[J->piece_base[bi] + piece] = (uint32_t)crc32_z(crc32(0, Z_NULL, 0), buf + (a - off), (size_t)(e - a));
+    }
+}
+
+static int s_cmp_fblk(const void *x, const void *y, void *ctx)
+{
+    const packed_block_t *B = ctx, *a = &B[*(const int32_t *)x], *b = &B[*(const int32_t *)y];
+    if (a->file != b->file) return a->file < b->file ? -1 : 1;
+    return a->offset < b->offset ? -1 : a->offset > b->offset;
+}
+
+/* The tables s_block_pieces fills, for the layout pm (the generator's). */
+static int s_blocks_plan(s_job_t *J, const packed_manifest_t *pm)
+{
+    const int32_t nb = pm->n_blocks, nf = pm->n_files;
+    J->fblk = malloc(sizeof *J->fblk * (size_t)(nb + 1));
+    J->fblk_start = calloc((size_t)nf + 1, sizeof *J->fblk_start);
+    J->chunk_base = malloc(sizeof *J->chunk_base * (size_t)(nf + 1));
+    J->piece_base = malloc(sizeof *J->piece_base * (size_t)(nb + 1));
+    if (!J->fblk || !J->fblk_start || !J->chunk_base || !J->piece_base) return -ENOMEM;
+    int64_t c = 0, pieces = 0;
+    for (int32_t f = 0; f < nf; f++) {
+        J->chunk_base[f] = c;
+        c += (int64_t)((pm->files[f].bytes + S_CHUNK - 1) / S_CHUNK);
+    }
+    for (int32_t b = 0; b < nb; b++) {
+        J->fblk[b] = b;
+        J->fblk_start[pm->blocks[b].file + 1]++;
+        const packed_block_t *k = &pm->blocks[b];
+        J->piece_base[b] = pieces;
+        pieces += (int64_t)((k->offset + k->bytes - 1) / S_CHUNK - k->offset / S_CHUNK) + 1;
+    }
+    for (int32_t f = 0; f < nf; f++) J->fblk_start[f + 1] += J->fblk_start[f];
+    qsort_r(J->fblk, (size_t)nb, sizeof *J->fblk, s_cmp_fblk, (void *)pm->blocks);
+    J->piece_crc = calloc((size_t)pieces + 1, sizeof *J->piece_crc);
+    return J->piece_crc ? 0 : -ENOMEM;
+}
+
+/* Each block's crc32 from its pieces, in order, into blocks (pm's, the same layout). */
+static void s_blocks_finish(const s_job_t *J, packed_block_t *blocks, int32_t nb)
+{
+    for (int32_t bi = 0; bi < nb; bi++) {
+        packed_block_t *b = &blocks[bi];
+        uLong crc = crc32(0, Z_NULL, 0);
+        const uint64_t end = b->offset + b->bytes;
+        int64_t piece = 0;
+        for (uint64_t a = b->offset; a < end; piece++) {
+            const uint64_t e = (a / S_CHUNK + 1) * S_CHUNK < end ? (a / S_CHUNK + 1) * S_CHUNK : end;
+            crc = crc32_combine(crc, J->piece_crc[J->piece_base[bi] + piece], (z_off_t)(e - a));
+            a = e;
+        }
+        b->crc32 = (uint32_t)crc;
+        b->has_crc = true;
+    }
+}
+
 static void s_job_fn(void *ctx, int64_t i0, int64_t i1, int tid)
 {
     s_job_t *J = ctx;
@@ -762,6 +843,7 @@ static void s_job_fn(void *ctx, int64_t i0, int64_t i1, int tid)
         uint8_t *buf = J->images ? J->images[f] + off : J->bufs[tid];
         synth_gen_fill(J->g, f, off, buf, len);
         if (J->chunk_crc) J->chunk_crc[c] = (uint32_t)crc32_z(crc32(0, Z_NULL, 0), buf, len);
+        if (J->piece_crc) s_block_pieces(J, c, f, off, buf, len);
         if (J->fds) {
             int e = s_write_spans(J->g, f, J->fds[f], off, buf, len);
             if (e < 0) {
@@ -838,6 +920,11 @@ static void s_job_free(s_job_t *J)
     free(J->chunk_file);
     free(J->chunk_off);
     free(J->chunk_crc);
+    free(J->fblk);
+    free(J->fblk_start);
+    free(J->chunk_base);
+    free(J->piece_base);
+    free(J->piece_crc);
 }
 
 /* ---- writing a folder ----------------------------------------------------------------- */
@@ -961,7 +1048,9 @@ int synth_write(const char *out_dir, const char *config_json, const synth_params
         rc = -ENOMEM;
         goto fail;
     }
+    S_TRY(s_blocks_plan(&J, &g->pm));
     S_TRY(s_run_job(&J, o->threads, eb));
+    s_blocks_finish(&J, pm.blocks, pm.n_blocks);
     /* crc32 of each file from its chunks, in order */
     for (int64_t c = 0, f = -1; c < J.n_chunks; c++) {
         int32_t cf = J.chunk_file[c];
@@ -984,7 +1073,7 @@ int synth_write(const char *out_dir, const char *config_json, const synth_params
     stats.gen_seconds = strata_now() - tg;
     if (o->verify && !o->virtual_files) {
         double tv = strata_now();
-        S_TRY(packed_verify(out_dir, &pm, eb));
+        S_TRY(packed_verify(out_dir, &pm, false, eb));
         if (o->progress) log_info("synth: verified %d files (crc32) in %.2f s", n_files, strata_now() - tv);
     }
     for (int32_t i = 0; i < pm.n_tensors; i++) {

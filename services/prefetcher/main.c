@@ -47,6 +47,7 @@
 #include "common/notify.h"
 #include "common/shm.h"
 #include "kernels/cpu/threadpool.h"
+#include "model/packed.h"
 #include "model/synth_fast.h"
 #include "proto/msg.h"
 #include "proto/zmsg.h"
@@ -103,6 +104,38 @@ static void s_fill_chunk(void *ctx, int64_t i0, int64_t i1, int tid)
         /* the bytes now live in the arena: do not keep a second copy in the page cache */
         (void)posix_fadvise(f->fds[fi], (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
     }
+}
+
+/* A packed model's expert blocks that came from disk, checked against their crc32s in the
+ * manifest (its image in seg) before anything computes on them: a damaged file fails the fill,
+ * naming the block. The blocks of generated files are what the manifest describes by
+ * construction. */
+static int s_check_read(shm_seg_t *seg, const arena_plan_t *plan, const int32_t *gen_file, tpool_t *pool,
+                        strata_errbuf_t *eb)
+{
+    const arena_entry_t *man = NULL;
+    for (uint32_t i = 0; i < plan->n_files && !man; i++)
+        if (!strcmp(plan->files[i].name, PACKED_MANIFEST)) man = &plan->files[i];
+    if (!man) return 0; /* not a packed folder */
+    packed_manifest_t pm;
+    char where[600];
+    snprintf(where, sizeof where, "%s/%s", plan->model_dir, PACKED_MANIFEST);
+    int rc = packed_manifest_parse(&pm, (const char *)seg->base + man->offset, man->bytes, where, eb);
+    if (rc < 0) return rc;
+    const double t0 = strata_now();
+    int checked = 0;
+    for (uint32_t i = 0; i < plan->n_files && rc == 0; i++) {
+        if (gen_file[i] >= 0) continue;
+        for (int32_t b = 0; b < pm.n_blocks; b++)
+            if (!strcmp(pm.files[pm.blocks[b].file].name, plan->files[i].name) && pm.blocks[b].has_crc) checked++;
+        strata_errbuf_t beb = {{0}};
+        if ((rc = packed_check_blocks(&pm, plan->files[i].name, seg->base + plan->files[i].offset, pool, &beb)) < 0)
+            strata_seterr(eb, rc, "%s/%s", plan->model_dir, beb.msg);
+    }
+    if (rc == 0 && checked)
+        log_info("arena: %d expert blocks match their crc32s (%.1f ms)", checked, (strata_now() - t0) * 1e3);
+    packed_manifest_free(&pm);
+    return rc;
 }
 
 /* Copy every planned file into seg and write the index; ready is published by the caller. */
@@ -174,6 +207,7 @@ static int s_fill(shm_seg_t *seg, const arena_plan_t *plan, int threads, strata_
         rc = strata_seterr(eb, f.err, "reading %s/%s: %s", plan->model_dir, plan->files[f.err_file].name, strata_strerror(f.err));
         goto fail;
     }
+    if ((rc = s_check_read(seg, plan, f.gen_file, pool, eb)) < 0) goto fail;
     arena_index_t *ix = (arena_index_t *)shm_payload(seg);
     memset(ix, 0, sizeof *ix);
     ix->magic = ARENA_MAGIC;

@@ -135,7 +135,7 @@ static void s_one(const shape_t *sh, wfmt_t fmt, int group, uint64_t *rng)
         uint8_t *t = s_read(path, &n);
         packed_manifest_t pm;
         T_CHECK(t && packed_manifest_parse(&pm, (char *)t, n, path, &eb) == 0, "%s: manifest: %s", what, eb.msg);
-        T_CHECK(packed_verify(dir, &pm, &eb) == 0, "%s: verify: %s", what, eb.msg);
+        T_CHECK(packed_verify(dir, &pm, false, &eb) == 0, "%s: verify: %s", what, eb.msg);
         T_CHECK(pm.fmt == fmt && (fmt != WF_INT4 || pm.group == group), "%s: manifest format", what);
         packed_manifest_free(&pm);
         free(t);

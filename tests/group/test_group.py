@@ -36,7 +36,9 @@ usage: test_group.py --strata BIN --prefetcher BIN --executor BIN --scheduler BI
                      --client-py DIR CASE...
 """
 import argparse
+import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -462,6 +464,43 @@ def case_demo():
         for p in gl.shm_segments(name):
             os.unlink(p)
         subprocess.run(["rm", "-rf", d])
+
+
+def case_damaged_block():
+    """A byte flipped inside an expert block of the packed model on disk: the prefetcher that
+    reads it into its arena finds the block's crc32 wrong, names the file and the block, and
+    exits 2 (it would not read better again), so the group stops with that error instead of
+    serving, or retrying, a model it cannot trust."""
+    work = tempfile.mkdtemp(prefix="strata-damaged-")
+    try:
+        model = os.path.join(work, "model")
+        shutil.copytree(A.model, model)
+        with open(os.path.join(model, "strata-manifest.json")) as f:
+            man = json.load(f)
+        blk = man["experts"][len(man["experts"]) // 2]
+        assert "crc32" in blk, blk
+        path = os.path.join(model, blk["file"])
+        at = blk["offset"] + blk["bytes"] // 2
+        with open(path, "r+b") as f:
+            f.seek(at)
+            b = f.read(1)
+            f.seek(at)
+            f.write(bytes([b[0] ^ 0x20]))
+        a = argparse.Namespace(**dict(vars(A), model=model))
+        g = gl.Group(a, kind="real")
+        try:
+            g.start(wait=False)
+            rc = g.proc.wait(60)
+            log = g.read_log()
+            want = "the block of layer %d expert %d at offset %d" % (blk["layer"], blk["expert"], blk["offset"])
+            assert rc != 0, "strata up exited 0 over a damaged block; log:\n%s" % log
+            assert want in log and blk["file"] in log and "damaged" in log, "no '%s' in the log:\n%s" % (want, log)
+            assert log.count(want) <= 2, "the prefetcher was restarted over the damaged block:\n%s" % log
+            print("  strata up exit %d: %s" % (rc, [l for l in log.splitlines() if want in l][0].strip()))
+        finally:
+            g.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 CASES = {k[5:]: v for k, v in globals().items() if k.startswith("case_")}

@@ -189,7 +189,7 @@ static void s_check_manifest(const char *dir, const model_config_t *c, uint64_t 
         for (int32_t i = 0; i < pm.n_blocks; i++)
             T_CHECK(pm.blocks[i].offset % align == 0, "%s: block %d offset %llu", what, i,
                     (unsigned long long)pm.blocks[i].offset);
-        T_CHECK(packed_verify(dir, &pm, &eb) == 0, "%s: verify: %s", what, eb.msg);
+        T_CHECK(packed_verify(dir, &pm, false, &eb) == 0, "%s: verify: %s", what, eb.msg);
         packed_manifest_free(&pm);
     }
     free(text);
@@ -495,14 +495,61 @@ static void s_broken_manifests(const char *dir)
     packed_manifest_t pm;
     strata_errbuf_t eb = {{0}};
     T_CHECK(packed_manifest_parse(&pm, s_orig, s_orig_len, s_mpath, &eb) == 0, "parse: %s", eb.msg);
-    T_CHECK(packed_verify(dir, &pm, &eb) == 0, "verify intact: %s", eb.msg);
+    T_CHECK(packed_verify(dir, &pm, false, &eb) == 0, "verify intact: %s", eb.msg);
     T_CHECK(pwrite(fd, "\x5a", 1, st.st_size - 1) == 1, "flip");
-    T_CHECK(packed_verify(dir, &pm, &eb) < 0 && strstr(eb.msg, "experts-000.bin") && strstr(eb.msg, "crc32"),
+    T_CHECK(packed_verify(dir, &pm, false, &eb) < 0 && strstr(eb.msg, "experts-000.bin") && strstr(eb.msg, "crc32"),
             "verify corrupted: '%s'", eb.msg);
     T_CHECK(pwrite(fd, tail + 63, 1, st.st_size - 1) == 1, "unflip");
-    T_CHECK(packed_verify(dir, &pm, &eb) == 0, "verify restored: %s", eb.msg);
+    T_CHECK(packed_verify(dir, &pm, false, &eb) == 0, "verify restored: %s", eb.msg);
+
+    /* every expert block has its crc32; a byte flipped inside one is named by its block, both
+     * on a re-read (packed_verify) and in memory (packed_check_blocks, as a prefetcher checks
+     * what it read into its arena) */
+    int32_t nb0 = 0, with_crc = 0, bi = -1;
+    for (int32_t i = 0; i < pm.n_blocks; i++) {
+        with_crc += pm.blocks[i].has_crc;
+        if (!strcmp(pm.files[pm.blocks[i].file].name, "experts-000.bin") && nb0++ == 1) bi = i;
+    }
+    T_CHECK(with_crc == pm.n_blocks && pm.n_blocks > 0, "%d of %d blocks have a crc32", with_crc, pm.n_blocks);
+    T_CHECK(bi >= 0, "a second block in experts-000.bin");
+    if (bi >= 0) {
+        const packed_block_t *bk = &pm.blocks[bi];
+        char want[96], was;
+        snprintf(want, sizeof want, "layer %d expert %d at offset %llu", bk->layer, bk->expert, (unsigned long long)bk->offset);
+        const off_t at = (off_t)(bk->offset + bk->bytes / 2);
+        unsigned char *img = malloc((size_t)st.st_size);
+        T_CHECK(img && pread(fd, &was, 1, at) == 1 && pread(fd, img, (size_t)st.st_size, 0) == st.st_size, "read block");
+        T_CHECK(packed_check_blocks(&pm, "experts-000.bin", img, NULL, &eb) == 0, "check intact: %s", eb.msg);
+        img[at] ^= 0x10;
+        T_CHECK(packed_check_blocks(&pm, "experts-000.bin", img, NULL, &eb) < 0 && strstr(eb.msg, want) &&
+                    strstr(eb.msg, "experts-000.bin"), "check flipped in memory: '%s'", eb.msg);
+        tpool_t *pool = tpool_create(3);
+        T_CHECK(packed_check_blocks(&pm, "experts-000.bin", img, pool, &eb) < 0 && strstr(eb.msg, want),
+                "check flipped on a pool: '%s'", eb.msg);
+        tpool_destroy(pool);
+        char bad = (char)(was ^ 0x10);
+        T_CHECK(pwrite(fd, &bad, 1, at) == 1, "flip in block");
+        T_CHECK(packed_verify(dir, &pm, false, &eb) < 0 && strstr(eb.msg, want), "verify flipped block: '%s'", eb.msg);
+        T_CHECK(pwrite(fd, &was, 1, at) == 1, "unflip block");
+        T_CHECK(packed_verify(dir, &pm, false, &eb) == 0, "verify block restored: %s", eb.msg);
+        free(img);
+    }
     packed_manifest_free(&pm);
     close(fd);
+
+    /* a manifest from before block crc32s (none in its expert records) parses; its blocks are
+     * not checked */
+    r = s_fresh();
+    json_t *ex = json_object_get(r, "experts");
+    for (size_t i = 0; i < json_array_size(ex); i++) json_object_del(json_array_get(ex, i), "crc32");
+    char *old = json_dumps(r, JSON_COMPACT);
+    json_decref(r);
+    T_CHECK(old && packed_manifest_parse(&pm, old, strlen(old), "old manifest", &eb) == 0, "old manifest: %s", eb.msg);
+    if (old) {
+        for (int32_t i = 0; i < pm.n_blocks; i++) T_CHECK(!pm.blocks[i].has_crc, "block %d of the old manifest has a crc32", i);
+        packed_manifest_free(&pm);
+    }
+    free(old);
 
     /* config.json changed after packing */
     snprintf(path, sizeof path, "%s/config.json", dir);
