@@ -276,11 +276,16 @@ class ZmqStream:
         return out, text
 
 
+def http_body(a):
+    """The POST /v1/completions body of every HTTP stream."""
+    return {"prompt": a.prompt, "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+
+
 def client(g, kind, n, a, barrier, out, timeout, at=None):
     """One client process: n streams of one kind ("http" or "zmq"), sent when every client is
     ready (barrier), or each at its time of at (perf_counter seconds), read to their end; their
     raw arrivals go back through out."""
-    body = {"prompt": a.prompt, "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+    body = http_body(a)
     poller = zmq.Poller()  # zmq_poll over the HTTP sockets' descriptors, or the DEALER
     dealer, by_fd, zs = None, {}, {}
     if kind == "http":
@@ -377,7 +382,7 @@ def run_c(g, jobs, a, timeout):
     if not exe:
         raise RuntimeError("no stream_client under %s/bench or on PATH (build it, or --client python)" % a.build)
     start = time.perf_counter() + 1.0
-    body = json.dumps({"prompt": a.prompt, "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True, "stream": True})
+    body = json.dumps(http_body(a))
     procs = []
     for kind, n, at in jobs:
         spec = {"kind": kind, "port": g.http_port if kind == "http" else g.port, "n": n, "start": start, "at": at,

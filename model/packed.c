@@ -940,8 +940,7 @@ bool packed_is_packed(const char *dir)
     return access(path, F_OK) == 0;
 }
 
-/* The blocks of file fi, by offset, into out (n_blocks entries at most); returns their count. */
-static int32_t s_file_blocks(const packed_manifest_t *pm, int32_t fi, int32_t *out)
+int32_t packed_file_blocks(const packed_manifest_t *pm, int32_t fi, int32_t *out)
 {
     int32_t n = 0;
     for (int32_t b = 0; b < pm->n_blocks; b++) {
@@ -985,7 +984,7 @@ int packed_verify(const char *dir, packed_manifest_t *pm, bool set_blocks, strat
         /* Drop cached pages (clean after the writer's fdatasync) so the re-read comes from the
          * device where the kernel allows it; best effort. */
         (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-        const int32_t nb = s_file_blocks(pm, i, blk);
+        const int32_t nb = packed_file_blocks(pm, i, blk);
         for (int32_t k = 0; k < nb; k++) bcrc[k] = crc32(0, Z_NULL, 0);
         uLong crc = crc32(0, Z_NULL, 0);
         uint64_t total = 0;
@@ -1070,9 +1069,10 @@ int packed_check_blocks(const packed_manifest_t *pm, const char *file, const uns
     if (!blk) return -ENOMEM;
     s_blocks_t c = {.pm = pm, .blk = blk, .data = data};
     atomic_init(&c.bad, 0);
-    const int32_t nb = s_file_blocks(pm, fi, blk);
+    const int32_t nb = packed_file_blocks(pm, fi, blk);
     tpool_run(pool, nb, 1, s_check_blocks_fn, &c);
     int rc = 0;
+    for (int32_t k = 0; k < nb; k++) rc += pm->blocks[blk[k]].has_crc;
     const int32_t bad = atomic_load(&c.bad);
     if (bad) rc = s_block_mismatch(&pm->blocks[blk[bad - 1]], file, c.got, eb);
     free(blk);

@@ -162,9 +162,13 @@ int packed_model_build(model_t *m, const packed_manifest_t *pm, const int32_t *i
  * expert block's crc32 where pm has one; with set_blocks (a writer, before it saves pm) every
  * block's crc32 is set from the bytes re-read instead, once their file's crc32 matched. */
 int packed_verify(const char *dir, packed_manifest_t *pm, bool set_blocks, strata_errbuf_t *eb);
+/* The indices of the expert blocks of pm in file fi, by offset, into out (pm->n_blocks entries
+ * at most); returns their count. */
+int32_t packed_file_blocks(const packed_manifest_t *pm, int32_t fi, int32_t *out);
 /* Check the crc32 of every expert block of pm that lies in weight file `file` (pm->files[] name),
- * whose bytes are at data, on pool (NULL: this thread). A block without a crc32 passes. On a
- * mismatch <0, eb naming the file, the block's layer, expert and offset, and both crc32s. */
+ * whose bytes are at data, on pool (NULL: this thread). A block without a crc32 passes. Returns
+ * how many blocks were checked, or on a mismatch <0, eb naming the file, the block's layer,
+ * expert and offset, and both crc32s. */
 int packed_check_blocks(const packed_manifest_t *pm, const char *file, const unsigned char *data, tpool_t *pool,
                         strata_errbuf_t *eb);
 

@@ -703,7 +703,7 @@ typedef struct {
     uint32_t *chunk_crc;     /* [n_chunks] or NULL */
     /* the expert blocks' crc32s (with chunk_crc): a block's piece in each chunk it overlaps,
      * combined in order after the run */
-    int32_t *fblk;           /* [n_blocks] block indices by (file, offset) */
+    int32_t *fblk;           /* [n_blocks] block indices by file, then offset (packed_file_blocks) */
     int32_t *fblk_start;     /* [n_files + 1] each file's first entry in fblk */
     int64_t *chunk_base;     /* [n_files] each file's first chunk */
     int64_t *piece_base;     /* [n_blocks] a block's first piece in piece_crc */
@@ -759,9 +759,13 @@ static int s_write_spans(const synth_gen_t *g, int32_t f, int fd, uint64_t off, 
     return 0;
 }
 
-/* The blocks' pieces of chunk c (file f, [off, off + len) in buf). */
-static void s_block_pieces(s_job_t *J, int64_t c, int32_t f, uint64_t off, const uint8_t *buf, size_t len)
+/* The crc32 of chunk c (file f, [off, off + len) in buf), each byte read once: the blocks'
+ * pieces (kept for s_blocks_finish) and the gaps between them, combined in order. */
+static uint32_t s_block_pieces(s_job_t *J, int64_t c, int32_t f, uint64_t off, const uint8_t *buf, size_t len)
 {
+    const uLong zero = crc32(0, Z_NULL, 0);
+    uLong crc = zero;
+    uint64_t pos = off;
     const packed_block_t *B = J->g->pm.blocks;
     int32_t lo = J->fblk_start[f], hi = J->fblk_start[f + 1];
     while (lo < hi) { /* the first block that ends after off */
@@ -777,15 +781,14 @@ static void s_block_pieces(s_job_t *J, int64_t c, int32_t f, uint64_t off, const
         const uint64_t a = b->offset > off ? b->offset : off;
         const uint64_t e = b->offset + b->bytes < off + len ? b->offset + b->bytes : off + len;
         const int64_t piece = c - (J->chunk_base[f] + (int64_t)(b->offset / S_CHUNK));
-        J->piece_crc[J->piece_base[bi] + piece] = (uint32_t)crc32_z(crc32(0, Z_NULL, 0), buf + (a - off), (size_t)(e - a));
+        if (a > pos) crc = crc32_combine(crc, crc32_z(zero, buf + (pos - off), (size_t)(a - pos)), (z_off_t)(a - pos));
+        const uint32_t pc = (uint32_t)crc32_z(zero, buf + (a - off), (size_t)(e - a));
+        J->piece_crc[J->piece_base[bi] + piece] = pc;
+        crc = crc32_combine(crc, pc, (z_off_t)(e - a));
+        pos = e;
     }
-}
-
-static int s_cmp_fblk(const void *x, const void *y, void *ctx)
-{
-    const packed_block_t *B = ctx, *a = &B[*(const int32_t *)x], *b = &B[*(const int32_t *)y];
-    if (a->file != b->file) return a->file < b->file ? -1 : 1;
-    return a->offset < b->offset ? -1 : a->offset > b->offset;
+    if (off + len > pos) crc = crc32_combine(crc, crc32_z(zero, buf + (pos - off), (size_t)(off + len - pos)), (z_off_t)(off + len - pos));
+    return (uint32_t)crc;
 }
 
 /* The tables s_block_pieces fills, for the layout pm (the generator's). */
@@ -802,15 +805,13 @@ static int s_blocks_plan(s_job_t *J, const packed_manifest_t *pm)
         J->chunk_base[f] = c;
         c += (int64_t)((pm->files[f].bytes + S_CHUNK - 1) / S_CHUNK);
     }
+    for (int32_t f = 0; f < nf; f++)
+        J->fblk_start[f + 1] = J->fblk_start[f] + packed_file_blocks(pm, f, J->fblk + J->fblk_start[f]);
     for (int32_t b = 0; b < nb; b++) {
-        J->fblk[b] = b;
-        J->fblk_start[pm->blocks[b].file + 1]++;
         const packed_block_t *k = &pm->blocks[b];
         J->piece_base[b] = pieces;
         pieces += (int64_t)((k->offset + k->bytes - 1) / S_CHUNK - k->offset / S_CHUNK) + 1;
     }
-    for (int32_t f = 0; f < nf; f++) J->fblk_start[f + 1] += J->fblk_start[f];
-    qsort_r(J->fblk, (size_t)nb, sizeof *J->fblk, s_cmp_fblk, (void *)pm->blocks);
     J->piece_crc = calloc((size_t)pieces + 1, sizeof *J->piece_crc);
     return J->piece_crc ? 0 : -ENOMEM;
 }
@@ -842,8 +843,8 @@ static void s_job_fn(void *ctx, int64_t i0, int64_t i1, int tid)
         size_t len = fbytes - off < S_CHUNK ? (size_t)(fbytes - off) : S_CHUNK;
         uint8_t *buf = J->images ? J->images[f] + off : J->bufs[tid];
         synth_gen_fill(J->g, f, off, buf, len);
-        if (J->chunk_crc) J->chunk_crc[c] = (uint32_t)crc32_z(crc32(0, Z_NULL, 0), buf, len);
-        if (J->piece_crc) s_block_pieces(J, c, f, off, buf, len);
+        if (J->piece_crc) J->chunk_crc[c] = s_block_pieces(J, c, f, off, buf, len);
+        else if (J->chunk_crc) J->chunk_crc[c] = (uint32_t)crc32_z(crc32(0, Z_NULL, 0), buf, len);
         if (J->fds) {
             int e = s_write_spans(J->g, f, J->fds[f], off, buf, len);
             if (e < 0) {

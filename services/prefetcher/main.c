@@ -124,14 +124,14 @@ static int s_check_read(shm_seg_t *seg, const arena_plan_t *plan, const int32_t 
     if (rc < 0) return rc;
     const double t0 = strata_now();
     int checked = 0;
-    for (uint32_t i = 0; i < plan->n_files && rc == 0; i++) {
+    for (uint32_t i = 0; i < plan->n_files && rc >= 0; i++) {
         if (gen_file[i] >= 0) continue;
-        for (int32_t b = 0; b < pm.n_blocks; b++)
-            if (!strcmp(pm.files[pm.blocks[b].file].name, plan->files[i].name) && pm.blocks[b].has_crc) checked++;
         strata_errbuf_t beb = {{0}};
         if ((rc = packed_check_blocks(&pm, plan->files[i].name, seg->base + plan->files[i].offset, pool, &beb)) < 0)
             strata_seterr(eb, rc, "%s/%s", plan->model_dir, beb.msg);
+        else checked += rc;
     }
+    if (rc > 0) rc = 0;
     if (rc == 0 && checked)
         log_info("arena: %d expert blocks match their crc32s (%.1f ms)", checked, (strata_now() - t0) * 1e3);
     packed_manifest_free(&pm);
