@@ -12,8 +12,9 @@
  * The router tracks, per request, how many generated tokens it has seen (n_gen). A tokens
  * event is placed by its index: indices below n_gen are duplicates (after a resume or a
  * resubmission) and are dropped; an index above n_gen means events were lost, and the router
- * asks the scheduler to resume from n_gen. So the stream the client sees has no gaps and no
- * repeats whatever happens between router and scheduler.
+ * asks the scheduler to resume from n_gen; so does a done that counts more tokens than n_gen.
+ * So the stream the client sees has no gaps and no repeats whatever happens between router
+ * and scheduler.
  */
 #include "services/router/router.h"
 
@@ -599,6 +600,16 @@ static void s_on_done(router_t *r, req_t *q, const msg_done_t *d)
     if (q->state == RQ_CLOSING) {
         s_done_pending(r, q, d);
         s_req_free(r, q);
+        return;
+    }
+    if (d->completion_tokens > q->n_gen) {
+        /* tokens this router has not seen: a done the scheduler sent before it got this
+         * router's resume (queued for the router that was killed), or events lost. The
+         * scheduler keeps a finished request: ask for the rest, whose done follows it. */
+        if (q->state != RQ_RESUMING) {
+            s_sched_simple(r, MSG_SCHED_RESUME, q->id, q->n_gen);
+            q->state = RQ_RESUMING;
+        }
         return;
     }
     const char *txt;

@@ -10,7 +10,8 @@ with several). One token
 per live request every `tick` seconds. Finished requests are kept for resume, and a cancel
 of one answers its done again. A done's timings count from the submission, as the real
 scheduler's do. Knobs for tests: drop_every (drop every n-th tokens event: the router must
-notice the gap), restart() (new instance, all state lost), paused.
+notice the gap), drop_last (drop each request's last tokens event: only its done shows the
+gap), restart() (new instance, all state lost), paused.
 """
 import os
 import threading
@@ -48,6 +49,7 @@ class MockScheduler(threading.Thread):
         self.max_live = {}      # client routing id -> most requests live at once
         self.resumes = []
         self.drop_every = 0
+        self.drop_last = False  # drop each request's last tokens event: its done shows the gap
         self._events = 0
         self.paused = False
         self._halt = threading.Event()
@@ -129,11 +131,12 @@ class MockScheduler(threading.Thread):
                 r["gen"].append(t)
                 if r["t_first"] is None:
                     r["t_first"] = time.monotonic()
-                self._tokens(sock, rid, i, [t])
                 if t in self.eos_ids and not r["ignore_eos"]:
                     r["finish"] = "stop"
                 elif len(r["gen"]) >= r["max_tokens"]:
                     r["finish"] = "length"
+                if not (r["finish"] and self.drop_last):
+                    self._tokens(sock, rid, i, [t])
                 if r["finish"]:
                     r["t_done"] = time.monotonic()
                     del self.live[rid]

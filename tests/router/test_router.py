@@ -479,6 +479,14 @@ def test_resume(g, strata_bin):
         check(toks == expected([80, 81], 4, 40) and len(g.mock.resumes) > 0,
               "lost events are recovered through resume (%d resumes)" % len(g.mock.resumes))
     g.mock.drop_every = 0
+    g.mock.drop_last = True
+    n_res = len(g.mock.resumes)
+    with g.client() as c:
+        text, toks, d = c.complete(tokens=[82, 83], max_tokens=12, seed=4)
+        check(toks == expected([82, 83], 4, 12) and d["usage"]["completion_tokens"] == 12
+              and len(g.mock.resumes) > n_res,
+              "a done that shows lost tokens is not passed on: the router resumes (%d tokens)" % len(toks))
+    g.mock.drop_last = False
 
     # SIGTERM: in-flight clients get shutting_down, exit 0 within 2 s
     g.mock.tick = 0.02
