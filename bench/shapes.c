@@ -45,6 +45,10 @@ static const shape_t s_shapes[] = {
      true},
     {"tiny-gpt-oss", "synthetic", ARCH_GPT_OSS, 512, 128, 2, 4, 2, 32, 128, 0, 0, 8, 4, true, 131072, 150000, 1e-5,
      -1, -1, true, .sliding_window = 16, .pad_id = -1},
+    /* a small attention and vocabulary with many wide experts, which are most of its bytes: the
+     * disk tier's tests (a host budget a fraction of the experts) */
+    {"disk-mixtral", "synthetic", ARCH_MIXTRAL, 512, 256, 4, 4, 2, 64, 1024, 0, 0, 32, 2, true, 4096, 1e6, 1e-5, 1, 2,
+     true},
     /* a few hundred MB: big enough to measure on a CPU, small enough for a laptop */
     {"mini-mixtral", "synthetic", ARCH_MIXTRAL, 32000, 1024, 8, 16, 4, 64, 2816, 0, 0, 8, 2, true, 32768, 1e6, 1e-5,
      1, 2, true},

@@ -126,6 +126,26 @@ static int s_bytes(s_ctx_t *x, const char *sec, const char *key, const char *v, 
     return 1;
 }
 
+/* A host budget: a byte count (s_bytes, at least 1 MiB), or a fraction of the node's free
+ * memory, "0.5" or "50%". One of *bytes, *frac is set, the other zeroed. */
+static int s_host_mem(s_ctx_t *x, const char *sec, const char *key, const char *v, int64_t *bytes, double *frac)
+{
+    *bytes = 0;
+    *frac = 0;
+    char *end;
+    errno = 0;
+    double f = strtod(v, &end);
+    bool pct = end != v && !strcmp(end, "%");
+    if (pct || (end != v && !*end && strchr(v, '.'))) { /* "50%", "0.5"; "1.5G" is bytes */
+        if (errno || !(f > 0) || f > (pct ? 100 : 1))
+            return s_err(x, sec, key, "'%s' is neither a byte count (e.g. 16G) nor a fraction of free memory in (0, 1] "
+                         "(e.g. 0.5 or 50%%)", v);
+        *frac = pct ? f / 100 : f;
+        return 1;
+    }
+    return s_bytes(x, sec, key, v, 1 << 20, INT64_MAX, bytes);
+}
+
 static int s_str(s_ctx_t *x, const char *sec, const char *key, const char *v, char *dst, size_t cap)
 {
     size_t n = strlen(v);
@@ -298,6 +318,8 @@ static int s_on_key(void *user, const char *sec, const char *key, const char *v)
         if (i < 0) return s_err(x, sec, key, "more than %d prefetcher sections", CONFIG_MAX_PREFETCHERS);
         if (!strcmp(key, "endpoint")) return s_endpoint(x, sec, key, v, c->prefetcher[i].endpoint, sizeof c->prefetcher[i].endpoint);
         if (!strcmp(key, "threads")) return s_int(x, sec, key, v, 0, 4096, &c->prefetcher[i].threads);
+        if (!strcmp(key, "host_mem"))
+            return s_host_mem(x, sec, key, v, &c->prefetcher[i].host_mem, &c->prefetcher[i].host_mem_frac);
         int r = s_place(x, sec, key, v, &c->prefetcher[i].place, &handled);
         if (handled) return r;
     } else if (!strcmp(sec, "launcher")) {

@@ -28,6 +28,10 @@
  *                INT4 experts, f32 for MXFP4)
  *   [prefetcher.N]  (one per NUMA node N) endpoint = ipc://{run_dir}/prefetcher-N.sock
  *                numa_node = N   cpus =   threads = 0
+ *                host_mem = (bytes, e.g. 16G, or a fraction of the node's free memory, 0.5 or 50%):
+ *                the arena's budget. Unset, the arena holds the whole model; set, it holds the
+ *                resident tensors and as many expert slots as fit, and the experts are read
+ *                from the packed files on disk into the slots on demand (store/arena.h)
  *   [launcher]   restart_backoff_ms = 200   restart_backoff_max_ms = 10000   ready_timeout_s = 60
  *                watchdog_s = 30 (WATCHDOG_USEC given to services; 0 = off)
  *   [http]       (optional; its presence starts strata-http, the OpenAI-compatible HTTP service)
@@ -107,6 +111,8 @@ typedef struct {
         int node;
         char endpoint[256];
         int threads;
+        int64_t host_mem;    /* host budget of the arena, bytes; 0 = none (the whole model) */
+        double host_mem_frac;/* or this fraction of the node's free memory at the arena's build; 0 = none */
         config_placement_t place;
     } prefetcher[CONFIG_MAX_PREFETCHERS];
 

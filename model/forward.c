@@ -438,22 +438,28 @@ static void s_combine(forward_ctx_t *f, int n)
 
 /* s_moe's experts with some computed elsewhere (f->remote): each destination's experts are
  * posted first (their tokens' rows gathered into its ring), this process's run meanwhile, then
- * every destination is waited for; one that is down or fails has its experts run here. Every
- * pair's output lands at its pair index in f->yp, and the outputs are added in expert order, so
- * y is bit for bit what the all-local path gives when the kernels agree (same ISA and
- * activation mode: a token's FFN output does not depend on the tokens beside it). */
-static void s_moe_remote(forward_ctx_t *f, const layer_t *L, int l)
+ * every destination is waited for; one that is down or fails has its experts run here, unless
+ * one of them is pinned to it (r->pinned: a disk tier, whose bytes only it can read), which
+ * fails the step. Every pair's output lands at its pair index in f->yp, and the outputs are
+ * added in expert order, so y is bit for bit what the all-local path gives when the kernels
+ * agree (same ISA and activation mode: a token's FFN output does not depend on the tokens
+ * beside it). 0, or <0 (pinned experts that could not run). */
+static int s_moe_remote(forward_ctx_t *f, const layer_t *L, int l)
 {
     const moe_remote_t *r = f->remote;
     const model_config_t *c = &f->m->cfg;
     int H = c->hidden, ne = c->n_experts;
     const int8_t *own = r->owner + (size_t)l * ne;
+    const uint8_t *pin = r->pinned ? r->pinned + (size_t)l * ne : NULL;
+    int rc = 0;
     for (int e = 0; e < ne; e++) f->here[e] = own[e] < 0;
     for (int d = 0; d < r->n_dest; d++) {
         f->posted[d] = 0;
         float *rows = NULL;
         int ni = 0;
         int32_t row = 0;
+        bool pinned = false;
+        for (int e = 0; e < ne && pin; e++) pinned |= own[e] == d && pin[e] && f->e_off[e + 1] > f->e_off[e];
         for (int e = 0; e < ne; e++) {
             int32_t p0 = f->e_off[e], cnt = f->e_off[e + 1] - p0;
             if (own[e] != d || cnt == 0) continue;
@@ -463,7 +469,8 @@ static void s_moe_remote(forward_ctx_t *f, const layer_t *L, int l)
             f->rx_n[ni++] = cnt;
             row += cnt;
         }
-        if (ni && r->post(r->ctx, d, l, f->rx_e, f->rx_n, ni, f->steps) == 0) f->posted[d] = 1;
+        if (ni && rows && r->post(r->ctx, d, l, f->rx_e, f->rx_n, ni, f->steps) == 0) f->posted[d] = 1;
+        else if (pinned) rc = STRATA_EIO;
         else
             for (int e = 0; e < ne; e++) f->here[e] |= own[e] == d;
     }
@@ -471,7 +478,8 @@ static void s_moe_remote(forward_ctx_t *f, const layer_t *L, int l)
     for (int d = 0; d < r->n_dest; d++) {
         if (!f->posted[d]) continue;
         const float *out = NULL;
-        if (r->wait(r->ctx, d, &out) == 0) {
+        int wrc = r->wait(r->ctx, d, &out);
+        if (wrc == 0) {
             size_t row = 0;
             for (int e = 0; e < ne; e++) {
                 int32_t p0 = f->e_off[e], cnt = f->e_off[e + 1] - p0;
@@ -481,13 +489,23 @@ static void s_moe_remote(forward_ctx_t *f, const layer_t *L, int l)
             }
             continue;
         }
-        for (int e = 0; e < ne; e++) f->here[e] = own[e] == d;
+        bool pinned = false;
+        for (int e = 0; e < ne; e++) {
+            f->here[e] = own[e] == d;
+            pinned |= f->here[e] && pin && pin[e] && f->e_off[e + 1] > f->e_off[e];
+        }
+        if (pinned) {
+            if (rc == 0) rc = wrc;
+            continue;
+        }
         s_run_here(f, L);
     }
+    return rc;
 }
 
-/* y = sum over routed experts of w * expert(xn) (+ the gated shared expert), grouped by expert. */
-static void s_moe(forward_ctx_t *f, int l, int n)
+/* y = sum over routed experts of w * expert(xn) (+ the gated shared expert), grouped by expert.
+ * 0, or <0 when experts pinned to a prefetcher could not run (s_moe_remote). */
+static int s_moe(forward_ctx_t *f, int l, int n)
 {
     const layer_t *L = &f->m->layers[l];
     const model_config_t *c = &f->m->cfg;
@@ -524,7 +542,8 @@ static void s_moe(forward_ctx_t *f, int l, int n)
     /* Every active expert over its tokens, its outputs at their pair indices, then added in
      * expert order, as one expert at a time would. */
     if (f->remote) {
-        s_moe_remote(f, L, l);
+        int rc = s_moe_remote(f, L, l);
+        if (rc < 0) return rc;
     } else {
         memset(f->here, 1, (size_t)ne);
         s_run_here(f, L);
@@ -536,21 +555,25 @@ static void s_moe(forward_ctx_t *f, int l, int n)
         cpu_ffn_swiglu(f->pool, f->y, f->xn, n, &L->shared.gate, &L->shared.up, &L->shared.down, NULL,
                        f->ffn_scratch, f->sg, true);
     }
+    return 0;
 }
 
-/* x += ffn(rmsnorm(x)) for layer l (MoE or dense). */
-static void s_ffn(forward_ctx_t *f, int l, int n)
+/* x += ffn(rmsnorm(x)) for layer l (MoE or dense). 0 or <0 (s_moe). */
+static int s_ffn(forward_ctx_t *f, int l, int n)
 {
     const model_config_t *c = &f->m->cfg;
     const layer_t *L = &f->m->layers[l];
     int H = c->hidden;
     cpu_rmsnorm(f->xn, f->x, L->ffn_norm, n, H, c->rms_eps);
-    if (c->layer_sparse[l])
-        s_moe(f, l, n);
-    else
+    if (c->layer_sparse[l]) {
+        int rc = s_moe(f, l, n);
+        if (rc < 0) return rc;
+    } else {
         cpu_ffn_swiglu(f->pool, f->y, f->xn, n, &L->dense.gate, &L->dense.up, &L->dense.down, NULL, f->ffn_scratch,
                        NULL, false);
+    }
     for (size_t i = 0; i < (size_t)n * H; i++) f->x[i] += f->y[i];
+    return 0;
 }
 
 const int64_t *forward_route_counts(const forward_ctx_t *f) { return f->route_count; }
@@ -583,7 +606,7 @@ int model_forward(forward_ctx_t *f, kv_cache_t *kv, const batch_t *b, float *log
     for (int t = 0; t < n; t++) qmat_dequant_row(&m->embed, b->tokens[t], f->x + (size_t)t * H);
     for (int l = 0; l < c->n_layers; l++) {
         s_attention(f, kv, b, l);
-        s_ffn(f, l, n);
+        if ((rc = s_ffn(f, l, n)) < 0) goto fail;
     }
     if (b->n_logits > 0) {
         for (int i = 0; i < b->n_logits; i++)

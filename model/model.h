@@ -206,11 +206,14 @@ const int64_t *forward_route_counts(const forward_ctx_t *f);
  * arena holds the expert, over a shm ring (store/ring.h; the executor implements this in
  * services/executor/exec_remote.c). A MoE layer posts each destination's experts first, runs
  * its own meanwhile, then waits; a destination that is down, or does not answer in time, has its
- * experts computed by the caller with the same kernels. */
+ * experts computed by the caller with the same kernels, except pinned ones, which fail the step
+ * (model_forward returns <0). */
 typedef struct {
     void *ctx;
     int n_dest;
     const int8_t *owner;  /* [n_layers][n_experts]: the destination of each expert, -1 = here */
+    const uint8_t *pinned;/* [n_layers][n_experts]: 1 = only its destination can read its bytes (a
+                           * prefetcher's disk tier): never computed here; NULL = none */
     /* The input rows of dest's next job ([max_rows][hidden] fp32), or NULL if dest is down now
      * (its experts then run here). */
     float *(*rows)(void *ctx, int dest);
@@ -218,6 +221,8 @@ typedef struct {
     int (*post)(void *ctx, int dest, int layer, const int32_t *experts, const int32_t *counts, int n, uint64_t step);
     /* Wait for it: 0 with *out the output rows in the same layout, or <0 (then computed here). */
     int (*wait)(void *ctx, int dest, const float **out);
+    /* What the last failed rows() or wait() met, for the step's error ("" none). */
+    const char *(*error)(void *ctx);
 } moe_remote_t;
 
 /* What expert e of layer L adds to plain SwiGLU: its biases (gpt-oss) and the model's activation.

@@ -961,6 +961,13 @@ static int s_block_mismatch(const packed_block_t *b, const char *where, uint32_t
                          where, b->layer, b->expert, b->offset, b->bytes, (unsigned)got, (unsigned)b->crc32);
 }
 
+int packed_check_block(const packed_block_t *b, const char *where, const unsigned char *data, strata_errbuf_t *eb)
+{
+    if (!b->has_crc) return 0;
+    uint32_t got = (uint32_t)crc32(0, data, (uInt)b->bytes);
+    return got == b->crc32 ? 0 : s_block_mismatch(b, where, got, eb);
+}
+
 int packed_verify(const char *dir, packed_manifest_t *pm, bool set_blocks, strata_errbuf_t *eb)
 {
     enum { CHUNK = 4 << 20 };

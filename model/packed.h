@@ -145,8 +145,11 @@ int model_load_packed_mem(model_t *m, const char *manifest, size_t len, const pa
  * check of model_load_packed_mem: config.json and the manifest come from the arenas, every qmat_t
  * points into them (zero copy; they must outlive m). Reads nothing from disk. partial: s holds
  * some of the weight files only (one prefetcher's own arena); the others are reserved address
- * space with no access, so only tensors of s's files may be read. On error <0, eb set. */
-int model_load_arenas(model_t *m, const arena_set_t *s, bool partial, strata_errbuf_t *eb);
+ * space with no access, so only tensors of s's files may be read. A file that a host budget left
+ * on disk (arena_set_disk_file) is reserved the same way. bases (NULL: not wanted) gets, for each
+ * manifest file i, where its bytes are or are reserved, so a tensor's offset in its file is
+ * its data pointer minus bases[i]. On error <0, eb set. */
+int model_load_arenas(model_t *m, const arena_set_t *s, bool partial, const unsigned char **bases, strata_errbuf_t *eb);
 /* Index in s of the arena whose mapping holds p, or -1. */
 int model_arena_of(const arena_set_t *s, const void *p);
 
@@ -165,6 +168,9 @@ int packed_verify(const char *dir, packed_manifest_t *pm, bool set_blocks, strat
 /* The indices of the expert blocks of pm in file fi, by offset, into out (pm->n_blocks entries
  * at most); returns their count. */
 int32_t packed_file_blocks(const packed_manifest_t *pm, int32_t fi, int32_t *out);
+/* Check one block's bytes at data against its crc32 (a block without one passes): 0, or
+ * STRATA_EFORMAT with eb naming where (the file), the layer, the expert, the offset and both crc32s. */
+int packed_check_block(const packed_block_t *b, const char *where, const unsigned char *data, strata_errbuf_t *eb);
 /* Check the crc32 of every expert block of pm that lies in weight file `file` (pm->files[] name),
  * whose bytes are at data, on pool (NULL: this thread). A block without a crc32 passes. Returns
  * how many blocks were checked, or on a mismatch <0, eb naming the file, the block's layer,

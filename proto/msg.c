@@ -409,6 +409,16 @@ static const fdesc_t s_f_pf_status[] = {
     {"reattached", F_BOOL, 0, offsetof(msg_pf_status_t, reattached), 0, 0, 0, 0, 0, NULL, 0},
     {"pid", F_I32, 0, offsetof(msg_pf_status_t, pid), 0, 0, I32MAX, 0, 0, NULL, 0},
     {"instance", F_U64, 0, offsetof(msg_pf_status_t, instance), 0, 0, 0, 0, 0, NULL, 0},
+    {"host_budget", F_U64, 0, offsetof(msg_pf_status_t, host_budget), 0, 0, 0, 0, 0, NULL, 0},
+    {"slots", F_I32, 0, offsetof(msg_pf_status_t, slots), 0, 0, I32MAX, 0, 0, NULL, 0},
+    {"slot_bytes", F_U64, 0, offsetof(msg_pf_status_t, slot_bytes), 0, 0, 0, 0, 0, NULL, 0},
+    {"experts_disk", F_I32, 0, offsetof(msg_pf_status_t, experts_disk), 0, 0, I32MAX, 0, 0, NULL, 0},
+    {"experts_host", F_I32, 0, offsetof(msg_pf_status_t, experts_host), 0, 0, I32MAX, 0, 0, NULL, 0},
+    {"host_hits", F_U64, 0, offsetof(msg_pf_status_t, host_hits), 0, 0, 0, 0, 0, NULL, 0},
+    {"host_misses", F_U64, 0, offsetof(msg_pf_status_t, host_misses), 0, 0, 0, 0, 0, NULL, 0},
+    {"disk_bytes", F_U64, 0, offsetof(msg_pf_status_t, disk_bytes), 0, 0, 0, 0, 0, NULL, 0},
+    {"disk_s", F_F64, 0, offsetof(msg_pf_status_t, disk_s), 0, 0, 1e12, 0, 0, NULL, 0},
+    {"disk_errors", F_U64, 0, offsetof(msg_pf_status_t, disk_errors), 0, 0, 0, 0, 0, NULL, 0},
     END_FIELDS};
 
 typedef struct {

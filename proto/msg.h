@@ -362,6 +362,17 @@ typedef struct {
     bool reattached;            /* the arena survived from an earlier prefetcher run */
     int32_t pid;
     uint64_t instance;
+    /* the disk tier (a host budget; all 0 without one) */
+    uint64_t host_budget;       /* bytes */
+    int32_t slots;              /* expert slots */
+    uint64_t slot_bytes;
+    int32_t experts_disk;       /* experts in this arena's files on disk */
+    int32_t experts_host;       /* of those, in a slot now */
+    uint64_t host_hits;         /* expert fetches a slot served */
+    uint64_t host_misses;       /* ... and read from disk */
+    uint64_t disk_bytes;        /* read from disk */
+    double disk_s;              /* time on those reads */
+    uint64_t disk_errors;       /* blocks that failed a read or their crc32 */
 } msg_pf_status_t;
 
 typedef struct msg_mem msg_mem_t;

@@ -4,7 +4,7 @@
 set -euo pipefail
 PKGS=(build-essential meson ninja-build pkg-config clang
       libzmq3-dev libmsgpack-dev libuv1-dev libnuma-dev libjansson-dev libpcre2-dev libutf8proc-dev
-      libinih-dev libsystemd-dev zlib1g-dev python3 python3-zmq python3-msgpack python3-numpy python3-jinja2 gnuplot-nox
+      libinih-dev libsystemd-dev zlib1g-dev liburing-dev python3 python3-zmq python3-msgpack python3-numpy python3-jinja2 gnuplot-nox
       libmicrohttpd-dev python3-prometheus-client python3-pip util-linux iproute2
       wamerican curl)
 missing=()

@@ -37,7 +37,14 @@ static int s_cmp_entry(const void *a, const void *b)
     return strcmp(((const arena_entry_t *)a)->name, ((const arena_entry_t *)b)->name);
 }
 
-int arena_plan(arena_plan_t *p, const char *model_dir, int part, int parts, int node, strata_errbuf_t *eb)
+bool arena_is_disk_file(const char *name)
+{
+    size_t n = strlen(name);
+    return n > 12 && !strncmp(name, "experts-", 8) && !strcmp(name + n - 4, ".bin");
+}
+
+int arena_plan(arena_plan_t *p, const char *model_dir, int part, int parts, int node, int64_t host_mem, double host_frac,
+               strata_errbuf_t *eb)
 {
     int rc = 0;
     DIR *d = NULL;
@@ -51,6 +58,9 @@ int arena_plan(arena_plan_t *p, const char *model_dir, int part, int parts, int 
     p->part = part;
     p->parts = parts;
     p->node = node;
+    p->host_mem = host_mem > 0 ? host_mem : 0;
+    p->host_frac = host_frac > 0 ? host_frac : 0;
+    p->tiered = p->host_mem > 0 || p->host_frac > 0;
     d = opendir(real);
     if (!d) return strata_seterr(eb, -errno, "model folder %s: %s", real, strerror(errno));
     /* all candidate files, sorted, then keep the ones of this part */
@@ -98,27 +108,37 @@ int arena_plan(arena_plan_t *p, const char *model_dir, int part, int parts, int 
             bool weight = s_is_weight(all[i].name);
             if (weight != (pass == 1)) continue;
             if (weight && (k++ % parts) != part) continue;
-            uint64_t al = weight ? ARENA_ALIGN : 4096;
-            off = (off + al - 1) / al * al;
             arena_entry_t *f = &p->files[p->n_files++];
             *f = all[i];
+            if (p->tiered && weight && arena_is_disk_file(f->name)) {
+                f->flags = ARENA_F_DISK;
+                f->offset = 0;
+                p->disk_bytes += f->bytes;
+                continue;
+            }
+            uint64_t al = weight ? ARENA_ALIGN : 4096;
+            off = (off + al - 1) / al * al;
             f->offset = off;
             p->data_bytes += f->bytes;
             off += f->bytes;
         }
     }
+    if (p->disk_bytes == 0) p->tiered = false; /* no expert file in this part: a budget has nothing to leave on disk */
     p->seg_bytes = (off + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
     uint64_t h = 0xcbf29ce484222325ull;
-    const char tag[] = "strata-arena-v1";
+    const char tag[] = "strata-arena-v2";
     h = s_fnv(h, tag, sizeof tag);
     uint64_t v[4] = {sizeof(arena_index_t), (uint64_t)part, (uint64_t)parts, ARENA_ALIGN};
     h = s_fnv(h, v, sizeof v);
+    h = s_fnv(h, &p->host_mem, sizeof p->host_mem);
+    h = s_fnv(h, &p->host_frac, sizeof p->host_frac);
     h = s_fnv(h, p->model_dir, strlen(p->model_dir) + 1);
     for (uint32_t i = 0; i < p->n_files; i++) {
         const arena_entry_t *f = &p->files[i];
         h = s_fnv(h, f->name, strlen(f->name) + 1);
         h = s_fnv(h, &f->bytes, sizeof f->bytes);
         h = s_fnv(h, &f->mtime_ns, sizeof f->mtime_ns);
+        h = s_fnv(h, &f->flags, sizeof f->flags);
     }
     p->layout_hash = h;
 fail:
@@ -141,9 +161,17 @@ int arena_check(const shm_seg_t *seg, const arena_plan_t *p, strata_errbuf_t *eb
     for (uint32_t i = 0; i < p->n_files; i++) {
         const arena_entry_t *a = &ix->files[i], *b = &p->files[i];
         if (strcmp(a->name, b->name) || a->offset != b->offset || a->bytes != b->bytes || a->mtime_ns != b->mtime_ns ||
-            a->offset + a->bytes > seg->size)
+            a->flags != b->flags || (!(a->flags & ARENA_F_DISK) && a->offset + a->bytes > seg->size))
             return strata_seterr(eb, STRATA_EFORMAT, "arena %s: file %u (%s) differs from the model folder", seg->name, i, b->name);
     }
+    bool slots_ok = p->tiered ? ix->slots_off == p->seg_bytes && ix->n_slots > 0 && ix->slot_bytes > 0 &&
+                                    ix->slot_bytes % 4096 == 0 &&
+                                    ix->slots_off + (uint64_t)ix->n_slots * ix->slot_bytes <= seg->size
+                              : ix->slots_off == 0 && ix->n_slots == 0;
+    if (!slots_ok)
+        return strata_seterr(eb, STRATA_EFORMAT, "arena %s: its expert slots (%u of %llu bytes at %llu) do not fit %s", seg->name,
+                             ix->n_slots, (unsigned long long)ix->slot_bytes, (unsigned long long)ix->slots_off,
+                             p->tiered ? "the segment" : "an arena without a host budget");
     return 0;
 }
 
@@ -161,7 +189,9 @@ int arena_set_attach(arena_set_t *s, const strata_config_t *c, strata_errbuf_t *
             goto fail;
         }
         if ((rc = arena_shm_name(name, sizeof name, ns, c->prefetcher[i].node)) < 0) goto fail;
-        if ((rc = arena_plan(plan, c->model, i, c->n_prefetchers, c->prefetcher[i].node, eb)) < 0) goto fail;
+        if ((rc = arena_plan(plan, c->model, i, c->n_prefetchers, c->prefetcher[i].node, c->prefetcher[i].host_mem,
+                             c->prefetcher[i].host_mem_frac, eb)) < 0)
+            goto fail;
         if ((rc = shm_attach(&s->seg[i], name, plan->layout_hash, 0, eb)) < 0) goto fail;
         s->n = i + 1;
         if ((rc = arena_check(&s->seg[i], plan, eb)) < 0) goto fail;
@@ -181,11 +211,20 @@ const void *arena_set_file(const arena_set_t *s, const char *name, uint64_t *byt
         const arena_index_t *ix = s->idx[i];
         for (uint32_t j = 0; j < ix->n_files; j++) {
             if (strcmp(ix->files[j].name, name)) continue;
+            if (ix->files[j].flags & ARENA_F_DISK) return NULL;
             if (bytes) *bytes = ix->files[j].bytes;
             return s->seg[i].base + ix->files[j].offset;
         }
     }
     return NULL;
+}
+
+int arena_set_disk_file(const arena_set_t *s, const char *name)
+{
+    for (int i = 0; i < s->n; i++)
+        for (uint32_t j = 0; j < s->idx[i]->n_files; j++)
+            if ((s->idx[i]->files[j].flags & ARENA_F_DISK) && !strcmp(s->idx[i]->files[j].name, name)) return i;
+    return -1;
 }
 
 void arena_set_detach(arena_set_t *s)

@@ -173,7 +173,7 @@ int ring_serve_wait(ring_t *r, ring_job_t *job, ring_item_t *items, int timeout_
             if (s_check_job(r, job, items) < 0) {
                 log_warn("ring %s: job %llu of layer %d does not fit the ring: refused", r->seg.name, (unsigned long long)job->seq,
                          job->layer);
-                ring_serve_done(r, job, STRATA_EINVAL_INPUT, 0, 0);
+                ring_serve_done(r, job, STRATA_EINVAL_INPUT, 0, 0, "a job that does not fit the ring's geometry");
                 continue;
             }
             return 1;
@@ -191,10 +191,16 @@ int ring_serve_wait(ring_t *r, ring_job_t *job, ring_item_t *items, int timeout_
     }
 }
 
-void ring_serve_done(ring_t *r, const ring_job_t *job, int status, uint64_t compute_ns, uint64_t bytes)
+void ring_serve_done(ring_t *r, const ring_job_t *job, int status, uint64_t compute_ns, uint64_t bytes, const char *error)
 {
     ring_ctl_t *c = r->ctl;
-    c->res = (ring_result_t){.seq = job->seq, .gen = job->gen, .status = status, .compute_ns = compute_ns, .bytes = bytes};
+    c->res.seq = job->seq;
+    c->res.gen = job->gen;
+    c->res.status = status;
+    c->res.reserved = 0;
+    c->res.compute_ns = compute_ns;
+    c->res.bytes = bytes;
+    snprintf(c->res.error, sizeof c->res.error, "%s", status < 0 && error ? error : "");
     __atomic_add_fetch(status == 0 ? &c->served : &c->failed, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&c->done, (uint32_t)job->seq, __ATOMIC_RELEASE);
     s_futex_wake(&c->done);

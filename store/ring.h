@@ -43,7 +43,7 @@
 #include "common/strata.h"
 
 #define RING_MAGIC 0x474e495241525453ull /* "STRARING" */
-#define RING_VERSION 1u
+#define RING_VERSION 2u
 #define RING_BEAT_MS 10           /* the prefetcher's heartbeat period, at most */
 #define RING_SPIN_US 1000         /* the prefetcher spins this long for a job before its futex */
 #define RING_PAUSE_US 50          /* a ring_wait spins on its core alone this long, then yields it */
@@ -78,6 +78,7 @@ typedef struct {
     int32_t reserved;
     uint64_t compute_ns;          /* the job's time on the prefetcher */
     uint64_t bytes;               /* expert weight bytes it read */
+    char error[256];              /* with a status < 0: what failed, e.g. the file and offset of a bad read */
 } ring_result_t;
 
 /* At shm_payload(seg). Each futex word on a cache line of its own. */
@@ -133,8 +134,9 @@ void ring_beat(ring_t *r);
  * *job and items[] (copied out, every field checked: a job that does not fit the geometry is
  * answered with STRATA_EINVAL_INPUT by the call itself and not returned), 0 on timeout. */
 int ring_serve_wait(ring_t *r, ring_job_t *job, ring_item_t *items, int timeout_ms);
-/* Answer job with status and counters: the output rows must be written. */
-void ring_serve_done(ring_t *r, const ring_job_t *job, int status, uint64_t compute_ns, uint64_t bytes);
+/* Answer job with status and counters: the output rows must be written. error: with a status
+ * < 0, what failed (NULL: none), copied into the result (truncated). */
+void ring_serve_done(ring_t *r, const ring_job_t *job, int status, uint64_t compute_ns, uint64_t bytes, const char *error);
 
 /* Executor side: attach the ring of g read-write (-ENOENT if the prefetcher has not made it). */
 int ring_attach(ring_t *r, const char *name, const ring_geom_t *g, strata_errbuf_t *eb);
@@ -146,7 +148,7 @@ void ring_post(ring_t *r, int32_t layer, int32_t n_items, int32_t n_rows, int32_
 /* Wait for the posted job's result, spinning spin_us first (after RING_PAUSE_US, yielding the
  * core between looks), then on the futex; gives up when the
  * peer is down (see ring_peer_up) or after timeout_ms. 0 with *res, STRATA_ETIMEOUT or
- * STRATA_EIO (the peer died), or the job's own negative status. */
+ * STRATA_EIO (the peer died), or the job's own negative status (*res then has its error text). */
 int ring_wait(ring_t *r, int spin_us, int stale_ms, int timeout_ms, ring_result_t *res);
 /* Unmap. Safe on a zeroed r. */
 void ring_close(ring_t *r);

@@ -586,7 +586,10 @@ int exec_step(exec_t *e, const msg_step_t *st, int32_t *tokens, double *forward_
     }
     double t1 = strata_now();
     if (rc < 0) {
-        snprintf(text, tlen, "forward pass failed: %s", strata_strerror(rc));
+        /* the CPU experts' own account, when they failed it (a disk tier's bad read names the file) */
+        const moe_remote_t *r = e->bk == BK_CPU ? e->o.remote : NULL;
+        const char *why = r && r->error ? r->error(r->ctx) : "";
+        snprintf(text, tlen, "forward pass failed: %s", why[0] ? why : strata_strerror(rc));
         return rc;
     }
     for (int32_t i = 0; i < st->n_seqs; i++) {

@@ -40,7 +40,7 @@ int exec_model_open(exec_model_t *em, const strata_config_t *cfg, double wait_s,
     }
     em->from_arena = true;
     for (int i = 0; i < em->arenas.n; i++) em->arena_bytes += em->arenas.seg[i].size;
-    rc = model_load_arenas(&em->m, &em->arenas, false, eb);
+    rc = model_load_arenas(&em->m, &em->arenas, false, NULL, eb);
     /* model_load_arenas parses config.json alone; the folder's generation_config.json (copied
      * by strata pack, and in the arena with every other file) sets the stop set, as
      * model_config_load does for a folder on disk */

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/cpu/ops.h"
 #include "model/packed.h"
@@ -27,6 +28,9 @@ typedef struct {
 struct exec_remote {
     moe_remote_t iface;
     int8_t *owner;          /* [n_layers][n_experts] */
+    uint8_t *pinned;        /* [n_layers][n_experts] experts of a disk tier: only their prefetcher reads them */
+    bool dest_pinned[CONFIG_MAX_PREFETCHERS]; /* the destination has pinned experts: waited for, never replaced */
+    char err[320];          /* the last failure, for the step's error */
     ring_geom_t geom;
     int timeout_ms;
     int stale_ms;           /* a heartbeat older than this: the prefetcher is stopped or gone (timeout / 2: a
@@ -79,9 +83,24 @@ static float *s_rows(void *ctx, int d)
 {
     exec_remote_t *x = ctx;
     if (s_ready(x, d)) return x->dest[d].ring.x;
+    if (x->dest_pinned[d]) {
+        /* its experts can run nowhere else: wait for it (a restart), bounded */
+        double t0 = strata_now();
+        while (strata_now() - t0 < x->timeout_ms * 1e-3) {
+            struct timespec ts = {0, 20 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            x->dest[d].t_try = -1e9;
+            if (s_ready(x, d)) return x->dest[d].ring.x;
+        }
+        snprintf(x->err, sizeof x->err, "the prefetcher of [prefetcher.%d], whose disk tier holds this layer's experts, is down",
+                 x->dest[d].node);
+        return NULL;
+    }
     x->st.fallbacks++;
     return NULL;
 }
+
+static const char *s_error(void *ctx) { return ((const exec_remote_t *)ctx)->err; }
 
 static int s_post(void *ctx, int d, int layer, const int32_t *experts, const int32_t *counts, int n, uint64_t step)
 {
@@ -102,16 +121,27 @@ static int s_wait(void *ctx, int d, const float **out)
 {
     exec_remote_t *x = ctx;
     s_dest_t *D = &x->dest[d];
-    ring_result_t res;
+    ring_result_t res = {0}; /* seq 0: no answer, unless ring_wait got this job's */
     double t0 = strata_now();
     int rc = ring_wait(&D->ring, SPIN_US, x->stale_ms, x->timeout_ms, &res);
     x->st.wait_us += (strata_now() - t0) * 1e6;
     if (rc < 0) {
-        x->st.fallbacks++;
-        log_warn("prefetcher ring %s: job %llu: %s; computing its experts here", D->name, (unsigned long long)D->ring.seq,
-                 rc == STRATA_EIO ? "the prefetcher is gone" : strata_strerror(rc));
-        D->warned = true;
-        D->t_try = strata_now(); /* give it REATTACH_S before the next try */
+        /* the job's own failure carries its text (a disk tier's bad read: file and offset) */
+        bool own = res.seq == D->ring.seq && res.gen == D->ring.gen && res.status == rc;
+        snprintf(x->err, sizeof x->err, "prefetcher of [prefetcher.%d]: %s", D->node,
+                 own ? (res.error[0] ? res.error : strata_strerror(rc)) : rc == STRATA_EIO ? "the prefetcher is gone"
+                                                                             : strata_strerror(rc));
+        if (x->dest_pinned[d]) {
+            log_error("prefetcher ring %s: job %llu: %s", D->name, (unsigned long long)D->ring.seq, x->err);
+        } else {
+            x->st.fallbacks++;
+            log_warn("prefetcher ring %s: job %llu: %s; computing its experts here", D->name, (unsigned long long)D->ring.seq,
+                     x->err);
+        }
+        if (!own) {
+            D->warned = true;
+            D->t_try = strata_now(); /* give it REATTACH_S before the next try */
+        }
         return rc;
     }
     const ring_job_t *j = &D->ring.ctl->job;
@@ -124,28 +154,73 @@ static int s_wait(void *ctx, int d, const float **out)
     return 0;
 }
 
+/* Pin every expert whose block lies in a file that an arena leaves on disk (arena_set_disk_file)
+ * to that arena's prefetcher: *n of them. The manifest, from the arenas, says where each is. */
+static int s_pin_disk(exec_remote_t *x, const exec_model_t *em, int *n, strata_errbuf_t *eb)
+{
+    const model_config_t *c = &em->m.cfg;
+    *n = 0;
+    bool any = false;
+    for (int a = 0; a < em->arenas.n; a++) any |= em->arenas.idx[a]->n_slots > 0;
+    if (!any) return 0;
+    uint64_t len = 0;
+    const char *text = arena_set_file(&em->arenas, PACKED_MANIFEST, &len);
+    packed_manifest_t pm;
+    int rc = text ? packed_manifest_parse(&pm, text, (size_t)len, "arena:" PACKED_MANIFEST, eb)
+                  : strata_seterr(eb, STRATA_EINVAL_INPUT, "disk tier: no %s in the arenas", PACKED_MANIFEST);
+    if (rc < 0) return rc;
+    for (int32_t b = 0; b < pm.n_blocks; b++) {
+        const packed_block_t *B = &pm.blocks[b];
+        if (B->layer < 0 || B->layer >= c->n_layers || B->expert < 0 || B->expert >= c->n_experts) continue;
+        int a = arena_set_disk_file(&em->arenas, pm.files[B->file].name);
+        if (a < 0) continue;
+        size_t k = (size_t)B->layer * c->n_experts + B->expert;
+        x->owner[k] = (int8_t)a;
+        x->pinned[k] = 1;
+        x->dest_pinned[a] = true;
+        (*n)++;
+    }
+    packed_manifest_free(&pm);
+    return 0;
+}
+
 int exec_remote_create(exec_remote_t **out, const strata_config_t *cfg, const exec_model_t *em, strata_errbuf_t *eb)
 {
     *out = NULL;
+    int rc = 0;
     const model_config_t *c = &em->m.cfg;
     /* on the GPU the CPU is the alternative to a copy, on one node too: every arena's experts
      * may go there, and the cost model (model/gpu_cpu.c) chooses */
     const bool gpu = !strcmp(cfg->executor.backend, "cuda");
     bool all = !strcmp(cfg->executor.expert_path, "cpu") || gpu;
-    if (!em->from_arena || c->n_experts <= 0 || !strcmp(cfg->executor.expert_path, "pcie")) return 0;
-    /* on the GPU, auto copies every miss: the cost model (cost) loses to the copies where the
-     * experts are small (bench/RESULTS.md: Qwen3-30B-A3B at 6 GiB) */
-    if (gpu && !strcmp(cfg->executor.expert_path, "auto")) return 0;
+    if (!em->from_arena || c->n_experts <= 0) return 0;
     exec_remote_t *x = calloc(1, sizeof *x);
     if (!x) return STRATA_ENOMEM;
-    x->owner = malloc((size_t)c->n_layers * (size_t)c->n_experts);
-    if (!x->owner) {
-        free(x);
+    const size_t ne = (size_t)c->n_layers * (size_t)c->n_experts;
+    x->owner = malloc(ne);
+    x->pinned = calloc(ne, 1);
+    if (!x->owner || !x->pinned) {
+        exec_remote_free(x);
         return STRATA_ENOMEM;
     }
-    memset(x->owner, -1, (size_t)c->n_layers * (size_t)c->n_experts);
-    int own = 0;
-    for (int l = 0; l < c->n_layers; l++) {
+    memset(x->owner, -1, ne);
+    /* experts a host budget left on disk: their prefetcher alone reads them, whatever the path */
+    int own = 0, pinned = 0;
+    if ((rc = s_pin_disk(x, em, &pinned, eb)) < 0) {
+        exec_remote_free(x);
+        return rc;
+    }
+    own = pinned;
+    if (pinned && gpu) {
+        exec_remote_free(x);
+        return strata_seterr(eb, STRATA_EINVAL_INPUT,
+                             "%d experts are on disk ([prefetcher.N] host_mem), and backend = cuda reads every expert from host "
+                             "memory: the disk tier serves backend = cpu only; unset host_mem or use backend = cpu", pinned);
+    }
+    /* on the GPU, auto copies every miss: the cost model (cost) loses to the copies where the
+     * experts are small (bench/RESULTS.md: Qwen3-30B-A3B at 6 GiB) */
+    bool none = !strcmp(cfg->executor.expert_path, "pcie") || (gpu && !strcmp(cfg->executor.expert_path, "auto"));
+    for (int l = 0; l < c->n_layers && !none; l++) {
         if (!c->layer_sparse[l]) continue;
         for (int e = 0; e < c->n_experts; e++) {
             int a = model_arena_of(&em->arenas, em->m.layers[l].experts[e].gate.data);
@@ -174,9 +249,10 @@ int exec_remote_create(exec_remote_t **out, const strata_config_t *cfg, const ex
         (void)s_ready(x, d);
     }
     x->st.experts_owned = own;
-    x->iface = (moe_remote_t){.ctx = x, .n_dest = x->n_dest, .owner = x->owner, .rows = s_rows, .post = s_post, .wait = s_wait};
-    log_info("cpu experts: %d of the model's experts run on their prefetchers' cores (expert_path = %s)", own,
-             cfg->executor.expert_path);
+    x->iface = (moe_remote_t){.ctx = x, .n_dest = x->n_dest, .owner = x->owner, .pinned = pinned ? x->pinned : NULL,
+                              .rows = s_rows, .post = s_post, .wait = s_wait, .error = s_error};
+    log_info("cpu experts: %d of the model's experts run on their prefetchers' cores (expert_path = %s%s)", own,
+             cfg->executor.expert_path, pinned ? "; those of the disk tier always" : "");
     *out = x;
     return 0;
 }
@@ -197,5 +273,6 @@ void exec_remote_free(exec_remote_t *x)
     for (int d = 0; d < x->n_dest; d++)
         if (x->dest[d].attached) ring_close(&x->dest[d].ring);
     free(x->owner);
+    free(x->pinned);
     free(x);
 }

@@ -38,6 +38,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <numa.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -125,7 +126,7 @@ static int s_check_read(shm_seg_t *seg, const arena_plan_t *plan, const int32_t 
     const double t0 = strata_now();
     int checked = 0;
     for (uint32_t i = 0; i < plan->n_files && rc >= 0; i++) {
-        if (gen_file[i] >= 0) continue;
+        if (gen_file[i] >= 0 || (plan->files[i].flags & ARENA_F_DISK)) continue; /* disk files: checked at each read */
         strata_errbuf_t beb = {{0}};
         if ((rc = packed_check_blocks(&pm, plan->files[i].name, seg->base + plan->files[i].offset, pool, &beb)) < 0)
             strata_seterr(eb, rc, "%s/%s", plan->model_dir, beb.msg);
@@ -138,8 +139,68 @@ static int s_check_read(shm_seg_t *seg, const arena_plan_t *plan, const int32_t 
     return rc;
 }
 
-/* Copy every planned file into seg and write the index; ready is published by the caller. */
-static int s_fill(shm_seg_t *seg, const arena_plan_t *plan, int threads, strata_errbuf_t *eb)
+/* The expert slots of a tiered arena (plan->tiered), from its host budget. */
+typedef struct {
+    uint64_t budget;           /* resolved, bytes */
+    uint64_t slot_bytes;
+    uint32_t n_slots;
+    int32_t n_disk;            /* expert blocks in the plan's disk files */
+} s_slots_t;
+
+/* Free memory of NUMA node numa_node (-1: of the machine). */
+static uint64_t s_free_mem(int numa_node)
+{
+    long long fr = 0;
+    if (numa_node >= 0 && numa_available() >= 0 && numa_node <= numa_max_node() && numa_node_size64(numa_node, &fr) > 0 && fr > 0)
+        return (uint64_t)fr;
+    long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+}
+
+/* Size the slots of a tiered plan: its budget (host_mem, or host_frac of the node's free memory
+ * now), less the imaged files, in slots of the largest expert block of its disk files (from the
+ * manifest on disk), at most one per such block. */
+static int s_size_slots(const arena_plan_t *plan, int numa_node, s_slots_t *o, strata_errbuf_t *eb)
+{
+    memset(o, 0, sizeof *o);
+    char path[1024], *text = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/%s", plan->model_dir, PACKED_MANIFEST);
+    int rc = strata_read_file(path, 256u << 20, &text, &len, eb);
+    if (rc < 0) return rc;
+    packed_manifest_t pm;
+    rc = packed_manifest_parse(&pm, text, len, path, eb);
+    free(text);
+    if (rc < 0) return rc;
+    uint64_t max_block = 0;
+    for (int32_t b = 0; b < pm.n_blocks; b++) {
+        const char *fname = pm.files[pm.blocks[b].file].name;
+        for (uint32_t i = 0; i < plan->n_files; i++)
+            if ((plan->files[i].flags & ARENA_F_DISK) && !strcmp(plan->files[i].name, fname)) {
+                o->n_disk++;
+                if (pm.blocks[b].bytes > max_block) max_block = pm.blocks[b].bytes;
+            }
+    }
+    packed_manifest_free(&pm);
+    if (o->n_disk == 0 || max_block == 0)
+        return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: host_mem is set, but the manifest lists no expert block in %s's files",
+                             plan->model_dir, "this arena");
+    o->slot_bytes = (max_block + 4095) / 4096 * 4096;
+    o->budget = plan->host_mem > 0 ? (uint64_t)plan->host_mem : (uint64_t)(plan->host_frac * (double)s_free_mem(numa_node));
+    uint64_t fixed = plan->seg_bytes;
+    if (o->budget < fixed + o->slot_bytes)
+        return strata_seterr(eb, STRATA_EINVAL_INPUT,
+                             "host_mem %.1f MiB%s is less than the resident tensors and metadata (%.1f MiB) plus one expert slot "
+                             "(%.1f MiB)", o->budget / 1048576.0, plan->host_frac > 0 ? " (of free memory)" : "", fixed / 1048576.0,
+                             o->slot_bytes / 1048576.0);
+    uint64_t n = (o->budget - fixed) / o->slot_bytes;
+    o->n_slots = (uint32_t)(n < (uint64_t)o->n_disk ? n : (uint64_t)o->n_disk);
+    return 0;
+}
+
+/* Copy every planned file into seg and write the index (its slots from sl, tiered); ready is
+ * published by the caller. */
+static int s_fill(shm_seg_t *seg, const arena_plan_t *plan, const s_slots_t *sl, int threads, strata_errbuf_t *eb)
 {
     int rc = 0;
     tpool_t *pool = NULL;
@@ -164,12 +225,20 @@ static int s_fill(shm_seg_t *seg, const arena_plan_t *plan, int threads, strata_
             synth_gen_free(gen);
             gen = NULL;
         } else {
+            if (plan->tiered) {
+                rc = strata_seterr(eb, STRATA_EINVAL_INPUT,
+                                   "%s is a virtual synthetic model: its expert files are placeholders, and a host budget "
+                                   "(host_mem) reads experts from disk; write it with `strata synth` without --synthetic",
+                                   plan->model_dir);
+                goto fail;
+            }
             for (uint32_t i = 0; i < plan->n_files; i++) f.gen_file[i] = synth_gen_file_index(gen, plan->files[i].name);
             f.gen = gen;
             log_info("%s is a virtual synthetic model: generating its weight files into the arena", plan->model_dir);
         }
     }
     for (uint32_t i = 0; i < plan->n_files; i++) {
+        if (plan->files[i].flags & ARENA_F_DISK) continue; /* read into slots on demand (dtier.h) */
         char path[1024];
         snprintf(path, sizeof path, "%s/%s", plan->model_dir, plan->files[i].name);
         f.fds[i] = open(path, O_RDONLY | O_CLOEXEC);
@@ -192,7 +261,7 @@ static int s_fill(shm_seg_t *seg, const arena_plan_t *plan, int threads, strata_
     }
     int64_t c = 0;
     for (uint32_t i = 0; i < plan->n_files; i++)
-        for (uint64_t off = 0; off < plan->files[i].bytes; off += FILL_CHUNK) {
+        for (uint64_t off = 0; !(plan->files[i].flags & ARENA_F_DISK) && off < plan->files[i].bytes; off += FILL_CHUNK) {
             f.chunk_file[c] = i;
             f.chunk_off[c++] = off;
         }
@@ -217,6 +286,13 @@ static int s_fill(shm_seg_t *seg, const arena_plan_t *plan, int threads, strata_
     ix->parts = plan->parts;
     ix->node = plan->node;
     ix->data_bytes = plan->data_bytes;
+    ix->disk_bytes = plan->disk_bytes;
+    if (plan->tiered) {
+        ix->host_budget = sl->budget;
+        ix->slots_off = plan->seg_bytes;
+        ix->slot_bytes = sl->slot_bytes;
+        ix->n_slots = sl->n_slots;
+    }
     snprintf(ix->model_dir, sizeof ix->model_dir, "%s", plan->model_dir);
     memcpy(ix->files, plan->files, sizeof(arena_entry_t) * plan->n_files);
 fail:
@@ -305,9 +381,16 @@ build:
     if (arena_shm_name(a->name, sizeof a->name, a->ns, node) < 0)
         return strata_seterr(eb, STRATA_EINVAL_INPUT, "group name '%s' too long for a segment name", cfg->name);
     double t0 = strata_now();
-    rc = shm_create(&a->seg, name, plan->seg_bytes, plan->layout_hash, numa_node, eb);
+    s_slots_t sl = {0};
+    if (plan->tiered) {
+        if ((rc = s_size_slots(plan, numa_node, &sl, eb)) < 0) return rc;
+        log_info("host budget %.1f MiB: %.1f MiB of resident tensors and metadata, %u expert slots of %.1f MiB for %d experts "
+                 "(%.1f MiB) on disk", sl.budget / 1048576.0, plan->seg_bytes / 1048576.0, sl.n_slots, sl.slot_bytes / 1048576.0,
+                 sl.n_disk, plan->disk_bytes / 1048576.0);
+    }
+    rc = shm_create(&a->seg, name, plan->seg_bytes + (uint64_t)sl.n_slots * sl.slot_bytes, plan->layout_hash, numa_node, eb);
     if (rc < 0) return rc;
-    rc = s_fill(&a->seg, plan, threads, eb);
+    rc = s_fill(&a->seg, plan, &sl, threads, eb);
     if (rc < 0) {
         shm_detach(&a->seg);
         shm_remove(name);
@@ -329,12 +412,31 @@ static void s_usage(FILE *f)
             "fills it from [group] model under a new token. Then it computes the executor's CPU experts\n"
             "whose weights lie in this arena on its cores ([prefetcher.N] threads), over the shm ring\n"
             "/strata-<group>-<token>-ring-<N>, and serves status on [prefetcher.N] endpoint.\n"
+            "With [prefetcher.N] host_mem (bytes, or a fraction of the node's free memory) the arena holds\n"
+            "the resident tensors and expert slots only, and the experts are read from the packed files\n"
+            "on disk into the slots as jobs need them (io_uring), each block checked against its crc32.\n"
             "Reports READY=1 / WATCHDOG=1 / STOPPING=1 through sd_notify (NOTIFY_SOCKET).\n\n"
             "  --config FILE   group config (INI)\n"
             "  --node N        which [prefetcher.N] section this process is\n"
             "  --remove        remove this node's arena and ring segments and its token, and exit\n"
             "  --help          this text\n\n"
             "Exit codes: 0 clean stop, 1 runtime failure, 2 bad config or usage.\n");
+}
+
+/* The disk tier's counters into st (zeros without a host budget). */
+static void s_disk_status(const xserve_t *xs, msg_pf_status_t *st)
+{
+    dtier_stats_t d;
+    xserve_disk_stats(xs, &d);
+    st->slots = (int32_t)d.n_slots;
+    st->slot_bytes = d.slot_bytes;
+    st->experts_disk = d.experts;
+    st->experts_host = d.resident;
+    st->host_hits = d.hits;
+    st->host_misses = d.misses;
+    st->disk_bytes = d.disk_bytes;
+    st->disk_s = d.disk_s;
+    st->disk_errors = d.errors;
 }
 
 /* Answer one request on the ROUTER socket: frames [routing id][message]. */
@@ -473,7 +575,8 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    int rc = arena_plan(plan, cfg->model, part, cfg->n_prefetchers, node, &eb);
+    int rc = arena_plan(plan, cfg->model, part, cfg->n_prefetchers, node, cfg->prefetcher[part].host_mem,
+                        cfg->prefetcher[part].host_mem_frac, &eb);
     if (rc < 0) {
         log_error("%s: [group] model: %s", config_path, eb.msg);
         return 2;
@@ -522,6 +625,7 @@ int main(int argc, char **argv)
         .reattached = arena.reattached,
         .pid = (int32_t)getpid(),
         .instance = instance,
+        .host_budget = ((const arena_index_t *)shm_payload(&arena.seg))->host_budget,
     };
     msg_buf_t b = {0};
     notify_status("arena %s %s, %zu bytes", name, arena.reattached ? "reattached" : "filled", arena.seg.size);
@@ -540,6 +644,7 @@ int main(int argc, char **argv)
                 int ev = 0;
                 size_t evl = sizeof ev;
                 if (zmq_getsockopt(sock, ZMQ_EVENTS, &ev, &evl) < 0 || !(ev & ZMQ_POLLIN)) break;
+                s_disk_status(xs, &st);
                 s_serve_one(sock, &st, &b);
             }
         notify_watchdog();

@@ -11,6 +11,8 @@
 #ifndef STRATA_XSERVE_H
 #define STRATA_XSERVE_H
 
+#include "services/prefetcher/dtier.h"
+
 #include "common/config.h"
 #include "common/shm.h"
 
@@ -23,5 +25,7 @@ int xserve_start(xserve_t **out, const strata_config_t *cfg, int part, const shm
                  strata_errbuf_t *eb);
 /* Stop the thread and free. Safe on NULL. */
 void xserve_stop(xserve_t *x);
+/* The disk tier's counters (all zero without a host budget, or for NULL). */
+void xserve_disk_stats(const xserve_t *x, dtier_stats_t *st);
 
 #endif

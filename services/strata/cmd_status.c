@@ -63,6 +63,12 @@ static void s_policy(pid_t pid, char *out, size_t cap)
     fclose(f);
 }
 
+static void s_print_line(void *ctx, const char *text)
+{
+    (void)ctx;
+    printf("%s\n", text);
+}
+
 static void s_dur(double s, char *out, size_t cap)
 {
     if (s <= 0) snprintf(out, cap, "-");
@@ -141,6 +147,10 @@ int cmd_status(int argc, char **argv)
         printf("%-14s %8s  %-9s %8s %8d  %-12s %-5s %-10s %s\n", s->name, pid,
                alive ? s->state : (strcmp(s->state, "failed") ? "stopped" : "failed"), up, s->restarts, cpus, mems, pol,
                s->last_exit[0] ? s->last_exit : "-");
+    }
+    if (alive && !strcmp(st->state, "running")) {
+        printf("\n");
+        gs_tiers(st->config, s_print_line, NULL);
     }
     free(st);
     return alive ? 0 : 1;

@@ -198,6 +198,12 @@ static void s_on_backoff(uv_timer_t *t);
 
 /* ---- start-up order ------------------------------------------------------------------ */
 
+static void s_log_line(void *ctx, const char *text)
+{
+    (void)ctx;
+    log_info("%s", text);
+}
+
 /* Start the next stage once every service of the stages so far is ready. */
 static void s_advance(launcher_t *L)
 {
@@ -213,6 +219,7 @@ static void s_advance(launcher_t *L)
     L->state = G_RUNNING;
     s_write_state(L);
     log_info("group '%s' ready: %d services (strata status --config %s)", L->cfg.name, L->n_svc, L->config_path);
+    gs_tiers(L->config_path, s_log_line, NULL); /* how the experts split across GPU, host memory and disk */
     notify_ready(); /* if strata up itself runs under systemd Type=notify */
     s_report(L, true, NULL);
 }
@@ -683,9 +690,12 @@ static void s_print_config(const strata_config_t *c, const char *path)
            c->scheduler.max_context, c->scheduler.place.cpus, c->scheduler.place.numa_node);
     printf("[executor]\nendpoint = %s\nbackend = %s\nthreads = %d\ngpu_mem = %lld\ncpus = %s\nnuma_node = %d\n", c->executor.endpoint,
            c->executor.backend, c->executor.threads, (long long)c->executor.gpu_mem, c->executor.place.cpus, c->executor.place.numa_node);
-    for (int i = 0; i < c->n_prefetchers; i++)
+    for (int i = 0; i < c->n_prefetchers; i++) {
         printf("[prefetcher.%d]\nendpoint = %s\nthreads = %d\ncpus = %s\nnuma_node = %d\n", c->prefetcher[i].node, c->prefetcher[i].endpoint,
                c->prefetcher[i].threads, c->prefetcher[i].place.cpus, c->prefetcher[i].place.numa_node);
+        if (c->prefetcher[i].host_mem) printf("host_mem = %lld\n", (long long)c->prefetcher[i].host_mem);
+        else if (c->prefetcher[i].host_mem_frac > 0) printf("host_mem = %g%%\n", c->prefetcher[i].host_mem_frac * 100);
+    }
     printf("[launcher]\nrestart_backoff_ms = %d\nrestart_backoff_max_ms = %d\nready_timeout_s = %d\nwatchdog_s = %d\n",
            c->launcher.restart_backoff_ms, c->launcher.restart_backoff_max_ms, c->launcher.ready_timeout_s, c->launcher.watchdog_s);
     if (c->http.enabled)

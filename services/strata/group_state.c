@@ -13,6 +13,9 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <zmq.h>
+
+#include "proto/zmsg.h"
 
 double gs_now_unix(void)
 {
@@ -263,4 +266,103 @@ int gs_find_router(const char *cmd, char *ep, size_t cap, char *model, size_t mc
     }
     free(c);
     return r < 0 ? 2 : 0;
+}
+
+/* One request to a service's endpoint and its reply, waited for timeout_ms: 0 with *out (msg_free
+ * it), or <0 (not answering). */
+static int s_ask(void *ctx, const char *endpoint, msg_type_t type, msg_family_t fam, int timeout_ms, msg_t *out)
+{
+    int rc = -EAGAIN, zero = 0;
+    void *sock = zmq_socket(ctx, ZMQ_DEALER);
+    if (!sock) return -ENOMEM;
+    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
+    msg_t m;
+    msg_init(&m, type);
+    m.has_id = true;
+    m.id = 1;
+    msg_buf_t b = {0};
+    if (zmq_connect(sock, endpoint) == 0 && zmsg_send(sock, NULL, 0, &m, &b, 0) == 0) {
+        zmq_pollitem_t it = {.socket = sock, .events = ZMQ_POLLIN};
+        msg_err_t err;
+        if (zmq_poll(&it, 1, timeout_ms) == 1) {
+            rc = zmsg_recv(sock, fam, out, &err, ZMQ_DONTWAIT);
+            if (rc < 0) msg_free(out);
+        }
+    }
+    msg_buf_free(&b);
+    zmq_close(sock);
+    return rc;
+}
+
+static double s_stat(const msg_stats_t *st, const char *name, double dflt)
+{
+    for (int32_t i = 0; i < st->n; i++)
+        if (st->items[i].name.len == strlen(name) && !memcmp(st->items[i].name.s, name, st->items[i].name.len)) return st->items[i].value;
+    return dflt;
+}
+
+static void s_rate(char *out, size_t cap, double hits, double misses)
+{
+    if (hits + misses <= 0) snprintf(out, cap, "no fetches yet");
+    else snprintf(out, cap, "hit rate %.1f%% (%.0f hits, %.0f misses)", 100 * hits / (hits + misses), hits, misses);
+}
+
+void gs_tiers(const char *config_path, void (*line)(void *ctx, const char *text), void *lctx)
+{
+    char t[512], rate[128];
+    strata_config_t *c = malloc(sizeof *c);
+    strata_errbuf_t eb = {{0}};
+    if (!c || config_load(c, config_path, &eb) < 0) {
+        snprintf(t, sizeof t, "tiers: %.500s", c ? eb.msg : "out of memory");
+        line(lctx, t);
+        free(c);
+        return;
+    }
+    void *ctx = zmq_ctx_new();
+    snprintf(t, sizeof t, "%-16s %s", "TIER", "EXPERTS");
+    line(lctx, t);
+    msg_t m;
+    if (ctx && s_ask(ctx, c->executor.endpoint, MSG_EXEC_STATS, MSG_FAM_EXEC_OUT, 500, &m) == 0) {
+        if (m.type == MSG_EXEC_STATS_REPLY && s_stat(&m.u.stats, "experts_total", -1) >= 0) {
+            s_rate(rate, sizeof rate, s_stat(&m.u.stats, "hits", 0), s_stat(&m.u.stats, "misses", 0));
+            snprintf(t, sizeof t, "%-16s %.0f of %.0f in %.0f slots and resident, gpu_mem %.1f MiB; %s", "gpu",
+                     s_stat(&m.u.stats, "experts_on_gpu", 0), s_stat(&m.u.stats, "experts_total", 0),
+                     s_stat(&m.u.stats, "slots", 0), c->executor.gpu_mem / 1048576.0, rate);
+            line(lctx, t);
+        }
+        msg_free(&m);
+    }
+    for (int i = 0; i < c->n_prefetchers; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "host (node %d)", c->prefetcher[i].node);
+        if (!ctx || s_ask(ctx, c->prefetcher[i].endpoint, MSG_PF_STATUS, MSG_FAM_PF_OUT, 500, &m) < 0) {
+            snprintf(t, sizeof t, "%-16s prefetcher not answering on %s", name, c->prefetcher[i].endpoint);
+            line(lctx, t);
+            continue;
+        }
+        const msg_pf_status_t *p = &m.u.pf_status;
+        if (m.type != MSG_PF_STATUS_REPLY) {
+            snprintf(t, sizeof t, "%-16s prefetcher answered %s", name, msg_type_name(m.type));
+            line(lctx, t);
+        } else if (p->slots <= 0) {
+            snprintf(t, sizeof t, "%-16s every expert of its files, in an arena of %.1f MiB", name, p->bytes / 1048576.0);
+            line(lctx, t);
+        } else {
+            const uint64_t sb = (uint64_t)p->slots * p->slot_bytes;
+            s_rate(rate, sizeof rate, (double)p->host_hits, (double)p->host_misses);
+            snprintf(t, sizeof t, "%-16s %d of its %d experts on disk in %d slots (%.1f MiB), beside %.1f MiB resident "
+                     "(budget %.1f MiB); %s", name, p->experts_host, p->experts_disk, p->slots, sb / 1048576.0,
+                     (p->bytes - sb) / 1048576.0, p->host_budget / 1048576.0, rate);
+            line(lctx, t);
+            snprintf(name, sizeof name, "disk (node %d)", c->prefetcher[i].node);
+            snprintf(t, sizeof t, "%-16s %d experts only there (up to %.1f MiB); %.1f MiB read in %.2f s (%.2f GB/s), %llu bad blocks",
+                     name, p->experts_disk - p->experts_host, (double)(p->experts_disk - p->experts_host) * p->slot_bytes / 1048576.0,
+                     p->disk_bytes / 1048576.0, p->disk_s, p->disk_s > 0 ? p->disk_bytes / p->disk_s * 1e-9 : 0.0,
+                     (unsigned long long)p->disk_errors);
+            line(lctx, t);
+        }
+        msg_free(&m);
+    }
+    if (ctx) zmq_ctx_term(ctx);
+    free(c);
 }

@@ -99,4 +99,9 @@ int gs_find_one(const char *cmd, gs_entry_t *e);
  * run (listed) or its config no longer parses (printed), 1 out of memory. */
 int gs_find_router(const char *cmd, char *ep, size_t cap, char *model, size_t mcap);
 
+/* Where the experts are, tier by tier, and how often each tier had what was asked: the
+ * executor's GPU expert cache (its stats), each prefetcher's arena and disk tier (its status),
+ * each asked with a 500 ms timeout. One line of text at a time to line(). */
+void gs_tiers(const char *config_path, void (*line)(void *ctx, const char *text), void *lctx);
+
 #endif

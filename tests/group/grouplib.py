@@ -111,11 +111,11 @@ def arena_files(path):
     """{file name: (offset, bytes)} from a ready arena's index (store/arena.h arena_index_t)."""
     with open(path, "rb") as f:
         f.seek(4096)
-        b = f.read(552)
+        b = f.read(592)  # through model_dir: the entries follow
         n = struct.unpack_from("<I", b, 12)[0]
         out = {}
         for i in range(n):
-            e = f.read(88)
+            e = f.read(96)  # name[64], offset, bytes, mtime_ns, flags, reserved
             name = e[:64].split(b"\0")[0].decode()
             out[name] = struct.unpack_from("<QQ", e, 64)
     return out

@@ -125,6 +125,22 @@ static void test_full(void)
         rc = config_parse(&c, t, "sz.ini", &eb);
         T_CHECK(rc == 0 && c.executor.gpu_mem == sz[i].want, "gpu_mem %s -> %lld (%s)", sz[i].v, (long long)c.executor.gpu_mem, eb.msg);
     }
+    /* a host budget: bytes, or a fraction of free memory */
+    const struct {
+        const char *v;
+        int64_t bytes;
+        double frac;
+    } hm[] = {{"16G", 16ll << 30, 0}, {"1048576", 1 << 20, 0}, {"0.5", 0, 0.5}, {"50%", 0, 0.5}, {"100%", 0, 1}, {"1.0", 0, 1},
+                                                 {"1.5G", 3ll << 29, 0}};
+    for (size_t i = 0; i < sizeof hm / sizeof hm[0]; i++) {
+        char t[128];
+        snprintf(t, sizeof t, "[prefetcher.0]\nhost_mem = %s\n", hm[i].v);
+        rc = config_parse(&c, t, "hm.ini", &eb);
+        T_CHECK(rc == 0 && c.prefetcher[0].host_mem == hm[i].bytes && c.prefetcher[0].host_mem_frac == hm[i].frac,
+                "host_mem %s -> %lld, %g (%s)", hm[i].v, (long long)c.prefetcher[0].host_mem, c.prefetcher[0].host_mem_frac, eb.msg);
+    }
+    rc = config_parse(&c, "[prefetcher.0]\n", "hm.ini", &eb);
+    T_CHECK(rc == 0 && c.prefetcher[0].host_mem == 0 && c.prefetcher[0].host_mem_frac == 0, "no host budget by default");
 }
 
 /* Every error names the file, the line and the key. */
@@ -148,6 +164,11 @@ static void test_errors(void)
         {"[executor]\ncpu_act = int8\n", {"bad.ini:2:", "cpu_act", "f32 or q8"}},
         {"[executor]\nexpert_cache = half\n", {"bad.ini:2:", "expert_cache", "split or whole"}},
         {"[executor]\ngpu_mem = 12Q\n", {"bad.ini:2:", "gpu_mem", "byte count"}},
+        {"[prefetcher.0]\nhost_mem = 1.5\n", {"bad.ini:2:", "host_mem", "fraction of free memory in (0, 1]"}},
+        {"[prefetcher.0]\nhost_mem = 0%\n", {"bad.ini:2:", "host_mem", "fraction"}},
+        {"[prefetcher.0]\nhost_mem = 150%\n", {"bad.ini:2:", "host_mem", "fraction"}},
+        {"[prefetcher.0]\nhost_mem = 1000\n", {"bad.ini:2:", "host_mem", "out of range"}},
+        {"[prefetcher.0]\nhost_mem = lots\n", {"bad.ini:2:", "host_mem", "byte count"}},
         {"[executor]\nnuma_node = -2\n", {"bad.ini:2:", "numa_node", "out of range"}},
         {"[router]\nendpoint = http://x\n", {"bad.ini:2:", "endpoint", "tcp:// or ipc://"}},
         /* a port out of range was accepted and zmq listened elsewhere; none, and the router failed at start */

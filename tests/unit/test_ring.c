@@ -37,7 +37,7 @@ static pid_t s_server(int n_jobs)
         for (int i = 0; i < j.n_items; i++)
             for (int k = items[i].row0 * G.hidden; k < (items[i].row0 + items[i].n) * G.hidden; k++)
                 r.y[k] = 2 * r.x[k] + (float)j.layer;
-        ring_serve_done(&r, &j, 0, 1000, 4096);
+        ring_serve_done(&r, &j, 0, 1000, 4096, NULL);
         done++;
     }
     ring_close(&r);
@@ -96,7 +96,7 @@ int main(void)
     c.ctl->items[0] = (ring_item_t){.expert = 0, .row0 = 14, .n = 5}; /* rows 14..18 of 16 */
     ring_post(&c, 1, 1, 16, 0, 8);
     rc = ring_wait(&c, 50, 250, 2000, &res);
-    T_CHECK(rc == STRATA_EINVAL_INPUT, "out-of-range item refused: %d", rc);
+    T_CHECK(rc == STRATA_EINVAL_INPUT && strstr(res.error, "geometry"), "out-of-range item refused: %d (%s)", rc, res.error);
     c.ctl->items[0] = (ring_item_t){.expert = 0, .row0 = 0, .n = 1};
     ring_post(&c, 1, G.max_items + 1, 1, 0, 9); /* too many items */
     rc = ring_wait(&c, 50, 250, 2000, &res);

@@ -305,7 +305,7 @@ static int s_build(const strata_config_t *c, int part, arena_plan_t *p)
         return -1;
     }
     arena_shm_name(name, sizeof name, ns, c->prefetcher[part].node);
-    if (arena_plan(p, c->model, part, c->n_prefetchers, c->prefetcher[part].node, &eb) < 0 ||
+    if (arena_plan(p, c->model, part, c->n_prefetchers, c->prefetcher[part].node, 0, 0, &eb) < 0 ||
         shm_create(&s, name, p->seg_bytes, p->layout_hash, -1, &eb) < 0) {
         fprintf(stderr, "build: %s\n", eb.msg);
         return -1;
@@ -362,7 +362,7 @@ static void test_arena(uint64_t *rng)
     T_CHECK(rc == -ENOENT && strstr(eb.msg, "no token"), "no token yet: %d %s", rc, eb.msg);
 
     arena_plan_t p0, p1, p;
-    T_CHECK(arena_plan(&p0, dir, 0, 2, 0, &eb) == 0 && arena_plan(&p1, dir, 1, 2, 3, &eb) == 0, "plan: %s", eb.msg);
+    T_CHECK(arena_plan(&p0, dir, 0, 2, 0, 0, 0, &eb) == 0 && arena_plan(&p1, dir, 1, 2, 3, 0, 0, &eb) == 0, "plan: %s", eb.msg);
     /* 3 metadata files in both, 4 weight files split 2 + 2 by sorted name */
     T_CHECK(p0.n_files == 5 && p1.n_files == 5, "files per part %u %u", p0.n_files, p1.n_files);
     int in0 = 0, in1 = 0;
@@ -378,7 +378,31 @@ static void test_arena(uint64_t *rng)
         if (i) T_CHECK(f->offset >= p0.files[i - 1].offset + p0.files[i - 1].bytes, "no overlap");
     }
     T_CHECK(p0.layout_hash != p1.layout_hash, "parts hash differently");
-    T_CHECK(arena_plan(&p, dir, 0, 2, 0, &eb) == 0 && p.layout_hash == p0.layout_hash, "hash is stable");
+    T_CHECK(arena_plan(&p, dir, 0, 2, 0, 0, 0, &eb) == 0 && p.layout_hash == p0.layout_hash, "hash is stable");
+    /* a host budget: the expert files stay on disk (flagged, not imaged), the rest as before */
+    T_CHECK(!p0.tiered && arena_is_disk_file("experts-000.bin") && !arena_is_disk_file("resident.bin") &&
+                !arena_is_disk_file("experts.json") && !arena_is_disk_file("model.safetensors"),
+            "which files a budget leaves on disk");
+    arena_plan_t pt, pt2;
+    T_CHECK(arena_plan(&pt, dir, 0, 2, 0, 64 << 20, 0, &eb) == 0 && pt.tiered && pt.n_files == p0.n_files, "tiered plan: %s", eb.msg);
+    uint64_t disk = 0;
+    for (uint32_t i = 0; i < pt.n_files; i++) {
+        const arena_entry_t *f = &pt.files[i];
+        bool d = arena_is_disk_file(f->name);
+        T_CHECK(d == ((f->flags & ARENA_F_DISK) != 0) && (!d || f->offset == 0), "%s: flags %u offset %llu", f->name, f->flags,
+                (unsigned long long)f->offset);
+        if (d) disk += f->bytes;
+    }
+    T_CHECK(pt.disk_bytes == disk && disk > 0 && pt.seg_bytes < p0.seg_bytes && pt.data_bytes + disk == p0.data_bytes,
+            "tiered sizes: disk %llu, segment %llu < %llu", (unsigned long long)disk, (unsigned long long)pt.seg_bytes,
+            (unsigned long long)p0.seg_bytes);
+    T_CHECK(pt.layout_hash != p0.layout_hash && arena_plan(&pt2, dir, 0, 2, 0, 0, 0.5, &eb) == 0 &&
+                pt2.layout_hash != pt.layout_hash && arena_plan(&p, dir, 0, 2, 0, 64 << 20, 0, &eb) == 0 &&
+                p.layout_hash == pt.layout_hash,
+            "the budget as configured is in the layout hash");
+    /* part 1 holds resident.bin and experts-001.bin: tiered too; a part without an expert file is not */
+    T_CHECK(arena_plan(&p, dir, 1, 2, 3, 64 << 20, 0, &eb) == 0 && p.tiered, "part 1 tiered");
+    T_CHECK(arena_plan(&p, dir, 0, 1, 0, 0, 0, &eb) == 0 && !p.tiered, "no budget: not tiered");
 
     /* build both arenas, attach as the executor would, compare every byte */
     T_CHECK(s_build(&c, 0, &p0) == 0 && s_build(&c, 1, &p1) == 0, "build arenas");
