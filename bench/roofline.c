@@ -87,6 +87,31 @@ void roofline_run_default(roofline_run_t *r)
     r->batch = 1;
     r->slots = -1;
     r->hit_rate = -1;
+    r->host_experts = -1;
+}
+
+/* three_tier from host_shared: the bytes from host memory (from_host) less the share host memory
+ * holds come from disk first. */
+static void s_three_tier(const roofline_model_t *m, const machine_t *mc, const roofline_run_t *r, double from_host,
+                         roofline_t *out)
+{
+    double fh = 1;
+    if (r->host_experts >= 0 && m->n_experts_total > 0) fh = r->host_experts / (double)m->n_experts_total;
+    if (fh > 1) fh = 1;
+    out->host_fraction = fh;
+    out->disk_bytes = from_host * (1 - fh);
+    out->three_tier_step_s = out->host_shared_step_s;
+    out->three_tier_limit = out->host_shared_limit;
+    if (out->disk_bytes > 0) {
+        if (!(mc->disk_bw > 0)) {
+            out->three_tier_step_s = 0;
+            out->three_tier_limit = "disk (rate unknown)";
+        } else if (out->disk_bytes / mc->disk_bw > out->three_tier_step_s) {
+            out->three_tier_step_s = out->disk_bytes / mc->disk_bw;
+            out->three_tier_limit = "disk";
+        }
+    }
+    out->three_tier_tok_s = out->three_tier_step_s > 0 ? r->batch / out->three_tier_step_s : 0;
 }
 
 int roofline_decode(const roofline_model_t *m, const machine_t *mc, const roofline_run_t *r, roofline_t *out)
@@ -118,6 +143,7 @@ int roofline_decode(const roofline_model_t *m, const machine_t *mc, const roofli
         out->bw_added_limit = out->host_shared_limit = "cpu memory";
         out->bw_added_tok_s = out->host_shared_tok_s = B / out->bw_added_step_s;
         out->pcie_only_limit = "none";
+        s_three_tier(m, mc, r, touched, out);
         return 0;
     }
     if (!(mc->hbm_bw > 0) || !(mc->pcie_bw > 0 || mc->cpu_bw > 0)) return STRATA_EINVAL_INPUT;
@@ -181,6 +207,7 @@ int roofline_decode(const roofline_model_t *m, const machine_t *mc, const roofli
     if (!out->pcie_only_limit) out->pcie_only_limit = "none";
     out->bw_added_tok_s = B / out->bw_added_step_s;
     out->host_shared_tok_s = B / out->host_shared_step_s;
+    s_three_tier(m, mc, r, M, out);
     return 0;
 }
 
@@ -272,4 +299,14 @@ void roofline_print(FILE *f, const roofline_model_t *m, const machine_t *here, c
     }
     fprintf(f, "(bounds in tok/s; host: the copy and the CPU reading host memory at once%s)\n",
             "; * = not measured, ROOFLINE_HOST_SHARED_FRACTION of pcie + cpu");
+    roofline_t o;
+    if (r->host_experts >= 0 && roofline_decode(m, here, r, &o) == 0) {
+        fprintf(f, "three tiers on %s: host memory holds %.0f of %lld experts (%.1f%%), %.1f MiB a step from disk at ", here->name,
+                r->host_experts < (double)m->n_experts_total ? r->host_experts : (double)m->n_experts_total,
+                (long long)m->n_experts_total, 100 * o.host_fraction, o.disk_bytes / 1048576.0);
+        if (here->disk_bw > 0) fprintf(f, "%.2f GB/s: %.2f tok/s (%s)", here->disk_bw / 1e9, o.three_tier_tok_s, o.three_tier_limit);
+        else fprintf(f, "an unknown rate (ceilings --disk FILE measures it): no bound");
+        if (measured_tok_s > 0 && o.three_tier_tok_s > 0) fprintf(f, "; ratio %.3f", measured_tok_s / o.three_tier_tok_s);
+        fprintf(f, "\n");
+    }
 }

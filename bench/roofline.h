@@ -20,8 +20,14 @@
  *                by the rate measured with both running at once (machine_t.host_bw):
  *                T(x) = max( bw_added's three terms,  ((1-x) M + x M) / host ). The host term is
  *                M / host whatever the split, so the bound is max(T_bw_added, M / host).
+   three_tier   host_shared, with the experts that host memory does not hold read from disk
+ *                first (a host budget, [prefetcher.N] host_mem): of the bytes that must come from
+ *                host memory (the misses; on the CPU backend every expert touched), the share
+ *                1 - H / N is on disk (H experts' worth in host memory, N in all, uniform and
+ *                independent of the GPU's cache), so T = max(T_host_shared, D / disk) with D
+ *                those bytes. Without a host budget it is host_shared.
  * Without a GPU (the CPU backend) every byte comes from host memory: T = all bytes / cpu, and
- * the three coincide. "hit" includes the bias vectors of the hit experts (expert_vec_bytes); a
+ * the first three coincide. "hit" includes the bias vectors of the hit experts (expert_vec_bytes); a
  * missed expert's, under 0.3 % of its matrices at gpt-oss's sizes, are left to whichever path
  * computes it and counted nowhere, so each bound stays a bound.
  *
@@ -53,6 +59,7 @@ typedef struct {
     double host_bw;   /* host memory read by the H2D copy and the CPU at once (their sum, measured
                        * together: ceilings' host_shared_gb_s); 0 = unknown: roofline_host_bw's
                        * assumption */
+    double disk_bw;   /* expert blocks read from disk (ceilings --disk: O_DIRECT, io_uring); 0 = unknown */
 } machine_t;
 
 /* When host_bw is unknown, both paths together are taken to read ROOFLINE_HOST_SHARED_FRACTION
@@ -107,9 +114,12 @@ typedef struct {
                              * may be fractional); < 0: slots from the budget */
     double hit_rate;        /* measured or assumed cache hit rate; < 0: uniform routing, slots / total */
     bool cpu_backend;       /* all weights in host memory, computed on the CPU */
+    double host_experts;    /* whole experts' worth host memory holds (a host budget's slots); < 0: every
+                             * expert (no disk tier) */
 } roofline_run_t;
 
-/* Defaults: batch 1, context 0, budget = machine, reserved 0, slots from the budget, uniform. */
+/* Defaults: batch 1, context 0, budget = machine, reserved 0, slots from the budget, uniform,
+ * every expert in host memory. */
 void roofline_run_default(roofline_run_t *r);
 
 typedef struct {
@@ -131,6 +141,10 @@ typedef struct {
     const char *host_shared_limit;
     double host_bw;             /* the combined host read rate host_shared used (roofline_host_bw) */
     bool host_bw_assumed;       /* true: not measured, ROOFLINE_HOST_SHARED_FRACTION's assumption */
+    double host_fraction;       /* of the experts, the share host memory holds (1 without a disk tier) */
+    double disk_bytes;          /* per step, read from disk first */
+    double three_tier_tok_s, three_tier_step_s; /* 0 when the disk is involved and disk_bw unknown */
+    const char *three_tier_limit;               /* host_shared's, or "disk" */
 } roofline_t;
 
 /* The decode bound of model m on machine mc at operating point r. Returns 0, or

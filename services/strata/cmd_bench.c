@@ -58,6 +58,7 @@
  * With --results FILE the rows are also appended to FILE as results rows (bench/results.h: case,
  * date, commit, machine, command, figure and the bound it is measured against, JSON lines).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -84,6 +85,8 @@
 #include "proto/msg.h"
 #include "proto/zmsg.h"
 #include "services/strata/cli_util.h"
+#include "services/strata/group_state.h"
+#include "store/arena.h"
 #include "services/strata/rclient.h"
 
 static const char *const C = "bench";
@@ -125,6 +128,12 @@ static void s_help(FILE *f)
             "  --backend B        cpu (default) or cuda (started group)\n"
             "  --gpu-mem BYTES    executor GPU budget, K/M/G suffixes (started group; default 0)\n"
             "  --threads T        executor CPU threads (started group; default 0 = all)\n"
+            "  --host-mem B       each prefetcher's host budget ([prefetcher.N] host_mem: bytes, or a\n"
+            "                     fraction of free memory such as 0.5): the disk tier, experts read from\n"
+            "                     the model folder on demand (backend cpu). The ceilings then probe the\n"
+            "                     disk (ceilings --disk on the first experts-*.bin), the rows gain the\n"
+            "                     three-tier bound, and host_hit_rate / disk_read_gb_s from the\n"
+            "                     prefetchers' status over each level (its warm-up included)\n"
             "  --expert-path P    auto, cpu, pcie, cost or static: the started group's [executor]\n"
             "                     expert_path (default: not written, so the config's default, auto). With\n"
             "                     the CPU backend, cpu computes every expert on the prefetcher whose arena\n"
@@ -169,6 +178,7 @@ typedef struct {
     const char *model, *backend, *json, *results, *plot, *run_dir_arg;
     rc_opts_t router;        /* --endpoint (NULL: the group this bench starts) and the key files for a CURVE router */
     const char *expert_path; /* the started group's [executor] expert_path, NULL = not written (auto) */
+    const char *host_mem;    /* the started group's [prefetcher.N] host_mem (the disk tier), NULL = none */
     int cpu_moe_layers;      /* its cpu_moe_layers, 0 = not written */
     int prefetchers;        /* [prefetcher.K] sections of the started group, 1..CONFIG_MAX_PREFETCHERS */
     int64_t gpu_mem;
@@ -242,6 +252,20 @@ typedef struct {
     double h2d_shared, cpu_shared; /* bytes/s with both reading host memory at once, 0 = not measured */
 } s_probe_t;
 
+/* The first experts-*.bin of model dir (by name): the file the disk probe reads. 0 or -1. */
+static int s_first_expert_file(const char *dir, char *out, size_t cap)
+{
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    char best[256] = "";
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (arena_is_disk_file(e->d_name) && (!best[0] || strcmp(e->d_name, best) < 0)) snprintf(best, sizeof best, "%s", e->d_name);
+    closedir(d);
+    if (!best[0] || strchr(dir, '\'') || snprintf(out, cap, "%s/%s", dir, best) >= (int)cap) return -1;
+    return 0;
+}
+
 /* From the `ceilings` helper next to this binary (build tree or bundle), which links CUDA;
  * without it, the host bandwidth measured here and no GPU figures. */
 static void s_ceilings(const s_opts_t *o, machine_t *mc, char *machine, size_t cap, bool want_gpu, s_probe_t *pr)
@@ -254,7 +278,10 @@ static void s_ceilings(const s_opts_t *o, machine_t *mc, char *machine, size_t c
     gethostname(machine, cap - 1);
     for (int i = 0; i < 2; i++) {
         if (access(cand[i], X_OK)) continue;
-        snprintf(cmd, sizeof cmd, "'%s' --mib %d%s", cand[i], o->probe_mib, want_gpu ? "" : " --no-gpu");
+        char disk[4400] = "";
+        if (o->host_mem && o->model && s_first_expert_file(o->model, disk + 9, sizeof disk - 10) == 0) memcpy(disk, " --disk '", 9);
+        if (disk[0]) strcat(disk, "'");
+        snprintf(cmd, sizeof cmd, "'%s' --mib %d%s%s", cand[i], o->probe_mib, want_gpu ? "" : " --no-gpu", disk);
         FILE *p = popen(cmd, "r");
         if (!p) continue;
         json_error_t je;
@@ -265,6 +292,7 @@ static void s_ceilings(const s_opts_t *o, machine_t *mc, char *machine, size_t c
             mc->pcie_bw = json_number_value(json_object_get(j, "pcie_gb_s")) * 1e9;
             mc->hbm_bw = json_number_value(json_object_get(j, "hbm_gb_s")) * 1e9;
             mc->host_bw = json_number_value(json_object_get(j, "host_shared_gb_s")) * 1e9;
+            mc->disk_bw = json_number_value(json_object_get(j, "disk_gb_s")) * 1e9;
             mc->gpu_mem = json_number_value(json_object_get(j, "gpu_mem"));
             pr->h2d_shared = json_number_value(json_object_get(j, "h2d_shared_gb_s")) * 1e9;
             pr->cpu_shared = json_number_value(json_object_get(j, "cpu_shared_gb_s")) * 1e9;
@@ -403,7 +431,10 @@ static int s_group_start(const s_opts_t *o, s_group_t *g, int max_conc)
      * memory the kernel gives them (numa_node -1), which still splits the experts N ways. */
     bool numa = o->prefetchers > 1 && placement_numa_nodes() >= o->prefetchers;
     for (int k = 0; numa && k < o->prefetchers; k++) numa = placement_node_exists(k);
-    for (int k = 0; k < o->prefetchers; k++) fprintf(f, "\n[prefetcher.%d]\nnuma_node = %d\n", k, numa ? k : -1);
+    for (int k = 0; k < o->prefetchers; k++) {
+        fprintf(f, "\n[prefetcher.%d]\nnuma_node = %d\n", k, numa ? k : -1);
+        if (o->host_mem) fprintf(f, "host_mem = %s\n", o->host_mem);
+    }
     fprintf(f, "\n[launcher]\nready_timeout_s = 900\nrestart_backoff_ms = 200\nrestart_backoff_max_ms = 2000\n");
     if (fclose(f) != 0) {
         cli_error(C, "%s: write failed", g->config);
@@ -473,6 +504,8 @@ typedef struct {
     uint64_t ctl_id;
     int32_t vocab, max_context;
     rc_curve_t curve;       /* the CURVE keys of every socket; plaintext without --curve-server-key */
+    char pf_ep[CONFIG_MAX_PREFETCHERS][300]; /* the started group's prefetchers (their status) */
+    int n_pf;
 } s_conn_t;
 
 static void *s_socket(s_conn_t *cn, const char *endpoint, const char *ident)
@@ -614,8 +647,35 @@ typedef struct {
      * every routed (token, expert) pair */
     double cx_experts_step, cx_tokens_step, cx_ms_step, cx_wait_ms_step, cx_gb_s, cx_fallbacks, pf_share;
     double mean_conc;
+    /* the disk tier over the level, warm-up included (the prefetchers' status; NAN without one):
+     * expert slots, the share of fetches a slot served, the disk's read rate */
+    double host_slots, host_hit_rate, disk_read_gb_s;
     char first_error[200];
 } s_level_t;
+
+/* The prefetchers' disk-tier counters, summed. */
+typedef struct {
+    double t, slots, hits, misses, disk_bytes;
+    bool ok;
+} s_pf_snap_t;
+
+static void s_pf_snap(const s_conn_t *cn, s_pf_snap_t *p)
+{
+    memset(p, 0, sizeof *p);
+    p->t = strata_now();
+    for (int i = 0; i < cn->n_pf; i++) {
+        msg_t m;
+        if (gs_ask(cn->ctx, cn->pf_ep[i], MSG_PF_STATUS, MSG_FAM_PF_OUT, 1000, &m) < 0) return;
+        if (m.type == MSG_PF_STATUS_REPLY) {
+            p->slots += m.u.pf_status.slots;
+            p->hits += (double)m.u.pf_status.host_hits;
+            p->misses += (double)m.u.pf_status.host_misses;
+            p->disk_bytes += (double)m.u.pf_status.disk_bytes;
+        }
+        msg_free(&m);
+    }
+    p->ok = cn->n_pf > 0 && p->slots > 0;
+}
 
 /* Send request k on its client's socket. A request that cannot be sent counts as a failed
  * answer at once (returns -1), so no loop waits for it. */
@@ -724,6 +784,8 @@ static int s_level(s_conn_t *cn, const s_opts_t *o, s_level_t *L, uint64_t level
     int inflight = 0;
     s_snap_t snap0 = {0}, snap1 = {0};
     uint64_t snap_id = 0;
+    s_pf_snap_t pf0, pf1;
+    s_pf_snap(cn, &pf0);
     /* closed loop: every client starts one request */
     if (!L->open)
         for (int c = 0; c < L->conc && next < N; c++) S_ISSUE(c);
@@ -874,6 +936,14 @@ static int s_level(s_conn_t *cn, const s_opts_t *o, s_level_t *L, uint64_t level
         }
     }
     s_cpu_experts(L, &snap0, &snap1, moe_pairs);
+    s_pf_snap(cn, &pf1);
+    L->host_slots = L->host_hit_rate = L->disk_read_gb_s = NAN;
+    if (pf0.ok && pf1.ok) {
+        double h = pf1.hits - pf0.hits, m = pf1.misses - pf0.misses;
+        L->host_slots = pf1.slots;
+        if (h + m > 0) L->host_hit_rate = h / (h + m);
+        if (pf1.t > pf0.t) L->disk_read_gb_s = (pf1.disk_bytes - pf0.disk_bytes) / (pf1.t - pf0.t) / 1e9;
+    }
     if (!strcmp(o->backend, "cpu") && !o->router.endpoint) L->cpu_share = 1.0;
 #undef S_ISSUE
 done:
@@ -916,7 +986,7 @@ static int s_plot(const char *png, const char *dat, const char *title)
 /* The decode bounds at batch into *out (the bandwidths-added one returned); slots: the executor's real expert slots when it reported them
  * (NAN: estimated from the budget and the KV alone). */
 static double s_bound(const s_model_t *mi, const machine_t *mc, const s_opts_t *o, int batch, bool cpu, double slots,
-                      roofline_t *out)
+                      double host_slots, roofline_t *out)
 {
     if (!mi->have || !(mc->cpu_bw > 0) || (!cpu && !(mc->hbm_bw > 0))) return NAN;
     roofline_run_t r;
@@ -927,6 +997,7 @@ static double s_bound(const s_model_t *mi, const machine_t *mc, const s_opts_t *
     r.reserved_bytes = (double)batch * (o->prompt + o->gen) * mi->rm.kv_bytes_per_token;
     r.cpu_backend = cpu;
     if (!cpu && isfinite(slots) && slots > 0) r.slots = slots;
+    if (isfinite(host_slots)) r.host_experts = host_slots;
     return roofline_decode(&mi->rm, mc, &r, out) == 0 ? out->bw_added_tok_s : NAN;
 }
 
@@ -974,6 +1045,10 @@ static void s_case(char *buf, size_t cap, const s_opts_t *o, const s_model_t *mi
         size_t n = strlen(extra);
         snprintf(extra + n, sizeof extra - n, ", %d prefetchers", o->prefetchers);
     }
+    if (o->host_mem && !o->router.endpoint) {
+        size_t n = strlen(extra);
+        snprintf(extra + n, sizeof extra - n, ", host-mem %.40s", o->host_mem);
+    }
     snprintf(buf, cap, "%s %s %s %s decode%s, prompt %d gen %d [strata bench%s%s]", mi->have ? mi->shape : "?", fmt,
              budget, load, extra, o->prompt, o->gen, o->router.endpoint ? " endpoint" : "", cpu && !o->router.endpoint ? " cpu" : "");
 }
@@ -1010,6 +1085,9 @@ int cmd_bench(int argc, char **argv)
                 return 2;
             }
             o.expert_path = v;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--host-mem", &v))) {
+            if (r < 0) return 2;
+            o.host_mem = v; /* checked by the group's config parser: strata up exits 2 naming it */
         } else if ((r = cli_opt(C, argc, argv, &i, "--cpu-moe-layers", &v))) {
             if (r < 0 || cli_parse_i64(C, "--cpu-moe-layers", v, 0, 4096, &x)) return 2;
             o.cpu_moe_layers = (int)x;
@@ -1182,6 +1260,9 @@ int cmd_bench(int argc, char **argv)
         (rc = rc_curve_read(C, keys->server_key, "--curve-server-key", keys->client_key, "--curve-client-key", &cn.curve)))
         goto done;
     cn.ctx = zmq_ctx_new();
+    if (g.started && o.host_mem) /* the disk tier's counters come from the prefetchers' status */
+        for (cn.n_pf = 0; cn.n_pf < o.prefetchers && cn.n_pf < CONFIG_MAX_PREFETCHERS; cn.n_pf++)
+            snprintf(cn.pf_ep[cn.n_pf], sizeof cn.pf_ep[cn.n_pf], "ipc://%s/prefetcher-%d.sock", g.run_dir, cn.n_pf);
     cn.n_cl = max_conc > OPEN_SOCKETS ? max_conc : OPEN_SOCKETS;
     cn.cl = calloc((size_t)cn.n_cl, sizeof *cn.cl);
     if (!cn.ctx || !cn.cl || !res) {
@@ -1236,7 +1317,7 @@ int cmd_bench(int argc, char **argv)
         total_ok += L->measured_done - L->errors;
         int bb = o.open_loop ? (int)lround(L->mean_conc > 1 ? L->mean_conc : 1) : L->conc;
         roofline_t bo;
-        double bound = o.no_probe ? NAN : s_bound(&mi, &here, &o, bb, cpu, L->slots, &bo);
+        double bound = o.no_probe ? NAN : s_bound(&mi, &here, &o, bb, cpu, L->slots, L->host_slots, &bo);
         /* the three bounds (NAN where there is none) and measured / each */
         bool hb = isfinite(bound);
         double po = hb && !cpu && bo.pcie_only_tok_s > 0 ? bo.pcie_only_tok_s : NAN;
@@ -1244,6 +1325,8 @@ int cmd_bench(int argc, char **argv)
         double ratio = hb && bound > 0 ? L->decode_tok_s / bound : NAN;
         double po_ratio = isfinite(po) ? L->decode_tok_s / po : NAN;
         double hs_ratio = isfinite(hs) && hs > 0 ? L->decode_tok_s / hs : NAN;
+        double tt = hb && isfinite(L->host_slots) && bo.three_tier_tok_s > 0 ? bo.three_tier_tok_s : NAN;
+        double tt_ratio = isfinite(tt) ? L->decode_tok_s / tt : NAN;
         char lvl[32];
         if (o.open_loop) snprintf(lvl, sizeof lvl, "%.3g", L->rate);
         else snprintf(lvl, sizeof lvl, "%d", L->conc);
@@ -1266,6 +1349,15 @@ int cmd_bench(int argc, char **argv)
                    L->step_fwd_us / 1e3, L->step_rtt_us / 1e3, L->step_rtt_us - L->step_fwd_us);
         if (isfinite(L->prefetch_acc))
             printf("       prefetch accuracy %.3f (experts copied ahead that their layer used)\n", L->prefetch_acc);
+        if (isfinite(L->host_slots)) {
+            char f_tt[16], f_ttr[16], f_hh[16];
+            s_fmt(f_tt, sizeof f_tt, "%.2f", tt, 1);
+            s_fmt(f_ttr, sizeof f_ttr, "%.3f", tt_ratio, 1);
+            s_fmt(f_hh, sizeof f_hh, "%.3f", L->host_hit_rate, 1);
+            printf("       disk tier: %.0f host slots, host hit rate %s, disk read %.2f GB/s; three-tier bound %s tok/s "
+                   "(%s, disk %.2f GB/s), ratio %s\n", L->host_slots, f_hh, L->disk_read_gb_s, f_tt,
+                   hb ? bo.three_tier_limit : "no ceilings", here.disk_bw / 1e9, f_ttr);
+        }
         if (isfinite(L->cx_experts_step)) {
             char f_share[16];
             s_fmt(f_share, sizeof f_share, "%.3f", L->pf_share, 1);
@@ -1324,6 +1416,13 @@ int cmd_bench(int argc, char **argv)
         json_object_set_new(row, "ratio_bw_added", s_num(ratio));
         json_object_set_new(row, "bound_host_shared_tok_s", s_num(hs));
         json_object_set_new(row, "ratio_host_shared", s_num(hs_ratio));
+        json_object_set_new(row, "bound_three_tier_tok_s", s_num(tt));
+        json_object_set_new(row, "ratio_three_tier", s_num(tt_ratio));
+        json_object_set_new(row, "bound_three_tier_limit", isfinite(L->host_slots) && hb ? json_string(bo.three_tier_limit) : json_null());
+        json_object_set_new(row, "host_mem", o.host_mem ? json_string(o.host_mem) : json_null());
+        json_object_set_new(row, "host_slots", s_num(L->host_slots));
+        json_object_set_new(row, "host_hit_rate", s_num(L->host_hit_rate));
+        json_object_set_new(row, "disk_read_gb_s", s_num(L->disk_read_gb_s));
         json_object_set_new(row, "bound_tok_s", s_num(bound));
         json_object_set_new(row, "bound_limit", hb ? json_string(bo.bw_added_limit) : json_null());
         json_object_set_new(row, "bound_pcie_only_limit", isfinite(po) ? json_string(bo.pcie_only_limit) : json_null());
@@ -1336,13 +1435,14 @@ int cmd_bench(int argc, char **argv)
         json_object_set_new(row, "bound_rtx3090_tok_s", s_num(s_proj(&mi, &roofline_rtx3090, &o, bb)));
         json_object_set_new(row, "bound_rtx4090_tok_s", s_num(s_proj(&mi, &roofline_rtx4090, &o, bb)));
         json_object_set_new(row, "ceilings",
-                            json_pack("{s:o,s:o,s:o,s:o,s:o,s:o,s:o}", "cpu_gb_s", s_num(here.cpu_bw / 1e9), "pcie_gb_s",
+                            json_pack("{s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:o}", "cpu_gb_s", s_num(here.cpu_bw / 1e9), "pcie_gb_s",
                                       here.pcie_bw > 0 ? json_real(here.pcie_bw / 1e9) : json_null(), "hbm_gb_s",
                                       here.hbm_bw > 0 ? json_real(here.hbm_bw / 1e9) : json_null(), "gpu_mem",
                                       here.gpu_mem > 0 ? json_real(here.gpu_mem) : json_null(), "h2d_shared_gb_s",
                                       pr.h2d_shared > 0 ? json_real(pr.h2d_shared / 1e9) : json_null(), "cpu_shared_gb_s",
                                       pr.cpu_shared > 0 ? json_real(pr.cpu_shared / 1e9) : json_null(), "host_shared_gb_s",
-                                      here.host_bw > 0 ? json_real(here.host_bw / 1e9) : json_null()));
+                                      here.host_bw > 0 ? json_real(here.host_bw / 1e9) : json_null(), "disk_gb_s",
+                                      here.disk_bw > 0 ? json_real(here.disk_bw / 1e9) : json_null()));
         json_object_set_new(row, "first_error", L->first_error[0] ? json_string(L->first_error) : json_null());
         /* the results envelope: on the GPU against the PCIe-only bound (this engine computes
          * every expert there) unless the group reports experts computed on the CPU, then
@@ -1354,7 +1454,8 @@ int cmd_bench(int argc, char **argv)
                                   .attn_format = mi.have ? wfmt_name(mi.attn_fmt) : NULL,
                                   .gpu_budget = (double)o.gpu_mem, .figure = L->decode_tok_s,
                                   .unit = "decode tok/s (aggregate)", .bound = NAN};
-        if (cpu) env.bound = bound, env.bound_name = "cpu_memory";
+        if (isfinite(tt)) env.bound = tt, env.bound_name = "three_tier";
+        else if (cpu) env.bound = bound, env.bound_name = "cpu_memory";
         else if (isfinite(L->cpu_share) && L->cpu_share > 0) env.bound = hs, env.bound_name = "host_shared";
         else env.bound = po, env.bound_name = "pcie_only";
         results_envelope(row, &env);
@@ -1369,6 +1470,7 @@ int cmd_bench(int argc, char **argv)
         rr.reserved_bytes = (double)rr.batch * (o.prompt + o.gen) * mi.rm.kv_bytes_per_token;
         rr.cpu_backend = cpu;
         if (!cpu && isfinite(res[0].slots) && res[0].slots > 0) rr.slots = res[0].slots;
+        if (isfinite(res[0].host_slots)) rr.host_experts = res[0].host_slots;
         printf("\n%s %s, gpu_mem %.2f GiB, batch %d:\n", mi.shape, mi.format, o.gpu_mem / GIB, rr.batch);
         roofline_print(stdout, &mi.rm, &here, &rr, res[0].decode_tok_s);
     }
@@ -1393,7 +1495,7 @@ int cmd_bench(int argc, char **argv)
                        "bound_pcie_only\n");
             for (int li = 0; li < o.n_levels; li++) {
                 roofline_t bo;
-                double b = o.no_probe ? NAN : s_bound(&mi, &here, &o, o.levels[li], cpu, res[li].slots, &bo);
+                double b = o.no_probe ? NAN : s_bound(&mi, &here, &o, o.levels[li], cpu, res[li].slots, res[li].host_slots, &bo);
                 double hs = isfinite(b) ? bo.host_shared_tok_s : NAN;
                 double po = isfinite(b) && bo.pcie_only_tok_s > 0 ? bo.pcie_only_tok_s : NAN;
                 fprintf(f, "%d %g %g %g %g %g %g\n", o.levels[li], res[li].decode_tok_s, isfinite(b) ? b : NAN,

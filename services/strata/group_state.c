@@ -268,9 +268,7 @@ int gs_find_router(const char *cmd, char *ep, size_t cap, char *model, size_t mc
     return r < 0 ? 2 : 0;
 }
 
-/* One request to a service's endpoint and its reply, waited for timeout_ms: 0 with *out (msg_free
- * it), or <0 (not answering). */
-static int s_ask(void *ctx, const char *endpoint, msg_type_t type, msg_family_t fam, int timeout_ms, msg_t *out)
+int gs_ask(void *ctx, const char *endpoint, msg_type_t type, msg_family_t fam, int timeout_ms, msg_t *out)
 {
     int rc = -EAGAIN, zero = 0;
     void *sock = zmq_socket(ctx, ZMQ_DEALER);
@@ -322,7 +320,7 @@ void gs_tiers(const char *config_path, void (*line)(void *ctx, const char *text)
     snprintf(t, sizeof t, "%-16s %s", "TIER", "EXPERTS");
     line(lctx, t);
     msg_t m;
-    if (ctx && s_ask(ctx, c->executor.endpoint, MSG_EXEC_STATS, MSG_FAM_EXEC_OUT, 500, &m) == 0) {
+    if (ctx && gs_ask(ctx, c->executor.endpoint, MSG_EXEC_STATS, MSG_FAM_EXEC_OUT, 500, &m) == 0) {
         if (m.type == MSG_EXEC_STATS_REPLY && s_stat(&m.u.stats, "experts_total", -1) >= 0) {
             s_rate(rate, sizeof rate, s_stat(&m.u.stats, "hits", 0), s_stat(&m.u.stats, "misses", 0));
             snprintf(t, sizeof t, "%-16s %.0f of %.0f in %.0f slots and resident, gpu_mem %.1f MiB; %s", "gpu",
@@ -335,7 +333,7 @@ void gs_tiers(const char *config_path, void (*line)(void *ctx, const char *text)
     for (int i = 0; i < c->n_prefetchers; i++) {
         char name[32];
         snprintf(name, sizeof name, "host (node %d)", c->prefetcher[i].node);
-        if (!ctx || s_ask(ctx, c->prefetcher[i].endpoint, MSG_PF_STATUS, MSG_FAM_PF_OUT, 500, &m) < 0) {
+        if (!ctx || gs_ask(ctx, c->prefetcher[i].endpoint, MSG_PF_STATUS, MSG_FAM_PF_OUT, 500, &m) < 0) {
             snprintf(t, sizeof t, "%-16s prefetcher not answering on %s", name, c->prefetcher[i].endpoint);
             line(lctx, t);
             continue;

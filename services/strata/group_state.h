@@ -18,6 +18,7 @@
 #include <sys/types.h>
 
 #include "common/config.h"
+#include "proto/msg.h"
 
 #define GS_MAX_SVC (4 + CONFIG_MAX_PREFETCHERS) /* prefetchers, executor, scheduler, router, http */
 
@@ -99,6 +100,9 @@ int gs_find_one(const char *cmd, gs_entry_t *e);
  * run (listed) or its config no longer parses (printed), 1 out of memory. */
 int gs_find_router(const char *cmd, char *ep, size_t cap, char *model, size_t mcap);
 
+/* One request of `type` (no body) to a service's endpoint on a DEALER of ctx, and its reply in
+ * family fam, waited for timeout_ms: 0 with *out (msg_free it), or <0 (not answering). */
+int gs_ask(void *ctx, const char *endpoint, msg_type_t type, msg_family_t fam, int timeout_ms, msg_t *out);
 /* Where the experts are, tier by tier, and how often each tier had what was asked: the
  * executor's GPU expert cache (its stats), each prefetcher's arena and disk tier (its status),
  * each asked with a 500 ms timeout. One line of text at a time to line(). */

@@ -66,12 +66,13 @@ def synth(strata, out, shape="tiny-mixtral", extra=()):
     check(p.returncode == 0, "strata synth %s exit %d" % (shape, p.returncode))
 
 
-def check_rows(rows, n, load, batches=None):
+def check_rows(rows, n, load, batches=None, shape="tiny-mixtral", bound=("cpu_memory", "bound_tok_s")):
+    """bound: the envelope's bound_name and the row's field it is."""
     check(isinstance(rows, list) and len(rows) == n, "%d rows expected, got %r" % (n, rows))
     for i, r in enumerate(rows if isinstance(rows, list) else []):
         for k in REQUIRED:
             check(k in r, "row %d lacks '%s'" % (i, k))
-        check(r.get("model_shape") == "tiny-mixtral", "row %d model_shape %r" % (i, r.get("model_shape")))
+        check(r.get("model_shape") == shape, "row %d model_shape %r" % (i, r.get("model_shape")))
         check(r.get("format") == "int4-g32", "row %d format %r" % (i, r.get("format")))
         check(r.get("gpu_mem") == 0 and r.get("load") == load, "row %d gpu_mem/load" % i)
         check(r.get("errors") == 0, "row %d: %r errors, first %r" % (i, r.get("errors"), r.get("first_error")))
@@ -88,8 +89,8 @@ def check_rows(rows, n, load, batches=None):
             check(r["ttft_p99_ms"] >= r["ttft_p50_ms"], "row %d: ttft p99 < p50" % i)
         if positive(r.get("itl_p50_ms")) and positive(r.get("itl_p99_ms")):
             check(r["itl_p99_ms"] >= r["itl_p50_ms"], "row %d: itl p99 < p50" % i)
-        if positive(r.get("decode_tok_s")) and positive(r.get("bound_tok_s")) and positive(r.get("ratio")):
-            check(abs(r["ratio"] - r["decode_tok_s"] / r["bound_tok_s"]) < 1e-6 * r["ratio"] + 1e-12,
+        if positive(r.get("decode_tok_s")) and positive(r.get(bound[1])) and positive(r.get("ratio")):
+            check(abs(r["ratio"] - r["decode_tok_s"] / r[bound[1]]) < 1e-6 * r["ratio"] + 1e-12,
                   "row %d: ratio is not measured / bound" % i)
         check(r.get("bound_limit") == "cpu memory", "row %d: bound_limit %r" % (i, r.get("bound_limit")))
         # one reader on the CPU backend: bandwidths added and host memory shared are the same bound
@@ -97,10 +98,10 @@ def check_rows(rows, n, load, batches=None):
               r.get("bound_host_shared_tok_s") == r.get("bound_bw_added_tok_s") and
               r.get("ratio_host_shared") == r.get("ratio_bw_added"), "row %d: the CPU backend's bounds" % i)
         check(list(r)[:len(ENVELOPE)] == ENVELOPE, "row %d: the envelope is not first: %r" % (i, list(r)[:12]))
-        check(r.get("figure") == r.get("decode_tok_s") and r.get("bound") == r.get("bound_tok_s") and
-              r.get("bound_name") == "cpu_memory" and r.get("unit") == "decode tok/s (aggregate)",
+        check(r.get("figure") == r.get("decode_tok_s") and r.get("bound") == r.get(bound[1]) and
+              r.get("bound_name") == bound[0] and r.get("unit") == "decode tok/s (aggregate)",
               "row %d: envelope figure/bound %r" % (i, {k: r.get(k) for k in ENVELOPE}))
-        check(isinstance(r.get("case"), str) and "tiny-mixtral int4" in r["case"] and "[strata bench" in r["case"],
+        check(isinstance(r.get("case"), str) and (shape + " int4") in r["case"] and "[strata bench" in r["case"],
               "row %d: case %r" % (i, r.get("case")))
         check(re.match(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$", r.get("date") or "") is not None,
               "row %d: date %r" % (i, r.get("date")))
@@ -306,6 +307,46 @@ def case_cpu_experts(strata, tmp):
     no_leftovers(p.stderr)
 
 
+def case_disk_tier(strata, tmp):
+    """--host-mem: the group's prefetcher gets the host budget (the disk tier), the ceilings probe
+    the disk on the model's first expert file, and every row carries the disk tier's figures and
+    the three-tier bound it is measured against."""
+    model = os.path.join(tmp, "m")
+    p = run([strata, "synth", "--shape", "disk-mixtral", "--format", "int4", "--align", "4096", "--quiet", model])
+    check(p.returncode == 0, "strata synth disk-mixtral exit %d" % p.returncode)
+    js = os.path.join(tmp, "disk.json")
+    run_dir = os.path.join(tmp, "run")
+    p = run([strata, "bench", "--model", model, "--backend", "cpu", "--host-mem", "14M", "--batch", "1,4", "--prompt", "8",
+             "--gen", "8", "--json", js, "--threads", "2", "--probe-mib", "32", "--no-plot", "--run-dir", run_dir])
+    check(p.returncode == 0, "strata bench --host-mem exit %d" % p.returncode)
+    ini = open(os.path.join(run_dir, "bench.ini")).read() if os.path.exists(os.path.join(run_dir, "bench.ini")) else ""
+    check(re.search(r"^host_mem = 14M$", ini, re.M), "the group's config: %r" % ini)
+    rows = json.load(open(js)) if os.path.exists(js) else None
+    direct = all((r.get("ceilings") or {}).get("disk_gb_s") is not None for r in rows or [])
+    check_rows(rows, 2, "closed", batches=[1, 4], shape="disk-mixtral",
+               bound=("three_tier", "bound_three_tier_tok_s") if direct else ("cpu_memory", "bound_tok_s"))
+    for i, r in enumerate(rows or []):
+        print("row %d: %s" % (i, json.dumps({k: r.get(k) for k in ["host_mem", "host_slots", "host_hit_rate", "disk_read_gb_s",
+                                                                   "bound_three_tier_tok_s", "bound_three_tier_limit",
+                                                                   "ratio_three_tier", "ceilings"]})), file=sys.stderr)
+        check(r.get("host_mem") == "14M" and positive(r.get("host_slots")), "row %d: host_mem %r slots %r" % (
+            i, r.get("host_mem"), r.get("host_slots")))
+        h = r.get("host_hit_rate")
+        check(isinstance(h, (int, float)) and 0 <= h <= 1, "row %d: host_hit_rate %r" % (i, h))
+        check(positive(r.get("disk_read_gb_s")), "row %d: disk_read_gb_s %r" % (i, r.get("disk_read_gb_s")))
+        check("host-mem 14M" in (r.get("case") or ""), "row %d: case %r" % (i, r.get("case")))
+        if not direct:  # no O_DIRECT on this file system: no disk rate, so no three-tier bound
+            check(r.get("bound_three_tier_tok_s") is None, "row %d: a three-tier bound without a disk rate" % i)
+            continue
+        check(positive(r.get("bound_three_tier_tok_s")) and positive(r.get("ratio_three_tier")) and
+              r.get("bound_three_tier_limit") in ("disk", "cpu memory"), "row %d: three-tier bound %r (%r)" % (
+                  i, r.get("bound_three_tier_tok_s"), r.get("bound_three_tier_limit")))
+        check(r.get("bound_name") == "three_tier" and r.get("bound") == r.get("bound_three_tier_tok_s"),
+              "row %d: measured against %r" % (i, r.get("bound_name")))
+    check("three tiers on" in p.stdout or not direct, "no three-tier line in the roofline report:\n%s" % p.stdout)
+    no_leftovers_shm(p.stderr)
+
+
 def case_cli(strata, tmp):
     p = run([strata, "bench", "--help"])
     check(p.returncode == 0 and "--endpoint" in p.stdout and "--rate" in p.stdout and "--results" in p.stdout and
@@ -361,7 +402,7 @@ def case_cli(strata, tmp):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--strata", required=True)
-    ap.add_argument("case", choices=["closed", "open", "endpoint", "virtual", "cpu_experts", "cli"])
+    ap.add_argument("case", choices=["closed", "open", "endpoint", "virtual", "cpu_experts", "disk_tier", "cli"])
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="strata-bsmoke-")
     try:

@@ -128,6 +128,37 @@ static void s_mixtral_int4_24g(void)
     T_CHECK(o.host_shared_step_s == o.bw_added_step_s && o.pcie_only_tok_s == 0, "cpu shared %.6f pcie-only %.3f",
             o.host_shared_step_s, o.pcie_only_tok_s);
 
+    /* no host budget: three tiers are host_shared */
+    T_CHECK(o.three_tier_step_s == o.host_shared_step_s && o.host_fraction == 1 && o.disk_bytes == 0 &&
+                !strcmp(o.three_tier_limit, "cpu memory"), "three tiers without a budget %.6f %s", o.three_tier_step_s,
+            o.three_tier_limit);
+    /* host memory holds 64 of the 256 experts: 3/4 of the 6,341,787,648 expert bytes a step
+     * touches come from disk first, 4,756,340,736 / 1.5e9 = 3.17089 s, which binds */
+    r.host_experts = 64;
+    machine_t slow = roofline_rtx3090;
+    T_CHECK(roofline_decode(&m, &slow, &r, &o) == 0 && o.three_tier_tok_s == 0 &&
+                !strcmp(o.three_tier_limit, "disk (rate unknown)"), "no disk rate: %s", o.three_tier_limit);
+    slow.disk_bw = 1.5e9;
+    T_CHECK(roofline_decode(&m, &slow, &r, &o) == 0, "decode");
+    T_CHECK(s_close(o.disk_bytes, 0.75 * 6341787648.0, 1e-12) && s_close(o.three_tier_step_s, 0.75 * 6341787648.0 / 1.5e9, 1e-12) &&
+                !strcmp(o.three_tier_limit, "disk") && s_close(o.three_tier_tok_s, 1.5e9 / (0.75 * 6341787648.0), 1e-12),
+            "three tiers %.6f s %s", o.three_tier_step_s, o.three_tier_limit);
+    /* on the GPU only the misses go to host memory: the RTX 4090 at batch 16 as above, 3/4 of
+     * them from disk */
+    r.cpu_backend = false;
+    r.gpu_mem = 0;
+    r.batch = 16;
+    slow = roofline_rtx4090;
+    slow.disk_bw = 1e12; /* a disk faster than everything: host_shared binds */
+    T_CHECK(roofline_decode(&m, &slow, &r, &o) == 0 && s_close(o.disk_bytes, 0.75 * miss16, 1e-12) &&
+                o.three_tier_step_s == o.host_shared_step_s, "fast disk %.6f", o.three_tier_step_s);
+    slow.disk_bw = 1.5e9;
+    T_CHECK(roofline_decode(&m, &slow, &r, &o) == 0 && s_close(o.three_tier_step_s, 0.75 * miss16 / 1.5e9, 1e-12) &&
+                !strcmp(o.three_tier_limit, "disk"), "slow disk %.6f", o.three_tier_step_s);
+    r.host_experts = -1;
+    r.batch = 1;
+    r.gpu_mem = 64.0 * GIB;
+
     /* A budget below the resident weights is refused. */
     r.cpu_backend = false;
     r.gpu_mem = 2.0 * GIB;
