@@ -401,6 +401,12 @@ static int s_finish(s_ctx_t *x, const char *name, strata_errbuf_t *eb)
     if (c->router.curve_clients_file[0] && !c->router.curve_secret_key_file[0])
         return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: [router] curve_clients_file: needs curve_secret_key_file (the router's own "
                              "key, from `strata keygen`)", name);
+    for (int i = 0; i < c->n_prefetchers; i++)
+        if ((c->prefetcher[i].host_mem > 0 || c->prefetcher[i].host_mem_frac > 0) && !strcmp(c->executor.backend, "cuda"))
+            return strata_seterr(eb, STRATA_EINVAL_INPUT,
+                                 "%s: [prefetcher.%d] host_mem: the disk tier serves [executor] backend = cpu only (the GPU's "
+                                 "expert cache copies from host memory); unset host_mem or use backend = cpu",
+                                 name, c->prefetcher[i].node);
     if (c->launcher.restart_backoff_max_ms < c->launcher.restart_backoff_ms)
         return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: [launcher] restart_backoff_max_ms: %d is less than restart_backoff_ms %d",
                              name, c->launcher.restart_backoff_max_ms, c->launcher.restart_backoff_ms);

@@ -19,7 +19,8 @@
  *                cpus =   numa_node = -1
  *   [executor]   endpoint = ipc://{run_dir}/executor.sock   backend = cpu|cuda   threads = 0 (all cpus)
  *                gpu_mem = 0 (bytes; suffixes K M G GiB accepted)   cpus =   numa_node = -1
- *                prefetch_depth = -1 (cuda: MoE layers ahead to prefetch, 0 off; -1 the backend's default)
+ *                prefetch_depth = -1 (cuda: MoE layers ahead to prefetch, 0 off; -1 the backend's default;
+ *                cpu with a disk tier: MoE layers ahead whose predicted experts are read ahead from disk, default 4)
  *                expert_cache = split|whole (cuda, when the experts do not all fit: every expert
  *                resident but its down projection's last rows, which slots cache (split, default),
  *                or slots caching whole experts)

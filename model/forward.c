@@ -54,8 +54,17 @@ struct forward_ctx {
     const moe_remote_t *remote;
     int8_t *posted;           /* [n_dest] the destinations this layer's job went to */
     int32_t *rx_e, *rx_n;     /* [n_experts] a job's experts and their row counts */
+    /* read-ahead hints (remote->hint_depth > 0): the next MoE layers' predicted experts */
+    float *plog;              /* [T][n_experts] a predicted layer's router logits */
+    int32_t *ptop;            /* [T*top_k] its picks */
+    float *pw;                /* [top_k] their weights (unused) */
+    uint8_t *pset;            /* [hint_depth][n_experts] picked by some token */
+    int32_t *player;          /* [hint_depth]: the MoE layer of each row of pset, -1 past the last */
+    int32_t *h_layer, *h_expert; /* [FWD_MAX_HINTS] one destination's hints */
     uint64_t steps;           /* model_forward calls: the step id of remote jobs */
 };
+
+#define FWD_MAX_HINTS 256 /* hints a job carries at most (store/ring.h RING_MAX_HINTS) */
 
 static int32_t s_ffn_inter(const ffn_t *f) { return f->gate.data ? f->gate.rows : 0; }
 
@@ -175,6 +184,26 @@ forward_ctx_t *forward_ctx_create(const model_t *m, int32_t max_tokens, tpool_t 
     return f;
 }
 
+/* Free what forward_set_remote allocated, and forget the remote. */
+static void s_remote_free(forward_ctx_t *f)
+{
+    free(f->posted);
+    free(f->rx_e);
+    free(f->rx_n);
+    free(f->plog);
+    free(f->ptop);
+    free(f->pw);
+    free(f->pset);
+    free(f->player);
+    free(f->h_layer);
+    free(f->h_expert);
+    f->posted = NULL;
+    f->pset = NULL;
+    f->rx_e = f->rx_n = f->ptop = f->player = f->h_layer = f->h_expert = NULL;
+    f->plog = f->pw = NULL;
+    f->remote = NULL;
+}
+
 /* Free the scratch buffers (f may be NULL). */
 void forward_ctx_free(forward_ctx_t *f)
 {
@@ -200,27 +229,29 @@ void forward_ctx_free(forward_ctx_t *f)
     free(f->att_scratch);
     free(f->yp);
     free(f->here);
-    free(f->posted);
-    free(f->rx_e);
-    free(f->rx_n);
+    s_remote_free(f);
     free(f);
 }
 
 int forward_set_remote(forward_ctx_t *f, const moe_remote_t *r)
 {
     const model_config_t *c = &f->m->cfg;
-    free(f->posted);
-    free(f->rx_e);
-    free(f->rx_n);
-    f->posted = NULL;
-    f->rx_e = f->rx_n = NULL;
-    f->remote = NULL;
+    s_remote_free(f);
     if (!r || c->n_experts <= 0) return 0;
     int fail = 0;
     size_t ne = (size_t)c->n_experts;
     f->posted = s_alloc(r->n_dest > 0 ? (size_t)r->n_dest : 1, 1, &fail);
     f->rx_e = s_alloc(ne, sizeof(int32_t), &fail);
     f->rx_n = s_alloc(ne, sizeof(int32_t), &fail);
+    if (r->hint_depth > 0 && r->hint && r->pinned) {
+        f->plog = s_alloc((size_t)f->max_tokens * ne, sizeof(float), &fail);
+        f->ptop = s_alloc((size_t)f->max_tokens * (size_t)c->top_k, sizeof(int32_t), &fail);
+        f->pw = s_alloc((size_t)c->top_k, sizeof(float), &fail);
+        f->pset = s_alloc((size_t)r->hint_depth * ne, 1, &fail);
+        f->player = s_alloc((size_t)r->hint_depth, sizeof(int32_t), &fail);
+        f->h_layer = s_alloc(FWD_MAX_HINTS, sizeof(int32_t), &fail);
+        f->h_expert = s_alloc(FWD_MAX_HINTS, sizeof(int32_t), &fail);
+    }
     if (fail) {
         forward_set_remote(f, NULL);
         return -ENOMEM;
@@ -444,7 +475,49 @@ static void s_combine(forward_ctx_t *f, int n)
  * added in expert order, so y is bit for bit what the all-local path gives when the kernels
  * agree (same ISA and activation mode: a token's FFN output does not depend on the tokens
  * beside it). 0, or <0 (pinned experts that could not run). */
-static int s_moe_remote(forward_ctx_t *f, const layer_t *L, int l)
+/* The experts that the routers of the next remote->hint_depth MoE layers pick for this layer's
+ * n normed rows (f->xn): pset, layer by layer (player). */
+static void s_predict(forward_ctx_t *f, int l, int n)
+{
+    const model_config_t *c = &f->m->cfg;
+    const int ne = c->n_experts, tk = c->top_k, depth = f->remote->hint_depth;
+    memset(f->pset, 0, (size_t)depth * ne);
+    int l2 = l;
+    for (int d = 0; d < depth; d++) {
+        do l2++;
+        while (l2 < c->n_layers && !c->layer_sparse[l2]);
+        f->player[d] = l2 < c->n_layers ? l2 : -1;
+        if (f->player[d] < 0) continue;
+        const layer_t *L2 = &f->m->layers[l2];
+        cpu_matmul(f->pool, f->plog, f->xn, n, &L2->router, L2->router_b);
+        for (int t = 0; t < n; t++) {
+            int32_t *idx = f->ptop + (size_t)t * tk;
+            cpu_gate_topk(f->plog + (size_t)t * ne, ne, tk, false, idx, f->pw);
+            for (int i = 0; i < tk; i++) f->pset[(size_t)d * ne + idx[i]] = 1;
+        }
+    }
+}
+
+/* Hand destination d the predicted experts (s_predict) that are pinned to it, nearest layer first. */
+static void s_hint(forward_ctx_t *f, int d)
+{
+    const moe_remote_t *r = f->remote;
+    const int ne = f->m->cfg.n_experts;
+    int n = 0;
+    for (int k = 0; k < r->hint_depth && n < FWD_MAX_HINTS; k++) {
+        int l2 = f->player[k];
+        if (l2 < 0) break;
+        for (int e = 0; e < ne && n < FWD_MAX_HINTS; e++) {
+            size_t at = (size_t)l2 * ne + e;
+            if (!f->pset[(size_t)k * ne + e] || r->owner[at] != d || !r->pinned[at]) continue;
+            f->h_layer[n] = l2;
+            f->h_expert[n++] = e;
+        }
+    }
+    if (n) r->hint(r->ctx, d, f->h_layer, f->h_expert, n);
+}
+
+static int s_moe_remote(forward_ctx_t *f, const layer_t *L, int l, int n_tok)
 {
     const moe_remote_t *r = f->remote;
     const model_config_t *c = &f->m->cfg;
@@ -452,6 +525,8 @@ static int s_moe_remote(forward_ctx_t *f, const layer_t *L, int l)
     const int8_t *own = r->owner + (size_t)l * ne;
     const uint8_t *pin = r->pinned ? r->pinned + (size_t)l * ne : NULL;
     int rc = 0;
+    const bool ahead = f->pset && pin;
+    if (ahead) s_predict(f, l, n_tok);
     for (int e = 0; e < ne; e++) f->here[e] = own[e] < 0;
     for (int d = 0; d < r->n_dest; d++) {
         f->posted[d] = 0;
@@ -469,6 +544,7 @@ static int s_moe_remote(forward_ctx_t *f, const layer_t *L, int l)
             f->rx_n[ni++] = cnt;
             row += cnt;
         }
+        if (ni && rows && ahead) s_hint(f, d);
         if (ni && rows && r->post(r->ctx, d, l, f->rx_e, f->rx_n, ni, f->steps) == 0) f->posted[d] = 1;
         else if (pinned) rc = STRATA_EIO;
         else
@@ -542,7 +618,7 @@ static int s_moe(forward_ctx_t *f, int l, int n)
     /* Every active expert over its tokens, its outputs at their pair indices, then added in
      * expert order, as one expert at a time would. */
     if (f->remote) {
-        int rc = s_moe_remote(f, L, l);
+        int rc = s_moe_remote(f, L, l, n);
         if (rc < 0) return rc;
     } else {
         memset(f->here, 1, (size_t)ne);

@@ -223,6 +223,11 @@ typedef struct {
     int (*wait)(void *ctx, int dest, const float **out);
     /* What the last failed rows() or wait() met, for the step's error ("" none). */
     const char *(*error)(void *ctx);
+    /* Read-ahead for pinned experts (a disk tier): each job to a destination with pinned experts
+     * first gets, through hint(), the pinned experts of its own that the routers of the next
+     * hint_depth MoE layers pick for this layer's rows (0 or NULL: none). */
+    int hint_depth;
+    void (*hint)(void *ctx, int dest, const int32_t *layers, const int32_t *experts, int n);
 } moe_remote_t;
 
 /* What expert e of layer L adds to plain SwiGLU: its biases (gpt-oss) and the model's activation.

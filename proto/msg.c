@@ -419,6 +419,8 @@ static const fdesc_t s_f_pf_status[] = {
     {"disk_bytes", F_U64, 0, offsetof(msg_pf_status_t, disk_bytes), 0, 0, 0, 0, 0, NULL, 0},
     {"disk_s", F_F64, 0, offsetof(msg_pf_status_t, disk_s), 0, 0, 1e12, 0, 0, NULL, 0},
     {"disk_errors", F_U64, 0, offsetof(msg_pf_status_t, disk_errors), 0, 0, 0, 0, 0, NULL, 0},
+    {"read_ahead", F_U64, 0, offsetof(msg_pf_status_t, read_ahead), 0, 0, 0, 0, 0, NULL, 0},
+    {"read_ahead_used", F_U64, 0, offsetof(msg_pf_status_t, read_ahead_used), 0, 0, 0, 0, 0, NULL, 0},
     END_FIELDS};
 
 typedef struct {

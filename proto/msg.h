@@ -373,6 +373,8 @@ typedef struct {
     uint64_t disk_bytes;        /* read from disk */
     double disk_s;              /* time on those reads */
     uint64_t disk_errors;       /* blocks that failed a read or their crc32 */
+    uint64_t read_ahead;        /* experts read ahead on the executor's prediction */
+    uint64_t read_ahead_used;   /* ... that a job then used */
 } msg_pf_status_t;
 
 typedef struct msg_mem msg_mem_t;

@@ -148,7 +148,9 @@ void ring_beat(ring_t *r) { __atomic_store_n(&r->ctl->heartbeat_ns, s_mono_ns(),
 static int s_check_job(const ring_t *r, const ring_job_t *j, const ring_item_t *items)
 {
     const ring_geom_t *g = &r->ctl->geom;
-    if (j->n_items < 0 || j->n_items > g->max_items || j->n_rows < 0 || j->n_rows > g->max_rows || j->layer < 0) return STRATA_EINVAL_INPUT;
+    if (j->n_items < 0 || j->n_items > g->max_items || j->n_rows < 0 || j->n_rows > g->max_rows || j->layer < 0 ||
+        j->n_hints < 0 || j->n_hints > RING_MAX_HINTS)
+        return STRATA_EINVAL_INPUT;
     int64_t rows = 0;
     for (int i = 0; i < j->n_items; i++) {
         const ring_item_t *it = &items[i];
@@ -158,7 +160,7 @@ static int s_check_job(const ring_t *r, const ring_job_t *j, const ring_item_t *
     return rows <= j->n_rows ? 0 : STRATA_EINVAL_INPUT;
 }
 
-int ring_serve_wait(ring_t *r, ring_job_t *job, ring_item_t *items, int timeout_ms)
+int ring_serve_wait(ring_t *r, ring_job_t *job, ring_item_t *items, ring_hint_t *hints, int timeout_ms)
 {
     uint64_t spin0 = s_mono_ns(), deadline = spin0 + (uint64_t)timeout_ms * 1000000ull;
     for (;;) {
@@ -170,6 +172,8 @@ int ring_serve_wait(ring_t *r, ring_job_t *job, ring_item_t *items, int timeout_
             if (job->gen != r->gen || (uint32_t)job->seq != req) continue; /* for another server, or torn: not ours */
             int n = job->n_items;
             if (n > 0 && n <= r->ctl->geom.max_items) memcpy(items, r->ctl->items, sizeof(ring_item_t) * (size_t)n);
+            if (hints && job->n_hints > 0 && job->n_hints <= RING_MAX_HINTS)
+                memcpy(hints, r->ctl->hints, sizeof(ring_hint_t) * (size_t)job->n_hints);
             if (s_check_job(r, job, items) < 0) {
                 log_warn("ring %s: job %llu of layer %d does not fit the ring: refused", r->seg.name, (unsigned long long)job->seq,
                          job->layer);
@@ -237,7 +241,8 @@ void ring_post(ring_t *r, int32_t layer, int32_t n_items, int32_t n_rows, int32_
     if ((uint32_t)(r->seq + 1) == 0) r->seq++; /* keep the futex word's value non-zero after a wrap */
     r->seq++;
     c->job = (ring_job_t){.seq = r->seq, .gen = r->gen, .step = step, .layer = layer, .n_items = n_items, .n_rows = n_rows,
-                          .act = act};
+                          .act = act, .n_hints = r->n_hints};
+    r->n_hints = 0;
     __atomic_store_n(&c->req, (uint32_t)r->seq, __ATOMIC_RELEASE);
     s_futex_wake(&c->req);
 }

@@ -48,6 +48,10 @@
 #define RING_SPIN_US 1000         /* the prefetcher spins this long for a job before its futex */
 #define RING_PAUSE_US 50          /* a ring_wait spins on its core alone this long, then yields it */
 #define RING_MAX_ITEMS 1024       /* experts of one layer in one job */
+#define RING_MAX_HINTS 256        /* experts of the layers ahead a job may name for the disk tier's read-ahead */
+#define RING_AHEAD_DEPTH 4        /* MoE layers ahead those hints come from by default ([executor] prefetch_depth
+                                   * on the CPU backend): twice the GPU's for split experts, as a disk read takes
+                                   * longer than a copy */
 
 /* What a ring holds, from the model and the scheduler's token budget. */
 typedef struct {
@@ -62,6 +66,11 @@ typedef struct {
     int32_t reserved;
 } ring_item_t;
 
+/* An expert of a layer ahead that the executor's gates predict: read it from disk now. */
+typedef struct {
+    int32_t layer, expert;
+} ring_hint_t;
+
 typedef struct {
     uint64_t seq;                 /* executor's job number, > 0, strictly increasing */
     uint64_t gen;                 /* the peer generation it was posted to */
@@ -70,6 +79,8 @@ typedef struct {
     int32_t n_items;
     int32_t n_rows;               /* rows used: sum of items' n */
     int32_t act;                  /* cpu_act_t the FFNs run with */
+    int32_t n_hints;              /* entries of ring_ctl_t.hints for this job, [0, RING_MAX_HINTS] */
+    int32_t reserved;
 } ring_job_t;
 
 typedef struct {
@@ -99,6 +110,7 @@ typedef struct {
     _Alignas(64) ring_job_t job;
     ring_result_t res;
     ring_item_t items[RING_MAX_ITEMS];
+    ring_hint_t hints[RING_MAX_HINTS]; /* the job's read-ahead hints, written with its items */
 } ring_ctl_t;
 
 typedef struct {
@@ -108,6 +120,7 @@ typedef struct {
     uint64_t gen;                 /* server: its own generation; client: the one it posts to */
     uint64_t seq;                 /* client: the last posted job */
     uint32_t seen;                /* server: the last `req` it handled */
+    int32_t n_hints;              /* client: hints written into ctl->hints for the next post */
 } ring_t;
 
 /* The geometry both sides derive from the model and the group config: rows for every
@@ -131,9 +144,10 @@ int ring_serve_open(ring_t *r, const char *name, const ring_geom_t *g, int node,
 /* Refresh the heartbeat (cheap: one clock read and one store). */
 void ring_beat(ring_t *r);
 /* Wait up to timeout_ms for a job of this generation; refreshes the heartbeat meanwhile. 1 with
- * *job and items[] (copied out, every field checked: a job that does not fit the geometry is
- * answered with STRATA_EINVAL_INPUT by the call itself and not returned), 0 on timeout. */
-int ring_serve_wait(ring_t *r, ring_job_t *job, ring_item_t *items, int timeout_ms);
+ * *job, items[] and hints[] (job->n_hints of them; NULL: not copied) copied out, every field
+ * checked (a job that does not fit the geometry is answered with STRATA_EINVAL_INPUT by the call
+ * itself and not returned; a hint's layer and expert are the caller's to check), 0 on timeout. */
+int ring_serve_wait(ring_t *r, ring_job_t *job, ring_item_t *items, ring_hint_t *hints, int timeout_ms);
 /* Answer job with status and counters: the output rows must be written. error: with a status
  * < 0, what failed (NULL: none), copied into the result (truncated). */
 void ring_serve_done(ring_t *r, const ring_job_t *job, int status, uint64_t compute_ns, uint64_t bytes, const char *error);
@@ -143,7 +157,7 @@ int ring_attach(ring_t *r, const char *name, const ring_geom_t *g, strata_errbuf
 /* True if the peer is alive and its heartbeat is younger than stale_ms. */
 bool ring_peer_up(const ring_t *r, int stale_ms);
 /* Post a job: items[0..n_items) and their input rows must be written into r->ctl->items and
- * r->x already. Sets seq and gen. */
+ * r->x already, and r->n_hints hints into r->ctl->hints (then reset to 0). Sets seq and gen. */
 void ring_post(ring_t *r, int32_t layer, int32_t n_items, int32_t n_rows, int32_t act, uint64_t step);
 /* Wait for the posted job's result, spinning spin_us first (after RING_PAUSE_US, yielding the
  * core between looks), then on the futex; gives up when the

@@ -102,6 +102,16 @@ static float *s_rows(void *ctx, int d)
 
 static const char *s_error(void *ctx) { return ((const exec_remote_t *)ctx)->err; }
 
+static void s_hint(void *ctx, int d, const int32_t *layers, const int32_t *experts, int n)
+{
+    exec_remote_t *x = ctx;
+    ring_t *r = &x->dest[d].ring;
+    if (!x->dest[d].attached) return;
+    if (n > RING_MAX_HINTS) n = RING_MAX_HINTS;
+    for (int i = 0; i < n; i++) r->ctl->hints[i] = (ring_hint_t){.layer = layers[i], .expert = experts[i]};
+    r->n_hints = n;
+}
+
 static int s_post(void *ctx, int d, int layer, const int32_t *experts, const int32_t *counts, int n, uint64_t step)
 {
     exec_remote_t *x = ctx;
@@ -210,13 +220,7 @@ int exec_remote_create(exec_remote_t **out, const strata_config_t *cfg, const ex
         exec_remote_free(x);
         return rc;
     }
-    own = pinned;
-    if (pinned && gpu) {
-        exec_remote_free(x);
-        return strata_seterr(eb, STRATA_EINVAL_INPUT,
-                             "%d experts are on disk ([prefetcher.N] host_mem), and backend = cuda reads every expert from host "
-                             "memory: the disk tier serves backend = cpu only; unset host_mem or use backend = cpu", pinned);
-    }
+    own = pinned; /* none on cuda: config_load refuses a host budget there */
     /* on the GPU, auto copies every miss: the cost model (cost) loses to the copies where the
      * experts are small (bench/RESULTS.md: Qwen3-30B-A3B at 6 GiB) */
     bool none = !strcmp(cfg->executor.expert_path, "pcie") || (gpu && !strcmp(cfg->executor.expert_path, "auto"));
@@ -250,7 +254,10 @@ int exec_remote_create(exec_remote_t **out, const strata_config_t *cfg, const ex
     }
     x->st.experts_owned = own;
     x->iface = (moe_remote_t){.ctx = x, .n_dest = x->n_dest, .owner = x->owner, .pinned = pinned ? x->pinned : NULL,
-                              .rows = s_rows, .post = s_post, .wait = s_wait, .error = s_error};
+                              .rows = s_rows, .post = s_post, .wait = s_wait, .error = s_error,
+                              .hint_depth = pinned ? (cfg->executor.prefetch_depth >= 0 ? cfg->executor.prefetch_depth
+                                                                                        : RING_AHEAD_DEPTH) : 0,
+                              .hint = pinned ? s_hint : NULL};
     log_info("cpu experts: %d of the model's experts run on their prefetchers' cores (expert_path = %s%s)", own,
              cfg->executor.expert_path, pinned ? "; those of the disk tier always" : "");
     *out = x;

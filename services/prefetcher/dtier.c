@@ -13,6 +13,8 @@
 #include "store/arena.h"
 
 #define QD 64                 /* io_uring entries: reads in flight at once */
+#define AHEAD_MAX (QD / 2)    /* read-ahead reads in flight at most */
+#define HINT_BIT (1ull << 63) /* a completion's user data: a read-ahead into slot (low bits), else a fetch's read */
 #define DIO_ALIGN 4096u       /* O_DIRECT offset, length and buffer alignment */
 
 struct dtier {
@@ -30,6 +32,9 @@ struct dtier {
     int32_t *key;             /* [n_slots] the expert it holds (l * n_experts + e), -1: empty */
     uint64_t *last;           /* [n_slots] tick of its last use */
     uint64_t *pin;            /* [n_slots] the fetch that uses it: not evicted by that fetch */
+    bool *inflight;           /* [n_slots] a read-ahead is filling it (key and map already say whose) */
+    bool *ahead;              /* [n_slots] filled by a read-ahead and not fetched since */
+    int n_inflight;
     uint64_t tick;            /* fetches so far */
     int *fd, *fdd;            /* [pm->n_files] buffered, O_DIRECT (-1: none) */
     struct io_uring ring;
@@ -59,6 +64,51 @@ static int64_t s_pread_full(int fd, uint8_t *dst, uint64_t n, uint64_t off)
 
 static bool s_direct(const dtier_t *t, const packed_block_t *b) { return t->fdd[b->file] >= 0 && b->offset % DIO_ALIGN == 0; }
 
+/* A read-ahead into slot s ended with res (bytes or -errno): the slot holds its expert if the
+ * bytes came back whole and match their crc32, else it is empty again (a fetch that needs the
+ * expert reads it itself, and reports what fails). */
+static void s_ahead_done(dtier_t *t, uint32_t s, int res)
+{
+    t->inflight[s] = false;
+    t->n_inflight--;
+    int32_t key = t->key[s];
+    const packed_block_t *b = &t->pm->blocks[t->blk[key]];
+    if (res > 0) s_add(&t->st.disk_bytes, (uint64_t)res);
+    if (res >= 0 && (uint64_t)res >= b->bytes && packed_check_block(b, "", t->slots + (uint64_t)s * t->slot_bytes, NULL) == 0) {
+        t->ahead[s] = true;
+        s_add(&t->resident, 1);
+        return;
+    }
+    t->map[key] = -1;
+    t->key[s] = -1;
+}
+
+/* Completed read-aheads: every one that has ended (wait_slot < 0), or until slot wait_slot's has
+ * (blocking), then those that have ended too. */
+static void s_reap(dtier_t *t, int32_t wait_slot)
+{
+    while (t->n_inflight > 0) {
+        struct io_uring_cqe *cqe;
+        bool block = wait_slot >= 0 && t->inflight[wait_slot];
+        int r = block ? io_uring_wait_cqe(&t->ring, &cqe) : io_uring_peek_cqe(&t->ring, &cqe);
+        if (r < 0) {
+            if (block) { /* cannot happen with reads in flight; do not spin on it */
+                log_error("disk tier: waiting for a read-ahead: %s", strerror(-r));
+                t->inflight[wait_slot] = false;
+                t->n_inflight--;
+                t->map[t->key[wait_slot]] = -1;
+                t->key[wait_slot] = -1;
+                continue;
+            }
+            return;
+        }
+        uint64_t ud = io_uring_cqe_get_data64(cqe);
+        int res = cqe->res;
+        io_uring_cqe_seen(&t->ring, cqe);
+        if (ud & HINT_BIT) s_ahead_done(t, (uint32_t)ud, res);
+    }
+}
+
 /* The k reads of rd_*: through io_uring where it is up, else pread; rd_got[i] = bytes or -errno. */
 static void s_read_raw(dtier_t *t, int k)
 {
@@ -86,12 +136,18 @@ static void s_read_raw(dtier_t *t, int k)
                 break;
             }
         }
-        for (int got = 0; got < (sub > 0 ? sub : 0); got++) {
+        for (int got = 0; got < (sub > 0 ? sub : 0);) {
             struct io_uring_cqe *cqe;
-            int r = io_uring_wait_cqe(&t->ring, &cqe);
-            if (r < 0) break;
-            t->rd_got[io_uring_cqe_get_data64(cqe)] = cqe->res;
+            if (io_uring_wait_cqe(&t->ring, &cqe) < 0) break;
+            uint64_t ud = io_uring_cqe_get_data64(cqe);
+            int res = cqe->res;
             io_uring_cqe_seen(&t->ring, cqe);
+            if (ud & HINT_BIT) { /* a read-ahead that ended meanwhile */
+                s_ahead_done(t, (uint32_t)ud, res);
+                continue;
+            }
+            t->rd_got[ud] = res;
+            got++;
         }
         i += n;
     }
@@ -154,16 +210,18 @@ static int s_read(dtier_t *t, int k, bool *ok, strata_errbuf_t *eb)
 }
 
 /* An evictable slot for fetch `pin`: empty first; then one not used in about a step (n_layers
- * fetches), the least used expert; then the least used of the rest. -1 if every slot is pinned. */
-static int32_t s_victim(const dtier_t *t, uint64_t pin)
+ * fetches), the least used expert; then (unless cold_only: a read-ahead takes no slot in use) the
+ * least used of the rest. Never one the fetch uses or a read-ahead is filling. -1 if none. */
+static int32_t s_victim(const dtier_t *t, uint64_t pin, bool cold_only)
 {
     int32_t best = -1;
     bool best_recent = true;
     uint32_t best_f = UINT32_MAX;
     for (uint32_t s = 0; s < t->n_slots; s++) {
-        if (t->pin[s] == pin) continue;
+        if (t->pin[s] == pin || t->inflight[s]) continue;
         if (t->key[s] < 0) return (int32_t)s;
         bool recent = t->tick - t->last[s] < (uint64_t)t->n_layers;
+        if (recent && cold_only) continue;
         uint32_t f = t->freq[t->key[s]];
         if (best < 0 || (best_recent && !recent) || (recent == best_recent && f < best_f)) {
             best = (int32_t)s;
@@ -224,13 +282,15 @@ int dtier_open(dtier_t **out, const shm_seg_t *arena, const model_t *m, const pa
     t->key = malloc(t->n_slots * sizeof *t->key);
     t->last = calloc(t->n_slots, sizeof *t->last);
     t->pin = calloc(t->n_slots, sizeof *t->pin);
+    t->inflight = calloc(t->n_slots, sizeof *t->inflight);
+    t->ahead = calloc(t->n_slots, sizeof *t->ahead);
     t->fd = malloc(nf * sizeof *t->fd);
     t->fdd = malloc(nf * sizeof *t->fdd);
     t->rd_slot = malloc(t->n_slots * sizeof *t->rd_slot);
     t->rd_blk = malloc(t->n_slots * sizeof *t->rd_blk);
     t->rd_key = malloc(t->n_slots * sizeof *t->rd_key);
     t->rd_got = malloc(t->n_slots * sizeof *t->rd_got);
-    if (!t->blk || !t->map || !t->freq || !t->key || !t->last || !t->pin || !t->fd || !t->fdd || !t->rd_slot || !t->rd_blk ||
+    if (!t->blk || !t->map || !t->freq || !t->key || !t->last || !t->pin || !t->inflight || !t->ahead || !t->fd || !t->fdd || !t->rd_slot || !t->rd_blk ||
         !t->rd_key || !t->rd_got) {
         rc = STRATA_ENOMEM;
         goto fail;
@@ -289,30 +349,46 @@ bool dtier_holds(const dtier_t *t, int l, int e)
 
 int dtier_slots(const dtier_t *t) { return t ? (int)t->n_slots : 0; }
 
+/* A slot a read-ahead is filling (there is one). */
+static int32_t s_any_inflight(const dtier_t *t)
+{
+    for (uint32_t s = 0; s < t->n_slots; s++)
+        if (t->inflight[s]) return (int32_t)s;
+    return -1;
+}
+
 int dtier_fetch(dtier_t *t, int l, const int32_t *experts, int n, ffn_t *out, strata_errbuf_t *eb)
 {
     const uint64_t pin = ++t->tick;
     if ((t->tick & 0xffff) == 0) /* frequency decays: old habits fade */
         for (size_t i = 0; i < (size_t)t->n_layers * t->n_experts; i++) t->freq[i] >>= 1;
     STRATA_ASSERT(n >= 0 && (uint32_t)n <= t->n_slots);
+    if (t->uring) s_reap(t, -1);
     int k = 0;
     for (int i = 0; i < n; i++) {
         int32_t key = l * t->n_experts + experts[i];
         STRATA_ASSERT(dtier_holds(t, l, experts[i]));
         if (t->freq[key] < UINT32_MAX) t->freq[key]++;
         int32_t s = t->map[key];
+        if (s >= 0 && t->inflight[s]) {
+            s_reap(t, s); /* read ahead and still on its way: wait for it */
+            s = t->map[key]; /* -1 if it failed */
+        }
         if (s >= 0) {
             t->pin[s] = pin;
             t->last[s] = pin;
+            if (t->ahead[s]) s_add(&t->st.ahead_used, 1);
+            t->ahead[s] = false;
             continue;
         }
-        s = s_victim(t, pin);
+        while ((s = s_victim(t, pin, false)) < 0 && t->n_inflight > 0) s_reap(t, s_any_inflight(t));
         STRATA_ASSERT(s >= 0); /* n <= n_slots, and the experts are distinct */
         if (t->key[s] >= 0) {
             t->map[t->key[s]] = -1;
             s_add(&t->resident, (uint64_t)-1);
         }
         t->key[s] = -1; /* empty until its read checks out */
+        t->ahead[s] = false;
         t->pin[s] = pin;
         t->rd_slot[k] = s;
         t->rd_blk[k] = t->blk[key];
@@ -344,6 +420,46 @@ int dtier_fetch(dtier_t *t, int l, const int32_t *experts, int n, ffn_t *out, st
         s_view(&E->down, base, b, slot, &out[i].down);
     }
     return 0;
+}
+
+int dtier_ahead(dtier_t *t, const ring_hint_t *h, int n)
+{
+    if (!t || !t->uring) return 0;
+    s_reap(t, -1);
+    int issued = 0;
+    for (int i = 0; i < n && t->n_inflight < AHEAD_MAX; i++) {
+        if (!dtier_holds(t, h[i].layer, h[i].expert)) continue;
+        int32_t key = h[i].layer * t->n_experts + h[i].expert;
+        if (t->map[key] >= 0) continue; /* in a slot, or on its way */
+        int32_t s = s_victim(t, t->tick, true);
+        if (s < 0) break; /* every slot is in use, or being filled */
+        struct io_uring_sqe *sqe = io_uring_get_sqe(&t->ring);
+        if (!sqe) break;
+        if (t->key[s] >= 0) {
+            t->map[t->key[s]] = -1;
+            s_add(&t->resident, (uint64_t)-1);
+        }
+        const packed_block_t *b = &t->pm->blocks[t->blk[key]];
+        bool d = s_direct(t, b);
+        uint64_t len = d ? (b->bytes + DIO_ALIGN - 1) / DIO_ALIGN * DIO_ALIGN : b->bytes;
+        io_uring_prep_read(sqe, d ? t->fdd[b->file] : t->fd[b->file], t->slots + (uint64_t)s * t->slot_bytes, (unsigned)len,
+                           b->offset);
+        io_uring_sqe_set_data64(sqe, HINT_BIT | (uint64_t)s);
+        t->key[s] = key;
+        t->map[key] = s;
+        t->pin[s] = t->tick; /* the later hints of this batch leave it */
+        t->last[s] = t->tick;
+        t->inflight[s] = true;
+        t->ahead[s] = false;
+        t->n_inflight++;
+        issued++;
+    }
+    if (issued) {
+        int r = io_uring_submit(&t->ring);
+        if (r < 0) log_warn("disk tier: read-ahead submit: %s", strerror(-r)); /* the reads stay queued for the next submit */
+        s_add(&t->st.ahead_reads, (uint64_t)issued);
+    }
+    return issued;
 }
 
 int dtier_prefill(dtier_t *t)
@@ -388,6 +504,8 @@ void dtier_stats(const dtier_t *t, dtier_stats_t *st)
     st->misses = __atomic_load_n(&t->st.misses, __ATOMIC_RELAXED);
     st->disk_bytes = __atomic_load_n(&t->st.disk_bytes, __ATOMIC_RELAXED);
     st->errors = __atomic_load_n(&t->st.errors, __ATOMIC_RELAXED);
+    st->ahead_reads = __atomic_load_n(&t->st.ahead_reads, __ATOMIC_RELAXED);
+    st->ahead_used = __atomic_load_n(&t->st.ahead_used, __ATOMIC_RELAXED);
     st->disk_s = (double)__atomic_load_n(&t->disk_ns, __ATOMIC_RELAXED) * 1e-9;
     st->resident = (int32_t)__atomic_load_n(&t->resident, __ATOMIC_RELAXED);
 }
@@ -395,7 +513,15 @@ void dtier_stats(const dtier_t *t, dtier_stats_t *st)
 void dtier_close(dtier_t *t)
 {
     if (!t) return;
-    if (t->uring) io_uring_queue_exit(&t->ring);
+    if (t->uring) {
+        while (t->n_inflight > 0) { /* the kernel writes into the arena until they end */
+            struct io_uring_cqe *cqe;
+            if (io_uring_wait_cqe(&t->ring, &cqe) < 0) break;
+            if (io_uring_cqe_get_data64(cqe) & HINT_BIT) t->n_inflight--;
+            io_uring_cqe_seen(&t->ring, cqe);
+        }
+        io_uring_queue_exit(&t->ring);
+    }
     if (t->fd)
         for (int32_t i = 0; i < t->pm->n_files; i++) {
             if (t->fd[i] >= 0) close(t->fd[i]);
@@ -407,6 +533,8 @@ void dtier_close(dtier_t *t)
     free(t->key);
     free(t->last);
     free(t->pin);
+    free(t->inflight);
+    free(t->ahead);
     free(t->fd);
     free(t->fdd);
     free(t->rd_slot);

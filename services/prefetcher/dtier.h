@@ -8,6 +8,10 @@
  * done) before the next fetch, so a slot is never overwritten while it is read. The slot map
  * lives in this process: a restart begins with every slot empty.
  *
+ * Read-ahead: a job may carry hints, the experts the executor's gates predict for the next MoE
+ * layers ([executor] prefetch_depth, default RING_AHEAD_DEPTH); they are read without waiting into cold
+ * slots while the job computes (dtier_ahead).
+ *
  * Slot policy: frequency plus recency, from the experts the executor routes (every expert of a
  * disk file comes here, so the jobs are its per-layer statistics): a slot used in the last
  * n_layers jobs (about one step) is kept; among the others, the least used expert goes first.
@@ -23,6 +27,7 @@
 
 #include "common/shm.h"
 #include "model/packed.h"
+#include "store/ring.h"
 
 typedef struct dtier dtier_t;
 
@@ -35,6 +40,8 @@ typedef struct {
     uint64_t disk_bytes;      /* bytes read from disk */
     double disk_s;            /* time spent on those reads */
     uint64_t errors;          /* blocks that failed a read or their crc32 after the retry */
+    uint64_t ahead_reads;     /* read-aheads issued (dtier_ahead) */
+    uint64_t ahead_used;      /* ... whose expert a fetch then found in its slot */
     int uring;                /* 1 io_uring, 0 pread (io_uring unavailable) */
 } dtier_stats_t;
 
@@ -52,6 +59,12 @@ int dtier_slots(const dtier_t *t);
  * point out[i] at expert[i]'s tensors in its slot. The views stay valid until the next fetch.
  * 0, or <0 with eb naming the file, the expert and the offset. */
 int dtier_fetch(dtier_t *t, int l, const int32_t *experts, int n, ffn_t *out, strata_errbuf_t *eb);
+/* Start reading ahead, without waiting, the experts that hints name (the executor's gates'
+ * prediction for the layers ahead) and no slot holds: each into a slot that is empty or unused
+ * for about a step, never one the last fetch uses, at most AHEAD_MAX (32) in flight. A later
+ * fetch reaps them (a whole block whose crc32 matches fills its slot; any other leaves it
+ * empty) and waits for one it needs. Returns how many were issued (0 without io_uring). */
+int dtier_ahead(dtier_t *t, const ring_hint_t *h, int n);
 /* Fill the empty slots with the first experts in layer order (at start: no statistics yet).
  * A block that fails is logged and left out. Returns the number of slots filled. */
 int dtier_prefill(dtier_t *t);

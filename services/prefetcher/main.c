@@ -437,6 +437,8 @@ static void s_disk_status(const xserve_t *xs, msg_pf_status_t *st)
     st->disk_bytes = d.disk_bytes;
     st->disk_s = d.disk_s;
     st->disk_errors = d.errors;
+    st->read_ahead = d.ahead_reads;
+    st->read_ahead_used = d.ahead_used;
 }
 
 /* Answer one request on the ROUTER socket: frames [routing id][message]. */

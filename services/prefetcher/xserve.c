@@ -77,7 +77,7 @@ static void s_compute(xserve_t *x, const layer_t *L, const ring_item_t *items, c
  * that names a layer or expert this arena does not hold, or the disk tier's error (x->err).
  * Experts of the disk tier go in waves of at most its slot count: a wave's blocks are read into
  * slots (dtier_fetch), then computed, before the next wave may evict them. */
-static int s_run(xserve_t *x, const ring_job_t *j, const ring_item_t *items, uint64_t *bytes)
+static int s_run(xserve_t *x, const ring_job_t *j, const ring_item_t *items, const ring_hint_t *hints, uint64_t *bytes)
 {
     const model_config_t *c = &x->m.cfg;
     x->err[0] = 0;
@@ -111,6 +111,9 @@ static int s_run(xserve_t *x, const ring_job_t *j, const ring_item_t *items, uin
                 return rc;
             }
         }
+        /* a job in one wave leaves the slots it does not use to the read-ahead of the layers ahead,
+         * which the disk reads while this wave computes */
+        if (i0 == 0 && i1 == j->n_items && j->n_hints > 0) dtier_ahead(x->dt, hints, j->n_hints);
         for (int i = i0, d = 0; i < i1; i++) E[i] = x->disk[i] ? &x->views[d++] : &L->experts[items[i].expert];
         s_compute(x, L, items, E, i0, i1, ex, bytes);
         i0 = i1;
@@ -135,10 +138,11 @@ static void *s_main(void *arg)
     xserve_t *x = arg;
     ring_job_t j;
     static ring_item_t items[RING_MAX_ITEMS];
+    static ring_hint_t hints[RING_MAX_HINTS];
     while (!__atomic_load_n(&x->stop, __ATOMIC_ACQUIRE)) {
-        if (ring_serve_wait(&x->ring, &j, items, 200) <= 0) continue;
+        if (ring_serve_wait(&x->ring, &j, items, hints, 200) <= 0) continue;
         uint64_t t0 = strata_now_ns(), bytes = 0;
-        int rc = s_run(x, &j, items, &bytes);
+        int rc = s_run(x, &j, items, hints, &bytes);
         if (rc == STRATA_EINVAL_INPUT)
             snprintf(x->err, sizeof x->err, "expert job %llu of layer %d: an expert this arena does not hold, or a bad layer",
                      (unsigned long long)j.seq, j.layer);

@@ -353,10 +353,11 @@ void gs_tiers(const char *config_path, void (*line)(void *ctx, const char *text)
                      (p->bytes - sb) / 1048576.0, p->host_budget / 1048576.0, rate);
             line(lctx, t);
             snprintf(name, sizeof name, "disk (node %d)", c->prefetcher[i].node);
-            snprintf(t, sizeof t, "%-16s %d experts only there (up to %.1f MiB); %.1f MiB read in %.2f s (%.2f GB/s), %llu bad blocks",
+            snprintf(t, sizeof t, "%-16s %d experts only there (up to %.1f MiB); %.1f MiB read in %.2f s (%.2f GB/s), %llu bad blocks; "
+                     "%llu read ahead, %llu of them used",
                      name, p->experts_disk - p->experts_host, (double)(p->experts_disk - p->experts_host) * p->slot_bytes / 1048576.0,
                      p->disk_bytes / 1048576.0, p->disk_s, p->disk_s > 0 ? p->disk_bytes / p->disk_s * 1e-9 : 0.0,
-                     (unsigned long long)p->disk_errors);
+                     (unsigned long long)p->disk_errors, (unsigned long long)p->read_ahead, (unsigned long long)p->read_ahead_used);
             line(lctx, t);
         }
         msg_free(&m);

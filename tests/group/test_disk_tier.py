@@ -8,7 +8,9 @@ wide experts, 4 KiB block alignment), written to disk.
 Cases:
   same_answers   16 concurrent clients get exactly the tokens of the same model held whole in
                  memory; the counters show the disk reads; `strata up` and `strata status`
-                 print the tiers; then kill -9 of the prefetcher with its slots overwritten
+                 print the tiers; one request at a time, the prefetcher reads ahead the
+                 experts the executor predicts for the next layers, with the same answers;
+                 then kill -9 of the prefetcher with its slots overwritten
                  by garbage: the restarted one keeps no slot map (it reads the experts again)
                  and the answers are unchanged
   damaged_block  a byte flipped inside an expert block on disk while the group runs: each
@@ -62,6 +64,11 @@ def group(model, host_mem=None):
     if host_mem:
         secs["prefetcher.0"]["host_mem"] = str(host_mem)
     return gl.Group(a, kind="real", sections=secs)
+
+
+def client(g):
+    from strata_client import StrataClient
+    return StrataClient("tcp://127.0.0.1:%d" % g.port, timeout=60.0)
 
 
 def concurrent(g, prompts):
@@ -139,6 +146,16 @@ def case_same_answers():
                 experts / 2**20, st["host_budget"] / 2**20, st["slots"], st["host_hits"], st["host_misses"],
                 st["disk_bytes"] / 2**20))
             assert st["host_misses"] > 0 and st["disk_bytes"] > 0 and st.get("disk_errors", 0) == 0, st
+            # one at a time, a job fits the slots, so it carries the next layers' predicted experts,
+            # which the prefetcher reads ahead
+            for i in range(4):
+                with client(g) as c:
+                    _, toks, _ = c.complete(tokens=PROMPTS[i], max_tokens=N_TOKENS, ignore_eos=True)
+                assert toks == want[i], "request %d alone: %s, in memory %s" % (i, toks, want[i])
+            st = pf_status(g)
+            print("  one at a time: %d experts read ahead, %d of them used" % (st.get("read_ahead", 0),
+                                                                             st.get("read_ahead_used", 0)))
+            assert st.get("read_ahead", 0) > 0 and st.get("read_ahead_used", 0) > 0, st
             log = g.read_log()
             assert "disk (node 0)" in log and "host (node 0)" in log, "strata up printed no tiers:\n%s" % log
             out = subprocess.run([A.strata, "status", "--config", g.config], capture_output=True, text=True, timeout=30)

@@ -169,6 +169,7 @@ static void test_errors(void)
         {"[prefetcher.0]\nhost_mem = 150%\n", {"bad.ini:2:", "host_mem", "fraction"}},
         {"[prefetcher.0]\nhost_mem = 1000\n", {"bad.ini:2:", "host_mem", "out of range"}},
         {"[prefetcher.0]\nhost_mem = lots\n", {"bad.ini:2:", "host_mem", "byte count"}},
+        {"[executor]\nbackend = cuda\n[prefetcher.0]\nhost_mem = 8G\n", {"bad.ini:", "[prefetcher.0] host_mem", "backend = cpu only"}},
         {"[executor]\nnuma_node = -2\n", {"bad.ini:2:", "numa_node", "out of range"}},
         {"[router]\nendpoint = http://x\n", {"bad.ini:2:", "endpoint", "tcp:// or ipc://"}},
         /* a port out of range was accepted and zmq listened elsewhere; none, and the router failed at start */

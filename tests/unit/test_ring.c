@@ -33,7 +33,7 @@ static pid_t s_server(int n_jobs)
     ring_job_t j;
     ring_item_t items[RING_MAX_ITEMS];
     for (int done = 0; n_jobs < 0 || done < n_jobs;) {
-        if (ring_serve_wait(&r, &j, items, 100) <= 0) continue;
+        if (ring_serve_wait(&r, &j, items, NULL, 100) <= 0) continue;
         for (int i = 0; i < j.n_items; i++)
             for (int k = items[i].row0 * G.hidden; k < (items[i].row0 + items[i].n) * G.hidden; k++)
                 r.y[k] = 2 * r.x[k] + (float)j.layer;
@@ -101,6 +101,10 @@ int main(void)
     ring_post(&c, 1, G.max_items + 1, 1, 0, 9); /* too many items */
     rc = ring_wait(&c, 50, 250, 2000, &res);
     T_CHECK(rc == STRATA_EINVAL_INPUT, "too many items refused: %d", rc);
+    c.n_hints = RING_MAX_HINTS + 1; /* too many read-ahead hints */
+    ring_post(&c, 1, 1, 1, 0, 9);
+    rc = ring_wait(&c, 50, 250, 2000, &res);
+    T_CHECK(rc == STRATA_EINVAL_INPUT && c.n_hints == 0, "too many hints refused: %d", rc);
 
     /* kill -9 while a job is outstanding: the wait ends early with EIO */
     kill(srv, SIGSTOP);
