@@ -467,7 +467,12 @@ int dtier_prefill(dtier_t *t)
     if (!t) return 0;
     int filled = 0;
     uint32_t s = 0;
+    double t0 = strata_now(), t_log = t0;
     for (int32_t key = 0; key < t->n_layers * t->n_experts && s < t->n_slots;) {
+        if (strata_now() - t_log > 5) { /* a large budget takes a while: say how far it got */
+            t_log = strata_now();
+            log_info("disk tier: read ahead %d of %u slots (%.1f s)", filled, t->n_slots, t_log - t0);
+        }
         int k = 0;
         for (; key < t->n_layers * t->n_experts && s < t->n_slots && k < QD; key++) {
             if (t->blk[key] < 0 || t->map[key] >= 0) continue;

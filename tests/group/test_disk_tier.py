@@ -13,6 +13,8 @@ Cases:
                  then kill -9 of the prefetcher with its slots overwritten
                  by garbage: the restarted one keeps no slot map (it reads the experts again)
                  and the answers are unchanged
+  two_nodes      two prefetchers with a host budget each: the expert files split between
+                 their arenas, each reads and computes its own; the same answers
   damaged_block  a byte flipped inside an expert block on disk while the group runs: each
                  request either gets the exact tokens of the undamaged model or fails with an
                  error naming the file and the block; the group keeps serving the others
@@ -179,6 +181,30 @@ def case_same_answers():
             bad = {i: r for i, r in got.items() if r != want[i]}
             assert not bad, "answers after the restart differ: %s" % bad
             print("  after kill -9 with its slots overwritten: the same answers (%d fetches from disk)" % pf_status(g)["host_misses"])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def case_two_nodes():
+    """Two prefetchers, each with a host budget: the expert files split over their arenas, each
+    reads and computes its own; the answers are those of the model in memory."""
+    work = tempfile.mkdtemp(prefix="strata-dtier-")
+    try:
+        model, man = synth(work)
+        host_mem, _ = budget(man)
+        want = reference(model, PROMPTS[:8], True)
+        a = argparse.Namespace(**dict(vars(A), model=model))
+        secs = {"prefetcher.0": {"numa_node": "-1", "host_mem": str(host_mem // 2)},
+                "prefetcher.1": {"numa_node": "-1", "host_mem": str(host_mem // 2)}}
+        with gl.Group(a, kind="real", sections=secs) as g:
+            g.start()
+            got = concurrent(g, PROMPTS[:8])
+            bad = {i: r for i, r in got.items() if r != want[i]}
+            assert not bad, "answers differ from the model in memory: %s" % bad
+            out = subprocess.run([A.strata, "status", "--config", g.config], capture_output=True, text=True, timeout=30)
+            for n in (0, 1):
+                assert ("disk (node %d)" % n) in out.stdout, "no disk tier on node %d:\n%s" % (n, out.stdout)
+            print("  two prefetchers, %d bytes each: the same answers" % (host_mem // 2))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
