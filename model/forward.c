@@ -65,6 +65,8 @@ struct forward_ctx {
 };
 
 #define FWD_MAX_HINTS 256 /* hints a job carries at most (store/ring.h RING_MAX_HINTS) */
+#define FWD_PINNED_TRIES 20 /* posts again of a job of pinned experts whose prefetcher died or stalled
+                             * (each after rows() waited up to its timeout for it: a restart) */
 
 static int32_t s_ffn_inter(const ffn_t *f) { return f->gate.data ? f->gate.rows : 0; }
 
@@ -517,36 +519,59 @@ static void s_hint(forward_ctx_t *f, int d)
     if (n) r->hint(r->ctx, d, f->h_layer, f->h_expert, n);
 }
 
+/* Gather destination d's rows of layer l into its ring and post its job (with its read-ahead
+ * hints when ahead): 1 posted, 0 not (no expert of d here, or d is down). */
+static int s_post_dest(forward_ctx_t *f, int l, int d, bool ahead)
+{
+    const moe_remote_t *r = f->remote;
+    const int H = f->m->cfg.hidden, ne = f->m->cfg.n_experts;
+    const int8_t *own = r->owner + (size_t)l * ne;
+    float *rows = NULL;
+    int ni = 0;
+    int32_t row = 0;
+    for (int e = 0; e < ne; e++) {
+        int32_t p0 = f->e_off[e], cnt = f->e_off[e + 1] - p0;
+        if (own[e] != d || cnt == 0) continue;
+        if (!rows && !(rows = r->rows(r->ctx, d))) return 0; /* down */
+        s_gather(f, rows + (size_t)row * H, p0, cnt);
+        f->rx_e[ni] = e;
+        f->rx_n[ni++] = cnt;
+        row += cnt;
+    }
+    if (!ni) return 0;
+    if (ahead) s_hint(f, d);
+    return r->post(r->ctx, d, l, f->rx_e, f->rx_n, ni, f->steps) == 0;
+}
+
+/* Whether layer l has tokens for an expert pinned to destination d. */
+static bool s_has_pinned(const forward_ctx_t *f, int l, int d)
+{
+    const moe_remote_t *r = f->remote;
+    const int ne = f->m->cfg.n_experts;
+    for (int e = 0; e < ne && r->pinned; e++) {
+        size_t at = (size_t)l * ne + e;
+        if (r->owner[at] == d && r->pinned[at] && f->e_off[e + 1] > f->e_off[e]) return true;
+    }
+    return false;
+}
+
 static int s_moe_remote(forward_ctx_t *f, const layer_t *L, int l, int n_tok)
 {
     const moe_remote_t *r = f->remote;
     const model_config_t *c = &f->m->cfg;
     int H = c->hidden, ne = c->n_experts;
     const int8_t *own = r->owner + (size_t)l * ne;
-    const uint8_t *pin = r->pinned ? r->pinned + (size_t)l * ne : NULL;
     int rc = 0;
-    const bool ahead = f->pset && pin;
+    const bool ahead = f->pset && r->pinned;
     if (ahead) s_predict(f, l, n_tok);
     for (int e = 0; e < ne; e++) f->here[e] = own[e] < 0;
     for (int d = 0; d < r->n_dest; d++) {
-        f->posted[d] = 0;
-        float *rows = NULL;
-        int ni = 0;
-        int32_t row = 0;
-        bool pinned = false;
-        for (int e = 0; e < ne && pin; e++) pinned |= own[e] == d && pin[e] && f->e_off[e + 1] > f->e_off[e];
-        for (int e = 0; e < ne; e++) {
-            int32_t p0 = f->e_off[e], cnt = f->e_off[e + 1] - p0;
-            if (own[e] != d || cnt == 0) continue;
-            if (!rows && !(rows = r->rows(r->ctx, d))) break; /* down: its experts run here */
-            s_gather(f, rows + (size_t)row * H, p0, cnt);
-            f->rx_e[ni] = e;
-            f->rx_n[ni++] = cnt;
-            row += cnt;
-        }
-        if (ni && rows && ahead) s_hint(f, d);
-        if (ni && rows && r->post(r->ctx, d, l, f->rx_e, f->rx_n, ni, f->steps) == 0) f->posted[d] = 1;
-        else if (pinned) rc = STRATA_EIO;
+        f->posted[d] = (int8_t)s_post_dest(f, l, d, ahead);
+        const bool pinned = !f->posted[d] && s_has_pinned(f, l, d);
+        for (int tries = 0; pinned && !f->posted[d] && tries < FWD_PINNED_TRIES; tries++)
+            f->posted[d] = (int8_t)s_post_dest(f, l, d, ahead); /* down: rows() waits for it each time */
+        if (f->posted[d]) continue;
+        if (pinned) rc = STRATA_EIO; /* still down */
         else
             for (int e = 0; e < ne; e++) f->here[e] |= own[e] == d;
     }
@@ -555,6 +580,13 @@ static int s_moe_remote(forward_ctx_t *f, const layer_t *L, int l, int n_tok)
         if (!f->posted[d]) continue;
         const float *out = NULL;
         int wrc = r->wait(r->ctx, d, &out);
+        const bool pinned = s_has_pinned(f, l, d);
+        /* pinned experts run nowhere else: a prefetcher that died or stalled meanwhile (not a job
+         * that failed by itself) gets the job again once it is back (rows() waits for it) */
+        for (int tries = 0; wrc < 0 && pinned && r->retry && r->retry(r->ctx, d) && tries < FWD_PINNED_TRIES; tries++) {
+            wrc = STRATA_EIO;
+            if (s_post_dest(f, l, d, false)) wrc = r->wait(r->ctx, d, &out);
+        }
         if (wrc == 0) {
             size_t row = 0;
             for (int e = 0; e < ne; e++) {
@@ -565,15 +597,11 @@ static int s_moe_remote(forward_ctx_t *f, const layer_t *L, int l, int n_tok)
             }
             continue;
         }
-        bool pinned = false;
-        for (int e = 0; e < ne; e++) {
-            f->here[e] = own[e] == d;
-            pinned |= f->here[e] && pin && pin[e] && f->e_off[e + 1] > f->e_off[e];
-        }
         if (pinned) {
             if (rc == 0) rc = wrc;
             continue;
         }
+        for (int e = 0; e < ne; e++) f->here[e] = own[e] == d;
         s_run_here(f, L);
     }
     return rc;

@@ -206,8 +206,9 @@ const int64_t *forward_route_counts(const forward_ctx_t *f);
  * arena holds the expert, over a shm ring (store/ring.h; the executor implements this in
  * services/executor/exec_remote.c). A MoE layer posts each destination's experts first, runs
  * its own meanwhile, then waits; a destination that is down, or does not answer in time, has its
- * experts computed by the caller with the same kernels, except pinned ones, which fail the step
- * (model_forward returns <0). */
+ * experts computed by the caller with the same kernels, except pinned ones: their job is posted
+ * again once the destination is back, and fails the step (model_forward returns <0) if it does
+ * not come back or the job fails by itself. */
 typedef struct {
     void *ctx;
     int n_dest;
@@ -228,6 +229,10 @@ typedef struct {
      * hint_depth MoE layers pick for this layer's rows (0 or NULL: none). */
     int hint_depth;
     void (*hint)(void *ctx, int dest, const int32_t *layers, const int32_t *experts, int n);
+    /* After a failed wait(): whether the destination itself failed (died, stalled, restarted),
+     * so a job of pinned experts is posted again once it is back; false for a job that failed
+     * by itself (a bad read), which fails the step. NULL: never. */
+    bool (*retry)(void *ctx, int dest);
 } moe_remote_t;
 
 /* What expert e of layer L adds to plain SwiGLU: its biases (gpt-oss) and the model's activation.

@@ -31,6 +31,7 @@ struct exec_remote {
     uint8_t *pinned;        /* [n_layers][n_experts] experts of a disk tier: only their prefetcher reads them */
     bool dest_pinned[CONFIG_MAX_PREFETCHERS]; /* the destination has pinned experts: waited for, never replaced */
     char err[320];          /* the last failure, for the step's error */
+    bool peer_failed[CONFIG_MAX_PREFETCHERS]; /* the last wait failed for the prefetcher, not its job */
     ring_geom_t geom;
     int timeout_ms;
     int stale_ms;           /* a heartbeat older than this: the prefetcher is stopped or gone (timeout / 2: a
@@ -102,6 +103,8 @@ static float *s_rows(void *ctx, int d)
 
 static const char *s_error(void *ctx) { return ((const exec_remote_t *)ctx)->err; }
 
+static bool s_retry(void *ctx, int d) { return ((const exec_remote_t *)ctx)->peer_failed[d]; }
+
 static void s_hint(void *ctx, int d, const int32_t *layers, const int32_t *experts, int n)
 {
     exec_remote_t *x = ctx;
@@ -138,6 +141,7 @@ static int s_wait(void *ctx, int d, const float **out)
     if (rc < 0) {
         /* the job's own failure carries its text (a disk tier's bad read: file and offset) */
         bool own = res.seq == D->ring.seq && res.gen == D->ring.gen && res.status == rc;
+        x->peer_failed[d] = !own;
         snprintf(x->err, sizeof x->err, "prefetcher of [prefetcher.%d]: %s", D->node,
                  own ? (res.error[0] ? res.error : strata_strerror(rc)) : rc == STRATA_EIO ? "the prefetcher is gone"
                                                                              : strata_strerror(rc));
@@ -257,7 +261,7 @@ int exec_remote_create(exec_remote_t **out, const strata_config_t *cfg, const ex
                               .rows = s_rows, .post = s_post, .wait = s_wait, .error = s_error,
                               .hint_depth = pinned ? (cfg->executor.prefetch_depth >= 0 ? cfg->executor.prefetch_depth
                                                                                         : RING_AHEAD_DEPTH) : 0,
-                              .hint = pinned ? s_hint : NULL};
+                              .hint = pinned ? s_hint : NULL, .retry = pinned ? s_retry : NULL};
     log_info("cpu experts: %d of the model's experts run on their prefetchers' cores (expert_path = %s%s)", own,
              cfg->executor.expert_path, pinned ? "; those of the disk tier always" : "");
     *out = x;

@@ -13,6 +13,8 @@ Cases:
                  then kill -9 of the prefetcher with its slots overwritten
                  by garbage: the restarted one keeps no slot map (it reads the experts again)
                  and the answers are unchanged
+  prefetcher_kill  kill -9 of the prefetcher while 8 clients stream: the executor posts its
+                 jobs again once it is back; every answer complete and unchanged
   two_nodes      two prefetchers with a host budget each: the expert files split between
                  their arenas, each reads and computes its own; the same answers
   damaged_block  a byte flipped inside an expert block on disk while the group runs: each
@@ -181,6 +183,52 @@ def case_same_answers():
             bad = {i: r for i, r in got.items() if r != want[i]}
             assert not bad, "answers after the restart differ: %s" % bad
             print("  after kill -9 with its slots overwritten: the same answers (%d fetches from disk)" % pf_status(g)["host_misses"])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def case_prefetcher_kill():
+    """kill -9 of the prefetcher while 8 clients stream: its experts can run nowhere else, so the
+    executor posts their jobs again once the launcher has restarted it; no request is lost and
+    every answer is the model's in memory."""
+    work = tempfile.mkdtemp(prefix="strata-dtier-")
+    try:
+        model, man = synth(work)
+        host_mem, _ = budget(man)
+        prompts = PROMPTS[:8]
+        want = reference(model, prompts, True)
+        with group(model, host_mem) as g:
+            g.start()
+            old = g.svc("prefetcher.0")["pid"]
+            res, started = {}, threading.Event()
+
+            def run(i):
+                try:
+                    with client(g) as c:
+                        toks = []
+                        for ev in c.generate(tokens=prompts[i], max_tokens=N_TOKENS, ignore_eos=True):
+                            toks.extend(ev["tokens"])
+                            if len(toks) >= 3:
+                                started.set()
+                        res[i] = toks
+                except Exception as e:  # noqa: BLE001 - reported below
+                    res[i] = e
+                    started.set()
+
+            th = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+            for t in th:
+                t.start()
+            started.wait(60)
+            os.kill(old, signal.SIGKILL)
+            for t in th:
+                t.join(120)
+            assert not any(t.is_alive() for t in th), "a client hung"
+            bad = {i: r for i, r in res.items() if r != want[i]}
+            assert not bad, "requests changed or lost: %s" % bad
+            s = g.svc("prefetcher.0")
+            assert s["restarts"] == 1 and s["pid"] != old, s
+            assert all(x["restarts"] == 0 for x in g.state()["services"] if x["name"] != "prefetcher.0"), g.state()
+            print("  kill -9 of the prefetcher mid-stream: all %d answers complete and unchanged" % len(prompts))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
