@@ -583,6 +583,20 @@ int main(int argc, char **argv)
         log_error("%s: [group] model: %s", config_path, eb.msg);
         return 2;
     }
+    if ((cfg->prefetcher[part].host_mem > 0 || cfg->prefetcher[part].host_mem_frac > 0) && !plan->tiered) {
+        /* a budget with no expert file to leave on disk: the whole folder must fit it */
+        double budget = cfg->prefetcher[part].host_mem > 0
+                            ? (double)cfg->prefetcher[part].host_mem
+                            : cfg->prefetcher[part].host_mem_frac * (double)s_free_mem(cfg->prefetcher[part].place.numa_node);
+        if ((double)plan->seg_bytes > budget) {
+            log_error("%s: [prefetcher.%d] host_mem: the arena needs %.1f MiB, over the budget of %.1f MiB, and %s has no "
+                      "expert file (experts-*.bin) that the disk tier could leave on disk: pack it with `strata pack`",
+                      config_path, node, plan->seg_bytes / 1048576.0, budget / 1048576.0, plan->model_dir);
+            return 2;
+        }
+        log_info("host budget %.1f MiB holds all of this arena's %.1f MiB: no disk tier", budget / 1048576.0,
+                 plan->seg_bytes / 1048576.0);
+    }
     s_arena_t arena;
     rc = s_arena_open(&arena, cfg, node, plan, cfg->prefetcher[part].place.numa_node, cfg->prefetcher[part].threads, &eb);
     if (rc < 0) {

@@ -17,6 +17,9 @@ Cases:
                  jobs again once it is back; every answer complete and unchanged
   two_nodes      two prefetchers with a host budget each: the expert files split between
                  their arenas, each reads and computes its own; the same answers
+  budget_errors  budgets that cannot work (below the resident tensors and a slot, on a virtual
+                 synthetic model, on an HF folder larger than it) stop the group at start,
+                 naming the cause
   damaged_block  a byte flipped inside an expert block on disk while the group runs: each
                  request either gets the exact tokens of the undamaged model or fails with an
                  error naming the file and the block; the group keeps serving the others
@@ -253,6 +256,33 @@ def case_two_nodes():
             for n in (0, 1):
                 assert ("disk (node %d)" % n) in out.stdout, "no disk tier on node %d:\n%s" % (n, out.stdout)
             print("  two prefetchers, %d bytes each: the same answers" % (host_mem // 2))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def case_budget_errors():
+    """Budgets that cannot work stop the group at start with the cause named (exit 2, no restart):
+    one below the resident tensors plus one slot, one on a virtual synthetic model (its expert
+    files are placeholders), and one on an HF folder too large for it (nothing to leave on disk)."""
+    work = tempfile.mkdtemp(prefix="strata-dtier-")
+    try:
+        model, _ = synth(work)
+        virt = os.path.join(work, "virtual")
+        out = subprocess.run([A.strata, "synth", "--shape", "disk-mixtral", "--format", "int4", "--synthetic", "--quiet", virt],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out
+        hf = os.path.join(os.path.dirname(os.path.dirname(A.client_py)), "models", "demo")  # the demo's HF folder
+        for folder, mem, want in [(model, "1M", "less than the resident tensors and metadata"),
+                                  (virt, "14M", "virtual synthetic model"),
+                                  (hf, "2M", "no expert file (experts-*.bin)")]:
+            with group(folder, mem) as g:
+                g.start(wait=False)
+                rc = g.proc.wait(60)
+                log = g.read_log()
+                assert rc != 0 and want in log, "host_mem %s on %s: exit %d, no '%s' in:\n%s" % (mem, folder, rc, want, log)
+                assert log.count(want) <= 2, "the prefetcher was restarted:\n%s" % log
+                print("  host_mem %s on %s: %s" % (mem, os.path.basename(folder),
+                                                   [l for l in log.splitlines() if want in l][0].split("] ", 1)[-1][:150]))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
