@@ -422,7 +422,7 @@ int dtier_fetch(dtier_t *t, int l, const int32_t *experts, int n, ffn_t *out, st
     return 0;
 }
 
-int dtier_ahead(dtier_t *t, const ring_hint_t *h, int n)
+int dtier_ahead(dtier_t *t, const ring_hint_t *h, int n, bool cold_only)
 {
     if (!t || !t->uring) return 0;
     s_reap(t, -1);
@@ -431,7 +431,7 @@ int dtier_ahead(dtier_t *t, const ring_hint_t *h, int n)
         if (!dtier_holds(t, h[i].layer, h[i].expert)) continue;
         int32_t key = h[i].layer * t->n_experts + h[i].expert;
         if (t->map[key] >= 0) continue; /* in a slot, or on its way */
-        int32_t s = s_victim(t, t->tick, true);
+        int32_t s = s_victim(t, t->tick, cold_only);
         if (s < 0) break; /* every slot is in use, or being filled */
         struct io_uring_sqe *sqe = io_uring_get_sqe(&t->ring);
         if (!sqe) break;

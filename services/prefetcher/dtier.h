@@ -10,7 +10,8 @@
  *
  * Read-ahead: a job may carry hints, the experts the executor's gates predict for the next MoE
  * layers ([executor] prefetch_depth, default RING_AHEAD_DEPTH); they are read without waiting into cold
- * slots while the job computes (dtier_ahead).
+ * slots while the job computes (dtier_ahead). A job with more disk experts than slots goes in
+ * waves of half the slots, each wave's successor read ahead while it computes.
  *
  * Slot policy: frequency plus recency, from the experts the executor routes (every expert of a
  * disk file comes here, so the jobs are its per-layer statistics): a slot used in the last
@@ -60,11 +61,12 @@ int dtier_slots(const dtier_t *t);
  * 0, or <0 with eb naming the file, the expert and the offset. */
 int dtier_fetch(dtier_t *t, int l, const int32_t *experts, int n, ffn_t *out, strata_errbuf_t *eb);
 /* Start reading ahead, without waiting, the experts that hints name (the executor's gates'
- * prediction for the layers ahead) and no slot holds: each into a slot that is empty or unused
- * for about a step, never one the last fetch uses, at most AHEAD_MAX (32) in flight. A later
- * fetch reaps them (a whole block whose crc32 matches fills its slot; any other leaves it
- * empty) and waits for one it needs. Returns how many were issued (0 without io_uring). */
-int dtier_ahead(dtier_t *t, const ring_hint_t *h, int n);
+ * prediction for the layers ahead, or a job's next wave) and no slot holds: each into a slot
+ * that the last fetch does not use (cold_only: and unused for about a step), at most AHEAD_MAX
+ * (32) in flight. A later fetch reaps them (a whole block whose crc32 matches fills its slot;
+ * any other leaves it empty) and waits for one it needs. Returns how many were issued (0
+ * without io_uring). */
+int dtier_ahead(dtier_t *t, const ring_hint_t *h, int n, bool cold_only);
 /* Fill the empty slots with the first experts in layer order (at start: no statistics yet).
  * A block that fails is logged and left out. Returns the number of slots filled. */
 int dtier_prefill(dtier_t *t);

@@ -26,6 +26,7 @@ struct xserve {
     ffn_t *views;           /* [max_items] a wave's disk experts, over their slots */
     int32_t *wave_e;        /* [max_items] */
     bool *disk;             /* [max_items] the job's items that come from the disk tier */
+    ring_hint_t *next_h;    /* [max_items] the next wave's experts, read ahead */
     char err[256];          /* the failed job's error */
     ring_t ring;
     tpool_t *pool;
@@ -99,9 +100,14 @@ static int s_run(xserve_t *x, const ring_job_t *j, const ring_item_t *items, con
     *bytes = 0;
     const ffn_t *E[RING_MAX_ITEMS];
     const int slots = dtier_slots(x->dt);
+    int n_disk = 0;
+    for (int i = 0; i < j->n_items; i++) n_disk += x->disk[i];
+    /* more than the slots: waves of half of them, so that the next wave's blocks are read while
+     * this one computes */
+    const int wave = n_disk <= slots ? slots : slots >= 2 ? slots / 2 : 1;
     for (int i0 = 0; i0 < j->n_items;) {
         int nd = 0, i1 = i0;
-        for (; i1 < j->n_items && (!x->disk[i1] || nd < slots); i1++)
+        for (; i1 < j->n_items && (!x->disk[i1] || nd < wave); i1++)
             if (x->disk[i1]) x->wave_e[nd++] = items[i1].expert;
         if (nd) {
             strata_errbuf_t eb = {{0}};
@@ -111,9 +117,16 @@ static int s_run(xserve_t *x, const ring_job_t *j, const ring_item_t *items, con
                 return rc;
             }
         }
-        /* a job in one wave leaves the slots it does not use to the read-ahead of the layers ahead,
-         * which the disk reads while this wave computes */
-        if (i0 == 0 && i1 == j->n_items && j->n_hints > 0) dtier_ahead(x->dt, hints, j->n_hints);
+        if (i1 < j->n_items) { /* the next wave, read ahead into slots this one leaves */
+            int nn = 0;
+            for (int i = i1; i < j->n_items && nn < wave; i++)
+                if (x->disk[i]) x->next_h[nn++] = (ring_hint_t){.layer = j->layer, .expert = items[i].expert};
+            dtier_ahead(x->dt, x->next_h, nn, false);
+        } else if (i0 == 0 && j->n_hints > 0) {
+            /* a job in one wave leaves the slots it does not use to the read-ahead of the layers
+             * ahead, which the disk reads while this wave computes */
+            dtier_ahead(x->dt, hints, j->n_hints, true);
+        }
         for (int i = i0, d = 0; i < i1; i++) E[i] = x->disk[i] ? &x->views[d++] : &L->experts[items[i].expert];
         s_compute(x, L, items, E, i0, i1, ex, bytes);
         i0 = i1;
@@ -189,7 +202,8 @@ int xserve_start(xserve_t **out, const strata_config_t *cfg, int part, const shm
         x->views = malloc(sizeof *x->views * (size_t)c->n_experts);
         x->wave_e = malloc(sizeof *x->wave_e * (size_t)c->n_experts);
         x->disk = malloc(sizeof *x->disk * (size_t)c->n_experts);
-        if (!x->views || !x->wave_e || !x->disk) {
+        x->next_h = malloc(sizeof *x->next_h * (size_t)c->n_experts);
+        if (!x->views || !x->wave_e || !x->disk || !x->next_h) {
             rc = STRATA_ENOMEM;
             goto fail;
         }
@@ -266,6 +280,7 @@ void xserve_stop(xserve_t *x)
     free(x->views);
     free(x->wave_e);
     free(x->disk);
+    free(x->next_h);
     model_free(&x->m);
     free(x->bases);
     if (x->pm.files) packed_manifest_free(&x->pm);
