@@ -26,6 +26,7 @@ BOUNDS = {
     "bw_added": "PCIe + CPU, bandwidths added: the copy and the CPU path each at its alone-rate",
     "host_shared": "PCIe + CPU, host memory shared: the copy's and the CPU's reads capped together",
     "cpu_memory": "CPU backend: every byte read from host memory",
+    "three_tier": "three tiers: host memory shared, and the experts it lacks read from disk first",
 }
 
 

@@ -15,7 +15,8 @@
  *   gpu_budget  --gpu-mem in bytes; null without a budget (every expert resident)
  *   figure, unit         the measured number, e.g. decode tok/s
  *   bound, bound_name    the bound it is measured against and which one ("pcie_only",
- *                        "bw_added", "host_shared", "cpu_memory"; roofline.h); null without one
+ *                        "bw_added", "host_shared", "cpu_memory", "three_tier"; roofline.h); null
+ *                        without one
  *   ratio                figure / bound, or null
  *
  * Header-only (static functions): the tools that write rows, gpu_decode and `strata bench`,
