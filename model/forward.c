@@ -469,14 +469,6 @@ static void s_combine(forward_ctx_t *f, int n)
     }
 }
 
-/* s_moe's experts with some computed elsewhere (f->remote): each destination's experts are
- * posted first (their tokens' rows gathered into its ring), this process's run meanwhile, then
- * every destination is waited for; one that is down or fails has its experts run here, unless
- * one of them is pinned to it (r->pinned: a disk tier, whose bytes only it can read), which
- * fails the step. Every pair's output lands at its pair index in f->yp, and the outputs are
- * added in expert order, so y is bit for bit what the all-local path gives when the kernels
- * agree (same ISA and activation mode: a token's FFN output does not depend on the tokens
- * beside it). 0, or <0 (pinned experts that could not run). */
 /* The experts that the routers of the next remote->hint_depth MoE layers pick for this layer's
  * n normed rows (f->xn): pset, layer by layer (player). */
 static void s_predict(forward_ctx_t *f, int l, int n)
@@ -555,6 +547,15 @@ static bool s_has_pinned(const forward_ctx_t *f, int l, int d)
     return false;
 }
 
+/* s_moe's experts with some computed elsewhere (f->remote): each destination's experts are
+ * posted first (their tokens' rows gathered into its ring), this process's run meanwhile, then
+ * every destination is waited for; one that is down or fails has its experts run here, unless
+ * one of them is pinned to it (r->pinned: a disk tier, whose bytes only it can read): then the
+ * job is posted again while the destination comes back from a death or a stall, and fails the
+ * step if it does not or the job fails by itself. Every pair's output lands at its pair index in
+ * f->yp, and the outputs are added in expert order, so y is bit for bit what the all-local path
+ * gives when the kernels agree (same ISA and activation mode: a token's FFN output does not
+ * depend on the tokens beside it). 0, or <0 (pinned experts that could not run). */
 static int s_moe_remote(forward_ctx_t *f, const layer_t *L, int l, int n_tok)
 {
     const moe_remote_t *r = f->remote;
@@ -565,9 +566,11 @@ static int s_moe_remote(forward_ctx_t *f, const layer_t *L, int l, int n_tok)
     const bool ahead = f->pset && r->pinned;
     if (ahead) s_predict(f, l, n_tok);
     for (int e = 0; e < ne; e++) f->here[e] = own[e] < 0;
+    bool pinned_to[r->n_dest > 0 ? r->n_dest : 1]; /* d has tokens for experts pinned to it */
+    for (int d = 0; d < r->n_dest; d++) pinned_to[d] = s_has_pinned(f, l, d);
     for (int d = 0; d < r->n_dest; d++) {
         f->posted[d] = (int8_t)s_post_dest(f, l, d, ahead);
-        const bool pinned = !f->posted[d] && s_has_pinned(f, l, d);
+        const bool pinned = pinned_to[d];
         for (int tries = 0; pinned && !f->posted[d] && tries < FWD_PINNED_TRIES; tries++)
             f->posted[d] = (int8_t)s_post_dest(f, l, d, ahead); /* down: rows() waits for it each time */
         if (f->posted[d]) continue;
@@ -580,7 +583,7 @@ static int s_moe_remote(forward_ctx_t *f, const layer_t *L, int l, int n_tok)
         if (!f->posted[d]) continue;
         const float *out = NULL;
         int wrc = r->wait(r->ctx, d, &out);
-        const bool pinned = s_has_pinned(f, l, d);
+        const bool pinned = pinned_to[d];
         /* pinned experts run nowhere else: a prefetcher that died or stalled meanwhile (not a job
          * that failed by itself) gets the job again once it is back (rows() waits for it) */
         for (int tries = 0; wrc < 0 && pinned && r->retry && r->retry(r->ctx, d) && tries < FWD_PINNED_TRIES; tries++) {

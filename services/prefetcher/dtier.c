@@ -28,7 +28,7 @@ struct dtier {
     int32_t n_layers, n_experts;
     int32_t *blk;             /* [n_layers][n_experts] block index in pm, -1: not a disk expert here */
     int32_t *map;             /* [n_layers][n_experts] slot, -1: on disk only */
-    uint32_t *freq;           /* [n_layers][n_experts] fetches, halved every DECAY ticks */
+    uint32_t *freq;           /* [n_layers][n_experts] fetches, halved every 65536 fetches */
     int32_t *key;             /* [n_slots] the expert it holds (l * n_experts + e), -1: empty */
     uint64_t *last;           /* [n_slots] tick of its last use */
     uint64_t *pin;            /* [n_slots] the fetch that uses it: not evicted by that fetch */
@@ -64,6 +64,35 @@ static int64_t s_pread_full(int fd, uint8_t *dst, uint64_t n, uint64_t off)
 
 static bool s_direct(const dtier_t *t, const packed_block_t *b) { return t->fdd[b->file] >= 0 && b->offset % DIO_ALIGN == 0; }
 
+static uint8_t *s_slot(const dtier_t *t, int32_t s) { return t->slots + (uint64_t)s * t->slot_bytes; }
+
+/* Queue the read of block b into slot s on sqe, tagged ud: O_DIRECT (the length rounded up to
+ * DIO_ALIGN, which the slot has room for) where the file and the offset allow it. */
+static void s_prep_read(const dtier_t *t, struct io_uring_sqe *sqe, const packed_block_t *b, int32_t s, uint64_t ud)
+{
+    const bool d = s_direct(t, b);
+    const uint64_t len = d ? (b->bytes + DIO_ALIGN - 1) / DIO_ALIGN * DIO_ALIGN : b->bytes;
+    io_uring_prep_read(sqe, d ? t->fdd[b->file] : t->fd[b->file], s_slot(t, s), (unsigned)len, b->offset);
+    io_uring_sqe_set_data64(sqe, ud);
+}
+
+/* Empty slot s: the expert it held is on disk only again. */
+static void s_evict(dtier_t *t, int32_t s)
+{
+    if (t->key[s] < 0) return;
+    t->map[t->key[s]] = -1;
+    t->key[s] = -1;
+    s_add(&t->resident, (uint64_t)-1);
+}
+
+/* Slot s now holds expert key (its block read and checked). */
+static void s_install(dtier_t *t, int32_t s, int32_t key)
+{
+    t->key[s] = key;
+    t->map[key] = s;
+    s_add(&t->resident, 1);
+}
+
 /* A read-ahead into slot s ended with res (bytes or -errno): the slot holds its expert if the
  * bytes came back whole and match their crc32, else it is empty again (a fetch that needs the
  * expert reads it itself, and reports what fails). */
@@ -74,7 +103,7 @@ static void s_ahead_done(dtier_t *t, uint32_t s, int res)
     int32_t key = t->key[s];
     const packed_block_t *b = &t->pm->blocks[t->blk[key]];
     if (res > 0) s_add(&t->st.disk_bytes, (uint64_t)res);
-    if (res >= 0 && (uint64_t)res >= b->bytes && packed_check_block(b, "", t->slots + (uint64_t)s * t->slot_bytes, NULL) == 0) {
+    if (res >= 0 && (uint64_t)res >= b->bytes && packed_check_block(b, "", s_slot(t, (int32_t)s), NULL) == 0) {
         t->ahead[s] = true;
         s_add(&t->resident, 1);
         return;
@@ -116,14 +145,9 @@ static void s_read_raw(dtier_t *t, int k)
     while (t->uring && i < k) {
         int n = 0;
         for (; i + n < k && n < QD; n++) {
-            const packed_block_t *b = &t->pm->blocks[t->rd_blk[i + n]];
             struct io_uring_sqe *sqe = io_uring_get_sqe(&t->ring);
             if (!sqe) break;
-            bool d = s_direct(t, b);
-            uint64_t len = d ? (b->bytes + DIO_ALIGN - 1) / DIO_ALIGN * DIO_ALIGN : b->bytes;
-            io_uring_prep_read(sqe, d ? t->fdd[b->file] : t->fd[b->file], t->slots + (uint64_t)t->rd_slot[i + n] * t->slot_bytes,
-                               (unsigned)len, b->offset);
-            io_uring_sqe_set_data64(sqe, (uint64_t)(i + n));
+            s_prep_read(t, sqe, &t->pm->blocks[t->rd_blk[i + n]], t->rd_slot[i + n], (uint64_t)(i + n));
         }
         int sub = io_uring_submit_and_wait(&t->ring, (unsigned)n);
         if (sub < n) { /* could not submit: what did not go in is read by pread below */
@@ -154,7 +178,7 @@ static void s_read_raw(dtier_t *t, int k)
     for (int j = 0; j < k; j++) {
         if (t->uring && t->rd_got[j] != INT64_MIN) continue;
         const packed_block_t *b = &t->pm->blocks[t->rd_blk[j]];
-        t->rd_got[j] = s_pread_full(t->fd[b->file], t->slots + (uint64_t)t->rd_slot[j] * t->slot_bytes, b->bytes, b->offset);
+        t->rd_got[j] = s_pread_full(t->fd[b->file], s_slot(t, t->rd_slot[j]), b->bytes, b->offset);
     }
 }
 
@@ -169,7 +193,7 @@ static int s_read(dtier_t *t, int k, bool *ok, strata_errbuf_t *eb)
     uint64_t bytes = 0;
     for (int i = 0; i < k; i++) {
         const packed_block_t *b = &t->pm->blocks[t->rd_blk[i]];
-        uint8_t *dst = t->slots + (uint64_t)t->rd_slot[i] * t->slot_bytes;
+        uint8_t *dst = s_slot(t, t->rd_slot[i]);
         const char *where = t->pm->files[b->file].name; /* short: the error travels to the client */
         strata_errbuf_t feb = {{0}};
         int64_t got = t->rd_got[i];
@@ -383,11 +407,7 @@ int dtier_fetch(dtier_t *t, int l, const int32_t *experts, int n, ffn_t *out, st
         }
         while ((s = s_victim(t, pin, false)) < 0 && t->n_inflight > 0) s_reap(t, s_any_inflight(t));
         STRATA_ASSERT(s >= 0); /* n <= n_slots, and the experts are distinct */
-        if (t->key[s] >= 0) {
-            t->map[t->key[s]] = -1;
-            s_add(&t->resident, (uint64_t)-1);
-        }
-        t->key[s] = -1; /* empty until its read checks out */
+        s_evict(t, s); /* empty until its read checks out */
         t->ahead[s] = false;
         t->pin[s] = pin;
         t->rd_slot[k] = s;
@@ -402,17 +422,15 @@ int dtier_fetch(dtier_t *t, int l, const int32_t *experts, int n, ffn_t *out, st
         rc = s_read(t, k, ok, eb);
         for (int i = 0; i < k; i++) {
             if (!ok[i]) continue;
-            t->key[t->rd_slot[i]] = t->rd_key[i];
-            t->map[t->rd_key[i]] = t->rd_slot[i];
+            s_install(t, t->rd_slot[i], t->rd_key[i]);
             t->last[t->rd_slot[i]] = pin;
-            s_add(&t->resident, 1);
         }
     }
     if (rc < 0) return rc;
     for (int i = 0; i < n; i++) {
         int32_t key = l * t->n_experts + experts[i];
         const packed_block_t *b = &t->pm->blocks[t->blk[key]];
-        const uint8_t *slot = t->slots + (uint64_t)t->map[key] * t->slot_bytes;
+        const uint8_t *slot = s_slot(t, t->map[key]);
         const ffn_t *E = &t->m->layers[l].experts[experts[i]];
         const uint8_t *base = t->bases[b->file];
         s_view(&E->gate, base, b, slot, &out[i].gate);
@@ -435,17 +453,9 @@ int dtier_ahead(dtier_t *t, const ring_hint_t *h, int n, bool cold_only)
         if (s < 0) break; /* every slot is in use, or being filled */
         struct io_uring_sqe *sqe = io_uring_get_sqe(&t->ring);
         if (!sqe) break;
-        if (t->key[s] >= 0) {
-            t->map[t->key[s]] = -1;
-            s_add(&t->resident, (uint64_t)-1);
-        }
-        const packed_block_t *b = &t->pm->blocks[t->blk[key]];
-        bool d = s_direct(t, b);
-        uint64_t len = d ? (b->bytes + DIO_ALIGN - 1) / DIO_ALIGN * DIO_ALIGN : b->bytes;
-        io_uring_prep_read(sqe, d ? t->fdd[b->file] : t->fd[b->file], t->slots + (uint64_t)s * t->slot_bytes, (unsigned)len,
-                           b->offset);
-        io_uring_sqe_set_data64(sqe, HINT_BIT | (uint64_t)s);
-        t->key[s] = key;
+        s_evict(t, s);
+        s_prep_read(t, sqe, &t->pm->blocks[t->blk[key]], s, HINT_BIT | (uint64_t)s);
+        t->key[s] = key; /* counted resident once its read checks out (s_ahead_done) */
         t->map[key] = s;
         t->pin[s] = t->tick; /* the later hints of this batch leave it */
         t->last[s] = t->tick;
@@ -471,7 +481,7 @@ int dtier_prefill(dtier_t *t)
     for (int32_t key = 0; key < t->n_layers * t->n_experts && s < t->n_slots;) {
         if (strata_now() - t_log > 5) { /* a large budget takes a while: say how far it got */
             t_log = strata_now();
-            log_info("disk tier: read ahead %d of %u slots (%.1f s)", filled, t->n_slots, t_log - t0);
+            log_info("disk tier: filled %d of %u slots (%.1f s)", filled, t->n_slots, t_log - t0);
         }
         int k = 0;
         for (; key < t->n_layers * t->n_experts && s < t->n_slots && k < QD; key++) {
@@ -488,9 +498,7 @@ int dtier_prefill(dtier_t *t)
         (void)s_read(t, k, ok, &eb); /* failures are logged; their slots stay empty */
         for (int i = 0; i < k; i++) {
             if (!ok[i]) continue;
-            t->key[t->rd_slot[i]] = t->rd_key[i];
-            t->map[t->rd_key[i]] = t->rd_slot[i];
-            s_add(&t->resident, 1);
+            s_install(t, t->rd_slot[i], t->rd_key[i]);
             filled++;
         }
     }
@@ -519,12 +527,7 @@ void dtier_close(dtier_t *t)
 {
     if (!t) return;
     if (t->uring) {
-        while (t->n_inflight > 0) { /* the kernel writes into the arena until they end */
-            struct io_uring_cqe *cqe;
-            if (io_uring_wait_cqe(&t->ring, &cqe) < 0) break;
-            if (io_uring_cqe_get_data64(cqe) & HINT_BIT) t->n_inflight--;
-            io_uring_cqe_seen(&t->ring, cqe);
-        }
+        while (t->n_inflight > 0) s_reap(t, s_any_inflight(t)); /* the kernel writes into the arena until they end */
         io_uring_queue_exit(&t->ring);
     }
     if (t->fd)

@@ -157,6 +157,12 @@ static uint64_t s_free_mem(int numa_node)
     return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
 }
 
+/* A plan's host budget in bytes: host_mem, or host_frac of numa_node's free memory now. */
+static uint64_t s_budget(const arena_plan_t *plan, int numa_node)
+{
+    return plan->host_mem > 0 ? (uint64_t)plan->host_mem : (uint64_t)(plan->host_frac * (double)s_free_mem(numa_node));
+}
+
 /* Size the slots of a tiered plan: its budget (host_mem, or host_frac of the node's free memory
  * now), less the imaged files, in slots of the largest expert block of its disk files (from the
  * manifest on disk), at most one per such block. */
@@ -186,7 +192,7 @@ static int s_size_slots(const arena_plan_t *plan, int numa_node, s_slots_t *o, s
         return strata_seterr(eb, STRATA_EINVAL_INPUT, "%s: host_mem is set, but the manifest lists no expert block in %s's files",
                              plan->model_dir, "this arena");
     o->slot_bytes = (max_block + 4095) / 4096 * 4096;
-    o->budget = plan->host_mem > 0 ? (uint64_t)plan->host_mem : (uint64_t)(plan->host_frac * (double)s_free_mem(numa_node));
+    o->budget = s_budget(plan, numa_node);
     uint64_t fixed = plan->seg_bytes;
     if (o->budget < fixed + o->slot_bytes)
         return strata_seterr(eb, STRATA_EINVAL_INPUT,
@@ -583,11 +589,9 @@ int main(int argc, char **argv)
         log_error("%s: [group] model: %s", config_path, eb.msg);
         return 2;
     }
-    if ((cfg->prefetcher[part].host_mem > 0 || cfg->prefetcher[part].host_mem_frac > 0) && !plan->tiered) {
+    if ((plan->host_mem > 0 || plan->host_frac > 0) && !plan->tiered) {
         /* a budget with no expert file to leave on disk: the whole folder must fit it */
-        double budget = cfg->prefetcher[part].host_mem > 0
-                            ? (double)cfg->prefetcher[part].host_mem
-                            : cfg->prefetcher[part].host_mem_frac * (double)s_free_mem(cfg->prefetcher[part].place.numa_node);
+        double budget = (double)s_budget(plan, cfg->prefetcher[part].place.numa_node);
         if ((double)plan->seg_bytes > budget) {
             log_error("%s: [prefetcher.%d] host_mem: the arena needs %.1f MiB, over the budget of %.1f MiB, and %s has no "
                       "expert file (experts-*.bin) that the disk tier could leave on disk: pack it with `strata pack`",

@@ -76,8 +76,9 @@ static void s_compute(xserve_t *x, const layer_t *L, const ring_item_t *items, c
 
 /* Run one job: every item's FFN over its rows of x into y. 0, or STRATA_EINVAL_INPUT for a job
  * that names a layer or expert this arena does not hold, or the disk tier's error (x->err).
- * Experts of the disk tier go in waves of at most its slot count: a wave's blocks are read into
- * slots (dtier_fetch), then computed, before the next wave may evict them. */
+ * Experts of the disk tier go in one wave when they fit its slots, else in waves of half of
+ * them: a wave's blocks are read into slots (dtier_fetch), the next wave's read ahead, then the
+ * wave computed, before the next fetch may evict its slots. */
 static int s_run(xserve_t *x, const ring_job_t *j, const ring_item_t *items, const ring_hint_t *hints, uint64_t *bytes)
 {
     const model_config_t *c = &x->m.cfg;
@@ -201,9 +202,8 @@ int xserve_start(xserve_t **out, const strata_config_t *cfg, int part, const shm
         if ((rc = dtier_open(&x->dt, arena, &x->m, &x->pm, x->bases, x->own.idx[0]->model_dir, eb)) < 0) goto fail;
         x->views = malloc(sizeof *x->views * (size_t)c->n_experts);
         x->wave_e = malloc(sizeof *x->wave_e * (size_t)c->n_experts);
-        x->disk = malloc(sizeof *x->disk * (size_t)c->n_experts);
         x->next_h = malloc(sizeof *x->next_h * (size_t)c->n_experts);
-        if (!x->views || !x->wave_e || !x->disk || !x->next_h) {
+        if (!x->views || !x->wave_e || !x->next_h) {
             rc = STRATA_ENOMEM;
             goto fail;
         }
@@ -212,7 +212,8 @@ int xserve_start(xserve_t **out, const strata_config_t *cfg, int part, const shm
         dtier_stats(x->dt, &ds);
         log_info("disk tier: %u slots of %.1f MiB for %d experts on disk; %d read ahead in %.2f s (%s)", ds.n_slots,
                  ds.slot_bytes / 1048576.0, ds.experts, filled, strata_now() - t0, ds.uring ? "io_uring" : "pread");
-    } else if (!(x->disk = calloc((size_t)c->n_experts, sizeof *x->disk))) {
+    }
+    if (!(x->disk = calloc((size_t)c->n_experts, sizeof *x->disk))) {
         rc = STRATA_ENOMEM;
         goto fail;
     }

@@ -359,15 +359,8 @@ CASES = {"batching": case_batching, "executor_crash": case_executor_crash, "sche
 
 def main():
     global A
-    ap = argparse.ArgumentParser()
-    for k in ("strata", "prefetcher", "executor", "scheduler", "router", "client_py"):
-        ap.add_argument("--" + k.replace("_", "-"), required=True)
-    ap.add_argument("cases", nargs="*")
-    A = ap.parse_args()
-    for k in ("strata", "prefetcher", "executor", "scheduler", "router", "client_py"):
-        setattr(A, k, os.path.abspath(getattr(A, k)))
+    A = gl.real_group_args()
     A.fake = A.executor  # grouplib wants one; every service is real here
-    sys.path.insert(0, A.client_py)
     A.seed = int(os.environ.get("STRATA_SEED", "0") or 0) or int(time.time())
     print("seed: STRATA_SEED=%d" % A.seed, flush=True)
     work = tempfile.mkdtemp(prefix="strata-engine-model-")

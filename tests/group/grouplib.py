@@ -7,6 +7,7 @@ copies of the binaries and the model it can read. Group.close() stops the launch
 process of the group still alive, and removes its shm segments and run dir, so a failing test
 leaves nothing behind.
 """
+import argparse
 import glob
 import json
 import os
@@ -335,6 +336,23 @@ class Group:
 
     def __exit__(self, *a):
         self.close()
+
+
+def real_group_args():
+    """The command line of the tests that run every real service: --strata, --prefetcher,
+    --executor, --scheduler, --router (binaries, made absolute), --client-py (proto/python, put
+    on sys.path) and the case names. fake is None: no service is a stand-in."""
+    ap = argparse.ArgumentParser()
+    keys = ("strata", "prefetcher", "executor", "scheduler", "router", "client_py")
+    for k in keys:
+        ap.add_argument("--" + k.replace("_", "-"), required=True)
+    ap.add_argument("cases", nargs="*")
+    a = ap.parse_args()
+    for k in keys:
+        setattr(a, k, os.path.abspath(getattr(a, k)))
+    a.fake = None
+    sys.path.insert(0, a.client_py)
+    return a
 
 
 def run_cases(cases, names, after_failure=None):

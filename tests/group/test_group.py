@@ -508,15 +508,7 @@ CASES = {k[5:]: v for k, v in globals().items() if k.startswith("case_")}
 
 def main():
     global A
-    ap = argparse.ArgumentParser()
-    for k in ("strata", "prefetcher", "executor", "scheduler", "router", "client_py"):
-        ap.add_argument("--" + k.replace("_", "-"), required=True)
-    ap.add_argument("cases", nargs="*")
-    A = ap.parse_args()
-    for k in ("strata", "prefetcher", "executor", "scheduler", "router", "client_py"):
-        setattr(A, k, os.path.abspath(getattr(A, k)))
-    A.fake = None
-    sys.path.insert(0, A.client_py)
+    A = gl.real_group_args()
     A.bin_dir = os.path.dirname(A.strata)
     work = tempfile.mkdtemp(prefix="strata-model-")
     try:
