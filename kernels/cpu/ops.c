@@ -298,6 +298,27 @@ static void s_ffn_act(float *g, const float *u, int64_t cnt, const cpu_ffn_opts_
     }
 }
 
+/* The activations of an FFN dispatch over one item space: item i is element i - off[k] of pair
+ * k's gate and up outputs, so the pool splits them as it splits the matmuls' rows (one token's
+ * gate of a 16384-wide expert alone is 16384 expf). */
+typedef struct {
+    float *g[CPU_FFN_MANY_MAX];
+    const float *u[CPU_FFN_MANY_MAX];
+    const cpu_ffn_opts_t *opts[CPU_FFN_MANY_MAX];
+    int64_t off[CPU_FFN_MANY_MAX + 1];
+    int n;
+} s_acts_t;
+
+static void s_acts_chunk(void *ctx, int64_t i0, int64_t i1, int tid)
+{
+    (void)tid;
+    const s_acts_t *a = ctx;
+    for (int k = 0; k < a->n && i0 < i1; k++) {
+        const int64_t lo = i0 > a->off[k] ? i0 : a->off[k], hi = i1 < a->off[k + 1] ? i1 : a->off[k + 1];
+        if (lo < hi) s_ffn_act(a->g[k] + (lo - a->off[k]), a->u[k] + (lo - a->off[k]), hi - lo, a->opts[k]);
+    }
+}
+
 /* The FFNs of items (out_i = yscale_i * ffn_i(x_i), added to out_i if acc), gate/up of all in
  * one dispatch, then every down in one. Each item's biases ride on its jobs' bias (mm_store
  * adds the bias before the scale, so the down bias is scaled with the rest). */
@@ -325,12 +346,14 @@ static void s_ffn_items(tpool_t *pool, const cpu_ffn_item_t *items, int n_items,
     }
     if (!nj) return;
     s_run_jobs(pool, jobs, nj);
-    int nd = 0;
+    s_acts_t acts = {.n = nj / 2};
     for (int k = 0; k < nj; k += 2) {
-        float *g = jobs[k].y, *u = jobs[k + 1].y;
-        s_ffn_act(g, u, (int64_t)jobs[k].n * jobs[k].ldy, opts[k / 2]);
-        jobs[nd++] = (mm_job_t){.w = NULL, .x = g, .n = jobs[k].n, .ldx = jobs[k].ldy};
+        acts.g[k / 2] = jobs[k].y, acts.u[k / 2] = jobs[k + 1].y, acts.opts[k / 2] = opts[k / 2];
+        acts.off[k / 2 + 1] = acts.off[k / 2] + (int64_t)jobs[k].n * jobs[k].ldy;
     }
+    tpool_run(pool, acts.off[acts.n], 2048, s_acts_chunk, &acts);
+    int nd = 0;
+    for (int k = 0; k < nj; k += 2) jobs[nd++] = (mm_job_t){.w = NULL, .x = jobs[k].y, .n = jobs[k].n, .ldx = jobs[k].ldy};
     for (int i = 0, d = 0; i < n_items; i++) {
         const cpu_ffn_item_t *it = &items[i];
         if (it->n <= 0) continue;
