@@ -25,12 +25,16 @@
  * included, while the link moves the rest of what a layer moves on average (s_phi), none where
  * a layer's copies take less than that fixed cost. The other misses, most tokens first, each go
  * to the side that finishes it sooner, so both sides end together and the experts many tokens
- * share stay on the GPU.
+ * share stay on the GPU. The layer's serial part counts only layers whose GPU was done with its
+ * own experts when the box opened (the kernel's arrival word): else a GPU held up by copies
+ * would make the serial part look long, which sends more to the link, which holds it up more.
+ * The tuner (gcpu_tune) scales the CPU's cost by the factor that measured steps find fastest.
  *
  * Faults: a prefetcher that is down at the plan (moe_remote_t.rows NULL) gets no experts, so its
  * misses are copied until it is back; a job it fails or does not answer in time (the ring's
  * bounded wait) is computed here, by the CPU kernels, into cpu_fy.
  */
+#include <math.h>
 #include <string.h>
 
 #include "kernels/cpu/ops.h"
@@ -40,12 +44,18 @@
 #define GPU_CPU_LAT_US 40.0    /* a job's fixed cost at first: the ring's round trip, the dispatch */
 #define GPU_CPU_GBS0 30.0      /* a prefetcher's rate at first, GB/s of expert bytes */
 #define GPU_CPU_EMA 0.2        /* weight of a job's rate in the average */
+#define GPU_CPU_TUNE_STEPS 8     /* steps of one size in a phase of the tuner */
+#define GPU_CPU_TUNE_DITHER 1.08 /* its phases' kappa above and below the centre, a factor */
+#define GPU_CPU_TUNE_FAC 1.4     /* the centre's largest move, a factor */
+#define GPU_CPU_TUNE_MIN 1.04    /* and its smallest */
+#define GPU_CPU_TUNE_LO 0.25     /* the centre's range */
+#define GPU_CPU_TUNE_HI 4.0
 
 bool gcpu_step(const gpu_model_t *g, int n) { return g->cpu_on && n > 0 && n <= GPU_CPU_ROWS; }
 
 static uint64_t *s_box(const gpu_model_t *g, int k)
 {
-    return g->h_cbox + (size_t)(k % GPU_RING) * (1 + GPU_CPU_ROWS);
+    return g->h_cbox + (size_t)(k % GPU_RING) * GPU_CPU_BOX;
 }
 
 int gcpu_probe(gpu_model_t *g)
@@ -67,6 +77,11 @@ int gcpu_probe(gpu_model_t *g)
         g->cpu_us_b[d] = 1e-3 / GPU_CPU_GBS0;
         g->cpu_lat_us[d] = GPU_CPU_LAT_US;
     }
+    for (int i = 0; i < GPU_CPU_CLASSES; i++) {
+        g->cpu_kappa[i] = 1.0;
+        g->cpu_kfac[i] = 1.15;
+    }
+    g->st.cpu_kappa = 1.0;
     return 0;
 }
 
@@ -88,6 +103,9 @@ static bool s_cpu_side(int l, int e, int E, double phi)
 
 static int s_size_class(int n) { return n <= 1 ? 0 : n <= 4 ? 1 : 2; }
 
+/* us per byte of the prefetchers together for a step of n tokens, the tuner's factor applied */
+static double s_cpu_us_b(const gpu_model_t *g, int d, int n) { return g->cpu_us_b[d] * gcpu_kappa(g, n); }
+
 /* The CPU's side of the split: the share x of the experts a layer moves (M of them, as averaged
  * for steps of n tokens, each of B bytes in the model's unit) that the prefetchers finish, their fixed cost
  * L once, after the layer's serial part S (cpu_ser_us: the link copies through it, the CPU
@@ -101,7 +119,7 @@ static double s_phi(const gpu_model_t *g, int n)
     const model_config_t *c = &g->m->cfg;
     double rc = 0, lat = 1e30;
     for (int d = 0; d < g->o.remote->n_dest && d < GPU_CPU_DEST; d++) {
-        rc += 1.0 / g->cpu_us_b[d];
+        rc += 1.0 / s_cpu_us_b(g, d, n);
         if (g->cpu_lat_us[d] < lat) lat = g->cpu_lat_us[d];
     }
     if (rc <= 0) return 0.0;
@@ -178,7 +196,7 @@ void gcpu_plan(gpu_model_t *g, int l, int n, const int32_t *idx, const int32_t *
             pcie = tp;
             continue;
         }
-        const double tc = cpu[d] + s_cost_bytes(g, g->cpu_cnt[e]) * g->cpu_us_b[d];
+        const double tc = cpu[d] + s_cost_bytes(g, g->cpu_cnt[e]) * s_cpu_us_b(g, d, n);
         /* the CPU's side of the split (gcpu_leave did not prefetch it) stays there; another
          * miss goes where it finishes first */
         if (pol == GPU_CPU_COST && !s_cpu_side(l, e, E, phi) && tc >= tp) {
@@ -189,6 +207,55 @@ void gcpu_plan(gpu_model_t *g, int l, int n, const int32_t *idx, const int32_t *
         g->cpu_dest[e] = (int8_t)d;
         g->cpu_n++;
     }
+}
+
+/* The tuner: the rates above leave out what the cost model does not see (the GPU's own work on
+ * the hits, the copies ahead that share the link, the host memory that the copies and the CPU
+ * share), so the CPU's cost per byte is scaled by kappa, one per step size class, found by
+ * measuring: the steps run GPU_CPU_TUNE_STEPS at a time with kappa x d, then / d, / d, x d
+ * (d = GPU_CPU_TUNE_DITHER; the order cancels a steady drift, such as the cache warming up),
+ * and kappa then moves toward the faster side by a factor that grows while the direction
+ * holds (to GPU_CPU_TUNE_FAC) and shrinks when it turns. A step's time is from its start to the
+ * next one's, so only back-to-back steps of the same size count: a prefill between them, or a
+ * gap over 8 times the last phase's mean, is left out. */
+double gcpu_kappa(const gpu_model_t *g, int n)
+{
+    const int c = s_size_class(n), ph = g->cpu_kphase[c];
+    return g->cpu_kappa[c] * (ph == 0 || ph == 3 ? GPU_CPU_TUNE_DITHER : 1.0 / GPU_CPU_TUNE_DITHER);
+}
+
+void gcpu_tune(gpu_model_t *g, int n)
+{
+    const double now = strata_now(), t = g->cpu_tune_t;
+    const int pn = g->cpu_tune_n;
+    const bool on = gcpu_step(g, n) && g->o.cpu_policy == GPU_CPU_COST;
+    g->cpu_tune_t = on ? now : 0;
+    g->cpu_tune_n = n;
+    if (!on || t <= 0 || pn != n) return;
+    const int c = s_size_class(n), ph = g->cpu_kphase[c];
+    const double dt = now - t;
+    if (g->cpu_kmean[c] > 0 && dt > 8.0 * g->cpu_kmean[c]) return;
+    g->cpu_ksum[c][ph == 0 || ph == 3 ? 0 : 1] += dt;
+    g->cpu_kphsum[c] += dt;
+    if (++g->cpu_kcnt[c] < GPU_CPU_TUNE_STEPS) return;
+    g->cpu_kmean[c] = g->cpu_kphsum[c] / g->cpu_kcnt[c];
+    g->cpu_kphsum[c] = 0;
+    g->cpu_kcnt[c] = 0;
+    if (ph < 3) {
+        g->cpu_kphase[c] = ph + 1;
+        return;
+    }
+    g->cpu_kphase[c] = 0;
+    const int dir = g->cpu_ksum[c][0] < g->cpu_ksum[c][1] ? 1 : -1; /* toward the faster side */
+    g->cpu_ksum[c][0] = g->cpu_ksum[c][1] = 0;
+    double *f = &g->cpu_kfac[c];
+    if (dir == g->cpu_kdir[c]) *f = *f * 1.25 < GPU_CPU_TUNE_FAC ? *f * 1.25 : GPU_CPU_TUNE_FAC;
+    else if (g->cpu_kdir[c]) *f = sqrt(*f) > GPU_CPU_TUNE_MIN ? sqrt(*f) : GPU_CPU_TUNE_MIN;
+    g->cpu_kdir[c] = dir;
+    double k = g->cpu_kappa[c] * (dir > 0 ? *f : 1.0 / *f);
+    k = k < GPU_CPU_TUNE_LO ? GPU_CPU_TUNE_LO : k > GPU_CPU_TUNE_HI ? GPU_CPU_TUNE_HI : k;
+    g->cpu_kappa[c] = k;
+    g->st.cpu_kappa = k;
 }
 
 void gcpu_leave(gpu_model_t *g, int n)
@@ -244,11 +311,13 @@ int gcpu_post(gpu_model_t *g, int k, int n, const int32_t *idx)
     if (g->st.steps > 0 && (g->st.steps == 64 || g->st.steps % 4096 == 0) && g->cpu_log_step != g->st.steps) {
         g->cpu_log_step = g->st.steps; /* the step's first layer with CPU experts */
         log_info("cpu experts, the cost model at step %llu: the link %.1f GB/s, prefetcher 0 %.1f GB/s + %.0f us a job, "
-                 "a layer's serial part %.0f us, the CPU's share of a 1-token step's misses %.2f",
+                 "a layer's serial part %.0f us, the CPU's cost tuned x%.2f (1 token) x%.2f (2-4) x%.2f (more), "
+                 "its share of this step's misses %.2f; the GPU waited for the CPU in %.0f%% of the layers",
                  (unsigned long long)g->st.steps, 1e-3 / g->pcie_us_b, 1e-3 / g->cpu_us_b[0], g->cpu_lat_us[0],
-                 g->cpu_ser_us, s_phi(g, 1));
+                 g->cpu_ser_us, g->cpu_kappa[0], g->cpu_kappa[1], g->cpu_kappa[2], s_phi(g, n),
+                 g->st.cpu_layers_posted ? 100.0 * (double)g->st.cpu_gpu_waits / (double)g->st.cpu_layers_posted : 0.0);
     }
-    if (g->cpu_t_box > 0 && g->cpu_k_box == k - 1 && g->cpu_step_box == g->st.steps) {
+    if (g->cpu_t_box > 0 && g->cpu_k_box == k - 1 && g->cpu_step_box == g->st.steps && g->cpu_gpu_waited) {
         const double us = (strata_now() - g->cpu_t_box) * 1e6;
         g->cpu_ser_us += (g->cpu_ser_us == 0 ? 1.0 : GPU_CPU_EMA) * (us - g->cpu_ser_us);
     }
@@ -339,6 +408,11 @@ int gcpu_finish(gpu_model_t *g, int k, int n, const int32_t *idx)
     }
     g->st.cpu_uses += (uint64_t)g->cpu_n;
     g->st.cpu_wait_us += (strata_now() - t0) * 1e6;
+    /* whether the GPU had finished its own experts of the layer: then what follows the box until
+     * the next layer's rows is the layer's serial part alone */
+    g->cpu_gpu_waited = __atomic_load_n(box + 1 + GPU_CPU_ROWS, __ATOMIC_ACQUIRE) != 0;
+    g->st.cpu_layers_posted++;
+    g->st.cpu_gpu_waits += g->cpu_gpu_waited;
     __atomic_store_n(box, (uint64_t)1, __ATOMIC_RELEASE);
     g->cpu_t_box = strata_now();
     g->cpu_k_box = k;

@@ -42,6 +42,11 @@
 #define GPU_CPU_DEST 8
 /* misses of one layer the cost model weighs (more: copied) */
 #define GPU_CPU_MISS_MAX 1024
+/* words of a CPU-expert box (h_cbox, by segment): [0] open, [1 + t] token t has rows to add,
+ * [1 + GPU_CPU_ROWS] set by the GPU once its own experts of the layer are done (it then waits) */
+#define GPU_CPU_BOX (2 + GPU_CPU_ROWS)
+/* the cost model's step sizes (gpu_cpu.c s_size_class): 1, 2-4, more tokens */
+#define GPU_CPU_CLASSES 3
 
 typedef struct {
     float *attn_norm, *ffn_norm, *bq, *bk, *bv, *bo, *q_norm, *k_norm;
@@ -153,7 +158,7 @@ struct gpu_model {
     float *h_xn, *h_tw;          /* pinned [GPU_CPU_ROWS][hidden], [..][top_k]: a MoE layer's normed rows
                                     and routing weights, copied at the end of its gate's segment */
     uint64_t *h_xflag;           /* pinned [GPU_RING][8]: word 0 set by a kernel once those copies landed */
-    uint64_t *h_cbox;            /* pinned [GPU_RING][1 + GPU_CPU_ROWS]: cuda_wait_add_rows's box */
+    uint64_t *h_cbox;            /* pinned [GPU_RING][GPU_CPU_BOX]: cuda_wait_add_rows's box */
     float *h_cy;                 /* pinned [GPU_CPU_ROWS][hidden]: each token's weighted sum of its CPU experts */
     float *cpu_fy;               /* [GPU_CPU_ROWS * top_k][hidden]: outputs the executor computed itself */
     float *cpu_scr;              /* cpu_ffn_swiglu_many's scratch for those */
@@ -166,7 +171,7 @@ struct gpu_model {
     double cpu_us_b[GPU_CPU_DEST]; /* and on each prefetcher (measured per job, averaged), */
     double cpu_lat_us[GPU_CPU_DEST]; /* its fixed cost per job: both fitted to the jobs' times */
     double cpu_fit[GPU_CPU_DEST][4]; /* averages over the answered jobs of bytes, us, bytes^2, bytes*us */
-    double cpu_miss[3];          /* experts a MoE layer moves (copied ahead or on a miss, or to the CPU),
+    double cpu_miss[GPU_CPU_CLASSES]; /* experts a MoE layer moves (copied ahead or on a miss, or to the CPU),
                                     averaged over layers, by step size (1, 2-4, more) */
     uint64_t cpu_moved;          /* st.prefetches + st.misses + st.cpu_uses at the last plan */
     double cpu_t_post[GPU_CPU_DEST]; /* the current layer's job: posted at (strata_now), 0: none */
@@ -175,7 +180,18 @@ struct gpu_model {
     uint64_t cpu_step_box;       /* and its step (st.steps) */
     double cpu_ser_us;           /* the serial part of a layer: from one layer's box to the next
                                     one's rows on the host (the GPU's combine, attention and gate,
-                                    which neither side's experts overlap), averaged */
+                                    which neither side's experts overlap), averaged over the layers
+                                    whose GPU was waiting for the box (else the GPU's own experts,
+                                    held up by copies, would count as serial) */
+    bool cpu_gpu_waited;         /* the GPU waited for the last box the host opened */
+    /* the tuner (gcpu_tune), by step size class: the centre of kappa, its move factor and last
+     * direction, the phase (0..3: x d, / d, / d, x d) and its steps, the step times of the x d
+     * and / d phases, the current phase's, and the last phase's mean step (s; 0: none yet) */
+    double cpu_kappa[GPU_CPU_CLASSES], cpu_kfac[GPU_CPU_CLASSES];
+    int32_t cpu_kdir[GPU_CPU_CLASSES], cpu_kphase[GPU_CPU_CLASSES], cpu_kcnt[GPU_CPU_CLASSES];
+    double cpu_ksum[GPU_CPU_CLASSES][2], cpu_kphsum[GPU_CPU_CLASSES], cpu_kmean[GPU_CPU_CLASSES];
+    double cpu_tune_t;           /* when the last CPU-expert step started (strata_now), 0: none */
+    int32_t cpu_tune_n;          /* its tokens */
     uint64_t cpu_log_step;       /* the step whose cost-model figures were logged last */
     double cpu_bytes[GPU_CPU_DEST];  /* its expert bytes x row factor (the model's unit) */
 
@@ -235,6 +251,10 @@ int gslots_ensure(gpu_model_t *g, int l, int n, const int32_t *idx, uint64_t *bo
 /* Whether a step of n tokens hands MoE layers' misses to the CPU: its segments carry the copies of
  * the normed rows and cuda_wait_add_rows. */
 bool gcpu_step(const gpu_model_t *g, int n);
+/* At a step's start (n tokens): the tuner's clock, its phases and its moves. */
+void gcpu_tune(gpu_model_t *g, int n);
+/* The tuner's factor on the CPU's cost for a step of n tokens, in its current phase. */
+double gcpu_kappa(const gpu_model_t *g, int n);
 /* Which of layer l's misses[0..nm) (experts with no slot, routed this step) run on the CPU:
  * sets cpu_dest and cpu_n; the rest are copied. */
 void gcpu_plan(gpu_model_t *g, int l, int n, const int32_t *idx, const int32_t *misses, int nm);

@@ -668,7 +668,7 @@ static int s_create_cpu(gpu_model_t *g, strata_errbuf_t *eb)
     int max_inter = g->inter;
     if (cuda_host_alloc((void **)&g->h_xn, R * H * 4) || cuda_host_alloc((void **)&g->h_tw, R * K * 4) ||
         cuda_host_alloc((void **)&g->h_xflag, GPU_RING * 8 * 8) ||
-        cuda_host_alloc((void **)&g->h_cbox, GPU_RING * (1 + R) * 8) || cuda_host_alloc((void **)&g->h_cy, R * H * 4))
+        cuda_host_alloc((void **)&g->h_cbox, GPU_RING * GPU_CPU_BOX * 8) || cuda_host_alloc((void **)&g->h_cy, R * H * 4))
         return strata_seterr(eb, STRATA_ENOMEM, "gpu: pinned host staging for CPU experts failed");
     g->cpu_fy = malloc(R * K * H * 4);
     g->cpu_scr = malloc(2 * R * K * (size_t)max_inter * 4);
@@ -678,7 +678,7 @@ static int s_create_cpu(gpu_model_t *g, strata_errbuf_t *eb)
     if (!g->cpu_fy || !g->cpu_scr || !g->cpu_dest || !g->cpu_cnt || !g->cpu_row) return strata_seterr(eb, STRATA_ENOMEM, "gpu: out of host memory");
     memset(g->cpu_dest, -1, (size_t)c->n_experts);
     memset(g->h_xflag, 0, GPU_RING * 8 * 8);
-    memset(g->h_cbox, 0, GPU_RING * (1 + R) * 8);
+    memset(g->h_cbox, 0, GPU_RING * GPU_CPU_BOX * 8);
     if (g->o.cpu_policy == GPU_CPU_STATIC) {
         /* the layers the slots leave out, first ones first, as llama.cpp's --n-cpu-moe */
         int n = g->o.cpu_layers > 0 ? g->o.cpu_layers : g->xc.n_moe - g->n_slots / c->n_experts;

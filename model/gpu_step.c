@@ -226,9 +226,10 @@ static int s_ffn_post(gpu_model_t *g, int l, int n)
         if ((rc = cuda_add_sigmoid_scaled(cx, g->x, g->att, g->sg, n, c->hidden))) return rc;
     }
     /* the CPU's experts of this layer, once the host has them (gpu_cpu.c) */
-    if (cpu)
-        return cuda_wait_add_rows(cx, g->h_cbox + (size_t)(g->xc.moe_ord[l] % GPU_RING) * (1 + GPU_CPU_ROWS), g->x,
-                                  g->h_cy, n, c->hidden);
+    if (cpu) {
+        uint64_t *box = g->h_cbox + (size_t)(g->xc.moe_ord[l] % GPU_RING) * GPU_CPU_BOX;
+        return cuda_wait_add_rows(cx, box, box + 1 + GPU_CPU_ROWS, g->x, g->h_cy, n, c->hidden);
+    }
     return 0;
 }
 
@@ -514,7 +515,9 @@ static int s_launch(gpu_model_t *g, int k, const batch_t *b, s_mode_t mode)
         __atomic_store_n(g->h_box + ri * g->box_n, (uint64_t)0, __ATOMIC_RELEASE);
         if (gcpu_step(g, n)) {
             __atomic_store_n(g->h_xflag + ri * 8, (uint64_t)0, __ATOMIC_RELEASE);
-            __atomic_store_n(g->h_cbox + ri * (1 + GPU_CPU_ROWS), (uint64_t)0, __ATOMIC_RELEASE);
+            uint64_t *box = g->h_cbox + ri * GPU_CPU_BOX;
+            __atomic_store_n(box + 1 + GPU_CPU_ROWS, (uint64_t)0, __ATOMIC_RELAXED);
+            __atomic_store_n(box, (uint64_t)0, __ATOMIC_RELEASE);
         }
     }
     if (!(g->o.use_graphs && n < GPU_MAX_GRAPHS && b->n_logits == n)) return s_segment(g, k, n, b->n_logits, mode);
@@ -751,6 +754,7 @@ static int s_step(gpu_model_t *g, const batch_t *b, s_mode_t mode, float *logits
         }
     }
     g->st.steps++;
+    gcpu_tune(g, n);
     if ((rc = s_run(g, ahead ? g->n_routed : 0, b, mode, false))) {
         gstep_release(g);
         return rc;

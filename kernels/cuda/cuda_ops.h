@@ -84,8 +84,11 @@ int cuda_wait_patch(cuda_ctx_t *c, const uint64_t *box);
  * (polling over PCIe) until box[0] is set (nonzero), then adds rows[t] (pinned host memory,
  * [n][dim]) onto x[t] for each t < n whose box[1 + t] is nonzero, after the kernels before it
  * have finished. The host writes the rows and box[1..n], then stores box[0] with release order;
- * it must store it, or the stream never goes on (after 10 s the kernel traps). */
-int cuda_wait_add_rows(cuda_ctx_t *c, const uint64_t *box, float *x, const float *rows, int n, int dim);
+ * it must store it, or the stream never goes on (after 10 s the kernel traps). arrived (pinned
+ * host memory, or NULL) is set to 1 once the kernels before have finished: read before the
+ * host opens the box, it says whether the stream was waiting for it. */
+int cuda_wait_add_rows(cuda_ctx_t *c, const uint64_t *box, uint64_t *arrived, float *x, const float *rows, int n,
+                       int dim);
 
 /* CUDA graphs of the compute stream: capture the ops enqueued between begin and end into *g
  * (replacing it), then replay with cuda_graph_launch. Kernel arguments are fixed at capture,

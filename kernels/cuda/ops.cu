@@ -909,11 +909,16 @@ __global__ void k_wait_patch(const uint64_t *box)
 }
 
 /* Block t: waits (thread 0, polling over PCIe) until box[0] is set, then, if box[1 + t] is set,
- * adds row t of rows (pinned host memory, written by the host before box[0]) onto x's row t. */
-__global__ void k_wait_add_rows(const uint64_t *box, float *x, const float *rows, int dim)
+ * adds row t of rows (pinned host memory, written by the host before box[0]) onto x's row t.
+ * Block 0 first sets *arrived (when not NULL) once the kernels before it have finished. */
+__global__ void k_wait_add_rows(const uint64_t *box, uint64_t *arrived, float *x, const float *rows, int dim)
 {
     __shared__ unsigned long long on;
     if (threadIdx.x == 0) {
+        if (arrived && blockIdx.x == 0) {
+            pdl_enter();
+            asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(arrived), "l"(1ull) : "memory");
+        }
         wait_box(box, 200);
         asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(on) : "l"(box + 1 + blockIdx.x) : "memory");
     }
@@ -944,10 +949,11 @@ extern "C" int cuda_wait_patch(cuda_ctx_t *c, const uint64_t *box)
     return 0;
 }
 
-extern "C" int cuda_wait_add_rows(cuda_ctx_t *c, const uint64_t *box, float *x, const float *rows, int n, int dim)
+extern "C" int cuda_wait_add_rows(cuda_ctx_t *c, const uint64_t *box, uint64_t *arrived, float *x, const float *rows,
+                                  int n, int dim)
 {
     if (n <= 0) return 0;
-    launch_k(k_wait_add_rows, n, 256, 0, c->stream, box, x, rows, dim);
+    launch_k(k_wait_add_rows, n, 256, 0, c->stream, box, arrived, x, rows, dim);
     CUDA_LAUNCH_CHECK();
     return 0;
 }

@@ -660,6 +660,9 @@ void exec_get_stats(const exec_t *e, exec_stats_t *st)
         st->slots = g.slots;
         st->n_experts_total = g.n_experts_total;
         st->experts_on_gpu = g.experts_on_gpu;
+        st->cpu_layers_posted = g.cpu_layers_posted;
+        st->cpu_gpu_waits = g.cpu_gpu_waits;
+        st->cpu_kappa = g.cpu_kappa;
     }
 #endif
 }

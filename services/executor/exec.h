@@ -60,6 +60,9 @@ typedef struct {
     uint64_t steps_chained;    /* steps started on the GPU behind the one before (gpu_set_next) */
     int32_t slots, n_experts_total;
     double experts_on_gpu;          /* gpu_stats_t's: the roofline's slots */
+    uint64_t cpu_layers_posted, cpu_gpu_waits; /* gpu_stats_t's: MoE layers with CPU experts, and
+                                                  those whose GPU waited for the CPU's results */
+    double cpu_kappa;               /* gpu_stats_t's: the cost model's tuned factor */
 } exec_stats_t;
 
 /* Defaults: cpu, all threads, 2048 blocks of 16, 256 tokens a step, model's context. */

@@ -205,6 +205,9 @@ static void s_on_stats(svc_t *S, const void *route, size_t len, const msg_t *in)
         S_STAT("experts_on_gpu", st.experts_on_gpu);
         S_STAT("experts_total", st.n_experts_total);
         S_STAT("hit_rate", st.hits + st.misses ? (double)st.hits / (double)(st.hits + st.misses) : 0);
+        S_STAT("cpu_expert_layers", st.cpu_layers_posted);
+        S_STAT("cpu_expert_gpu_waits", st.cpu_gpu_waits);
+        S_STAT("cpu_expert_kappa", st.cpu_kappa);
     }
     if (S->remote) {
         /* the CPU-expert path (exec_remote.h) */

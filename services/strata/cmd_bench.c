@@ -34,6 +34,8 @@
  *                           wait_us_total,bytes,fallbacks}: per executor step
  *                           (scheduler.executor.steps), or per second, or a count; null when the
  *                           group does not report them (no expert goes to a prefetcher);
+ *   cpu_gpu_wait_share, cpu_kappa  the share of the window's MoE layers with CPU experts whose GPU
+ *                           waited for their results, and the cost model's tuned factor (cuda);
  *   prefetcher_expert_share the share of routed (token, expert) pairs the prefetchers computed:
  *                           cpu_expert_rows / (scheduler.executor.tokens x top_k x MoE layers),
  *                           top_k and the MoE layers from --model's config.json (null without it
@@ -591,6 +593,7 @@ typedef struct {
     double steps, rtt_us, fwd_us; /* the scheduler's timed steps, their round trips and forward time */
     double ex_steps, ex_tokens;   /* the executor's steps and the token rows it forwarded */
     double cx_rows, cx_fallbacks, cx_bytes, cx_wait_us, cx_compute_us; /* the CPU-expert path (exec_remote.h) */
+    double cx_layers, cx_gpu_waits, cx_kappa; /* on the GPU: its MoE layers, those the GPU waited in, the tuner */
     bool ok;
 } s_snap_t;
 
@@ -599,6 +602,7 @@ static void s_snap_from(const msg_stats_t *st, s_snap_t *s)
     s->hits = s->misses = s->bytes_h2d = s->cpu_expert = s->tokens = s->slots = s->prefetches = s->prefetch_used = NAN;
     s->steps = s->rtt_us = s->fwd_us = NAN;
     s->ex_steps = s->ex_tokens = s->cx_rows = s->cx_fallbacks = s->cx_bytes = s->cx_wait_us = s->cx_compute_us = NAN;
+    s->cx_layers = s->cx_gpu_waits = s->cx_kappa = NAN;
     for (int32_t i = 0; i < st->n; i++) {
         const char *n = st->items[i].name.s;
         double v = st->items[i].value;
@@ -614,6 +618,9 @@ static void s_snap_from(const msg_stats_t *st, s_snap_t *s)
         else if (!strcmp(n, "scheduler.executor.cpu_expert_bytes")) s->cx_bytes = v;
         else if (!strcmp(n, "scheduler.executor.cpu_expert_wait_us_total")) s->cx_wait_us = v;
         else if (!strcmp(n, "scheduler.executor.cpu_expert_compute_us_total")) s->cx_compute_us = v;
+        else if (!strcmp(n, "scheduler.executor.cpu_expert_layers")) s->cx_layers = v;
+        else if (!strcmp(n, "scheduler.executor.cpu_expert_gpu_waits")) s->cx_gpu_waits = v;
+        else if (!strcmp(n, "scheduler.executor.cpu_expert_kappa")) s->cx_kappa = v;
         else if (!strcmp(n, "scheduler.executor.steps")) s->ex_steps = v;
         else if (!strcmp(n, "scheduler.executor.tokens")) s->ex_tokens = v;
         else if (!strcmp(n, "scheduler.generated_tokens")) s->tokens = v;
@@ -646,6 +653,8 @@ typedef struct {
      * waiting; the weight GB/s they read; the jobs that fell back to the executor; their share of
      * every routed (token, expert) pair */
     double cx_experts_step, cx_tokens_step, cx_ms_step, cx_wait_ms_step, cx_gb_s, cx_fallbacks, pf_share;
+    double cx_gpu_wait_share, cx_kappa; /* on the GPU: the share of those layers whose GPU waited for
+                                           the CPU's results; the cost model's tuned factor at the end */
     double mean_conc;
     /* the disk tier over the level, warm-up included (the prefetchers' status; NAN without one):
      * expert slots, the share of fetches a slot served, the disk's read rate */
@@ -714,8 +723,11 @@ static int s_send_req(s_conn_t *cn, const s_opts_t *o, s_req_t *r, int k, uint64
 static void s_cpu_experts(s_level_t *L, const s_snap_t *a, const s_snap_t *b, double moe_pairs)
 {
     L->cx_experts_step = L->cx_tokens_step = L->cx_ms_step = L->cx_wait_ms_step = L->cx_gb_s = L->cx_fallbacks =
-        L->pf_share = NAN;
+        L->pf_share = L->cx_gpu_wait_share = L->cx_kappa = NAN;
     if (!a->ok || !b->ok) return;
+    const double lay = b->cx_layers - a->cx_layers;
+    if (isfinite(lay) && lay > 0) L->cx_gpu_wait_share = (b->cx_gpu_waits - a->cx_gpu_waits) / lay;
+    L->cx_kappa = b->cx_kappa;
     double uses = b->cpu_expert - a->cpu_expert, rows = b->cx_rows - a->cx_rows, ns = b->ex_steps - a->ex_steps;
     double nt = b->ex_tokens - a->ex_tokens, by = b->cx_bytes - a->cx_bytes;
     if (isfinite(b->cx_fallbacks - a->cx_fallbacks)) L->cx_fallbacks = b->cx_fallbacks - a->cx_fallbacks;
@@ -1365,6 +1377,9 @@ int cmd_bench(int argc, char **argv)
                    "executor's wait %.3f ms; %.2f GB/s of weights, share %s, %.0f fallbacks\n",
                    L->cx_experts_step, L->cx_tokens_step, L->cx_ms_step, L->cx_wait_ms_step, L->cx_gb_s, f_share,
                    L->cx_fallbacks);
+            if (isfinite(L->cx_gpu_wait_share))
+                printf("       the GPU waited for the CPU's experts in %.0f%% of their layers; the cost model's "
+                       "tuned factor %.3f\n", 100.0 * L->cx_gpu_wait_share, L->cx_kappa);
         }
         if (L->errors || e < 0)
             fprintf(stderr, "bench: level %s: %d errors%s%s\n", lvl, L->errors, L->first_error[0] ? "; first: " : "",
@@ -1408,6 +1423,8 @@ int cmd_bench(int argc, char **argv)
         json_object_set_new(row, "cpu_ms_per_step", s_num(L->cx_ms_step));
         json_object_set_new(row, "cpu_wait_ms_per_step", s_num(L->cx_wait_ms_step));
         json_object_set_new(row, "cpu_gb_s", s_num(L->cx_gb_s));
+        json_object_set_new(row, "cpu_gpu_wait_share", s_num(L->cx_gpu_wait_share));
+        json_object_set_new(row, "cpu_kappa", s_num(L->cx_kappa));
         json_object_set_new(row, "cpu_expert_fallbacks", isfinite(L->cx_fallbacks) ? json_integer((json_int_t)L->cx_fallbacks)
                                                                                     : json_null());
         json_object_set_new(row, "bound_pcie_only_tok_s", s_num(po));

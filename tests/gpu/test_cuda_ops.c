@@ -1085,6 +1085,44 @@ static void test_wait_patch(void)
     cuda_host_free(box);
 }
 
+/* cuda_wait_add_rows: the arrival word is set once the kernels before have finished, the rows
+ * wait for the box, then only the flagged tokens' rows are added */
+static void test_wait_add_rows(void)
+{
+    enum { T = 3, DIM = 300 };
+    uint64_t *box = NULL;
+    float *rows = NULL;
+    T_CHECK(cuda_host_alloc((void **)&box, (2 + T) * 8) == 0 && cuda_host_alloc((void **)&rows, T * DIM * 4) == 0,
+            "pinned alloc");
+    memset(box, 0, (2 + T) * 8);
+    float *hx = malloc(T * DIM * 4);
+    for (int i = 0; i < T * DIM; i++) hx[i] = t_randf(&rng), rows[i] = t_randf(&rng);
+    float *d = s_up(hx, T * DIM * 4);
+    T_CHECK(cuda_wait_add_rows(ctx, box, box + 1 + T, d, rows, T, DIM) == 0, "wait_add_rows");
+    uint64_t arrived = 0;
+    for (int i = 0; i < 2000 && !arrived; i++) {
+        arrived = __atomic_load_n(box + 1 + T, __ATOMIC_ACQUIRE);
+        if (!arrived) usleep(1000);
+    }
+    T_CHECK(arrived == 1, "wait_add_rows never set its arrival word");
+    T_CHECK(cuda_query(ctx) == 0, "the stream went on before the box was opened");
+    box[1] = 1, box[3] = 1; /* tokens 0 and 2 */
+    __atomic_store_n(box, (uint64_t)1, __ATOMIC_RELEASE);
+    float *out = s_down(d, T * DIM);
+    int bad = 0;
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < DIM; j++) {
+            const float want = t == 1 ? hx[t * DIM + j] : hx[t * DIM + j] + rows[t * DIM + j];
+            bad += out[t * DIM + j] != want;
+        }
+    T_CHECK(!bad, "wait_add_rows: %d values wrong", bad);
+    free(out);
+    free(hx);
+    cuda_free(d);
+    cuda_host_free(rows);
+    cuda_host_free(box);
+}
+
 static void test_embed_argmax_add(void)
 {
     /* rows of 600 (blocks of 256 and a partial one); ids outside the table give zeros; the
@@ -1521,6 +1559,7 @@ int main(void)
     test_h2d_small();
     test_patch_words();
     test_wait_patch();
+    test_wait_add_rows();
     cuda_ctx_destroy(ctx);
     return t_done("test_cuda_ops");
 }
