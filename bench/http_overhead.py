@@ -39,7 +39,7 @@ The clients' own time per arrival is part of both paths' figures, and on a small
 compete with the group for the cores (the machine is in the JSON).
 
 usage: http_overhead.py --build BUILD_DIR [--model DIR] [--concurrency 1,64] [--rounds N]
-                        [--max-tokens N] [--prompt TEXT] [--threads N] [--http-threads N]
+                        [--ttft-samples N] [--max-tokens N] [--prompt TEXT] [--threads N] [--http-threads N]
                         [--client-procs N] [--pace-us US] [--client c|python]
                         [--json FILE]
 """
@@ -483,6 +483,9 @@ def measure(g, c, a):
             differ += not same
             tpot_h += gaps(h.arrivals()[0])
             tpot_z += gaps(z.arrivals()[0])
+    # TTFT: enough one-path runs that each path has --ttft-samples first tokens (at one stream, the
+    # rounds alone would give a median of 3)
+    for r in range(max(a.rounds, -(-a.ttft_samples // c))):
         order = (("http", c, 0), ("zmq", 0, c)) if r % 2 == 0 else (("zmq", 0, c), ("http", c, 0))
         for name, nh, nz in order:
             hs, zl = run(g, nh, nz, a)
@@ -490,7 +493,7 @@ def measure(g, c, a):
                 arr = s.arrivals()[0]
                 if arr:
                     (ttft_h if name == "http" else ttft_z).append(arr[0][0] - s.t0)
-    row = {"concurrency": c, "rounds": a.rounds, "streams_per_path": c * a.rounds,
+    row = {"concurrency": c, "rounds": a.rounds, "streams_per_path": c * a.rounds, "ttft_samples": len(ttft_h),
            "per_token_added_us": dist(added, 1e6), "step_offsets": offsets, "twins_with_different_text": differ,
            "tpot_ms": {"http": dist(tpot_h, 1e3), "zmq": dist(tpot_z, 1e3)},
            "ttft_ms": {"http": dist(ttft_h, 1e3), "zmq": dist(ttft_z, 1e3)}}
@@ -535,6 +538,9 @@ def main():
     ap.add_argument("--model", help="model folder (HF or packed); default: the demo model, written by `strata demo`")
     ap.add_argument("--concurrency", default="1,64", help="concurrent streams per path, comma-separated (default 1,64)")
     ap.add_argument("--rounds", type=int, default=3, help="runs per concurrency and kind (default 3)")
+    ap.add_argument("--ttft-samples", type=int, default=24,
+                    help="first tokens per path for the TTFT figures at each concurrency, at least (default 24: "
+                         "more one-path runs than --rounds where the streams are few)")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per stream (default 64)")
     ap.add_argument("--prompt", default="Once upon a time")
     ap.add_argument("--threads", type=int, default=0, help="[executor] threads (default 0: all CPUs)")
@@ -550,8 +556,8 @@ def main():
     ap.add_argument("--json", default="http_overhead.json", help="where to write the JSON (default http_overhead.json)")
     a = ap.parse_args()
     cs = [int(x) for x in a.concurrency.split(",") if x]
-    if not cs or min(cs) < 1 or a.rounds < 1 or a.max_tokens < 2 or a.client_procs < 1 or a.pace_us < 0:
-        ap.error("--concurrency, --rounds, --client-procs and --max-tokens must be positive (--max-tokens >= 2)")
+    if not cs or min(cs) < 1 or a.rounds < 1 or a.max_tokens < 2 or a.client_procs < 1 or a.pace_us < 0 or a.ttft_samples < 1:
+        ap.error("--concurrency, --rounds, --ttft-samples, --client-procs and --max-tokens must be positive (--max-tokens >= 2)")
     g = Group(a, max_seqs=max(64, 2 * max(cs)))
     try:
         g.start()

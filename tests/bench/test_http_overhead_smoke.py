@@ -24,7 +24,7 @@ def main():
         with tempfile.TemporaryDirectory(prefix="strata-httpbench-test-") as d:
             out_json = os.path.join(d, "out.json")
             r = subprocess.run([sys.executable, bench, "--build", a.build, "--concurrency", "1,2", "--rounds", "1",
-                                "--max-tokens", "6", "--threads", "1", "--client", client, "--json", out_json],
+                                "--ttft-samples", "3", "--max-tokens", "6", "--threads", "1", "--client", client, "--json", out_json],
                                capture_output=True, text=True, timeout=240)
             assert r.returncode == 0, "%s client: exit %d\n%s\n%s" % (client, r.returncode, r.stdout, r.stderr)
             assert "| streams |" in r.stdout, r.stdout
@@ -45,13 +45,16 @@ def check(doc):
     assert [r["concurrency"] for r in doc["results"]] == [1, 2], doc["results"]
     for row in doc["results"]:
         for k in ("per_token_added_us", "ttft_added_ms", "ttft_ms", "tpot_ms", "step_offsets", "meets_targets",
-                  "twins_with_different_text", "streams_per_path"):
+                  "twins_with_different_text", "streams_per_path", "ttft_samples"):
             assert k in row, "no %r in the row of %d streams" % (k, row["concurrency"])
         pt = row["per_token_added_us"]
         assert pt["n"] > 0 and isinstance(pt["p50"], float) and isinstance(pt["p99"], float), pt
         assert all(isinstance(row["ttft_added_ms"][q], float) for q in ("p50", "p99")), row["ttft_added_ms"]
         for path in ("http", "zmq"):
-            assert row["ttft_ms"][path]["n"] == row["streams_per_path"] and row["ttft_ms"][path]["p50"] > 0, row["ttft_ms"]
+            # one-path runs until each path has --ttft-samples 3 first tokens: 3 runs of 1 stream, 2 of 2
+            want = row["concurrency"] * -(-3 // row["concurrency"])
+            assert row["ttft_ms"][path]["n"] == want and row["ttft_samples"] == want, row
+            assert row["ttft_ms"][path]["p50"] > 0, row["ttft_ms"]
             # tokens that reach a busy client together share one poll's stamp: a gap of 0 is a real figure
             assert row["tpot_ms"][path]["n"] > 0 and row["tpot_ms"][path]["p50"] >= 0, row["tpot_ms"]
         assert sum(row["step_offsets"].values()) == row["streams_per_path"], row["step_offsets"]
