@@ -83,8 +83,8 @@ typedef struct {
     double cpu_wait_us;
     uint64_t cpu_layers_posted;  /* MoE layers with CPU experts, and of them those whose GPU had */
     uint64_t cpu_gpu_waits;      /* finished its own experts before the CPU's results were in */
-    double cpu_kappa;            /* the cost model's tuned multiplier of the CPU's cost (gcpu_tune),
-                                    for the size of the last step with CPU experts */
+    double cpu_kappa;            /* the cost model's tuned multiplier of the CPU's cost (gcpu_tune):
+                                    the centre of the step size class whose tuner moved last */
     int32_t cpu_layers;        /* GPU_CPU_STATIC: MoE layers whose experts run on the CPU */
 } gpu_stats_t;
 
