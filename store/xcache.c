@@ -5,6 +5,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The popularity's term of xcache_next_use for entry i of pop: a cycle per step its decayed
+ * popularity expects it skipped. */
+static void s_pop_wait(xcache_t *c, size_t i)
+{
+    float p = c->pop[i] * (1.0f - XCACHE_POP_DECAY);
+    p = p < 1e-3f ? 1e-3f : p > 1.0f ? 1.0f : p;
+    c->pop_wait[i] = (float)c->n_moe * (1.0f / p - 1.0f);
+}
+
 int xcache_init(xcache_t *c, int32_t n_layers, const bool *sparse, int32_t n_experts, int32_t top_k, int32_t n_slots)
 {
     memset(c, 0, sizeof *c);
@@ -17,9 +26,11 @@ int xcache_init(xcache_t *c, int32_t n_layers, const bool *sparse, int32_t n_exp
     c->need = calloc((size_t)(n_experts > 0 ? n_experts : 1), 1);
     c->pneed = calloc(le ? le : 1, 1);
     c->pop = malloc(sizeof *c->pop * (le ? le : 1));
+    c->pop_wait = malloc(sizeof *c->pop_wait * (le ? le : 1));
+    c->ord_d = malloc(sizeof *c->ord_d * (size_t)(n_layers > 0 ? n_layers : 1));
     c->pinned = calloc((size_t)(n_layers > 0 ? n_layers : 1), 1);
     c->pin_order = malloc(sizeof *c->pin_order * (size_t)(n_layers > 0 ? n_layers : 1));
-    if (!c->moe_ord || !c->moe_layer || !c->slot_of || !c->need || !c->pneed || !c->pop || !c->pinned || !c->pin_order ||
+    if (!c->moe_ord || !c->moe_layer || !c->slot_of || !c->need || !c->pneed || !c->pop || !c->pop_wait || !c->ord_d || !c->pinned || !c->pin_order ||
         xcache_set_slots(c, n_slots)) {
         xcache_free(c);
         return -ENOMEM;
@@ -44,6 +55,7 @@ int xcache_init(xcache_t *c, int32_t n_layers, const bool *sparse, int32_t n_exp
     for (size_t i = 0; i < le; i++) {
         c->slot_of[i] = -1;
         c->pop[i] = n_experts > 0 ? (float)top_k / (float)n_experts / (1.0f - XCACHE_POP_DECAY) : 0.0f;
+        s_pop_wait(c, i);
     }
     return 0;
 }
@@ -68,6 +80,8 @@ void xcache_free(xcache_t *c)
     free(c->need);
     free(c->pneed);
     free(c->pop);
+    free(c->pop_wait);
+    free(c->ord_d);
     free(c->pinned);
     free(c->pin_order);
     memset(c, 0, sizeof *c);
@@ -90,17 +104,22 @@ void xcache_assign(xcache_t *c, int s, int l, int e)
     c->slot_of[(size_t)l * c->n_experts + e] = s;
 }
 
+/* MoE ordinal o's distance ahead of cur in the cyclic order, 1 to nm (nm for o itself). */
+static int s_dist(int o, int cur, int nm)
+{
+    int d = o - cur;
+    if (cur < -1 || cur >= nm) d = (d % nm + nm) % nm;
+    return d <= 0 ? d + nm : d;
+}
+
 float xcache_next_use(const xcache_t *c, int l, int e, int cur)
 {
     const int nm = c->n_moe, o = c->moe_ord[l];
     const size_t i = (size_t)l * c->n_experts + e;
     if (c->pinned[o]) return 0.0f; /* kept over the rest (xcache.h) */
-    int d = ((o - cur) % nm + nm) % nm;
-    if (d == 0) d = nm;
+    int d = s_dist(o, cur, nm);
     if (o >= c->win_lo && o < c->win_lo + c->win_n && !c->pneed[i]) d += nm;
-    float p = c->pop[i] * (1.0f - XCACHE_POP_DECAY);
-    p = p < 1e-3f ? 1e-3f : p > 1.0f ? 1.0f : p;
-    return (float)d + (float)nm * (1.0f / p - 1.0f);
+    return (float)d + c->pop_wait[i];
 }
 
 /* 1 if slot s's copy has landed (a loading slot found landed becomes READY), 0 if not. */
@@ -112,17 +131,28 @@ static int s_landed(xcache_t *c, int s)
     return 1;
 }
 
+/* xcache_next_use over every slot, its terms by ordinal computed once: the scan runs for each
+ * copy the host starts, over thousands of slots for small experts (Qwen3-30B-A3B at 6 GiB). */
 int xcache_victim(xcache_t *c, int layer_now, int cur, bool keep_pred, float before)
 {
+    const int nm = c->n_moe, E = c->n_experts;
+    for (int o = 0; o < nm; o++) c->ord_d[o] = c->pinned[o] ? -1 : s_dist(o, cur, nm);
     int best = -1;
     float best_t = before;
     for (int s = 0; s < c->n_slots; s++) {
         xc_slot_t *sl = &c->slot[s];
         if (sl->state == XC_FREE) return s;
-        if (!s_landed(c, s)) continue;
+        if (sl->state == XC_LOADING && !s_landed(c, s)) continue;
         if (sl->layer == layer_now && c->need[sl->expert]) continue;
-        if (keep_pred && c->pneed[(size_t)sl->layer * c->n_experts + sl->expert]) continue;
-        float t = xcache_next_use(c, sl->layer, sl->expert, cur);
+        const size_t i = (size_t)sl->layer * E + sl->expert;
+        if (keep_pred && c->pneed[i]) continue;
+        const int o = c->moe_ord[sl->layer];
+        int d = c->ord_d[o];
+        float t = 0.0f; /* pinned: kept over the rest */
+        if (d >= 0) {
+            if (o >= c->win_lo && o < c->win_lo + c->win_n && !c->pneed[i]) d += nm;
+            t = (float)d + c->pop_wait[i];
+        }
         if (t > best_t) best = s, best_t = t;
     }
     return best;
@@ -142,7 +172,10 @@ void xcache_route(xcache_t *c, int l, const int32_t *idx, int n_idx)
     for (int i = 0; i < n_idx; i++)
         if (idx[i] >= 0 && idx[i] < E) c->need[idx[i]] = 1;
     float *pop = c->pop + (size_t)l * E;
-    for (int e = 0; e < E; e++) pop[e] = pop[e] * XCACHE_POP_DECAY + (c->need[e] ? 1.0f : 0.0f);
+    for (int e = 0; e < E; e++) {
+        pop[e] = pop[e] * XCACHE_POP_DECAY + (c->need[e] ? 1.0f : 0.0f);
+        s_pop_wait(c, (size_t)l * E + e);
+    }
 }
 
 void xcache_predicted(xcache_t *c, int first, int D, const int32_t *pidx, int n, int top_k)

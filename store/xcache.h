@@ -44,6 +44,8 @@ typedef struct {
                                 the CPU by model/gpu_cpu.c, so not prefetched) */
     int32_t win_lo, win_n;   /* MoE ordinals [win_lo, win_lo + win_n) that pneed covers */
     float *pop;              /* [n_layers][n_experts] decayed uses per step */
+    float *pop_wait;         /* [n_layers][n_experts] the popularity's term of xcache_next_use, kept with pop */
+    int32_t *ord_d;          /* [n_moe] xcache_victim's scratch: each ordinal's distance ahead */
     /* 1 when the copy into slot s has landed, 0 if not, <0 on error; NULL: always landed */
     int (*landed)(void *ctx, int s);
     void *ctx;
