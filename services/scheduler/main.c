@@ -47,6 +47,7 @@
 #define ROUTER_BATCH 1024     /* router messages handled between plans */
 #define STATS_WAIT_S 0.3      /* a stats reply waits this long for the executor's counters */
 #define MAX_PENDING_STATS 16
+#define SPIN_TAIL_S 1e-3      /* backend = cuda: the poll spins through the last ms of a step's expected round trip */
 #define MAX_HELD 4096         /* submits held while no executor has reported (a restart) */
 #define HELD_WAIT_S 60.0      /* ... at most this long, then refused as unavailable */
 
@@ -103,6 +104,7 @@ typedef struct {
     /* the plan in flight */
     uint64_t step_id, next_step;
     double t_sent;
+    double step_s;              /* a step's round trip, averaged (the poll's sleep while one is out) */
     int32_t sent_tokens;
     /* counters */
     uint64_t exec_restarts, events_dropped, bad_msgs, stale_results;
@@ -564,6 +566,7 @@ static void s_on_exec_msg(svc_t *S, const msg_t *m, double now)
             break;
         }
         double rtt = (now - S->t_sent) * 1e6;
+        S->step_s += (S->step_s > 0 ? 0.2 : 1.0) * (rtt * 1e-6 - S->step_s);
         S->sum_rtt_us += rtt;
         S->sum_fwd_us += r->forward_us;
         S->sum_smp_us += r->sample_us;
@@ -707,12 +710,19 @@ int main(int argc, char **argv)
              cfg.executor.endpoint);
     s_probe(&S, strata_now());
     zmq_pollitem_t items[2] = {{S.esock, 0, ZMQ_POLLIN, 0}, {S.rsock, 0, ZMQ_POLLIN, 0}};
-    /* backend = cuda: poll without sleeping while a plan is out, so the result's wakeup is not
-     * on the path of every step (the CPU backend's threads need the cores, so it sleeps) */
+    /* backend = cuda: poll without sleeping in a plan's last SPIN_TAIL_S, so the result's wakeup
+     * is not on the path of every step, and sleep in the poll before that: a step with CPU
+     * experts lasts tens of ms, and a core spun through it is one the prefetchers' workers lack
+     * (the CPU backend's threads need the cores, so it sleeps) */
     const bool spin = !strcmp(cfg.executor.backend, "cuda");
     while (!*stop) {
-        bool busy = S.sc && S.exec_instance && (sched_has_work(S.sc) || (spin && sched_inflight(S.sc)));
-        int n = zmq_poll(items, 2, busy ? 0 : 20);
+        const bool work = S.sc && S.exec_instance && sched_has_work(S.sc);
+        int timeout_ms = work ? 0 : 20;
+        if (!work && spin && S.sc && S.exec_instance && sched_inflight(S.sc)) {
+            const double left = S.step_s - (strata_now() - S.t_sent);
+            timeout_ms = left > 2 * SPIN_TAIL_S ? (int)((left - SPIN_TAIL_S) * 1e3) : 0;
+        }
+        int n = zmq_poll(items, 2, timeout_ms);
         if (n < 0 && zmq_errno() != EINTR) {
             log_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
             goto done;
