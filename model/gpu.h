@@ -55,6 +55,29 @@ typedef struct {
                               * (0: as many as the slots leave out) */
 } gpu_opts_t;
 
+/* Where the host thread spends a step with an expert cache, MoE layer by MoE layer (gpu_step.c
+ * s_advance): waiting for a router's picks (the GPU's attention and gate meanwhile, and the
+ * prefetches fed), placing the layer's experts (the miss path and the cost model), waiting for
+ * the rows a CPU job reads, posting the CPU's jobs, launching segments, waiting for the
+ * prediction and starting its copies, and waiting for the CPU's results. */
+typedef enum {
+    GPU_HOST_ROWS = 0,
+    GPU_HOST_PLACE,
+    GPU_HOST_FLAG,
+    GPU_HOST_POST,
+    GPU_HOST_LAUNCH,
+    GPU_HOST_PREDICT,
+    GPU_HOST_CPU_WAIT,
+    GPU_HOST_PHASES
+} gpu_host_phase_t;
+
+/* Its short name, as the executor's stats give it (host_<name>_us_total). */
+static inline const char *gpu_host_phase_name(int phase)
+{
+    static const char *const names[GPU_HOST_PHASES] = {"rows", "place", "flag", "post", "launch", "predict", "cpu_wait"};
+    return phase >= 0 && phase < GPU_HOST_PHASES ? names[phase] : "?";
+}
+
 typedef struct {
     uint64_t steps;
     uint64_t steps_ahead;      /* ... that gpu_step_ahead had started */
@@ -77,15 +100,16 @@ typedef struct {
     int32_t split_rows;        /* split experts: down rows of every expert resident (0: whole experts) */
     /* CPU experts (o.remote): routed experts computed on the CPU instead of on the GPU (neither
      * hits nor misses), their (token, expert) pairs, those the executor computed itself because a
-     * prefetcher failed its job, and the host's wait for the CPU's results once the GPU's work
-     * on the layer was enqueued */
+     * prefetcher failed its job (the host's wait for the CPU's results once the GPU's work on
+     * the layer was enqueued: host_us[GPU_HOST_CPU_WAIT]) */
     uint64_t cpu_uses, cpu_rows, cpu_local;
-    double cpu_wait_us;
     uint64_t cpu_layers_posted;  /* MoE layers with CPU experts, and of them those whose GPU had */
     uint64_t cpu_gpu_waits;      /* finished its own experts before the CPU's results were in */
     double cpu_kappa;            /* the cost model's tuned multiplier of the CPU's cost (gcpu_tune):
                                     the centre of the step size class whose tuner moved last */
     int32_t cpu_layers;        /* GPU_CPU_STATIC: MoE layers whose experts run on the CPU */
+    double host_us[GPU_HOST_PHASES]; /* the host thread's time in each phase of the MoE layers'
+                                        hand-offs, us (gpu_host_phase_name) */
 } gpu_stats_t;
 
 /* The expert cache of one layer (all zero for dense layers and with every expert resident). */

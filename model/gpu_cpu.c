@@ -3,13 +3,15 @@
  *
  * With o.remote and a whole-expert cache, a step of up to GPU_CPU_ROWS tokens runs every MoE
  * layer's hand-off (gpu_step.c enqueues both ends):
- *   - the gate's segment ends by copying the layer's normed rows (xn) and routing weights (tw)
- *     into pinned host memory (h_xn, h_tw), then a kernel sets the layer's flag (h_xflag);
+ *   - right after the gate, before the prediction, one kernel of the segment stores the layer's
+ *     normed rows (xn) and routing weights (tw) into pinned host memory (h_xn, h_tw), then sets
+ *     the layer's flag (h_xflag; cuda_put_host);
  *   - the host, once the routing is there, decides each miss (gslots_ensure -> gcpu_plan): a
  *     copy into a slot, or the CPU, whose experts get an empty table entry that the expert
- *     kernel skips; it posts the CPU experts' rows to their prefetchers' rings (gcpu_post, after
- *     the flag), enqueues the next segment, starts the predicted copies, and then waits for the
- *     jobs (gcpu_finish): each token's results weighted and summed into h_cy, then the box;
+ *     kernel skips; it posts the CPU experts' rows to their prefetchers' rings at once
+ *     (gcpu_post, after the flag), then places the GPU's experts, enqueues the next segment,
+ *     starts the predicted copies, and then waits for the jobs (gcpu_finish): each token's
+ *     results weighted and summed into h_cy, then the box;
  *   - the next segment runs the GPU's experts, then cuda_wait_add_rows, which waits for that box
  *     and adds h_cy's rows onto the residual, before anything reads it (the combine's fused
  *     RMSNorm is off in such steps).
@@ -306,7 +308,10 @@ int gcpu_post(gpu_model_t *g, int k, int n, const int32_t *idx)
         __atomic_store_n(box, (uint64_t)1, __ATOMIC_RELEASE);
         return 0;
     }
+    const double t0 = strata_now();
     int rc = s_wait_flag(g, g->h_xflag + (size_t)(k % GPU_RING) * 8);
+    const double t1 = strata_now();
+    g->st.host_us[GPU_HOST_FLAG] += (t1 - t0) * 1e6;
     if (rc) return rc;
     if (g->st.steps > 0 && (g->st.steps == 64 || g->st.steps % 4096 == 0) && g->cpu_log_step != g->st.steps) {
         g->cpu_log_step = g->st.steps; /* the step's first layer with CPU experts */
@@ -347,6 +352,7 @@ int gcpu_post(gpu_model_t *g, int k, int n, const int32_t *idx)
         g->cpu_bytes[d] = bytes;
         g->cpu_t_post[d] = rows && r->post(r->ctx, d, l, ex, cnt, ni, g->st.steps) == 0 ? strata_now() : -1.0;
     }
+    g->st.host_us[GPU_HOST_POST] += (strata_now() - t1) * 1e6;
     return 0;
 }
 
@@ -407,7 +413,7 @@ int gcpu_finish(gpu_model_t *g, int k, int n, const int32_t *idx)
         }
     }
     g->st.cpu_uses += (uint64_t)g->cpu_n;
-    g->st.cpu_wait_us += (strata_now() - t0) * 1e6;
+    g->st.host_us[GPU_HOST_CPU_WAIT] += (strata_now() - t0) * 1e6;
     /* whether the GPU had finished its own experts of the layer: then what follows the box until
      * the next layer's rows is the layer's serial part alone */
     g->cpu_gpu_waited = __atomic_load_n(box + 1 + GPU_CPU_ROWS, __ATOMIC_ACQUIRE) != 0;

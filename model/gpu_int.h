@@ -248,8 +248,8 @@ int gslots_ensure(gpu_model_t *g, int l, int n, const int32_t *idx, uint64_t *bo
 
 /* ---- gpu_cpu.c ---- */
 
-/* Whether a step of n tokens hands MoE layers' misses to the CPU: its segments carry the copies of
- * the normed rows and cuda_wait_add_rows. */
+/* Whether a step of n tokens hands MoE layers' misses to the CPU: its segments carry the stores of
+ * the normed rows to the host (cuda_put_host) and cuda_wait_add_rows. */
 bool gcpu_step(const gpu_model_t *g, int n);
 /* At a step's start (n tokens): the tuner's clock, its phases and its moves. */
 void gcpu_tune(gpu_model_t *g, int n);
@@ -258,8 +258,9 @@ double gcpu_kappa(const gpu_model_t *g, int n);
 /* Which of layer l's misses[0..nm) (experts with no slot, routed this step) run on the CPU:
  * sets cpu_dest and cpu_n; the rest are copied. */
 void gcpu_plan(gpu_model_t *g, int l, int n, const int32_t *idx, const int32_t *misses, int nm);
-/* Layer l (MoE ordinal k) after gslots_ensure: post its CPU experts' rows to their prefetchers
- * (waiting for the rows the segment copies); without any, opens its box at once. 0 or <0. */
+/* MoE layer k, from gslots_ensure right after gcpu_plan: post its CPU experts' rows to their
+ * prefetchers (waiting for the rows the segment stores, cuda_put_host); without any, opens its
+ * box at once. 0 or <0. */
 int gcpu_post(gpu_model_t *g, int k, int n, const int32_t *idx);
 /* After the next segment is enqueued: wait for the CPU's results (computing here what a
  * prefetcher failed), add up each token's, open the box. Always opens it. 0 or <0. */

@@ -297,6 +297,8 @@ int gslots_ensure(gpu_model_t *g, int l, int n, const int32_t *idx, uint64_t *bo
         for (int e = 0; e < E && nm < GPU_CPU_MISS_MAX; e++)
             if (xc->need[e] && xc->slot_of[(size_t)l * E + e] < 0) miss[nm++] = e;
         gcpu_plan(g, l, n, idx, miss, nm);
+        /* the CPU's jobs out first: the slots and copies below run while it computes */
+        if ((rc = gcpu_post(g, xc->moe_ord[l], n, idx))) return rc;
     }
     for (int e = 0; e < E; e++) {
         if (!xc->need[e]) continue;

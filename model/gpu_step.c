@@ -159,6 +159,9 @@ static int s_ffn_pre(gpu_model_t *g, int l, int n)
                                &route, g->all_resident ? NULL : g->h_idx + ri * g->idx_n)))
         return rc;
     if (g->all_resident) return 0;
+    if (gcpu_step(g, n) && (rc = cuda_put_host(cx, g->h_xn, g->xn, (size_t)n * c->hidden, g->h_tw, g->tw, (size_t)n * c->top_k,
+                                                g->h_xflag + ri * 8)))
+        return rc; /* the CPU experts' inputs to the host (gpu_cpu.c), ahead of the prediction */
     int D = s_window(g, l);
     if (D > 0) {
         /* the next D MoE layers' gates on this hidden state (normalized once, their ffn_norm
@@ -169,16 +172,6 @@ static int s_ffn_pre(gpu_model_t *g, int l, int n)
         const float *pb = g->pred_bias ? g->pred_bias + (size_t)s_window_lo(g, l) * c->n_experts : NULL;
         if ((rc = cuda_router_topk(cx, g->prlog, g->x, n, &w, pb, c->n_experts, c->top_k, false, g->ptidx, g->ptw, &unit,
                                    NULL, g->h_pidx + ri * g->pidx_n)))
-            return rc;
-    }
-    if (gcpu_step(g, n)) {
-        /* the CPU experts' inputs to the host (gpu_cpu.c): the normed rows, the routing weights,
-         * then the flag the host waits for */
-        uint64_t *flag = g->h_xflag + ri * 8;
-        const uint64_t one = 1;
-        if ((rc = cuda_d2h_async(cx, CUDA_STREAM_COMPUTE, g->h_xn, g->xn, (size_t)n * c->hidden * 4)) ||
-            (rc = cuda_d2h_async(cx, CUDA_STREAM_COMPUTE, g->h_tw, g->tw, (size_t)n * c->top_k * 4)) ||
-            (rc = cuda_patch_words(cx, 1, &flag, &one)))
             return rc;
     }
     return 0;
@@ -310,9 +303,16 @@ static int s_route(gpu_model_t *g, int k, int n)
 {
     const size_t ri = (size_t)(k % GPU_RING);
     const int32_t *idx = g->h_idx + ri * g->idx_n;
+    double t0 = strata_now();
     int rc = s_wait_rows(g, idx, (size_t)n * g->m->cfg.top_k, k > 0 ? g->xc.moe_layer[k - 1] : -1);
+    const double t1 = strata_now();
+    g->st.host_us[GPU_HOST_ROWS] += (t1 - t0) * 1e6;
+    const double cpu0 = g->st.host_us[GPU_HOST_FLAG] + g->st.host_us[GPU_HOST_POST];
     if (!rc)
         rc = gslots_ensure(g, g->xc.moe_layer[k], n, idx, s_mailbox(g, n) ? g->h_box + ri * g->box_n : NULL, g->step_pre);
+    /* less the CPU jobs' post inside it (gcpu_post times its own phases) */
+    g->st.host_us[GPU_HOST_PLACE] +=
+        (strata_now() - t1) * 1e6 - (g->st.host_us[GPU_HOST_FLAG] + g->st.host_us[GPU_HOST_POST] - cpu0);
     if (!rc) g->n_routed = k + 1;
     return rc;
 }
@@ -323,11 +323,15 @@ static int s_predict(gpu_model_t *g, int k, int n)
 {
     const int l = g->xc.moe_layer[k], D = s_window(g, l), top_k = g->m->cfg.top_k;
     const int32_t *pidx = g->h_pidx + (size_t)(k % GPU_RING) * g->pidx_n;
-    int rc;
-    if (D > 0 && (rc = s_wait_rows(g, pidx, (size_t)n * D * top_k, -1))) return rc;
-    xcache_predicted(&g->xc, s_window_lo(g, l), D, pidx, n, top_k);
-    gcpu_leave(g, n);
-    return D > 0 ? gslots_issue(g, l, false) : 0;
+    const double t0 = strata_now();
+    int rc = D > 0 ? s_wait_rows(g, pidx, (size_t)n * D * top_k, -1) : 0;
+    if (!rc) {
+        xcache_predicted(&g->xc, s_window_lo(g, l), D, pidx, n, top_k);
+        gcpu_leave(g, n);
+        rc = D > 0 ? gslots_issue(g, l, false) : 0;
+    }
+    g->st.host_us[GPU_HOST_PREDICT] += (strata_now() - t0) * 1e6;
+    return rc;
 }
 
 /* Split experts: how many MoE layers' tails the cache pins (xcache_pin: the first, whose
@@ -505,7 +509,7 @@ static int s_stage(gpu_model_t *g, const batch_t *b, const int32_t *d_tok)
  * again when the mode or logit count changes), or its kernels when the step is not
  * decode-shaped. Its ring entry is reset first: -1s for its routers' picks, an empty mailbox
  * (the segment that used the entry last, k - GPU_RING, was routed and predicted for). */
-static int s_launch(gpu_model_t *g, int k, const batch_t *b, s_mode_t mode)
+static int s_launch_untimed(gpu_model_t *g, int k, const batch_t *b, s_mode_t mode)
 {
     const int n = b->n_tokens, n_seg = g->n_seg;
     if (k < n_seg - 1) {
@@ -532,6 +536,14 @@ static int s_launch(gpu_model_t *g, int k, const batch_t *b, s_mode_t mode)
         if (last) g->graph_mode[n] = (int8_t)mode, g->graph_nlog[n] = b->n_logits;
     }
     return cuda_graph_launch(g->cx, *gr);
+}
+
+static int s_launch(gpu_model_t *g, int k, const batch_t *b, s_mode_t mode)
+{
+    const double t0 = strata_now();
+    const int rc = s_launch_untimed(g, k, b, mode);
+    g->st.host_us[GPU_HOST_LAUNCH] += (strata_now() - t0) * 1e6;
+    return rc;
 }
 
 /* Whether b is the step gpu_step_ahead started: the same rows (tokens, positions, sequences),
@@ -594,11 +606,10 @@ static int s_advance(gpu_model_t *g, int k, const batch_t *b, s_mode_t mode, int
         if ((rc = s_launch(g, g->n_launched++, b, mode))) return rc;
     if ((rc = s_route(g, k, n))) return rc;
     if (gcpu_step(g, n)) {
-        /* CPU experts (never prelaunched: whole experts): their rows out, the GPU's experts
-         * enqueued, the predicted copies started, then the CPU's results in; the box opens on
-         * every path, or the next segment would wait for it */
+        /* CPU experts (never prelaunched: whole experts): their rows out (gslots_ensure posted
+         * them), the GPU's experts enqueued, the predicted copies started, then the CPU's
+         * results in; the box opens on every path, or the next segment would wait for it */
         const int32_t *idx = g->h_idx + (size_t)(k % GPU_RING) * g->idx_n;
-        rc = gcpu_post(g, k, n, idx);
         while (!rc && g->n_launched <= k + 1 && g->n_launched <= cap) rc = s_launch(g, g->n_launched++, b, mode);
         if (!rc) rc = s_predict(g, k, n);
         const int rc2 = gcpu_finish(g, k, n, idx);

@@ -89,6 +89,11 @@ int cuda_wait_patch(cuda_ctx_t *c, const uint64_t *box);
  * host opens the box, it says whether the stream was waiting for it. */
 int cuda_wait_add_rows(cuda_ctx_t *c, const uint64_t *box, uint64_t *arrived, float *x, const float *rows, int n,
                        int dim);
+/* The other way: a (n floats) and b (nb floats, device) into pinned host memory (cuda_host_alloc)
+ * at ha and hb, by one kernel that stores them there over PCIe, then sets *flag (pinned host
+ * memory) to 1 once both are visible to the host, after the kernels before it have finished.
+ * Two D2H copies and a flag's patch took a copy's latency each, behind the kernels before. */
+int cuda_put_host(cuda_ctx_t *c, float *ha, const float *a, size_t n, float *hb, const float *b, size_t nb, uint64_t *flag);
 
 /* CUDA graphs of the compute stream: capture the ops enqueued between begin and end into *g
  * (replacing it), then replay with cuda_graph_launch. Kernel arguments are fixed at capture,

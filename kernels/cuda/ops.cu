@@ -910,8 +910,15 @@ __global__ void k_wait_patch(const uint64_t *box)
 
 /* Block t: waits (thread 0, polling over PCIe) until box[0] is set, then, if box[1 + t] is set,
  * adds row t of rows (pinned host memory, written by the host before box[0]) onto x's row t.
- * Block 0 first sets *arrived (when not NULL) once the kernels before it have finished. */
-__global__ void k_wait_add_rows(const uint64_t *box, uint64_t *arrived, float *x, const float *rows, int dim)
+ * Block 0 first sets *arrived (when not NULL) once the kernels before it have finished.
+ * Each read of rows crosses PCIe (about a microsecond under the copies), so a thread issues
+ * all of its reads of a pass (WAIT_ADD_LOADS) before it stores any: one round trip a pass,
+ * not one a value (a loop that added as it read took dim / blockDim of them in turn, 50 to
+ * 110 us a layer on the H200 with the copies running). */
+#define WAIT_ADD_THREADS 1024
+#define WAIT_ADD_LOADS 8
+__global__ void __launch_bounds__(WAIT_ADD_THREADS) k_wait_add_rows(const uint64_t *box, uint64_t *arrived, float *x,
+                                                                    const float *rows, int dim)
 {
     __shared__ unsigned long long on;
     if (threadIdx.x == 0) {
@@ -927,8 +934,39 @@ __global__ void k_wait_add_rows(const uint64_t *box, uint64_t *arrived, float *x
     if (!on) return;
     const float *r = rows + (size_t)blockIdx.x * dim;
     float *y = x + (size_t)blockIdx.x * dim;
-    /* the rows are rewritten every layer at the same addresses: never from a cache */
-    for (int d = threadIdx.x; d < dim; d += blockDim.x) y[d] += __ldcv(r + d);
+    for (int base = threadIdx.x; base < dim; base += WAIT_ADD_THREADS * WAIT_ADD_LOADS) {
+        float v[WAIT_ADD_LOADS];
+        /* the rows are rewritten every layer at the same addresses: never from a cache */
+#pragma unroll
+        for (int i = 0; i < WAIT_ADD_LOADS; i++) {
+            const int d = base + i * WAIT_ADD_THREADS;
+            v[i] = d < dim ? __ldcv(r + d) : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < WAIT_ADD_LOADS; i++) {
+            const int d = base + i * WAIT_ADD_THREADS;
+            if (d < dim) y[d] += v[i];
+        }
+    }
+}
+
+__global__ void __launch_bounds__(1024) k_put_host(float *ha, const float *a, size_t n, float *hb, const float *b, size_t nb,
+                                                   uint64_t *flag)
+{
+    pdl_enter();
+    for (size_t i = threadIdx.x; i < n; i += blockDim.x) ha[i] = a[i];
+    for (size_t i = threadIdx.x; i < nb; i += blockDim.x) hb[i] = b[i];
+    __threadfence_system(); /* each thread's stores to the host before the barrier ... */
+    __syncthreads();
+    if (threadIdx.x == 0) asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(flag), "l"(1ull) : "memory"); /* ... then the flag */
+}
+
+extern "C" int cuda_put_host(cuda_ctx_t *c, float *ha, const float *a, size_t n, float *hb, const float *b, size_t nb,
+                             uint64_t *flag)
+{
+    launch_k(k_put_host, 1, 1024, 0, c->stream, ha, a, n, hb, b, nb, flag);
+    CUDA_LAUNCH_CHECK();
+    return 0;
 }
 
 extern "C" int cuda_ops_preload(void)
@@ -938,6 +976,7 @@ extern "C" int cuda_ops_preload(void)
     CUDA_CHECK(cudaFuncGetAttributes(&a, k_patch));
     CUDA_CHECK(cudaFuncGetAttributes(&a, k_wait_patch));
     CUDA_CHECK(cudaFuncGetAttributes(&a, k_wait_add_rows));
+    CUDA_CHECK(cudaFuncGetAttributes(&a, k_put_host));
     CUDA_CHECK(cudaFuncGetAttributes(&a, k_embed));
     return 0;
 }
@@ -953,7 +992,7 @@ extern "C" int cuda_wait_add_rows(cuda_ctx_t *c, const uint64_t *box, uint64_t *
                                   int n, int dim)
 {
     if (n <= 0) return 0;
-    launch_k(k_wait_add_rows, n, 256, 0, c->stream, box, arrived, x, rows, dim);
+    launch_k(k_wait_add_rows, n, WAIT_ADD_THREADS, 0, c->stream, box, arrived, x, rows, dim);
     CUDA_LAUNCH_CHECK();
     return 0;
 }

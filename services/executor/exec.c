@@ -663,6 +663,7 @@ void exec_get_stats(const exec_t *e, exec_stats_t *st)
         st->cpu_layers_posted = g.cpu_layers_posted;
         st->cpu_gpu_waits = g.cpu_gpu_waits;
         st->cpu_kappa = g.cpu_kappa;
+        memcpy(st->host_us, g.host_us, sizeof st->host_us);
     }
 #endif
 }

@@ -28,6 +28,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "model/gpu.h"
 #include "model/model.h"
 #include "proto/msg.h"
 
@@ -63,6 +64,7 @@ typedef struct {
     uint64_t cpu_layers_posted, cpu_gpu_waits; /* gpu_stats_t's: MoE layers with CPU experts, and
                                                   those whose GPU waited for the CPU's results */
     double cpu_kappa;               /* gpu_stats_t's: the cost model's tuned factor */
+    double host_us[GPU_HOST_PHASES]; /* gpu_stats_t's: the host thread's time by phase */
 } exec_stats_t;
 
 /* Defaults: cpu, all threads, 2048 blocks of 16, 256 tokens a step, model's context. */

@@ -174,7 +174,8 @@ static void s_on_stats(svc_t *S, const void *route, size_t len, const msg_t *in)
 {
     exec_stats_t st;
     exec_get_stats(S->ex, &st);
-    msg_stat_t items[56];
+    msg_stat_t items[64];
+    char host_names[GPU_HOST_PHASES][40];
     int n = 0;
 #define S_STAT(name, val) items[n++] = (msg_stat_t){msg_str(name), (double)(val)}
     S_STAT("pid", getpid());
@@ -209,6 +210,10 @@ static void s_on_stats(svc_t *S, const void *route, size_t len, const msg_t *in)
         S_STAT("cpu_expert_layers", st.cpu_layers_posted);
         S_STAT("cpu_expert_gpu_waits", st.cpu_gpu_waits);
         S_STAT("cpu_expert_kappa", st.cpu_kappa);
+        for (int p = 0; p < GPU_HOST_PHASES; p++) {
+            snprintf(host_names[p], sizeof host_names[p], "host_%s_us_total", gpu_host_phase_name(p));
+            S_STAT(host_names[p], st.host_us[p]);
+        }
     }
     if (S->remote) {
         /* the CPU-expert path (exec_remote.h) */

@@ -82,6 +82,7 @@
 #include "build_commit.h"
 #include "common/config.h"
 #include "common/placement.h"
+#include "model/gpu.h"
 #include "model/packed.h"
 #include "model/synth_fast.h"
 #include "proto/msg.h"
@@ -149,6 +150,8 @@ static void s_help(FILE *f)
             "  --prefetchers N    [prefetcher.0] .. [prefetcher.N-1] in the started group (default 1, 1-%d):\n"
             "                     the model's arena split over N prefetchers; numa_node K for the K-th when\n"
             "                     N > 1 and the machine has N nodes, else -1 (no memory policy)\n"
+            "  --prefetcher-threads T  each prefetcher's CPU-expert threads ([prefetcher.N] threads;\n"
+            "                     default 0: its cores but one)\n"
             "  --batch LIST       closed loop: concurrent clients per level (default 1,16)\n"
             "  --rate LIST        open loop instead: Poisson arrivals, requests per second per level\n"
             "  --prompt N         prompt tokens per request (default 128)\n"
@@ -183,6 +186,7 @@ typedef struct {
     const char *host_mem;    /* the started group's [prefetcher.N] host_mem (the disk tier), NULL = none */
     int cpu_moe_layers;      /* its cpu_moe_layers, 0 = not written */
     int prefetchers;        /* [prefetcher.K] sections of the started group, 1..CONFIG_MAX_PREFETCHERS */
+    int pf_threads;         /* their threads, 0 = not written */
     int64_t gpu_mem;
     int threads, prompt, gen, requests, warmup, timeout_s, probe_mib, ready_s;
     int max_batch_tokens;   /* the started group's [scheduler] max_batch_tokens; 0 = max(256, batch) */
@@ -436,6 +440,7 @@ static int s_group_start(const s_opts_t *o, s_group_t *g, int max_conc)
     for (int k = 0; k < o->prefetchers; k++) {
         fprintf(f, "\n[prefetcher.%d]\nnuma_node = %d\n", k, numa ? k : -1);
         if (o->host_mem) fprintf(f, "host_mem = %s\n", o->host_mem);
+        if (o->pf_threads > 0) fprintf(f, "threads = %d\n", o->pf_threads);
     }
     fprintf(f, "\n[launcher]\nready_timeout_s = 900\nrestart_backoff_ms = 200\nrestart_backoff_max_ms = 2000\n");
     if (fclose(f) != 0) {
@@ -594,6 +599,7 @@ typedef struct {
     double ex_steps, ex_tokens;   /* the executor's steps and the token rows it forwarded */
     double cx_rows, cx_fallbacks, cx_bytes, cx_wait_us, cx_compute_us; /* the CPU-expert path (exec_remote.h) */
     double cx_layers, cx_gpu_waits, cx_kappa; /* on the GPU: its MoE layers, those the GPU waited in, the tuner */
+    double host_us[GPU_HOST_PHASES];          /* on the GPU: the host thread's time by phase (model/gpu.h) */
     bool ok;
 } s_snap_t;
 
@@ -603,10 +609,17 @@ static void s_snap_from(const msg_stats_t *st, s_snap_t *s)
     s->steps = s->rtt_us = s->fwd_us = NAN;
     s->ex_steps = s->ex_tokens = s->cx_rows = s->cx_fallbacks = s->cx_bytes = s->cx_wait_us = s->cx_compute_us = NAN;
     s->cx_layers = s->cx_gpu_waits = s->cx_kappa = NAN;
+    for (int p = 0; p < GPU_HOST_PHASES; p++) s->host_us[p] = NAN;
     for (int32_t i = 0; i < st->n; i++) {
         const char *n = st->items[i].name.s;
         double v = st->items[i].value;
         if (!n) continue;
+        if (!strncmp(n, "scheduler.executor.host_", 24))
+            for (int p = 0; p < GPU_HOST_PHASES; p++) {
+                char want[64];
+                snprintf(want, sizeof want, "scheduler.executor.host_%s_us_total", gpu_host_phase_name(p));
+                if (!strcmp(n, want)) s->host_us[p] = v;
+            }
         if (!strcmp(n, "scheduler.executor.hits")) s->hits = v;
         else if (!strcmp(n, "scheduler.executor.misses")) s->misses = v;
         else if (!strcmp(n, "scheduler.executor.bytes_h2d")) s->bytes_h2d = v;
@@ -655,6 +668,7 @@ typedef struct {
     double cx_experts_step, cx_tokens_step, cx_ms_step, cx_wait_ms_step, cx_gb_s, cx_fallbacks, pf_share;
     double cx_gpu_wait_share, cx_kappa; /* on the GPU: the share of those layers whose GPU waited for
                                            the CPU's results; the cost model's tuned factor at the end */
+    double host_ms_step[GPU_HOST_PHASES]; /* on the GPU: the executor's host thread, ms a step by phase */
     double mean_conc;
     /* the disk tier over the level, warm-up included (the prefetchers' status; NAN without one):
      * expert slots, the share of fetches a slot served, the disk's read rate */
@@ -724,6 +738,7 @@ static void s_cpu_experts(s_level_t *L, const s_snap_t *a, const s_snap_t *b, do
 {
     L->cx_experts_step = L->cx_tokens_step = L->cx_ms_step = L->cx_wait_ms_step = L->cx_gb_s = L->cx_fallbacks =
         L->pf_share = L->cx_gpu_wait_share = L->cx_kappa = NAN;
+    for (int p = 0; p < GPU_HOST_PHASES; p++) L->host_ms_step[p] = NAN;
     if (!a->ok || !b->ok) return;
     const double lay = b->cx_layers - a->cx_layers;
     if (isfinite(lay) && lay > 0) L->cx_gpu_wait_share = (b->cx_gpu_waits - a->cx_gpu_waits) / lay;
@@ -737,6 +752,7 @@ static void s_cpu_experts(s_level_t *L, const s_snap_t *a, const s_snap_t *b, do
         L->cx_tokens_step = rows / ns;
         L->cx_ms_step = (b->cx_compute_us - a->cx_compute_us) / ns / 1e3;
         L->cx_wait_ms_step = (b->cx_wait_us - a->cx_wait_us) / ns / 1e3;
+        for (int p = 0; p < GPU_HOST_PHASES; p++) L->host_ms_step[p] = (b->host_us[p] - a->host_us[p]) / ns / 1e3;
     }
     if (isfinite(rows) && isfinite(nt) && nt > 0 && moe_pairs > 0) L->pf_share = rows / (nt * moe_pairs);
 }
@@ -1057,6 +1073,10 @@ static void s_case(char *buf, size_t cap, const s_opts_t *o, const s_model_t *mi
         size_t n = strlen(extra);
         snprintf(extra + n, sizeof extra - n, ", %d prefetchers", o->prefetchers);
     }
+    if (o->pf_threads > 0 && !o->router.endpoint) {
+        size_t n = strlen(extra);
+        snprintf(extra + n, sizeof extra - n, ", %d prefetcher threads", o->pf_threads);
+    }
     if (o->host_mem && !o->router.endpoint) {
         size_t n = strlen(extra);
         snprintf(extra + n, sizeof extra - n, ", host-mem %.40s", o->host_mem);
@@ -1103,6 +1123,9 @@ int cmd_bench(int argc, char **argv)
         } else if ((r = cli_opt(C, argc, argv, &i, "--cpu-moe-layers", &v))) {
             if (r < 0 || cli_parse_i64(C, "--cpu-moe-layers", v, 0, 4096, &x)) return 2;
             o.cpu_moe_layers = (int)x;
+        } else if ((r = cli_opt(C, argc, argv, &i, "--prefetcher-threads", &v))) {
+            if (r < 0 || cli_parse_i64(C, "--prefetcher-threads", v, 1, 4096, &x)) return 2;
+            o.pf_threads = (int)x;
         } else if ((r = cli_opt(C, argc, argv, &i, "--prefetchers", &v))) {
             if (r < 0 || cli_parse_i64(C, "--prefetchers", v, 1, CONFIG_MAX_PREFETCHERS, &x)) return 2;
             o.prefetchers = (int)x;
@@ -1381,6 +1404,11 @@ int cmd_bench(int argc, char **argv)
                 printf("       the GPU waited for the CPU's experts in %.0f%% of their layers; the cost model's "
                        "tuned factor %.3f\n", 100.0 * L->cx_gpu_wait_share, L->cx_kappa);
         }
+        if (isfinite(L->host_ms_step[GPU_HOST_ROWS])) {
+            printf("       the executor's host thread, ms a step:");
+            for (int p = 0; p < GPU_HOST_PHASES; p++) printf(" %s %.3f", gpu_host_phase_name(p), L->host_ms_step[p]);
+            printf("\n");
+        }
         if (L->errors || e < 0)
             fprintf(stderr, "bench: level %s: %d errors%s%s\n", lvl, L->errors, L->first_error[0] ? "; first: " : "",
                     L->first_error);
@@ -1425,6 +1453,10 @@ int cmd_bench(int argc, char **argv)
         json_object_set_new(row, "cpu_gb_s", s_num(L->cx_gb_s));
         json_object_set_new(row, "cpu_gpu_wait_share", s_num(L->cx_gpu_wait_share));
         json_object_set_new(row, "cpu_kappa", s_num(L->cx_kappa));
+        json_t *hp = isfinite(L->host_ms_step[GPU_HOST_ROWS]) ? json_object() : json_null();
+        for (int p = 0; hp && json_is_object(hp) && p < GPU_HOST_PHASES; p++)
+            json_object_set_new(hp, gpu_host_phase_name(p), s_num(L->host_ms_step[p]));
+        json_object_set_new(row, "host_ms_per_step", hp);
         json_object_set_new(row, "cpu_expert_fallbacks", isfinite(L->cx_fallbacks) ? json_integer((json_int_t)L->cx_fallbacks)
                                                                                     : json_null());
         json_object_set_new(row, "bound_pcie_only_tok_s", s_num(po));

@@ -1086,10 +1086,11 @@ static void test_wait_patch(void)
 }
 
 /* cuda_wait_add_rows: the arrival word is set once the kernels before have finished, the rows
- * wait for the box, then only the flagged tokens' rows are added */
-static void test_wait_add_rows(void)
+ * wait for the box, then only the flagged tokens' rows are added; rows of DIM, one partial pass
+ * of the kernel's reads or several (past 8 x 1024) */
+static void s_wait_add_rows(int DIM)
 {
-    enum { T = 3, DIM = 300 };
+    enum { T = 3 };
     uint64_t *box = NULL;
     float *rows = NULL;
     T_CHECK(cuda_host_alloc((void **)&box, (2 + T) * 8) == 0 && cuda_host_alloc((void **)&rows, T * DIM * 4) == 0,
@@ -1115,12 +1116,46 @@ static void test_wait_add_rows(void)
             const float want = t == 1 ? hx[t * DIM + j] : hx[t * DIM + j] + rows[t * DIM + j];
             bad += out[t * DIM + j] != want;
         }
-    T_CHECK(!bad, "wait_add_rows: %d values wrong", bad);
+    T_CHECK(!bad, "wait_add_rows, rows of %d: %d values wrong", DIM, bad);
     free(out);
     free(hx);
     cuda_free(d);
     cuda_host_free(rows);
     cuda_host_free(box);
+}
+
+static void test_wait_add_rows(void)
+{
+    s_wait_add_rows(300);
+    s_wait_add_rows(9000);
+}
+
+/* cuda_put_host: two device arrays into pinned host memory, then the flag, which the host may
+ * poll for them (no stream sync) */
+static void test_put_host(void)
+{
+    enum { N = 5000, NB = 7 };
+    float *ha = NULL, *hb = NULL;
+    uint64_t *flag = NULL;
+    T_CHECK(cuda_host_alloc((void **)&ha, N * 4) == 0 && cuda_host_alloc((void **)&hb, NB * 4) == 0 &&
+                cuda_host_alloc((void **)&flag, 8) == 0,
+            "pinned alloc");
+    float *a = malloc(N * 4), b[NB];
+    for (int i = 0; i < N; i++) a[i] = t_randf(&rng), ha[i] = NAN;
+    for (int i = 0; i < NB; i++) b[i] = t_randf(&rng), hb[i] = NAN;
+    *flag = 0;
+    float *da = s_up(a, N * 4), *db = s_up(b, NB * 4);
+    T_CHECK(cuda_put_host(ctx, ha, da, N, hb, db, NB, flag) == 0, "put_host");
+    for (int i = 0; i < 5000 && !__atomic_load_n(flag, __ATOMIC_ACQUIRE); i++) usleep(1000);
+    T_CHECK(__atomic_load_n(flag, __ATOMIC_ACQUIRE) == 1, "put_host never set its flag");
+    T_CHECK(!memcmp(ha, a, N * 4) && !memcmp(hb, b, NB * 4), "put_host: the host's copies differ");
+    T_CHECK(cuda_sync(ctx) == 0, "sync");
+    free(a);
+    cuda_free(da);
+    cuda_free(db);
+    cuda_host_free(ha);
+    cuda_host_free(hb);
+    cuda_host_free(flag);
 }
 
 static void test_embed_argmax_add(void)
@@ -1560,6 +1595,7 @@ int main(void)
     test_patch_words();
     test_wait_patch();
     test_wait_add_rows();
+    test_put_host();
     cuda_ctx_destroy(ctx);
     return t_done("test_cuda_ops");
 }
