@@ -43,7 +43,8 @@
 /* misses of one layer the cost model weighs (more: copied) */
 #define GPU_CPU_MISS_MAX 1024
 /* words of a CPU-expert box (h_cbox, by segment): [0] open, [1 + t] token t has rows to add,
- * [1 + GPU_CPU_ROWS] set by the GPU once its own experts of the layer are done (it then waits) */
+ * [GPU_CPU_ARRIVED] set by the GPU once its own experts of the layer are done (it then waits) */
+#define GPU_CPU_ARRIVED (1 + GPU_CPU_ROWS)
 #define GPU_CPU_BOX (2 + GPU_CPU_ROWS)
 /* the cost model's step sizes (gpu_cpu.c s_size_class): 1, 2-4, more tokens */
 #define GPU_CPU_CLASSES 3
@@ -141,6 +142,7 @@ struct gpu_model {
     uint8_t *slots_dev;          /* [n_slots][slot_bytes] */
     xcache_t xc;                 /* the policy: what each slot holds, routing, prediction, victims */
     cuda_event_t **ev;           /* [n_slots] copy-stream event of the last prefetch into each slot */
+    int32_t *ens_miss, *ens_vic; /* [n_experts] gslots_ensure's copied misses and their slots */
     uint8_t *host_experts;       /* pinned [n_layers*n_experts][expert_bytes], NULL if all resident
                                     or st.from_model (copies read the model's memory) */
     int32_t depth;               /* prefetch window in MoE layers not pinned (0: no prediction) */
@@ -251,6 +253,8 @@ int gslots_ensure(gpu_model_t *g, int l, int n, const int32_t *idx, uint64_t *bo
 /* Whether a step of n tokens hands MoE layers' misses to the CPU: its segments carry the stores of
  * the normed rows to the host (cuda_put_host) and cuda_wait_add_rows. */
 bool gcpu_step(const gpu_model_t *g, int n);
+/* MoE layer k's box in h_cbox (its ring entry). */
+uint64_t *gcpu_box(const gpu_model_t *g, int k);
 /* At a step's start (n tokens): the tuner's clock, its phases and its moves. */
 void gcpu_tune(gpu_model_t *g, int n);
 /* The tuner's factor on the CPU's cost for a step of n tokens, in its current phase. */

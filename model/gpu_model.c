@@ -136,6 +136,8 @@ void gpu_model_free(gpu_model_t *g)
     free(g->L);
     xcache_free(&g->xc);
     free(g->lst);
+    free(g->ens_miss);
+    free(g->ens_vic);
     cuda_host_free(g->host_experts);
     cuda_host_free(g->host_tails);
     for (int i = 0; i < g->n_locked; i++) cuda_host_unregister(g->locked[i]);
@@ -179,8 +181,10 @@ static int s_create_layers(gpu_model_t *g, strata_errbuf_t *eb)
     size_t E = (size_t)c->n_experts, I = (size_t)c->moe_inter;
     g->L = calloc((size_t)c->n_layers, sizeof *g->L);
     g->lst = calloc((size_t)c->n_layers, sizeof *g->lst);
+    g->ens_miss = malloc(sizeof *g->ens_miss * (E ? E : 1));
+    g->ens_vic = malloc(sizeof *g->ens_vic * (E ? E : 1));
     /* the MoE layers' ordinals (g->xc.moe_ord / moe_layer); the slots come with the budget */
-    if (!g->L || !g->lst || xcache_init(&g->xc, c->n_layers, c->layer_sparse, c->n_experts, c->top_k, 0) < 0)
+    if (!g->L || !g->lst || !g->ens_miss || !g->ens_vic || xcache_init(&g->xc, c->n_layers, c->layer_sparse, c->n_experts, c->top_k, 0) < 0)
         return strata_seterr(eb, STRATA_ENOMEM, "gpu: out of host memory");
     for (int l = 0; l < c->n_layers && !rc; l++) {
         const layer_t *S = &m->layers[l];

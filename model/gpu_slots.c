@@ -300,9 +300,45 @@ int gslots_ensure(gpu_model_t *g, int l, int n, const int32_t *idx, uint64_t *bo
         /* the CPU's jobs out first: the slots and copies below run while it computes */
         if ((rc = gcpu_post(g, xc->moe_ord[l], n, idx))) return rc;
     }
-    for (int e = 0; e < E; e++) {
+    /* The copied misses first: their slots in one scan (xcache_victims gives what a scan a
+     * miss would), kept predictions first, then any, all assigned before the first copy, so
+     * that the prefetches a host wait issues (gslots_wait_event) take none of them. */
+    int32_t *copy_e = g->ens_miss, *copy_s = g->ens_vic;
+    int n_miss = 0;
+    for (int e = 0; e < E && !host_read; e++)
+        if (xc->need[e] && !(g->cpu_on && g->cpu_dest[e] >= 0) && xc->slot_of[(size_t)l * E + e] < 0) copy_e[n_miss++] = e;
+    if (n_miss) {
+        /* READY at once (a free slot no longer free), as after its copy: the GPU reads it only
+         * once the table goes up, after every copy below */
+        const int n_vic = xcache_victims(xc, l, xc->moe_ord[l], true, copy_s, n_miss);
+        for (int i = 0; i < n_vic; i++) xcache_assign(xc, copy_s[i], l, copy_e[i]), xc->slot[copy_s[i]].state = XC_READY;
+        if (n_vic < n_miss) {
+            const int more = xcache_victims(xc, l, xc->moe_ord[l], false, copy_s + n_vic, n_miss - n_vic);
+            STRATA_ASSERT(more == n_miss - n_vic); /* n_slots >= n_experts of one layer, checked at create */
+            for (int i = n_vic; i < n_miss; i++) xcache_assign(xc, copy_s[i], l, copy_e[i]), xc->slot[copy_s[i]].state = XC_READY;
+        }
+    }
+    for (int i = 0; i < n_miss; i++) {
+        const int e = copy_e[i], s = copy_s[i];
+        g->st.expert_uses++;
+        g->lst[l].uses++;
+        /* the host waits on a copy stream's event: the compute stream holds the layer's
+         * kernels already */
+        if ((rc = s_copy_in(g, s, l, e, host_waits ? CUDA_STREAM_COPY : CUDA_STREAM_COMPUTE))) return rc;
+        if (host_waits && ((rc = cuda_event_record(g->cx, g->ev[s], CUDA_STREAM_COPY)) || (rc = gslots_wait_event(g, g->ev[s], l))))
+            return rc;
+        xc->slot[s].state = XC_READY;
+        xc->slot[s].prefetched = false;
+        g->st.misses++;
+        g->lst[l].misses++;
+    }
+    for (int e = 0, i = 0; e < E; e++) {
         if (!xc->need[e]) continue;
         if (g->cpu_on && g->cpu_dest[e] >= 0) continue; /* counted by gpu_cpu.c */
+        if (i < n_miss && copy_e[i] == e) { /* copied above */
+            i++;
+            continue;
+        }
         g->st.expert_uses++;
         g->lst[l].uses++;
         int s = xc->slot_of[(size_t)l * E + e];
@@ -320,26 +356,12 @@ int gslots_ensure(gpu_model_t *g, int l, int n, const int32_t *idx, uint64_t *bo
             }
             g->st.hits++;
             g->lst[l].hits++;
-        } else if (host_read) {
-            /* the kernels read the staged tail over PCIe (below): no slot, and no DMA queued
-             * behind the prefetches */
+        } else {
+            /* host_read: the kernels read the staged tail over PCIe (below): no slot, and no
+             * DMA queued behind the prefetches */
             g->st.bytes_h2d += g->copy_bytes;
             g->st.misses++;
             g->st.host_reads++;
-            g->lst[l].misses++;
-        } else {
-            s = xcache_victim(xc, l, xc->moe_ord[l], true, -1.0f);
-            if (s < 0) s = xcache_victim(xc, l, xc->moe_ord[l], false, -1.0f);
-            STRATA_ASSERT(s >= 0); /* n_slots >= n_experts of one layer, checked at create */
-            xcache_assign(xc, s, l, e);
-            /* the host waits on a copy stream's event: the compute stream holds the layer's
-             * kernels already */
-            if ((rc = s_copy_in(g, s, l, e, host_waits ? CUDA_STREAM_COPY : CUDA_STREAM_COMPUTE))) return rc;
-            if (host_waits && ((rc = cuda_event_record(g->cx, g->ev[s], CUDA_STREAM_COPY)) || (rc = gslots_wait_event(g, g->ev[s], l))))
-                return rc;
-            xc->slot[s].state = XC_READY;
-            xc->slot[s].prefetched = false;
-            g->st.misses++;
             g->lst[l].misses++;
         }
     }

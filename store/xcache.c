@@ -65,7 +65,9 @@ int xcache_set_slots(xcache_t *c, int32_t n_slots)
     free(c->slot);
     c->n_slots = 0;
     c->slot = calloc((size_t)(n_slots > 0 ? n_slots : 1), sizeof *c->slot);
-    if (!c->slot) return -ENOMEM;
+    free(c->vic_t);
+    c->vic_t = malloc(sizeof *c->vic_t * (size_t)(n_slots > 0 ? n_slots : 1));
+    if (!c->slot || !c->vic_t) return -ENOMEM;
     c->n_slots = n_slots;
     for (int32_t s = 0; s < n_slots; s++) c->slot[s].layer = c->slot[s].expert = -1;
     return 0;
@@ -76,6 +78,7 @@ void xcache_free(xcache_t *c)
     free(c->moe_ord);
     free(c->moe_layer);
     free(c->slot);
+    free(c->vic_t);
     free(c->slot_of);
     free(c->need);
     free(c->pneed);
@@ -133,29 +136,57 @@ static int s_landed(xcache_t *c, int s)
 
 /* xcache_next_use over every slot, its terms by ordinal computed once: the scan runs for each
  * copy the host starts, over thousands of slots for small experts (Qwen3-30B-A3B at 6 GiB). */
+static void s_ord_dist(xcache_t *c, int cur)
+{
+    for (int o = 0; o < c->n_moe; o++) c->ord_d[o] = c->pinned[o] ? -1 : s_dist(o, cur, c->n_moe);
+}
+
+/* Slot s's xcache_next_use (s_ord_dist done for cur), or -1 when it may not be evicted. */
+static float s_evict_t(xcache_t *c, int s, int layer_now, bool keep_pred)
+{
+    xc_slot_t *sl = &c->slot[s];
+    if (sl->state == XC_LOADING && !s_landed(c, s)) return -1.0f;
+    if (sl->layer == layer_now && c->need[sl->expert]) return -1.0f;
+    const size_t i = (size_t)sl->layer * c->n_experts + sl->expert;
+    if (keep_pred && c->pneed[i]) return -1.0f;
+    const int o = c->moe_ord[sl->layer];
+    int d = c->ord_d[o];
+    if (d < 0) return 0.0f; /* pinned: kept over the rest */
+    if (o >= c->win_lo && o < c->win_lo + c->win_n && !c->pneed[i]) d += c->n_moe;
+    return (float)d + c->pop_wait[i];
+}
+
 int xcache_victim(xcache_t *c, int layer_now, int cur, bool keep_pred, float before)
 {
-    const int nm = c->n_moe, E = c->n_experts;
-    for (int o = 0; o < nm; o++) c->ord_d[o] = c->pinned[o] ? -1 : s_dist(o, cur, nm);
+    s_ord_dist(c, cur);
     int best = -1;
     float best_t = before;
     for (int s = 0; s < c->n_slots; s++) {
-        xc_slot_t *sl = &c->slot[s];
-        if (sl->state == XC_FREE) return s;
-        if (sl->state == XC_LOADING && !s_landed(c, s)) continue;
-        if (sl->layer == layer_now && c->need[sl->expert]) continue;
-        const size_t i = (size_t)sl->layer * E + sl->expert;
-        if (keep_pred && c->pneed[i]) continue;
-        const int o = c->moe_ord[sl->layer];
-        int d = c->ord_d[o];
-        float t = 0.0f; /* pinned: kept over the rest */
-        if (d >= 0) {
-            if (o >= c->win_lo && o < c->win_lo + c->win_n && !c->pneed[i]) d += nm;
-            t = (float)d + c->pop_wait[i];
-        }
-        if (t > best_t) best = s, best_t = t;
+        if (c->slot[s].state == XC_FREE) return s;
+        const float t = s_evict_t(c, s, layer_now, keep_pred);
+        if (t >= 0.0f && t > best_t) best = s, best_t = t;
     }
     return best;
+}
+
+int xcache_victims(xcache_t *c, int layer_now, int cur, bool keep_pred, int32_t *out, int m)
+{
+    int k = 0;
+    for (int s = 0; s < c->n_slots && k < m; s++)
+        if (c->slot[s].state == XC_FREE) out[k++] = s;
+    if (k == m || m <= 0) return k;
+    const int nf = k; /* the free ones stay first; the rest sorted by t, best first */
+    float *tk = c->vic_t;
+    s_ord_dist(c, cur);
+    for (int s = 0; s < c->n_slots; s++) {
+        if (c->slot[s].state == XC_FREE) continue;
+        const float t = s_evict_t(c, s, layer_now, keep_pred);
+        if (t < 0.0f || (k == m && t <= tk[m - 1])) continue;
+        int j = k < m ? k++ : m - 1; /* a full list drops its last */
+        for (; j > nf && tk[j - 1] < t; j--) tk[j] = tk[j - 1], out[j] = out[j - 1];
+        tk[j] = t, out[j] = s;
+    }
+    return k;
 }
 
 int xcache_inflight(xcache_t *c)

@@ -46,6 +46,7 @@ typedef struct {
     float *pop;              /* [n_layers][n_experts] decayed uses per step */
     float *pop_wait;         /* [n_layers][n_experts] the popularity's term of xcache_next_use, kept with pop */
     int32_t *ord_d;          /* [n_moe] xcache_victim's scratch: each ordinal's distance ahead */
+    float *vic_t;            /* [n_slots] xcache_victims' scratch: the chosen slots' next use */
     /* 1 when the copy into slot s has landed, 0 if not, <0 on error; NULL: always landed */
     int (*landed)(void *ctx, int s);
     void *ctx;
@@ -75,6 +76,11 @@ float xcache_next_use(const xcache_t *c, int l, int e, int cur);
  * in the window. -1 if none, or if the best is needed no later than `before` (pass a negative
  * value for no such limit). Loading slots found landed become READY. */
 int xcache_victim(xcache_t *c, int layer_now, int cur, bool keep_pred, float before);
+/* The m evictable slots needed last, best first, as m calls of xcache_victim (before < 0) would
+ * give them with each one's slot assigned to an expert layer_now routes to in between: free
+ * slots first (by index), then by xcache_next_use, the lower index first among equal ones. One
+ * scan for a layer's misses. Writes out[0..k) and returns k <= m. */
+int xcache_victims(xcache_t *c, int layer_now, int cur, bool keep_pred, int32_t *out, int m);
 /* Slots still loading (asks landed). */
 int xcache_inflight(xcache_t *c);
 /* Layer l routes to idx[0..n_idx) this step: sets need, updates the layer's popularity. */

@@ -294,6 +294,66 @@ static void test_simulation(void)
     }
 }
 
+/* xcache_victims gives what m calls of xcache_victim give with each slot assigned in between,
+ * over random caches: some slots free, loading or pinned, a window with predictions, popularity
+ * from random routing, equal next uses among them (ties by the lower slot), with and without
+ * keep_pred, m from 1 to past the evictable slots. */
+static void test_victims(void)
+{
+    enum { L = 6, E = 8, S = 40 };
+    uint64_t rng = 77;
+    bool sparse[L] = {true, true, false, true, true, true};
+    int bad = 0, runs = 0;
+    for (int round = 0; round < 200; round++) {
+        xcache_t a, b;
+        int32_t now[2];
+        xcache_t *cs[2] = {&a, &b};
+        for (int w = 0; w < 2; w++) {
+            uint64_t r = rng; /* the same cache twice */
+            xcache_t *c = cs[w];
+            xcache_init(c, L, sparse, E, 2, S);
+            xcache_pin(c, 1 + (int)(t_rng_next(&r) % 3));
+            for (int s = 0; s < S; s++) {
+                const uint64_t v = t_rng_next(&r);
+                if (v % 7 == 0) continue; /* free */
+                int l, e;
+                do l = (int)(t_rng_next(&r) % L), e = (int)(t_rng_next(&r) % E);
+                while (!sparse[l] || c->slot_of[l * E + e] >= 0);
+                xcache_assign(c, s, l, e);
+                c->slot[s].state = v % 11 == 0 ? XC_LOADING : XC_READY;
+            }
+            for (int st = 0; st < 3; st++)
+                for (int l = 0; l < L; l++) {
+                    if (!sparse[l]) continue;
+                    int32_t idx[2] = {(int32_t)(t_rng_next(&r) % E), (int32_t)(t_rng_next(&r) % E)};
+                    if (t_rng_next(&r) % 3) xcache_route(c, l, idx, 2);
+                }
+            int32_t pidx[2 * 2];
+            for (int i = 0; i < 4; i++) pidx[i] = (int32_t)(t_rng_next(&r) % E);
+            xcache_predicted(c, 1, 2, pidx, 1, 2);
+            now[0] = (int32_t)(t_rng_next(&r) % E), now[1] = (int32_t)(t_rng_next(&r) % E);
+            xcache_route(c, 3, now, 2);
+            if (w == 1) rng = r;
+        }
+        const bool keep = round & 1;
+        const int m = 1 + round % 45, cur = a.moe_ord[3];
+        int32_t got[S], want[S];
+        const int k = xcache_victims(&a, 3, cur, keep, got, m);
+        int n = 0;
+        for (; n < m; n++) { /* the sequential way, each victim given an expert layer 3 routes to */
+            const int s = xcache_victim(&b, 3, cur, keep, -1.0f);
+            if (s < 0) break;
+            want[n] = s;
+            b.slot[s].layer = 3, b.slot[s].expert = now[0], b.slot[s].state = XC_READY;
+        }
+        bad += k != n || memcmp(got, want, sizeof *got * (size_t)(k < n ? k : n)) != 0;
+        runs++;
+        xcache_free(&a);
+        xcache_free(&b);
+    }
+    T_CHECK(bad == 0, "xcache_victims differs from xcache_victim in turn in %d of %d caches", bad, runs);
+}
+
 int main(void)
 {
     test_layout();
@@ -302,5 +362,6 @@ int main(void)
     test_pins();
     test_popularity();
     test_simulation();
+    test_victims();
     return t_done("xcache");
 }
