@@ -55,10 +55,7 @@
 
 bool gcpu_step(const gpu_model_t *g, int n) { return g->cpu_on && n > 0 && n <= GPU_CPU_ROWS; }
 
-static uint64_t *s_box(const gpu_model_t *g, int k)
-{
-    return g->h_cbox + (size_t)(k % GPU_RING) * GPU_CPU_BOX;
-}
+uint64_t *gcpu_box(const gpu_model_t *g, int k) { return g->h_cbox + (size_t)(k % GPU_RING) * GPU_CPU_BOX; }
 
 int gcpu_probe(gpu_model_t *g)
 {
@@ -220,10 +217,13 @@ void gcpu_plan(gpu_model_t *g, int l, int n, const int32_t *idx, const int32_t *
  * holds (to GPU_CPU_TUNE_FAC) and shrinks when it turns. A step's time is from its start to the
  * next one's, so only back-to-back steps of the same size count: a prefill between them, or a
  * gap over 8 times the last phase's mean, is left out. */
+/* Whether phase ph of the tuner runs kappa above its centre (x d, / d, / d, x d). */
+static bool s_tune_above(int ph) { return ph == 0 || ph == 3; }
+
 double gcpu_kappa(const gpu_model_t *g, int n)
 {
-    const int c = s_size_class(n), ph = g->cpu_kphase[c];
-    return g->cpu_kappa[c] * (ph == 0 || ph == 3 ? GPU_CPU_TUNE_DITHER : 1.0 / GPU_CPU_TUNE_DITHER);
+    const int c = s_size_class(n);
+    return g->cpu_kappa[c] * (s_tune_above(g->cpu_kphase[c]) ? GPU_CPU_TUNE_DITHER : 1.0 / GPU_CPU_TUNE_DITHER);
 }
 
 void gcpu_tune(gpu_model_t *g, int n)
@@ -237,10 +237,10 @@ void gcpu_tune(gpu_model_t *g, int n)
     const int c = s_size_class(n), ph = g->cpu_kphase[c];
     const double dt = now - t;
     if (g->cpu_kmean[c] > 0 && dt > 8.0 * g->cpu_kmean[c]) return;
-    g->cpu_ksum[c][ph == 0 || ph == 3 ? 0 : 1] += dt;
     g->cpu_kphsum[c] += dt;
     if (++g->cpu_kcnt[c] < GPU_CPU_TUNE_STEPS) return;
     g->cpu_kmean[c] = g->cpu_kphsum[c] / g->cpu_kcnt[c];
+    g->cpu_ksum[c][s_tune_above(ph) ? 0 : 1] += g->cpu_kphsum[c];
     g->cpu_kphsum[c] = 0;
     g->cpu_kcnt[c] = 0;
     if (ph < 3) {
@@ -303,7 +303,7 @@ int gcpu_post(gpu_model_t *g, int k, int n, const int32_t *idx)
     if (g->cpu_n == 0) {
         /* nothing to add: every token's flag off (the entry's last use may have set some, and
          * h_cy holds that layer's sums), then the box */
-        uint64_t *box = s_box(g, k);
+        uint64_t *box = gcpu_box(g, k);
         for (int t = 0; t < n; t++) box[1 + t] = 0;
         __atomic_store_n(box, (uint64_t)1, __ATOMIC_RELEASE);
         return 0;
@@ -389,7 +389,7 @@ int gcpu_finish(gpu_model_t *g, int k, int n, const int32_t *idx)
     const model_config_t *c = &g->m->cfg;
     const moe_remote_t *r = g->o.remote;
     const int K = c->top_k, H = c->hidden, l = g->xc.moe_layer[k];
-    uint64_t *box = s_box(g, k);
+    uint64_t *box = gcpu_box(g, k);
     const double t0 = strata_now();
     memset(g->h_cy, 0, (size_t)n * H * 4);
     for (int t = 0; t < n; t++) box[1 + t] = 0;
@@ -416,7 +416,7 @@ int gcpu_finish(gpu_model_t *g, int k, int n, const int32_t *idx)
     g->st.host_us[GPU_HOST_CPU_WAIT] += (strata_now() - t0) * 1e6;
     /* whether the GPU had finished its own experts of the layer: then what follows the box until
      * the next layer's rows is the layer's serial part alone */
-    g->cpu_gpu_waited = __atomic_load_n(box + 1 + GPU_CPU_ROWS, __ATOMIC_ACQUIRE) != 0;
+    g->cpu_gpu_waited = __atomic_load_n(box + GPU_CPU_ARRIVED, __ATOMIC_ACQUIRE) != 0;
     g->st.cpu_layers_posted++;
     g->st.cpu_gpu_waits += g->cpu_gpu_waited;
     __atomic_store_n(box, (uint64_t)1, __ATOMIC_RELEASE);

@@ -220,8 +220,8 @@ static int s_ffn_post(gpu_model_t *g, int l, int n)
     }
     /* the CPU's experts of this layer, once the host has them (gpu_cpu.c) */
     if (cpu) {
-        uint64_t *box = g->h_cbox + (size_t)(g->xc.moe_ord[l] % GPU_RING) * GPU_CPU_BOX;
-        return cuda_wait_add_rows(cx, box, box + 1 + GPU_CPU_ROWS, g->x, g->h_cy, n, c->hidden);
+        uint64_t *box = gcpu_box(g, g->xc.moe_ord[l]);
+        return cuda_wait_add_rows(cx, box, box + GPU_CPU_ARRIVED, g->x, g->h_cy, n, c->hidden);
     }
     return 0;
 }
@@ -519,8 +519,8 @@ static int s_launch_untimed(gpu_model_t *g, int k, const batch_t *b, s_mode_t mo
         __atomic_store_n(g->h_box + ri * g->box_n, (uint64_t)0, __ATOMIC_RELEASE);
         if (gcpu_step(g, n)) {
             __atomic_store_n(g->h_xflag + ri * 8, (uint64_t)0, __ATOMIC_RELEASE);
-            uint64_t *box = g->h_cbox + ri * GPU_CPU_BOX;
-            __atomic_store_n(box + 1 + GPU_CPU_ROWS, (uint64_t)0, __ATOMIC_RELAXED);
+            uint64_t *box = gcpu_box(g, k);
+            __atomic_store_n(box + GPU_CPU_ARRIVED, (uint64_t)0, __ATOMIC_RELAXED);
             __atomic_store_n(box, (uint64_t)0, __ATOMIC_RELEASE);
         }
     }
