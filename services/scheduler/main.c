@@ -721,6 +721,7 @@ int main(int argc, char **argv)
         if (!work && spin && S.sc && S.exec_instance && sched_inflight(S.sc)) {
             const double left = S.step_s - (strata_now() - S.t_sent);
             timeout_ms = left > 2 * SPIN_TAIL_S ? (int)((left - SPIN_TAIL_S) * 1e3) : 0;
+            if (timeout_ms > 20) timeout_ms = 20; /* the probes, expiries and watchdog below stay on time */
         }
         int n = zmq_poll(items, 2, timeout_ms);
         if (n < 0 && zmq_errno() != EINTR) {
