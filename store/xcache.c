@@ -107,22 +107,29 @@ void xcache_assign(xcache_t *c, int s, int l, int e)
     c->slot_of[(size_t)l * c->n_experts + e] = s;
 }
 
-/* MoE ordinal o's distance ahead of cur in the cyclic order, 1 to nm (nm for o itself). */
-static int s_dist(int o, int cur, int nm)
+/* MoE ordinal o's distance ahead of cur in the cyclic order, 1 to n_moe (n_moe for o itself);
+ * -1 for a pinned ordinal. */
+static int s_dist(const xcache_t *c, int o, int cur)
 {
+    const int nm = c->n_moe;
+    if (c->pinned[o]) return -1;
     int d = o - cur;
     if (cur < -1 || cur >= nm) d = (d % nm + nm) % nm;
     return d <= 0 ? d + nm : d;
 }
 
+/* xcache_next_use of entry i (MoE ordinal o) from its ordinal's s_dist d. */
+static float s_next_use(const xcache_t *c, size_t i, int o, int d)
+{
+    if (d < 0) return 0.0f; /* pinned: kept over the rest (xcache.h) */
+    if (o >= c->win_lo && o < c->win_lo + c->win_n && !c->pneed[i]) d += c->n_moe;
+    return (float)d + c->pop_wait[i];
+}
+
 float xcache_next_use(const xcache_t *c, int l, int e, int cur)
 {
-    const int nm = c->n_moe, o = c->moe_ord[l];
-    const size_t i = (size_t)l * c->n_experts + e;
-    if (c->pinned[o]) return 0.0f; /* kept over the rest (xcache.h) */
-    int d = s_dist(o, cur, nm);
-    if (o >= c->win_lo && o < c->win_lo + c->win_n && !c->pneed[i]) d += nm;
-    return (float)d + c->pop_wait[i];
+    const int o = c->moe_ord[l];
+    return s_next_use(c, (size_t)l * c->n_experts + e, o, s_dist(c, o, cur));
 }
 
 /* 1 if slot s's copy has landed (a loading slot found landed becomes READY), 0 if not. */
@@ -138,7 +145,7 @@ static int s_landed(xcache_t *c, int s)
  * copy the host starts, over thousands of slots for small experts (Qwen3-30B-A3B at 6 GiB). */
 static void s_ord_dist(xcache_t *c, int cur)
 {
-    for (int o = 0; o < c->n_moe; o++) c->ord_d[o] = c->pinned[o] ? -1 : s_dist(o, cur, c->n_moe);
+    for (int o = 0; o < c->n_moe; o++) c->ord_d[o] = s_dist(c, o, cur);
 }
 
 /* Slot s's xcache_next_use (s_ord_dist done for cur), or -1 when it may not be evicted. */
@@ -150,10 +157,7 @@ static float s_evict_t(xcache_t *c, int s, int layer_now, bool keep_pred)
     const size_t i = (size_t)sl->layer * c->n_experts + sl->expert;
     if (keep_pred && c->pneed[i]) return -1.0f;
     const int o = c->moe_ord[sl->layer];
-    int d = c->ord_d[o];
-    if (d < 0) return 0.0f; /* pinned: kept over the rest */
-    if (o >= c->win_lo && o < c->win_lo + c->win_n && !c->pneed[i]) d += c->n_moe;
-    return (float)d + c->pop_wait[i];
+    return s_next_use(c, i, o, c->ord_d[o]);
 }
 
 int xcache_victim(xcache_t *c, int layer_now, int cur, bool keep_pred, float before)

@@ -151,7 +151,7 @@ static void s_help(FILE *f)
             "                     the model's arena split over N prefetchers; numa_node K for the K-th when\n"
             "                     N > 1 and the machine has N nodes, else -1 (no memory policy)\n"
             "  --prefetcher-threads T  each prefetcher's CPU-expert threads ([prefetcher.N] threads;\n"
-            "                     default 0: its cores but one)\n"
+            "                     default: not written, so its cores but one)\n"
             "  --batch LIST       closed loop: concurrent clients per level (default 1,16)\n"
             "  --rate LIST        open loop instead: Poisson arrivals, requests per second per level\n"
             "  --prompt N         prompt tokens per request (default 128)\n"
